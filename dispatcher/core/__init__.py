@@ -1,0 +1,96 @@
+"""The dispatch core: a pure library (no grpc, no docker) implementing spec 000's pipeline."""
+
+from dispatcher.core.audit import AuditLog, MemoryAuditLog
+from dispatcher.core.capabilities import Capabilities, FsGrant
+from dispatcher.core.confirmation import Decision
+from dispatcher.core.dispatcher import DispatcherConfig, ToolDispatcher
+from dispatcher.core.errors import (
+    ConfigError,
+    ConfirmationTimeout,
+    DispatcherError,
+    RegistrySealedError,
+    ToolCancelled,
+    ToolError,
+    ToolErrorClass,
+    ToolExecutionError,
+    ToolNameConflictError,
+    ToolNotFound,
+    ToolPermissionDenied,
+    ToolRegistrationError,
+    ToolTimeout,
+    ToolUserDenied,
+    ToolValidationError,
+    UnknownConfirmationError,
+    UnknownSessionError,
+    WorkspaceEscapeError,
+)
+from dispatcher.core.events import Event, EventBus
+from dispatcher.core.policy import ConfirmationPolicy, Mode
+from dispatcher.core.registry import ToolRegistry, to_anthropic, to_mcp, to_openai
+from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, WorkspaceFileAPI
+from dispatcher.core.session import Session
+from dispatcher.core.types import (
+    ContentBlock,
+    ImageBlock,
+    Role,
+    SideEffect,
+    TextBlock,
+    Tool,
+    ToolContext,
+    ToolDefinition,
+    ToolOutput,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+__all__ = [
+    "AuditLog",
+    "Capabilities",
+    "ConfigError",
+    "ConfirmationPolicy",
+    "ConfirmationTimeout",
+    "ContentBlock",
+    "Decision",
+    "DispatcherConfig",
+    "DispatcherError",
+    "Event",
+    "EventBus",
+    "FsGrant",
+    "ImageBlock",
+    "MemoryAuditLog",
+    "Mode",
+    "RegistrySealedError",
+    "Role",
+    "Sandbox",
+    "SandboxError",
+    "SandboxProvider",
+    "Session",
+    "SideEffect",
+    "TextBlock",
+    "Tool",
+    "ToolCancelled",
+    "ToolContext",
+    "ToolDefinition",
+    "ToolDispatcher",
+    "ToolError",
+    "ToolErrorClass",
+    "ToolExecutionError",
+    "ToolNameConflictError",
+    "ToolNotFound",
+    "ToolOutput",
+    "ToolPermissionDenied",
+    "ToolRegistrationError",
+    "ToolRegistry",
+    "ToolResultBlock",
+    "ToolTimeout",
+    "ToolUseBlock",
+    "ToolUserDenied",
+    "ToolValidationError",
+    "UnknownConfirmationError",
+    "UnknownSessionError",
+    "WorkspaceEscapeError",
+    "WorkspaceFileAPI",
+    "to_anthropic",
+    "to_mcp",
+    "to_openai",
+]

@@ -1,0 +1,599 @@
+"""The dispatch pipeline (spec 000 §4): the ten steps, concurrency, timeouts and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from dispatcher.core import events as ev
+from dispatcher.core.audit import DENIED, DISPATCHED, AuditLog
+from dispatcher.core.capabilities import Capabilities
+from dispatcher.core.confirmation import ConfirmationBroker, Decision
+from dispatcher.core.errors import (
+    ConfirmationTimeout,
+    ToolCancelled,
+    ToolError,
+    ToolErrorClass,
+    ToolExecutionError,
+    ToolNotFound,
+    ToolPermissionDenied,
+    ToolTimeout,
+    ToolUserDenied,
+    ToolValidationError,
+    UnknownSessionError,
+)
+from dispatcher.core.events import EventBus
+from dispatcher.core.paths import resolve_workspace_path
+from dispatcher.core.policy import ConfirmationPolicy, Mode
+from dispatcher.core.redact import redact
+from dispatcher.core.registry import RegisteredTool, ToolRegistry
+from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider
+from dispatcher.core.schema import validation_errors
+from dispatcher.core.session import Session
+from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.types import (
+    Role,
+    SideEffect,
+    TextBlock,
+    Tool,
+    ToolContext,
+    ToolDefinition,
+    ToolFactory,
+    ToolOutput,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+__all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
+
+log = logging.getLogger("dispatcher.core")
+_UNRESTRICTED = Capabilities()
+_SUMMARY_STRING_CHARS = 2_000  # long inputs (file contents) are cut before redaction and logging
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherConfig:
+    """Knobs of the pipeline; defaults are spec 000's."""
+
+    concurrency: int = 4
+    default_timeout: float = 60.0
+    execute_timeout: float = 600.0  # EXECUTE and NETWORK
+    abandon_after: float = 30.0
+    confirmation_timeout: float = 300.0
+    result_budget_chars: int = 48_000
+    event_history: int = 10_000
+
+
+@dataclass(eq=False)
+class _Call:
+    """One in-flight tool call."""
+
+    tool_use_id: str
+    cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_reason: ToolErrorClass | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def cancel(self, reason: ToolErrorClass = ToolErrorClass.CANCELLED) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.cancel_event.set()
+
+
+@dataclass(eq=False)
+class _SessionState:
+    session: Session
+    bus: EventBus
+    semaphore: asyncio.Semaphore
+    broker: ConfirmationBroker = field(default_factory=ConfirmationBroker)
+    calls: set[_Call] = field(default_factory=set)
+    cleanups: set[asyncio.Future[Any]] = field(default_factory=set)  # strong refs to background stops
+
+
+class ToolDispatcher:
+    """Registers tools and runs tool_use blocks through validation, policy and a sandbox."""
+
+    def __init__(
+        self,
+        sandbox_provider: SandboxProvider,
+        *,
+        config: DispatcherConfig | None = None,
+        policy: ConfirmationPolicy | None = None,
+        audit: AuditLog | None = None,
+    ) -> None:
+        self.config = config or DispatcherConfig()
+        self.policy = policy or ConfirmationPolicy()
+        self.registry = ToolRegistry()
+        self._provider = sandbox_provider
+        self._audit = audit
+        self._sessions: dict[str, _SessionState] = {}
+
+    # -- registry -------------------------------------------------------------------------
+
+    def register(self, tool_factory: ToolFactory, *, builtin: bool = False) -> None:
+        """Register a tool factory (see ToolRegistry.register for what is checked)."""
+        self.registry.register(tool_factory, builtin=builtin)
+
+    def unregister(self, tool_name: str) -> None:
+        self.registry.unregister(tool_name)
+
+    def seal(self) -> None:
+        self.registry.seal()
+
+    def get_definitions_for_session(self, session: Session) -> list[ToolDefinition]:
+        """Definitions this session may see: role-hidden and capability-denied tools left out."""
+        caps = session.capabilities or _UNRESTRICTED
+        return [d for d in self.registry.definitions(session.role) if caps.check_tool(d.name)]
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def open_session(self, session: Session) -> EventBus:
+        """Start tracking a session (idempotent) and return its event bus."""
+        state = self._sessions.get(session.session_id)
+        if state is None:
+            bus = EventBus(session.session_id, history=self.config.event_history)
+            state = _SessionState(session, bus, asyncio.Semaphore(self.config.concurrency))
+            self._sessions[session.session_id] = state
+        return state.bus
+
+    def events(self, session_id: str) -> EventBus:
+        """The session's event bus.
+
+        Raises:
+            UnknownSessionError: the session is not open.
+        """
+        return self._state(session_id).bus
+
+    async def close_session(self, session_id: str) -> None:
+        """Cancel the session's calls, remove its sandbox and end its event streams."""
+        if session_id not in self._sessions:
+            return
+        await self.cancel_session_tools(session_id)
+        state = self._sessions.pop(session_id)
+        try:
+            await self._provider.close_session(session_id)
+        finally:
+            state.bus.close()
+
+    async def aclose(self) -> None:
+        """Close every session and the sandbox provider."""
+        for session_id in list(self._sessions):
+            await self.close_session(session_id)
+        await self._provider.aclose()
+        if self._audit is not None:
+            self._audit.close()
+
+    def _state(self, session_id: str) -> _SessionState:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSessionError(f"unknown session {session_id!r}") from None
+
+    # -- cancellation and confirmation ----------------------------------------------------
+
+    async def cancel_session_tools(self, session_id: str) -> None:
+        """Cancel every in-flight call of the session; returns when they have all ended."""
+        state = self._sessions.get(session_id)
+        if state is not None:
+            await self._cancel_calls(list(state.calls))
+
+    async def cancel_tool_uses(self, session_id: str, tool_use_ids: Sequence[str]) -> None:
+        """Cancel the in-flight calls with these ids (a client went away mid-Dispatch)."""
+        state = self._sessions.get(session_id)
+        if state is not None:
+            wanted = set(tool_use_ids)
+            await self._cancel_calls([c for c in state.calls if c.tool_use_id in wanted])
+
+    async def _cancel_calls(self, calls: list[_Call]) -> None:
+        for call in calls:
+            call.cancel()
+        if calls:
+            # Each call abandons its tool after abandon_after; this bound is only a backstop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.abandon_after + 5):
+                    await asyncio.gather(*(c.done.wait() for c in calls))
+
+    def resolve_confirmation(
+        self, session_id: str, request_id: str, decision: Decision, *, remember: bool = False
+    ) -> tuple[bool, Decision]:
+        """Answer a confirmation request; the first answer wins.
+
+        Raises:
+            UnknownSessionError: no such session.
+            UnknownConfirmationError: no such request in the session.
+        """
+        return self._state(session_id).broker.resolve(request_id, decision, remember=remember)
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    async def dispatch_all(
+        self, tool_uses: Sequence[ToolUseBlock], session: Session, *, turn_id: str = ""
+    ) -> list[ToolResultBlock]:
+        """Dispatch one assistant message's tool_uses concurrently; results come back 1:1, in order."""
+        return list(await asyncio.gather(*(self.dispatch(t, session, turn_id=turn_id) for t in tool_uses)))
+
+    async def dispatch(
+        self, tool_use: ToolUseBlock, session: Session, *, turn_id: str = ""
+    ) -> ToolResultBlock:
+        """Run one tool_use through the ten steps; always returns a result, never raises a tool error."""
+        self.open_session(session)
+        state = self._sessions[session.session_id]
+        call = _Call(tool_use.id)
+        state.calls.add(call)
+        run = _Run(self, state, session, tool_use, turn_id, call)
+        try:
+            return await run.execute()
+        finally:
+            state.calls.discard(call)
+            call.done.set()
+
+
+class _Run:
+    """The steps of one call; holds what they share so each step stays small."""
+
+    def __init__(
+        self,
+        owner: ToolDispatcher,
+        state: _SessionState,
+        session: Session,
+        tool_use: ToolUseBlock,
+        turn_id: str,
+        call: _Call,
+    ) -> None:
+        self.owner = owner
+        self.config = owner.config
+        self.state = state
+        self.session = session
+        self.tool_use = tool_use
+        self.turn_id = turn_id
+        self.call = call
+        self.started = time.monotonic()
+        self.tool_name = tool_use.name
+        self.decision = "auto"
+        self._summary: Any = None
+
+    # Events and audit -------------------------------------------------------------------
+
+    def emit(self, type: str, **payload: Any) -> None:
+        self.state.bus.publish(type, turn_id=self.turn_id, tool_use_id=self.tool_use.id, payload=payload)
+
+    def summary(self) -> Any:
+        """The input as it may be shown: long strings cut, secrets redacted (computed once)."""
+        if self._summary is None:
+            self._summary = redact(_shorten(self.tool_use.input))
+        return self._summary
+
+    def audit(self, kind: str, outcome: str) -> None:
+        if self.owner._audit is None:
+            return
+        self.owner._audit.record(
+            kind,
+            tenant=self.session.tenant_id,
+            session=self.session.session_id,
+            turn=self.turn_id,
+            tool_use_id=self.tool_use.id,
+            tool=self.tool_name,
+            input=self.summary(),
+            decision=self.decision,
+            outcome=outcome,
+            duration_ms=round(self.elapsed_ms(), 3),
+        )
+
+    def elapsed_ms(self) -> float:
+        return (time.monotonic() - self.started) * 1000
+
+    # The pipeline ---------------------------------------------------------------------------
+
+    async def execute(self) -> ToolResultBlock:
+        try:
+            registered = self.lookup()  # step 1
+            input_ = self.validate(registered)  # step 2
+            sandbox = self.owner._provider.sandbox_for(self.session)
+            self.check_scope(registered.definition, input_, sandbox.workspace_root)  # step 3
+            await self.confirm(registered.definition, input_, sandbox.workspace_root)  # step 4
+        except ToolError as exc:
+            return self.fail(exc, denied=True)
+        if self.call.cancel_event.is_set():
+            return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
+        async with self.state.semaphore:  # the per-session concurrency cap
+            if self.call.cancel_event.is_set():
+                return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
+            self.emit(
+                ev.TOOL_CALLED,
+                tool_name=self.tool_name,
+                side_effect=registered.definition.side_effect.value,
+                input=self.summary(),
+            )  # step 5
+            try:
+                output = await self.run_tool(registered, input_, sandbox)  # steps 6-7
+            except ToolError as exc:
+                return self.fail(exc)
+        return self.complete(output)  # steps 8-10
+
+    def lookup(self) -> RegisteredTool:
+        registered = self.owner.registry.get(self.tool_use.name)
+        if registered is None or (registered.definition.main_only and self.session.role is not Role.MAIN):
+            raise ToolNotFound(f"Unknown tool {self.tool_use.name!r}")
+        caps = self.session.capabilities or _UNRESTRICTED
+        if not caps.check_tool(self.tool_use.name):
+            self.decision = "capability_denied"
+            raise ToolPermissionDenied(f"Tool {self.tool_use.name!r} is not allowed for this session")
+        return registered
+
+    def validate(self, registered: RegisteredTool) -> dict[str, Any]:
+        errors = validation_errors(registered.validator, self.tool_use.input)
+        if errors:
+            raise ToolValidationError(
+                "Invalid input for tool " + repr(self.tool_name) + ": " + "; ".join(errors), errors
+            )
+        input_: dict[str, Any] = self.tool_use.input
+        return input_
+
+    def check_scope(self, definition: ToolDefinition, input_: dict[str, Any], root: str) -> None:
+        caps = self.session.capabilities or _UNRESTRICTED
+        for key, mode in definition.requires_fs:
+            value = input_.get(key)
+            if not isinstance(value, str):
+                continue
+            resolved = resolve_workspace_path(value, root)
+            if not caps.check_fs(resolved, mode, root=root):
+                self.decision = "fs_denied"
+                verb = "write" if mode == "rw" else "read"
+                raise ToolPermissionDenied(f"Path {value!r} is not granted for {verb} access in this session")
+
+    async def confirm(self, definition: ToolDefinition, input_: dict[str, Any], root: str) -> None:
+        policy = self.session.policy or self.owner.policy
+        mode = policy.mode_for(
+            definition.name,
+            definition.side_effect,
+            self.session.workspace_path,
+            always_prompt=definition.always_prompt,
+        )
+        if mode is Mode.AUTO:
+            return
+        if mode is Mode.DENY:
+            self.decision = "policy_denied"
+            raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
+        broker = self.state.broker
+        remembered = None if definition.always_prompt else broker.remembered(definition.name)
+        if remembered is not None:
+            self.decision = f"remembered_{remembered.value}"
+            if remembered is Decision.DENY:
+                raise ToolUserDenied("User denied this operation (remembered for this session).")
+            return
+        decision, remember = await self.ask(definition, input_, root)
+        if remember or mode is Mode.PROMPT_ONCE:
+            broker.remember(definition.name, decision)
+        self.decision = decision.value
+        if decision is Decision.DENY:
+            raise ToolUserDenied("User denied this operation.")
+
+    async def ask(
+        self, definition: ToolDefinition, input_: dict[str, Any], root: str
+    ) -> tuple[Decision, bool]:
+        broker = self.state.broker
+        request_id, answer = broker.open()
+        self.emit(
+            ev.TOOL_CONFIRMATION_REQUESTED,
+            request_id=request_id,
+            tool_name=definition.name,
+            input_summary=_summary_text(self.summary()),
+            side_effect=definition.side_effect.value,
+            projected_modifications=_projected(definition, input_, root),
+        )
+        cancelled: asyncio.Future[Any] = asyncio.ensure_future(self.call.cancel_event.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {cast("asyncio.Future[Any]", answer), cancelled},
+                timeout=self.config.confirmation_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            cancelled.cancel()
+        if answer in done and not answer.cancelled():
+            decision, remember = answer.result()
+            self.emit(
+                ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision=decision.value, reason="client"
+            )
+            return decision, remember
+        broker.expire(request_id)
+        if cancelled in done:
+            self.emit(
+                ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="cancelled"
+            )
+            raise ToolCancelled("Tool call was cancelled while waiting for confirmation")
+        self.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="timeout")
+        self.decision = "confirmation_timeout"
+        raise ConfirmationTimeout(
+            f"No confirmation for {definition.name!r} within {self.config.confirmation_timeout:g} s"
+        )
+
+    async def run_tool(
+        self, registered: RegisteredTool, input_: dict[str, Any], sandbox: Sandbox
+    ) -> ToolOutput:
+        definition = registered.definition
+        tool = registered.factory()  # step 6: a fresh instance per call
+        context = ToolContext(
+            session_id=self.session.session_id,
+            turn_id=self.turn_id,
+            tool_use_id=self.tool_use.id,
+            workspace_path=self.session.workspace_path,
+            cancel_event=self.call.cancel_event,
+            logger=logging.LoggerAdapter(
+                logging.getLogger(f"dispatcher.tool.{definition.name}"),
+                {"session_id": self.session.session_id, "tool_use_id": self.tool_use.id},
+            ),
+            workspace_files=sandbox,
+            sandbox=sandbox,
+            emit_output=self._emit_output,
+        )
+        timeout = definition.timeout_seconds or (
+            self.config.execute_timeout
+            if definition.side_effect in (SideEffect.EXECUTE, SideEffect.NETWORK)
+            else self.config.default_timeout
+        )
+        task = asyncio.ensure_future(tool.execute(input_, context))
+        try:
+            return await self._supervise(tool, task, timeout)
+        except asyncio.CancelledError:
+            # Our own task was cancelled (server shutdown, client gone): still stop the tool.
+            self.call.cancel()
+            stopper = asyncio.ensure_future(self._stop(tool, task))
+            self.state.cleanups.add(stopper)
+            stopper.add_done_callback(self.state.cleanups.discard)
+            raise
+
+    def _emit_output(self, stream: str, text: str) -> None:
+        self.emit(ev.TOOL_OUTPUT_DELTA, stream=stream, text=text)
+
+    async def _supervise(self, tool: Tool, task: asyncio.Future[ToolOutput], timeout: float) -> ToolOutput:
+        cancelled: asyncio.Future[Any] = asyncio.ensure_future(self.call.cancel_event.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {cast("asyncio.Future[Any]", task), cancelled},
+                timeout=timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            cancelled.cancel()
+        if task in done:
+            return _tool_result(task, self.tool_name)
+        if not self.call.cancel_event.is_set():
+            self.call.cancel(ToolErrorClass.TIMEOUT)
+        reason = self.call.cancel_reason
+        partial = await self._stop(tool, task)
+        if reason is ToolErrorClass.TIMEOUT:
+            raise ToolTimeout(f"Tool {self.tool_name!r} timed out after {timeout:g} s", output=partial)
+        raise ToolCancelled(f"Tool {self.tool_name!r} was cancelled", output=partial)
+
+    async def _stop(self, tool: Tool, task: asyncio.Future[ToolOutput]) -> ToolOutput | None:
+        """Ask the tool to stop, wait for it up to abandon_after, and return what it produced."""
+        try:
+            async with asyncio.timeout(self.config.abandon_after):
+                with contextlib.suppress(Exception):
+                    await tool.cancel()
+                await asyncio.wait({task})
+        except TimeoutError:
+            log.warning(
+                "abandoning tool %s after %.0f s: it did not honour cancellation",
+                self.tool_name,
+                self.config.abandon_after,
+                extra={"session_id": self.session.session_id, "tool_use_id": self.tool_use.id},
+            )
+            task.cancel()
+            return None
+        if task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is None:
+            return task.result()
+        return exc.output if isinstance(exc, ToolError) else None
+
+    # Results ---------------------------------------------------------------------------------
+
+    def complete(self, output: ToolOutput) -> ToolResultBlock:
+        if not output.success:
+            return self.fail(
+                ToolExecutionError(_first_text(output) or "Tool reported failure", output=output)
+            )
+        duration = self.elapsed_ms()
+        self.emit(ev.TOOL_COMPLETED, tool_name=self.tool_name, duration_ms=round(duration, 3))
+        self.audit(DISPATCHED, "ok")
+        return self._block(output, is_error=False, error_class=None)
+
+    def fail(self, exc: ToolError, *, denied: bool = False) -> ToolResultBlock:
+        error_class = exc.error_class
+        message = exc.message
+        if isinstance(exc, ToolValidationError):
+            self.emit(ev.TOOL_INPUT_INVALID, tool_name=self.tool_name, errors=list(exc.validation_errors))
+        else:
+            payload: dict[str, Any] = {
+                "tool_name": self.tool_name,
+                "error_class": error_class.value,
+                "message": message,
+                "duration_ms": round(self.elapsed_ms(), 3),
+            }
+            if exc.output is not None and _first_text(exc.output):
+                payload["partial_output"] = truncate_head_tail(_first_text(exc.output), 4_000)
+            self.emit(ev.TOOL_FAILED, **payload)
+        self.audit(DENIED if denied else DISPATCHED, error_class.value)
+        output = exc.output
+        if output is None:
+            return self._block(ToolOutput([TextBlock(message)], success=False), True, error_class)
+        if not _first_text(output).startswith(message) and error_class is not ToolErrorClass.EXECUTION_ERROR:
+            output.content = [TextBlock(message), *output.content]
+        return self._block(output, True, error_class)
+
+    def _block(
+        self, output: ToolOutput, is_error: bool, error_class: ToolErrorClass | None
+    ) -> ToolResultBlock:
+        budget = self.config.result_budget_chars
+        content = tuple(
+            TextBlock(truncate_head_tail(b.text, budget)) if isinstance(b, TextBlock) else b
+            for b in output.content
+        )
+        return ToolResultBlock(
+            tool_use_id=self.tool_use.id,
+            content=content,
+            is_error=is_error,
+            error_class=error_class,
+            metadata=dict(output.metadata),
+            files_modified=tuple(output.files_modified or ()),
+            command_executed=output.command_executed,
+        )
+
+
+def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str) -> ToolOutput:
+    """The tool's output, with any non-ToolError turned into an opaque execution error."""
+    try:
+        output = task.result()
+    except ToolError:
+        raise
+    except SandboxError as exc:
+        log.error("sandbox failure in tool %s: %s", tool_name, exc)
+        raise ToolExecutionError(
+            f"The sandbox failed while running {tool_name!r}; it will be recreated", exc
+        ) from exc
+    except Exception as exc:
+        log.exception("tool %s raised an unexpected exception", tool_name)
+        raise ToolExecutionError(
+            f"Tool {tool_name!r} failed with an internal error", exc, is_user_visible=False
+        ) from exc
+    if not isinstance(output, ToolOutput):
+        log.error("tool %s returned %r instead of a ToolOutput", tool_name, type(output))
+        raise ToolExecutionError(f"Tool {tool_name!r} returned an invalid result", is_user_visible=False)
+    return output
+
+
+def _first_text(output: ToolOutput) -> str:
+    return next((b.text for b in output.content if isinstance(b, TextBlock)), "")
+
+
+def _shorten(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > _SUMMARY_STRING_CHARS:
+        return value[:_SUMMARY_STRING_CHARS] + f"... [{len(value) - _SUMMARY_STRING_CHARS:,} more characters]"
+    if isinstance(value, dict):
+        return {k: _shorten(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shorten(v) for v in value]
+    return value
+
+
+def _summary_text(summary: Any) -> str:
+    return truncate_head_tail(json.dumps(summary, ensure_ascii=False, sort_keys=True), 4_000)
+
+
+def _projected(definition: ToolDefinition, input_: dict[str, Any], root: str) -> list[str]:
+    """What a confirmed call will change: the paths it writes (relative to the workspace)."""
+    out = []
+    for key, mode in definition.requires_fs:
+        value = input_.get(key)
+        if mode == "rw" and isinstance(value, str):
+            resolved = resolve_workspace_path(value, root)
+            out.append(resolved[len(root) :].lstrip("/") or ".")
+    return out

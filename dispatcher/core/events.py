@@ -1,0 +1,149 @@
+"""Per-session event bus: strictly increasing ``seq``, bounded replay history, live subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+TOOL_CALLED: Final = "tool.called"
+TOOL_OUTPUT_DELTA: Final = "tool.output_delta"
+TOOL_COMPLETED: Final = "tool.completed"
+TOOL_FAILED: Final = "tool.failed"
+TOOL_INPUT_INVALID: Final = "tool.input_invalid"
+TOOL_CONFIRMATION_REQUESTED: Final = "tool.confirmation_requested"
+TOOL_CONFIRMATION_RESOLVED: Final = "tool.confirmation_resolved"
+
+EVENT_TYPES: Final = frozenset(
+    {
+        TOOL_CALLED,
+        TOOL_OUTPUT_DELTA,
+        TOOL_COMPLETED,
+        TOOL_FAILED,
+        TOOL_INPUT_INVALID,
+        TOOL_CONFIRMATION_REQUESTED,
+        TOOL_CONFIRMATION_RESOLVED,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One step of one tool call. ``payload`` keys per type are listed in docs/events.md."""
+
+    seq: int
+    time: float
+    session_id: str
+    turn_id: str
+    tool_use_id: str
+    type: str
+    payload: Mapping[str, Any]
+
+
+EventFilter = Callable[[Event], bool]
+
+
+class Subscription:
+    """An async iterator of events; replays history first, then follows live.
+
+    A subscriber that falls behind by more than ``max_pending`` loses ``tool.output_delta``
+    events (counted in ``dropped``) rather than growing memory; other events are never dropped.
+    """
+
+    def __init__(self, bus: EventBus, event_filter: EventFilter | None, max_pending: int) -> None:
+        self._bus = bus
+        self._filter = event_filter
+        self._max_pending = max_pending
+        self._pending: deque[Event] = deque()
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self.dropped = 0
+
+    def _offer(self, event: Event) -> None:
+        if self._filter is not None and not self._filter(event):
+            return
+        if event.type == TOOL_OUTPUT_DELTA and len(self._pending) >= self._max_pending:
+            self.dropped += 1
+            return
+        self._pending.append(event)
+        self._wakeup.set()
+
+    def close(self) -> None:
+        """Stop following; pending events are still delivered, then iteration ends."""
+        if not self._closed:
+            self._closed = True
+            self._bus._unsubscribe(self)
+            self._wakeup.set()
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._pending:
+            if self._closed:
+                raise StopAsyncIteration
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self._pending.popleft()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class EventBus:
+    """Events of one session. Publishing is synchronous and never blocks."""
+
+    def __init__(self, session_id: str, *, history: int = 10_000, max_pending: int = 4096) -> None:
+        self.session_id = session_id
+        self._history: deque[Event] = deque(maxlen=history)
+        self._subscribers: list[Subscription] = []
+        self._max_pending = max_pending
+        self._seq = 0
+        self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def publish(self, type: str, *, turn_id: str, tool_use_id: str, payload: Mapping[str, Any]) -> Event:
+        """Stamp and deliver one event to history and every subscriber."""
+        self._seq += 1
+        event = Event(self._seq, time.time(), self.session_id, turn_id, tool_use_id, type, payload)
+        self._history.append(event)
+        for sub in tuple(self._subscribers):
+            sub._offer(event)
+        return event
+
+    def subscribe(
+        self, after_seq: int | None = None, event_filter: EventFilter | None = None
+    ) -> Subscription:
+        """Follow live events; with ``after_seq``, first replay retained events with a greater seq."""
+        sub = Subscription(self, event_filter, self._max_pending)
+        if after_seq is not None:
+            for event in self._history:
+                if event.seq > after_seq:
+                    sub._offer(event)
+        if self._closed:
+            sub.close()
+        else:
+            self._subscribers.append(sub)
+        return sub
+
+    def close(self) -> None:
+        """End every subscription (after it drains)."""
+        self._closed = True
+        for sub in tuple(self._subscribers):
+            sub.close()
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        if sub in self._subscribers:
+            self._subscribers.remove(sub)

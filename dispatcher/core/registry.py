@@ -1,0 +1,169 @@
+"""The tool registry (spec 000 §3.1, spec 001 merge rules, spec 002 invariants) and schema export."""
+
+from __future__ import annotations
+
+import builtins
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft7Validator
+
+from dispatcher.core.errors import RegistrySealedError, ToolNameConflictError, ToolRegistrationError
+from dispatcher.core.schema import check_schema
+from dispatcher.core.types import Role, SideEffect, Tool, ToolDefinition, ToolFactory
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredTool:
+    definition: ToolDefinition
+    factory: ToolFactory
+    validator: Draft7Validator
+    builtin: bool
+
+
+class ToolRegistry:
+    """Exact-case, unique names; closed (sealed) once the server serves."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, RegisteredTool] = {}
+        self._sealed = False
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def seal(self) -> None:
+        """Refuse every later register/unregister: the tool set is fixed while serving."""
+        self._sealed = True
+
+    def register(self, factory: ToolFactory, *, builtin: bool = False) -> ToolDefinition:
+        """Check the factory and its definition, compile the validator, and add the tool.
+
+        Raises:
+            RegistrySealedError: the registry is sealed.
+            ToolNameConflictError: a user tool takes a built-in tool's name.
+            ToolRegistrationError: anything else wrong with the tool.
+        """
+        if self._sealed:
+            raise RegistrySealedError("the tool registry is sealed; tools are fixed while serving")
+        if not callable(factory):
+            raise ToolRegistrationError(f"register() takes a zero-argument factory, got {factory!r}")
+        first, second = _make(factory), _make(factory)
+        if first is second:
+            raise ToolRegistrationError(
+                f"factory for {first.definition.name!r} returned the same object twice; "
+                "register a factory that makes a fresh Tool per call, not a singleton"
+            )
+        definition = first.definition
+        _check_definition(definition)
+        if second.definition != definition:
+            raise ToolRegistrationError(f"factory for {definition.name!r} returns differing definitions")
+        existing = self._tools.get(definition.name)
+        if existing is not None:
+            if existing.builtin and not builtin:
+                raise ToolNameConflictError(f"tool {definition.name!r} conflicts with a built-in tool")
+            raise ToolRegistrationError(f"tool {definition.name!r} is already registered")
+        validator = check_schema(definition.name, definition.input_schema)
+        self._tools[definition.name] = RegisteredTool(definition, factory, validator, builtin)
+        return definition
+
+    def unregister(self, name: str) -> None:
+        """Remove a tool; unknown names are ignored.
+
+        Raises:
+            RegistrySealedError: the registry is sealed.
+        """
+        if self._sealed:
+            raise RegistrySealedError("the tool registry is sealed; tools are fixed while serving")
+        self._tools.pop(name, None)
+
+    def get(self, name: str) -> RegisteredTool | None:
+        """Exact-case lookup."""
+        return self._tools.get(name)
+
+    def list(self) -> list[str]:
+        return sorted(self._tools)
+
+    def definitions(self, role: Role = Role.MAIN) -> builtins.list[ToolDefinition]:
+        """Definitions visible to a session of ``role``, sorted by name."""
+        return [
+            self._tools[n].definition
+            for n in sorted(self._tools)
+            if role is Role.MAIN or not self._tools[n].definition.main_only
+        ]
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+
+def _make(factory: ToolFactory) -> Tool:
+    try:
+        tool = factory()
+    except Exception as exc:
+        raise ToolRegistrationError(f"tool factory {factory!r} raised {exc!r}") from exc
+    if not isinstance(getattr(tool, "definition", None), ToolDefinition):
+        raise ToolRegistrationError(f"tool factory {factory!r} made an object without a ToolDefinition")
+    if not callable(getattr(tool, "execute", None)) or not callable(getattr(tool, "cancel", None)):
+        raise ToolRegistrationError(f"tool {tool.definition.name!r} lacks execute() or cancel()")
+    return tool
+
+
+def _check_definition(definition: ToolDefinition) -> None:
+    if not isinstance(definition.name, str) or not NAME_RE.match(definition.name):
+        raise ToolRegistrationError(f"tool name {definition.name!r} must match {NAME_RE.pattern}")
+    if not isinstance(definition.side_effect, SideEffect):
+        raise ToolRegistrationError(f"tool {definition.name!r} must declare a SideEffect")
+    for key, mode in definition.requires_fs:
+        if mode not in ("r", "rw"):
+            raise ToolRegistrationError(
+                f"tool {definition.name!r}: requires_fs mode for {key!r} must be r or rw"
+            )
+        if key not in definition.input_schema.get("properties", {}):
+            raise ToolRegistrationError(f"tool {definition.name!r}: requires_fs names unknown input {key!r}")
+    if definition.timeout_seconds is not None and definition.timeout_seconds <= 0:
+        raise ToolRegistrationError(f"tool {definition.name!r}: timeout_seconds must be positive")
+
+
+def to_anthropic(definition: ToolDefinition) -> dict[str, Any]:
+    """Anthropic Messages API tool shape."""
+    return {
+        "name": definition.name,
+        "description": definition.description,
+        "input_schema": dict(definition.input_schema),
+    }
+
+
+def to_openai(definition: ToolDefinition) -> dict[str, Any]:
+    """OpenAI function-calling tool shape."""
+    return {
+        "type": "function",
+        "function": {
+            "name": definition.name,
+            "description": definition.description,
+            "parameters": dict(definition.input_schema),
+        },
+    }
+
+
+def to_mcp(definition: ToolDefinition) -> dict[str, Any]:
+    """MCP ``tools/list`` entry, with annotations derived from the side-effect class."""
+    effect = definition.side_effect
+    annotations: Mapping[str, bool] = {
+        "readOnlyHint": effect in (SideEffect.NONE, SideEffect.READ),
+        "destructiveHint": effect in (SideEffect.WRITE, SideEffect.EXECUTE, SideEffect.NETWORK),
+        "idempotentHint": effect in (SideEffect.NONE, SideEffect.READ),
+        "openWorldHint": effect in (SideEffect.EXECUTE, SideEffect.NETWORK),
+    }
+    return {
+        "name": definition.name,
+        "description": definition.description,
+        "inputSchema": dict(definition.input_schema),
+        "annotations": dict(annotations),
+    }

@@ -1,0 +1,153 @@
+"""What tools see of the place they run in: the workspace file API and process execution.
+
+This module only states the contract. ``dispatcher.sandbox`` implements it (the Docker backend
+with its in-container agent, and a local backend used by unit tests); ``core`` never imports
+those implementations.
+
+Paths given to these methods are as the model wrote them: relative to ``workspace_root`` or
+absolute inside it. Implementations resolve them where the files are (inside the container),
+following symlinks there, and raise ``WorkspaceEscapeError`` for anything that lands outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from dispatcher.core.errors import DispatcherError, ToolExecutionError
+
+if TYPE_CHECKING:
+    from dispatcher.core.session import Session
+
+EntryKind = Literal["file", "dir", "symlink", "other"]
+
+
+class SandboxError(DispatcherError):
+    """The sandbox itself failed (container gone, agent dead, protocol violation)."""
+
+
+class FileOpError(ToolExecutionError):
+    """A file operation failed for an ordinary reason; ``code`` is an errno name or slug.
+
+    Codes: ``ENOENT``, ``EISDIR``, ``ENOTDIR``, ``EEXIST``, ``EACCES``, ``ENOTEMPTY``,
+    ``too_large``, ``binary``, ``no_match``, ``multiple_matches``, ``decode``.
+    """
+
+    def __init__(self, code: str, message: str, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    name: str
+    kind: EntryKind
+    size: int = 0
+    target: str | None = None  # symlink target, as stored
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    path: str  # resolved, inside workspace_root
+    kind: EntryKind
+    size: int
+    mode: int
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class DirListing:
+    entries: tuple[DirEntry, ...]
+    truncated: bool  # more entries existed than the limit
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRequest:
+    """One command: run as ``sh -c command`` in its own process group."""
+
+    command: str
+    timeout: float
+    cwd: str = "."  # relative to workspace_root
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    grace_seconds: float = 3.0  # between SIGTERM and SIGKILL
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    killed: bool = False  # SIGKILL (or container stop) was needed
+    duration_ms: float = 0.0
+
+
+OutputCallback = Callable[[Literal["stdout", "stderr"], bytes], None]
+
+
+class WorkspaceFileAPI(Protocol):
+    """Workspace-scoped file access (spec 000 §5.1), asynchronous because files live in a sandbox."""
+
+    @property
+    def workspace_root(self) -> str: ...
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read at most ``max_bytes`` (``too_large`` if the file is bigger and no cap was asked)."""
+        ...
+
+    async def read(self, path: str) -> str: ...
+
+    async def write_bytes(self, path: str, data: bytes) -> None:
+        """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents."""
+        ...
+
+    async def write(self, path: str, content: str) -> None: ...
+
+    async def append(self, path: str, content: str) -> None: ...
+
+    async def exists(self, path: str) -> bool: ...
+
+    async def stat(self, path: str) -> FileStat: ...
+
+    async def list(self, path: str, *, limit: int = 1000) -> DirListing: ...
+
+    async def delete(self, path: str) -> None: ...
+
+    async def patch(self, path: str, old: str, new: str) -> None:
+        """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
+        ...
+
+
+class Sandbox(WorkspaceFileAPI, Protocol):
+    """One session's sandbox: its files plus process execution."""
+
+    async def exec(
+        self,
+        request: ExecRequest,
+        on_output: OutputCallback,
+        cancel_event: asyncio.Event,
+    ) -> ExecResult:
+        """Run a command, streaming its output; on timeout or ``cancel_event`` kill its process group.
+
+        Kill sequence: SIGTERM, ``grace_seconds``, SIGKILL, then the sandbox itself is stopped
+        if the group still lives. Returns normally in all of these cases (see the flags).
+
+        Raises:
+            SandboxError: the sandbox could not run the command at all.
+        """
+        ...
+
+
+class SandboxProvider(Protocol):
+    """Hands out per-session sandboxes; creation is lazy (on first use)."""
+
+    def sandbox_for(self, session: Session) -> Sandbox: ...
+
+    async def close_session(self, session_id: str) -> None:
+        """Stop and remove the session's sandbox; its workspace stays."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,29 @@
+"""A session as the dispatch core knows it: identity, workspace, and the rules that apply to it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dispatcher.core.types import Role
+
+if TYPE_CHECKING:
+    from dispatcher.core.capabilities import Capabilities
+    from dispatcher.core.policy import ConfirmationPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """Immutable description of one session; runtime state lives in the dispatcher."""
+
+    session_id: str
+    workspace_path: str
+    """Absolute host path of the workspace (bind-mounted at /workspace in the sandbox)."""
+    tenant_id: str = "default"
+    role: Role = Role.MAIN
+    labels: Mapping[str, str] = field(default_factory=dict)
+    policy: ConfirmationPolicy | None = None
+    """None: the dispatcher's policy."""
+    capabilities: Capabilities | None = None
+    """None: every tool, the whole workspace read-write."""

@@ -1,0 +1,134 @@
+"""Domain types of the dispatch pipeline (spec 000 §3): definitions, blocks, outputs, context."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.sandbox_api import Sandbox, WorkspaceFileAPI
+
+
+class SideEffect(StrEnum):
+    """A tool's highest side-effect class, by capability, not by typical use."""
+
+    NONE = "none"
+    READ = "read"
+    WRITE = "write"
+    EXECUTE = "execute"
+    NETWORK = "network"
+
+
+class Role(StrEnum):
+    """Session role; worker sessions do not see tools marked main-only."""
+
+    MAIN = "main"
+    WORKER = "worker"
+
+
+FsMode = Literal["r", "rw"]
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBlock:
+    data: bytes
+    media_type: str  # image/png, image/jpeg, image/gif, image/webp
+    type: Literal["image"] = "image"
+
+
+ContentBlock = TextBlock | ImageBlock
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """What a model sees of a tool, plus what the dispatcher needs to police it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    side_effect: SideEffect
+    requires_fs: tuple[tuple[str, FsMode], ...] = ()
+    """(input key, mode) pairs: which inputs are workspace paths and how they are used."""
+    timeout_seconds: float | None = None
+    """Overrides the dispatcher's default timeout for this tool."""
+    always_prompt: bool = False
+    """Ask on every call, whatever the policy, preset or trust says (spec 004)."""
+    main_only: bool = False
+    """Hidden from worker sessions."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUseBlock:
+    """One tool call emitted by a model. ``input`` may be anything the client sent."""
+
+    id: str
+    name: str
+    input: Any
+
+
+@dataclass(slots=True)
+class ToolOutput:
+    """What a tool returns; the dispatcher wraps it into a ToolResultBlock."""
+
+    content: list[ContentBlock]
+    success: bool = True
+    metadata: dict[str, Any] = field(default_factory=dict)
+    files_modified: list[str] | None = None
+    command_executed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultBlock:
+    """The canonical answer to one ToolUseBlock; errors included."""
+
+    tool_use_id: str
+    content: tuple[ContentBlock, ...]
+    is_error: bool = False
+    error_class: ToolErrorClass | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    files_modified: tuple[str, ...] = ()
+    command_executed: str | None = None
+
+
+OutputSink = Callable[[str, str], None]
+"""``emit_output(stream, text)``: publish a ``tool.output_delta`` event for this call."""
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What a tool sees of its session for one call."""
+
+    session_id: str
+    turn_id: str
+    tool_use_id: str
+    workspace_path: str
+    cancel_event: asyncio.Event
+    logger: logging.LoggerAdapter[logging.Logger]
+    workspace_files: WorkspaceFileAPI
+    sandbox: Sandbox
+    emit_output: OutputSink
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """Implemented by every tool. One fresh instance handles one execute()."""
+
+    definition: ToolDefinition
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput: ...
+
+    async def cancel(self) -> bool: ...
+
+
+ToolFactory = Callable[[], Tool]
+AsyncCallback = Callable[[], Awaitable[None]]
