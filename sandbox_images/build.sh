@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Build the sandbox images offline (no registry is reachable here: never `docker pull`).
+#
+#   dispatcher-base:bookworm        Debian bookworm minbase + python3, from debootstrap + docker import
+#   dispatcher-sandbox:<hash>       base + agent + sandbox user + /workspace; also tagged :latest
+#   dispatcher-busybox:latest       FROM scratch + busybox-static: a python-less image for tests of the
+#                                   docker-exec fallback path
+#
+# Idempotent and quick when nothing changed: the base is built only if missing, the agent layer is
+# tagged by a hash of every input (Dockerfile, agent.py, uid/gid, base image id) and skipped if present.
+#
+# Environment:
+#   SANDBOX_UID / SANDBOX_GID   uid/gid of the in-sandbox user (default 1000/1000; see README.md)
+#   DEBIAN_MIRROR               debootstrap mirror (default: Debian's)
+#   REBUILD_BASE=1              force a new debootstrap
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+agent_src="$repo/dispatcher/sandbox/agent/agent.py"
+
+BASE_IMAGE="${BASE_IMAGE:-dispatcher-base:bookworm}"
+SANDBOX_REPO="${SANDBOX_REPO:-dispatcher-sandbox}"
+BUSYBOX_IMAGE="${BUSYBOX_IMAGE:-dispatcher-busybox:latest}"
+SANDBOX_UID="${SANDBOX_UID:-1000}"
+SANDBOX_GID="${SANDBOX_GID:-1000}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The legacy builder needs no buildx plugin and honours --network=none.
+export DOCKER_BUILDKIT=0
+
+log() { printf 'images: %s\n' "$*" >&2; }
+
+have_image() { docker image inspect "$1" >/dev/null 2>&1; }
+
+build_base() {
+  if have_image "$BASE_IMAGE" && [[ "${REBUILD_BASE:-0}" != 1 ]]; then
+    log "$BASE_IMAGE present, skipping debootstrap"
+    return
+  fi
+  command -v debootstrap >/dev/null || { log "debootstrap is missing (apt-get install debootstrap)"; exit 1; }
+  local root
+  root="$(mktemp -d /tmp/dispatcher-rootfs.XXXXXX)"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$root'" EXIT
+  log "debootstrap bookworm into $root (about a minute)"
+  # python3 (not python3-minimal): the agent needs json, which -minimal lacks.
+  debootstrap --variant=minbase --include=python3 bookworm "$root" "$DEBIAN_MIRROR" >/dev/null
+  # Package caches and lists are dead weight in a read-only sandbox.
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  tar -C "$root" -c . | docker import \
+    -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    -c 'CMD ["/bin/sh"]' - "$BASE_IMAGE" >/dev/null
+  rm -rf "$root"
+  trap - EXIT
+  log "imported $BASE_IMAGE"
+}
+
+build_sandbox() {
+  [[ -f "$agent_src" ]] || { log "missing $agent_src"; exit 1; }
+  local base_id hash tag ctx
+  base_id="$(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
+  hash="$( { cat "$here/Dockerfile" "$agent_src"; echo "$SANDBOX_UID:$SANDBOX_GID:$base_id"; } \
+    | sha256sum | cut -c1-16)"
+  tag="$SANDBOX_REPO:$hash"
+  if have_image "$tag"; then
+    log "$tag present (inputs unchanged)"
+  else
+    ctx="$(mktemp -d /tmp/dispatcher-ctx.XXXXXX)"
+    cp "$here/Dockerfile" "$agent_src" "$ctx/"
+    log "building $tag"
+    docker build -q --network=none \
+      --build-arg "BASE=$BASE_IMAGE" \
+      --build-arg "SANDBOX_UID=$SANDBOX_UID" --build-arg "SANDBOX_GID=$SANDBOX_GID" \
+      --label "dispatcher.inputs=$hash" \
+      -t "$tag" "$ctx" >/dev/null
+    rm -rf "$ctx"
+  fi
+  docker tag "$tag" "$SANDBOX_REPO:latest"
+  log "$SANDBOX_REPO:latest -> $tag"
+}
+
+build_busybox() {
+  local bb=/bin/busybox ctx
+  if have_image "$BUSYBOX_IMAGE"; then
+    log "$BUSYBOX_IMAGE present"
+    return
+  fi
+  # Debian's busybox-static is a static binary; the dynamic `busybox` package would not run FROM scratch.
+  if ! file -L "$bb" 2>/dev/null | grep -q 'statically linked'; then
+    if ! dpkg -s busybox-static >/dev/null 2>&1; then
+      log "busybox-static not installed; skipping $BUSYBOX_IMAGE"
+      return
+    fi
+  fi
+  ctx="$(mktemp -d /tmp/dispatcher-bb.XXXXXX)"
+  cp "$bb" "$ctx/busybox"
+  cat >"$ctx/Dockerfile" <<'DOCKERFILE'
+FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+RUN ["/bin/busybox", "mkdir", "-p", "/workspace", "/tmp", "/etc"]
+RUN ["/bin/sh", "-c", "echo 'sandbox:x:1000:1000::/tmp:/bin/sh' > /etc/passwd && echo 'sandbox:x:1000:' > /etc/group"]
+WORKDIR /workspace
+DOCKERFILE
+  docker build -q --network=none -t "$BUSYBOX_IMAGE" "$ctx" >/dev/null
+  rm -rf "$ctx"
+  log "built $BUSYBOX_IMAGE"
+}
+
+case "${1:-all}" in
+  base) build_base ;;
+  sandbox) build_base; build_sandbox ;;
+  busybox) build_busybox ;;
+  all) build_base; build_sandbox; build_busybox ;;
+  *) echo "usage: $0 [all|base|sandbox|busybox]" >&2; exit 2 ;;
+esac
