@@ -1,0 +1,116 @@
+"""An in-memory sandbox for unit tests of the core: no processes, no containers, no disk.
+
+Files live in a dict keyed by absolute path under ``/workspace``; ``exec`` runs a Python
+callable the test supplies. It checks paths lexically only (there are no symlinks in memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from dispatcher.core.paths import resolve_workspace_path
+from dispatcher.core.sandbox_api import (
+    DirEntry,
+    DirListing,
+    ExecRequest,
+    ExecResult,
+    FileOpError,
+    FileStat,
+    OutputCallback,
+)
+from dispatcher.core.session import Session
+
+ExecHandler = Callable[[ExecRequest, OutputCallback, asyncio.Event], Awaitable[ExecResult]]
+
+
+async def _default_exec(request: ExecRequest, on_output: OutputCallback, cancel: asyncio.Event) -> ExecResult:
+    on_output("stdout", request.command.encode())
+    return ExecResult(exit_code=0)
+
+
+@dataclass
+class FakeSandbox:
+    """Implements ``dispatcher.core.sandbox_api.Sandbox`` in memory."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    exec_handler: ExecHandler = _default_exec
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    root: str = "/workspace"
+
+    @property
+    def workspace_root(self) -> str:
+        return self.root
+
+    def _path(self, op: str, path: str) -> str:
+        self.calls.append((op, path))
+        return resolve_workspace_path(path, self.root)
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        full = self._path("read", path)
+        if full not in self.files:
+            raise FileOpError("ENOENT", f"No such file: {path!r}")
+        data = self.files[full]
+        return data if max_bytes is None else data[:max_bytes]
+
+    async def read(self, path: str) -> str:
+        return (await self.read_bytes(path)).decode()
+
+    async def write_bytes(self, path: str, data: bytes) -> None:
+        self.files[self._path("write", path)] = data
+
+    async def write(self, path: str, content: str) -> None:
+        await self.write_bytes(path, content.encode())
+
+    async def append(self, path: str, content: str) -> None:
+        full = self._path("append", path)
+        self.files[full] = self.files.get(full, b"") + content.encode()
+
+    async def exists(self, path: str) -> bool:
+        return self._path("exists", path) in self.files
+
+    async def stat(self, path: str) -> FileStat:
+        full = self._path("stat", path)
+        if full not in self.files:
+            raise FileOpError("ENOENT", f"No such file: {path!r}")
+        return FileStat(full, "file", len(self.files[full]), 0o644, 0.0)
+
+    async def list(self, path: str, *, limit: int = 1000) -> DirListing:
+        prefix = self._path("list", path).rstrip("/") + "/"
+        names = sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)})
+        entries = tuple(DirEntry(n, "file") for n in names[:limit])
+        return DirListing(entries, truncated=len(names) > limit)
+
+    async def delete(self, path: str) -> None:
+        self.files.pop(self._path("delete", path), None)
+
+    async def patch(self, path: str, old: str, new: str) -> None:
+        text = await self.read(path)
+        count = text.count(old)
+        if count != 1:
+            raise FileOpError("no_match" if count == 0 else "multiple_matches", f"{count} matches in {path!r}")
+        await self.write(path, text.replace(old, new))
+
+    async def exec(self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event) -> ExecResult:
+        self.calls.append(("exec", request.command))
+        return await self.exec_handler(request, on_output, cancel_event)
+
+
+class FakeSandboxProvider:
+    """Hands out one FakeSandbox per session and records which sessions were closed."""
+
+    def __init__(self) -> None:
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.closed: list[str] = []
+        self.aclosed = False
+
+    def sandbox_for(self, session: Session) -> FakeSandbox:
+        return self.sandboxes.setdefault(session.session_id, FakeSandbox())
+
+    async def close_session(self, session_id: str) -> None:
+        self.closed.append(session_id)
+        self.sandboxes.pop(session_id, None)
+
+    async def aclose(self) -> None:
+        self.aclosed = True

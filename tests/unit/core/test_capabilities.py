@@ -1,0 +1,60 @@
+"""Capability routing (spec 003): tool allow-lists and filesystem grants."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.core import Capabilities, ConfigError, FsGrant
+
+
+def test_unrestricted_by_default() -> None:
+    caps = Capabilities()
+    assert caps.check_tool("anything") and caps.check_fs("/workspace/x", "rw", root="/workspace")
+
+
+def test_fs_grants_by_prefix_and_mode() -> None:
+    caps = Capabilities.from_config({"fs": [{"path": "docs", "mode": "r"}, {"path": "/src/", "mode": "rw"}]})
+    assert caps.fs_grants == (FsGrant("docs", "r"), FsGrant("src", "rw"))
+    root = "/workspace"
+    assert caps.check_fs("/workspace/docs/a.md", "r", root=root)
+    assert not caps.check_fs("/workspace/docs/a.md", "rw", root=root)
+    assert caps.check_fs("/workspace/src", "rw", root=root)
+    assert not caps.check_fs("/workspace/srcx/a", "r", root=root)  # a prefix is a path, not a string
+    assert not caps.check_fs("/workspace", "r", root=root)
+
+
+def test_whole_workspace_grant() -> None:
+    caps = Capabilities.from_config({"fs": [{"path": ".", "mode": "r"}]})
+    assert caps.check_fs("/workspace", "r", root="/workspace")
+    assert caps.check_fs("/workspace/a/b", "r", root="/workspace")
+
+
+def test_tool_allow_list() -> None:
+    caps = Capabilities.from_config({"tools": ["read_file"]})
+    assert caps.check_tool("read_file") and not caps.check_tool("shell") and not caps.check_tool("READ_FILE")
+    assert not Capabilities.from_config({"tools": []}).check_tool("read_file")
+
+
+def test_intersect_narrows() -> None:
+    tenant = Capabilities.from_config({"tools": ["a", "b"], "fs": [{"path": "src", "mode": "rw"}]})
+    session = Capabilities.from_config(
+        {"tools": ["b", "c"], "fs": [{"path": "src/x", "mode": "rw"}, {"path": "etc"}]}
+    )
+    both = tenant.intersect(session)
+    assert both.allowed_tools == frozenset({"b"})
+    assert both.fs_grants == (FsGrant("src/x", "rw"),)
+    assert tenant.intersect(None) is tenant
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ({"tool": []}, "capabilities.tool"),
+        ({"tools": "shell"}, "capabilities.tools"),
+        ({"fs": [{"path": "a", "mode": "w"}]}, "capabilities.fs[0].mode"),
+        ({"fs": [{"mode": "r"}]}, "capabilities.fs[0].path"),
+    ],
+)
+def test_config_errors_name_the_key(section: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError, match="^" + key.replace("[", r"\[").replace("]", r"\]")):
+        Capabilities.from_config(section)

@@ -1,0 +1,72 @@
+"""The per-session event bus: ordering, replay, live follow, bounded history, slow subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dispatcher.core import events as ev
+from dispatcher.core.events import EventBus
+
+
+def publish(bus: EventBus, n: int, type_: str = ev.TOOL_CALLED) -> None:
+    for i in range(n):
+        bus.publish(type_, turn_id="t", tool_use_id=f"u{i}", payload={"i": i})
+
+
+async def drain(sub: ev.Subscription) -> list[ev.Event]:
+    sub.close()
+    return [e async for e in sub]
+
+
+async def test_seq_strictly_increases_and_replay_from_after_seq() -> None:
+    bus = EventBus("s")
+    publish(bus, 5)
+    events = await drain(bus.subscribe(after_seq=2))
+    assert [e.seq for e in events] == [3, 4, 5] and bus.last_seq == 5
+    assert all(e.session_id == "s" and e.type == ev.TOOL_CALLED for e in events)
+
+
+async def test_replay_then_live() -> None:
+    bus = EventBus("s")
+    publish(bus, 2)
+    async with bus.subscribe(after_seq=0) as sub:
+        got = [await anext(sub), await anext(sub)]
+        waiter = asyncio.create_task(anext(sub))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        publish(bus, 1)
+        got.append(await waiter)
+    assert [e.seq for e in got] == [1, 2, 3]
+
+
+async def test_history_is_bounded() -> None:
+    bus = EventBus("s", history=3)
+    publish(bus, 10)
+    assert [e.seq for e in await drain(bus.subscribe(after_seq=0))] == [8, 9, 10]
+
+
+async def test_filter() -> None:
+    bus = EventBus("s")
+    sub = bus.subscribe(event_filter=lambda e: e.tool_use_id == "u1")
+    publish(bus, 3)
+    assert [e.tool_use_id for e in await drain(sub)] == ["u1"]
+
+
+async def test_slow_subscriber_drops_only_output_deltas() -> None:
+    bus = EventBus("s", max_pending=4)
+    sub = bus.subscribe()
+    publish(bus, 10, ev.TOOL_OUTPUT_DELTA)
+    publish(bus, 3, ev.TOOL_COMPLETED)
+    events = await drain(sub)
+    assert [e.type for e in events].count(ev.TOOL_OUTPUT_DELTA) == 4 and sub.dropped == 6
+    assert [e.type for e in events][-3:] == [ev.TOOL_COMPLETED] * 3
+
+
+async def test_close_ends_subscriptions_after_draining() -> None:
+    bus = EventBus("s")
+    sub = bus.subscribe()
+    publish(bus, 2)
+    bus.close()
+    assert len([e async for e in sub]) == 2
+    late = bus.subscribe(after_seq=0)
+    assert len([e async for e in late]) == 2  # a closed bus still replays, then ends
