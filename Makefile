@@ -1,6 +1,6 @@
 PY ?= python3
 
-.PHONY: install images proto proto-check lint typecheck check test test-unit bench serve
+.PHONY: bootstrap install images proto proto-check lint typecheck check test test-unit bench serve
 
 install:            ## Python package with dev extras
 	$(PY) -m pip install -q -e '.[dev]'
@@ -21,10 +21,13 @@ lint:
 typecheck:
 	mypy
 
-check: lint typecheck proto-check test
+check: lint typecheck proto-check test-unit
 
-test:               ## the whole suite (docker tests need a daemon + `make images`)
-	$(PY) -m pytest -q
+test:               ## the whole suite: installs what it needs (Docker engine, image), then pytest
+	bash scripts/test.sh
+
+bootstrap:          ## install the package, start Docker if none answers, build the sandbox image
+	bash scripts/bootstrap.sh
 
 test-unit:
 	$(PY) -m pytest -q tests/unit

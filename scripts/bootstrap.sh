@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Everything a new machine needs before it can serve or test: the Python package with its dev
+# extras, a Docker engine that answers, gVisor registered as a runtime, and the sandbox image.
+# Each step is quick when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+
+stamp=.bootstrap-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! "$PY" -c "import dispatcher, grpc, docker" 2>/dev/null; then
+  "$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
+  touch "$stamp"
+fi
+bash scripts/ensure-docker.sh
+if [ -f scripts/ensure-runsc.sh ]; then bash scripts/ensure-runsc.sh; fi
+bash sandbox_images/build.sh

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The one command that runs the whole suite on any machine: bootstrap, then pytest.
+# Docker tests are required here (DISPATCHER_REQUIRE_DOCKER=1): a missing daemon fails, never skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+export DISPATCHER_REQUIRE_DOCKER=1
+exec "${PY:-python3}" -m pytest -q -p no:cacheprovider "$@"
