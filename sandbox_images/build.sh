@@ -30,6 +30,15 @@ export DOCKER_BUILDKIT=0
 
 log() { printf 'images: %s\n' "$*" >&2; }
 
+# Quiet on success (the legacy builder prints a deprecation banner); everything on failure.
+quiet_build() {
+  local out
+  if ! out="$(docker build -q --network=none "$@" 2>&1)"; then
+    printf '%s\n' "$out" >&2
+    return 1
+  fi
+}
+
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 
 build_base() {
@@ -68,15 +77,18 @@ build_sandbox() {
     ctx="$(mktemp -d /tmp/dispatcher-ctx.XXXXXX)"
     cp "$here/Dockerfile" "$agent_src" "$ctx/"
     log "building $tag"
-    docker build -q --network=none \
+    quiet_build \
       --build-arg "BASE=$BASE_IMAGE" \
       --build-arg "SANDBOX_UID=$SANDBOX_UID" --build-arg "SANDBOX_GID=$SANDBOX_GID" \
       --label "dispatcher.inputs=$hash" \
-      -t "$tag" "$ctx" >/dev/null
+      -t "$tag" "$ctx"
     rm -rf "$ctx"
   fi
   docker tag "$tag" "$SANDBOX_REPO:latest"
   log "$SANDBOX_REPO:latest -> $tag"
+  # Older content-hash tags are dead weight; one still used by a container simply stays.
+  docker images --format '{{.Repository}}:{{.Tag}}' "$SANDBOX_REPO" \
+    | grep -v -e ":latest$" -e ":$hash$" | xargs -r docker rmi >/dev/null 2>&1 || true
 }
 
 build_busybox() {
@@ -102,7 +114,7 @@ RUN ["/bin/busybox", "mkdir", "-p", "/workspace", "/tmp", "/etc"]
 RUN ["/bin/sh", "-c", "echo 'sandbox:x:1000:1000::/tmp:/bin/sh' > /etc/passwd && echo 'sandbox:x:1000:' > /etc/group"]
 WORKDIR /workspace
 DOCKERFILE
-  docker build -q --network=none -t "$BUSYBOX_IMAGE" "$ctx" >/dev/null
+  quiet_build -t "$BUSYBOX_IMAGE" "$ctx"
   rm -rf "$ctx"
   log "built $BUSYBOX_IMAGE"
 }

@@ -126,12 +126,19 @@ class DockerAPI:
             return False
         return True
 
-    async def create_container(self, name: str, **spec: Any) -> str:
-        """Create a container; a retry after a lost response finds the first attempt by name."""
+    async def create_container(self, name: str, spec: Mapping[str, Any]) -> str:
+        """Create a container from ``spec`` (``host_config`` as create_host_config kwargs).
+
+        A retry after a lost response finds the first attempt's container by name.
+        """
 
         def create() -> str:
+            kwargs = dict(spec)
+            host_config = kwargs.pop("host_config", None)
+            if host_config is not None:
+                kwargs["host_config"] = self.client.create_host_config(**host_config)
             try:
-                return str(self.client.create_container(name=name, **spec)["Id"])
+                return str(self.client.create_container(name=name, **kwargs)["Id"])
             except docker.errors.APIError as exc:
                 if exc.status_code == 409:  # an earlier attempt did create it
                     return str(self.client.inspect_container(name)["Id"])

@@ -17,6 +17,7 @@ import asyncio
 import socket
 import struct
 from collections import deque
+from collections.abc import Callable
 
 _HEADER = struct.Struct(">BxxxL")
 STDOUT, STDERR = 1, 2
@@ -33,10 +34,16 @@ class DemuxProtocol(asyncio.StreamReaderProtocol):
     """Splits docker's multiplexed exec stream; stdout to the reader, stderr to a tail."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, *, initial: bytes = b"", stderr_limit: int = STDERR_TAIL_BYTES
+        self,
+        reader: asyncio.StreamReader,
+        *,
+        initial: bytes = b"",
+        stderr_limit: int = STDERR_TAIL_BYTES,
+        on_stderr: Callable[[bytes], None] | None = None,
     ) -> None:
         super().__init__(reader)
         self._stdout = reader
+        self._on_stderr = on_stderr
         # Bytes the HTTP client read past the upgrade headers; parsed before anything from the socket.
         self._pending = bytearray(initial)
         self._stderr: deque[bytes] = deque()
@@ -64,7 +71,10 @@ class DemuxProtocol(asyncio.StreamReaderProtocol):
                 if stream == STDOUT:
                     self._stdout.feed_data(payload)
                 elif stream == STDERR:
-                    self._keep_stderr(payload)
+                    if self._on_stderr is not None:
+                        self._on_stderr(payload)
+                    else:
+                        self._keep_stderr(payload)
                 elif stream != 0:
                     raise StreamProtocolError(f"unknown docker stream id {stream}")
         except StreamProtocolError as exc:
@@ -121,12 +131,20 @@ class AttachStream:
 
 
 async def open_attach_stream(
-    sock: socket.socket, leftover: bytes, exec_id: str, *, limit: int = READER_LIMIT
+    sock: socket.socket,
+    leftover: bytes,
+    exec_id: str,
+    *,
+    limit: int = READER_LIMIT,
+    on_stderr: Callable[[bytes], None] | None = None,
 ) -> AttachStream:
-    """Wrap an upgraded exec socket (plus bytes already read past the HTTP headers)."""
+    """Wrap an upgraded exec socket (plus bytes already read past the HTTP headers).
+
+    ``on_stderr`` receives stderr chunks as they arrive instead of the bounded tail.
+    """
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limit, loop=loop)
-    protocol = DemuxProtocol(reader, initial=leftover)
+    protocol = DemuxProtocol(reader, initial=leftover, on_stderr=on_stderr)
     sock.setblocking(False)
     transport, _ = await loop.create_connection(lambda: protocol, sock=sock)
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)
