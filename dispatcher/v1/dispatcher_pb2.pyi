@@ -200,6 +200,8 @@ class _ResolutionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reso
     """An earlier answer with remember=true applied."""
     RESOLUTION_REASON_TIMEOUT: _ResolutionReason.ValueType  # 3
     """Nobody answered in time."""
+    RESOLUTION_REASON_CANCELLED: _ResolutionReason.ValueType  # 4
+    """The call was cancelled while it waited for an answer."""
 
 class ResolutionReason(_ResolutionReason, metaclass=_ResolutionReasonEnumTypeWrapper):
     """Why a confirmation request was resolved."""
@@ -212,6 +214,8 @@ RESOLUTION_REASON_REMEMBERED: ResolutionReason.ValueType  # 2
 """An earlier answer with remember=true applied."""
 RESOLUTION_REASON_TIMEOUT: ResolutionReason.ValueType  # 3
 """Nobody answered in time."""
+RESOLUTION_REASON_CANCELLED: ResolutionReason.ValueType  # 4
+"""The call was cancelled while it waited for an answer."""
 Global___ResolutionReason: _TypeAlias = ResolutionReason  # noqa: Y015
 
 @_typing.final
@@ -576,6 +580,7 @@ class ToolFailed(_message.Message):
     ERROR_CLASS_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
+    PARTIAL_OUTPUT_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     """Name of the tool."""
     error_class: Global___ErrorClass.ValueType
@@ -584,6 +589,8 @@ class ToolFailed(_message.Message):
     """Human-readable reason."""
     duration_ms: _builtins.float
     """Wall time of the call in milliseconds."""
+    partial_output: _builtins.str
+    """What the tool printed before it failed (cancel, timeout), cut head+tail; empty if nothing."""
     def __init__(
         self,
         *,
@@ -591,10 +598,11 @@ class ToolFailed(_message.Message):
         error_class: Global___ErrorClass.ValueType = ...,
         message: _builtins.str = ...,
         duration_ms: _builtins.float = ...,
+        partial_output: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_ms", b"duration_ms", "error_class", b"error_class", "message", b"message", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_ms", b"duration_ms", "error_class", b"error_class", "message", b"message", "partial_output", b"partial_output", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

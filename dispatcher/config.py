@@ -1,0 +1,372 @@
+"""The server's one YAML configuration file, its embedded defaults and its overrides.
+
+Precedence, highest first: command-line flags (``--listen``, ``--home``), the environment
+(``DISPATCHER_LISTEN``, ``DISPATCHER_HOME``), the file, then the embedded defaults. Everything is
+validated when the server starts; every error names the offending key (``tenants[1].quotas.max_sessions:
+...``). Sections that belong to other layers are validated by their owners: ``tool_confirmation:`` by
+``ConfirmationPolicy.from_config`` and ``sandbox:`` by ``SandboxConfig.from_mapping``.
+
+Example::
+
+    listen: 127.0.0.1:50051
+    home: ~/.dispatcher
+    log: {format: json, level: info}
+    server: {max_message_bytes: 4194304, grace_seconds: 10}
+    dispatcher: {concurrency: 4, confirmation_timeout: 300}
+    tool_confirmation:            # exactly spec 000's structure
+      default: {WRITE: prompt, EXECUTE: prompt}
+      per_tool: {git_status: auto}
+    sandbox: {backend: docker, image: dispatcher-sandbox:latest}
+    tools: ["mypkg.tools:make_grep_tool"]          # custom tool factories, module:callable
+    tenants:
+      - id: acme
+        token_sha256: [9f86d0...]                  # sha256 hex of each bearer token
+        workspace_root: /srv/dispatcher/acme
+        tools: [read_file, list_dir, shell]        # allow-list (omit: every tool)
+        fs: [{path: src, mode: rw}, {path: ., mode: r}]
+        tool_confirmation: {default: {EXECUTE: deny}}   # laid over the server's policy
+        quotas: {max_sessions: 20, max_concurrent_dispatches: 8}
+
+Without ``tenants:`` there is one tenant, ``default``, whose token is generated on first start
+and written to ``<home>/token`` (mode 0600); its workspaces live under ``<home>/workspaces``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+from dispatcher.core.capabilities import Capabilities
+from dispatcher.core.dispatcher import DispatcherConfig
+from dispatcher.core.errors import ConfigError
+from dispatcher.core.policy import ConfirmationPolicy
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_HOME = "~/.dispatcher"
+DEFAULT_TENANT = "default"
+ENV_LISTEN = "DISPATCHER_LISTEN"
+ENV_HOME = "DISPATCHER_HOME"
+ENV_TOKEN = "DISPATCHER_TOKEN"
+TOKEN_FILE = "token"
+
+_TOP_KEYS = frozenset(
+    {
+        "listen",
+        "home",
+        "log",
+        "server",
+        "dispatcher",
+        "tool_confirmation",
+        "sandbox",
+        "tools",
+        "tenants",
+        "audit_log",
+    }
+)
+_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """Transport knobs of the gRPC server."""
+
+    max_message_bytes: int = 4 << 20
+    """Largest request or response message; a bigger request is RESOURCE_EXHAUSTED."""
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
+    grace_seconds: float = 10.0
+    """On SIGTERM: how long in-flight calls may finish before they are cancelled."""
+    max_concurrent_streams: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """Per-tenant limits; ``None`` is unlimited."""
+
+    max_sessions: int | None = None
+    max_concurrent_dispatches: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """One tenant: who it is (token hashes), where its workspaces live and what it may do."""
+
+    tenant_id: str
+    token_sha256: tuple[str, ...]
+    workspace_root: Path
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    policy_overrides: Mapping[str, Any] | None = None
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything ``dispatcher serve`` needs, validated."""
+
+    listen: str = DEFAULT_LISTEN
+    home: Path = field(default_factory=lambda: Path(DEFAULT_HOME).expanduser())
+    log_format: Literal["json", "text"] = "json"
+    log_level: str = "INFO"
+    server: ServerOptions = field(default_factory=ServerOptions)
+    dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
+    policy: ConfirmationPolicy = field(default_factory=ConfirmationPolicy)
+    sandbox_backend: Literal["docker", "local"] = "docker"
+    sandbox: Mapping[str, Any] = field(default_factory=dict)
+    """The ``sandbox:`` section less ``backend``, for the backend's own config class."""
+    custom_tools: tuple[str, ...] = ()
+    tenants: tuple[TenantConfig, ...] = ()
+    """Empty until ``ensure_default_tenant``; the file's tenants otherwise."""
+    audit_log: Path | None = None
+    source: Path | None = None
+
+    @property
+    def token_path(self) -> Path:
+        return self.home / TOKEN_FILE
+
+
+def hash_token(token: str) -> str:
+    """The sha256 hex digest stored in the config instead of the token itself."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    listen: str | None = None,
+    home: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Read and validate the YAML file (if any) and apply env and flag overrides.
+
+    Raises:
+        ConfigError: naming the offending key; also for an unreadable file or bad YAML.
+    """
+    env = os.environ if env is None else env
+    data: Mapping[str, Any] = {}
+    source: Path | None = None
+    if path is not None:
+        source = Path(path).expanduser()
+        try:
+            loaded = yaml.safe_load(source.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, Mapping):
+            raise ConfigError(f"{source}: the top level must be a mapping")
+        data = loaded or {}
+    return _build(data, source=source, listen=listen, home=home, env=env)
+
+
+def _build(
+    data: Mapping[str, Any],
+    *,
+    source: Path | None,
+    listen: str | None,
+    home: str | None,
+    env: Mapping[str, str],
+) -> Config:
+    _no_unknown(data, _TOP_KEYS, "")
+    listen_addr = listen or env.get(ENV_LISTEN) or _str(data, "listen", "", DEFAULT_LISTEN)
+    _check_listen(listen_addr)
+    home_dir = Path(home or env.get(ENV_HOME) or _str(data, "home", "", DEFAULT_HOME)).expanduser().absolute()
+    log = _section(data, "log", "")
+    _no_unknown(log, {"format", "level"}, "log")
+    log_format = _str(log, "format", "log", "json")
+    if log_format not in ("json", "text"):
+        raise ConfigError(f"log.format: must be 'json' or 'text', got {log_format!r}")
+    log_level = _str(log, "level", "log", "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log.level: must be one of debug, info, warning, error, got {log_level!r}")
+    sandbox = dict(_section(data, "sandbox", ""))
+    backend = sandbox.pop("backend", "docker")
+    if backend not in ("docker", "local"):
+        raise ConfigError(f"sandbox.backend: must be 'docker' or 'local', got {backend!r}")
+    _check_sandbox(backend, sandbox)
+    tools = data.get("tools") or []
+    if not isinstance(tools, list) or not all(isinstance(t, str) and ":" in t for t in tools):
+        raise ConfigError("tools: must be a list of 'module:factory' strings")
+    audit = data.get("audit_log")
+    if audit is not None and not isinstance(audit, str):
+        raise ConfigError("audit_log: must be a path")
+    return Config(
+        listen=listen_addr,
+        home=home_dir,
+        log_format=log_format,  # type: ignore[arg-type]  # checked above
+        log_level=log_level,
+        server=_dataclass_section(ServerOptions, _section(data, "server", ""), "server"),
+        dispatcher=_dataclass_section(DispatcherConfig, _section(data, "dispatcher", ""), "dispatcher"),
+        policy=ConfirmationPolicy.from_config(data.get("tool_confirmation")),
+        sandbox_backend=backend,
+        sandbox=sandbox,
+        custom_tools=tuple(tools),
+        tenants=_tenants(data.get("tenants"), home_dir),
+        audit_log=Path(audit).expanduser() if audit else home_dir / "audit.jsonl",
+        source=source,
+    )
+
+
+def ensure_default_tenant(config: Config) -> tuple[Config, str | None]:
+    """With no tenants configured, add ``default`` with the token in ``<home>/token`` (made if missing).
+
+    Returns the config to serve and the freshly generated token, if one was written.
+    """
+    if config.tenants:
+        return config, None
+    config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token_path = config.token_path
+    generated: str | None = None
+    if token_path.exists():
+        token = token_path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise ConfigError(f"{token_path}: empty token file (delete it to generate a new one)")
+    else:
+        token = generated = secrets.token_urlsafe(32)
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(token + "\n")
+    tenant = TenantConfig(DEFAULT_TENANT, (hash_token(token),), config.home / "workspaces")
+    return dataclasses.replace(config, tenants=(tenant,)), generated
+
+
+def client_token(home: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The token a client on this machine uses: ``DISPATCHER_TOKEN``, else ``<home>/token``."""
+    env = os.environ if env is None else env
+    if env.get(ENV_TOKEN):
+        return env[ENV_TOKEN].strip()
+    base = Path(home or env.get(ENV_HOME) or DEFAULT_HOME).expanduser()
+    try:
+        return (base / TOKEN_FILE).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def default_target(env: Mapping[str, str] | None = None) -> str:
+    """Where clients connect by default: the server's default listen address."""
+    env = os.environ if env is None else env
+    return env.get(ENV_LISTEN) or DEFAULT_LISTEN
+
+
+def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError("tenants: must be a list of tenants")
+    seen_ids: set[str] = set()
+    seen_hashes: set[str] = set()
+    out: list[TenantConfig] = []
+    for i, item in enumerate(value):
+        where = f"tenants[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{where}: must be a mapping")
+        _no_unknown(
+            item,
+            {"id", "token_sha256", "workspace_root", "tools", "fs", "tool_confirmation", "quotas"},
+            where,
+        )
+        tenant_id = item.get("id")
+        if not isinstance(tenant_id, str) or not _TENANT_ID_RE.match(tenant_id):
+            raise ConfigError(f"{where}.id: must match {_TENANT_ID_RE.pattern}")
+        if tenant_id in seen_ids:
+            raise ConfigError(f"{where}.id: duplicate tenant id {tenant_id!r}")
+        seen_ids.add(tenant_id)
+        hashes = item.get("token_sha256")
+        if isinstance(hashes, str):
+            hashes = [hashes]
+        if not isinstance(hashes, list) or not hashes:
+            raise ConfigError(f"{where}.token_sha256: must be a sha256 hex digest or a list of them")
+        for h in hashes:
+            if not isinstance(h, str) or not _SHA256_RE.match(h.lower()):
+                raise ConfigError(f"{where}.token_sha256: {h!r} is not a sha256 hex digest")
+            if h.lower() in seen_hashes:
+                raise ConfigError(f"{where}.token_sha256: token already belongs to another tenant")
+            seen_hashes.add(h.lower())
+        root = item.get("workspace_root")
+        if root is not None and not isinstance(root, str):
+            raise ConfigError(f"{where}.workspace_root: must be a path")
+        root_path = Path(root).expanduser().absolute() if root else home / "workspaces" / tenant_id
+        overrides = item.get("tool_confirmation")
+        if overrides is not None:
+            ConfirmationPolicy().merged(overrides, where=f"{where}.tool_confirmation")  # validate now
+        caps = {k: item[k] for k in ("tools", "fs") if k in item}
+        quotas = _section(item, "quotas", where)
+        out.append(
+            TenantConfig(
+                tenant_id=tenant_id,
+                token_sha256=tuple(h.lower() for h in hashes),
+                workspace_root=root_path,
+                capabilities=Capabilities.from_config(caps, where=where),
+                policy_overrides=overrides,
+                quotas=_dataclass_section(Quotas, quotas, f"{where}.quotas"),
+            )
+        )
+    return tuple(out)
+
+
+def _check_sandbox(backend: str, section: Mapping[str, Any]) -> None:
+    if backend != "docker":
+        if section:
+            raise ConfigError(f"sandbox.{sorted(section)[0]}: only the docker backend takes options")
+        return
+    from dispatcher.sandbox.docker_config import SandboxConfig
+
+    SandboxConfig.from_mapping(section)
+
+
+def _check_listen(addr: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen: expected HOST:PORT, got {addr!r}")
+
+
+def _section(data: Mapping[str, Any], key: str, parent: str) -> Mapping[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{_join(parent, key)}: must be a mapping")
+    return value
+
+
+def _str(data: Mapping[str, Any], key: str, parent: str, default: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{_join(parent, key)}: must be a non-empty string")
+    return value
+
+
+def _no_unknown(data: Mapping[str, Any], allowed: frozenset[str] | set[str], where: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise ConfigError(f"{_join(where, unknown[0])}: unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _dataclass_section(cls: type[_T], data: Mapping[str, Any], where: str) -> _T:
+    """Fill a frozen dataclass of numbers from a mapping, checking names, types and signs."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    _no_unknown(data, set(fields), where)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        default = fields[key].default
+        want_int = (isinstance(default, int) and not isinstance(default, bool)) or "max_" in key
+        ok = isinstance(value, int) if want_int else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok or (value is not None and value <= 0):
+            kind = "a positive integer" if want_int else "a positive number"
+            raise ConfigError(f"{_join(where, key)}: expected {kind}, got {value!r}")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _join(parent: str, key: str) -> str:
+    return f"{parent}.{key}" if parent else key

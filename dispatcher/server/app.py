@@ -1,0 +1,179 @@
+"""Assembles the service: dispatcher + sandbox provider + tenants + grpc.aio server, and its shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from dispatcher.config import Config
+from dispatcher.core.audit import AuditLog
+from dispatcher.core.dispatcher import ToolDispatcher
+from dispatcher.core.errors import ConfigError
+from dispatcher.core.sandbox_api import SandboxProvider
+from dispatcher.core.types import ToolFactory
+from dispatcher.server.auth import AuthInterceptor
+from dispatcher.server.servicer import DispatcherServicer
+from dispatcher.server.sessions import SessionManager
+from dispatcher.server.tenants import TenantDirectory
+from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+
+log = logging.getLogger("dispatcher.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
+
+
+def instance_label(config: Config) -> str:
+    """Stable per state directory, so a restarted server recognises (and removes) its orphans."""
+    return hashlib.sha256(str(config.home).encode()).hexdigest()[:12]
+
+
+def make_provider(config: Config) -> SandboxProvider:
+    """The sandbox backend the config asks for.
+
+    Raises:
+        ConfigError: the backend's own validation failed.
+    """
+    if config.sandbox_backend == "local":
+        from dispatcher.sandbox.local import LocalSandboxProvider
+
+        return LocalSandboxProvider()
+    from dispatcher.sandbox.docker_backend import DockerSandboxProvider
+    from dispatcher.sandbox.docker_config import SandboxConfig
+
+    return DockerSandboxProvider(SandboxConfig.from_mapping(config.sandbox), instance=instance_label(config))
+
+
+def load_tool_factory(spec: str) -> ToolFactory:
+    """Import ``module:factory`` (the factory makes one fresh Tool per call).
+
+    Raises:
+        ConfigError: naming the entry, when it cannot be imported or is not callable.
+    """
+    module_name, _, attr = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"tools: cannot load {spec!r}: {exc}") from exc
+    if not callable(target):
+        raise ConfigError(f"tools: {spec!r} is not callable")
+    factory: ToolFactory = target
+    return factory
+
+
+def build_dispatcher(config: Config, provider: SandboxProvider) -> ToolDispatcher:
+    """The core dispatcher with the built-in tools and the config's custom tools registered."""
+    from dispatcher.tools import builtin_factories
+
+    audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
+    dispatcher = ToolDispatcher(provider, config=config.dispatcher, policy=config.policy, audit=audit)
+    for factory in builtin_factories():
+        dispatcher.register(factory, builtin=True)
+    for spec in config.custom_tools:
+        dispatcher.register(load_tool_factory(spec))
+    return dispatcher
+
+
+class DispatcherServer:
+    """The running service: one grpc.aio server plus what it serves. The only global state."""
+
+    def __init__(self, config: Config, dispatcher: ToolDispatcher) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.tenants = TenantDirectory(config.tenants, config.policy)
+        self.sessions = SessionManager(dispatcher)
+        self.health = HealthServicer()
+        opts = config.server
+        self._server = grpc.aio.server(
+            interceptors=[AuthInterceptor(self.tenants)],
+            options=[
+                ("grpc.max_receive_message_length", opts.max_message_bytes),
+                ("grpc.max_send_message_length", opts.max_message_bytes),
+                ("grpc.keepalive_time_ms", int(opts.keepalive_time_s * 1000)),
+                ("grpc.keepalive_timeout_ms", int(opts.keepalive_timeout_s * 1000)),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+                ("grpc.max_concurrent_streams", opts.max_concurrent_streams),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        pb_grpc.add_ToolDispatcherServicer_to_server(DispatcherServicer(self.sessions), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self._server,
+        )
+        self.port = 0
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> int:
+        """Bind, seal the tool registry and start serving; returns the bound port.
+
+        Raises:
+            ConfigError: the listen address cannot be bound.
+        """
+        try:
+            self.port = self._server.add_insecure_port(self.config.listen)
+        except RuntimeError as exc:
+            raise ConfigError(f"listen: cannot bind {self.config.listen}: {exc}") from exc
+        if self.port == 0:
+            raise ConfigError(f"listen: cannot bind {self.config.listen}")
+        self.dispatcher.seal()
+        await self._server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", extra={"listen": self.config.listen, "port": self.port})
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, refuse new work, give in-flight calls ``grace`` seconds,
+        cancel the rest, then stop every session's sandbox."""
+        if self._stopped.is_set():
+            return
+        grace = self.config.server.grace_seconds if grace is None else grace
+        log.info("shutting down", extra={"grace_seconds": grace})
+        await self.health.enter_graceful_shutdown()
+        self.sessions.start_draining()
+        await self._server.stop(grace)
+        await self.sessions.aclose()
+        await self.dispatcher.aclose()
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve_until_signalled(
+    server: DispatcherServer, on_ready: Callable[[int], None] | None = None
+) -> None:
+    """Start, run until SIGTERM or SIGINT, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    port = await server.start()
+    if on_ready is not None:
+        on_ready(port)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop()

@@ -1,0 +1,96 @@
+"""Bearer-token authentication as a server interceptor.
+
+Every RPC of the dispatcher service needs ``authorization: Bearer <token>``; health and reflection
+stay open so that load balancers and ``grpcurl`` work without a token. The authenticated tenant is
+handed to the servicer through a context variable set inside the wrapped handler, i.e. in the task
+that runs the RPC.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from dispatcher.server.errors import Unauthenticated, status_for
+from dispatcher.server.tenants import Tenant, TenantDirectory
+
+SERVICE_PREFIX = "/dispatcher.v1.ToolDispatcher/"
+
+_current_tenant: contextvars.ContextVar[Tenant] = contextvars.ContextVar("dispatcher_tenant")
+
+
+def current_tenant() -> Tenant:
+    """The tenant of the RPC being served.
+
+    Raises:
+        Unauthenticated: called outside an authenticated RPC (a wiring bug, never a client's fault).
+    """
+    try:
+        return _current_tenant.get()
+    except LookupError:
+        raise Unauthenticated("no authenticated tenant") from None
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Rejects calls to the dispatcher service without a valid token with UNAUTHENTICATED."""
+
+    def __init__(self, tenants: TenantDirectory) -> None:
+        self._tenants = tenants
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(SERVICE_PREFIX):
+            return handler
+        authorization = None
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization":
+                authorization = value if isinstance(value, str) else value.decode("utf-8", "replace")
+                break
+        try:
+            tenant = self._tenants.authenticate(authorization)
+        except Unauthenticated as exc:
+            return _reject(handler, exc)
+        return _with_tenant(handler, tenant)
+
+
+def _with_tenant(handler: grpc.RpcMethodHandler, tenant: Tenant) -> grpc.RpcMethodHandler:
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            _current_tenant.set(tenant)
+            return await inner_uu(request, context)
+
+        return handler._replace(unary_unary=unary_unary)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            _current_tenant.set(tenant)
+            async for item in inner_us(request, context):
+                yield item
+
+        return handler._replace(unary_stream=unary_stream)
+    return handler  # this service has no client-streaming RPCs
+
+
+def _reject(handler: grpc.RpcMethodHandler, exc: Unauthenticated) -> grpc.RpcMethodHandler:
+    code, message = status_for(exc)
+
+    async def abort(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+
+    async def abort_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(code, message)
+        yield  # pragma: no cover - abort raises
+
+    if handler.unary_stream is not None:
+        return handler._replace(unary_stream=abort_stream)
+    return handler._replace(unary_unary=abort)

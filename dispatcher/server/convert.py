@@ -1,0 +1,358 @@
+"""Proto <-> domain conversion, both directions: the server uses one, the Python client the other.
+
+Nothing here knows about status codes or sessions' state; it only translates shapes. Enum values
+map by their domain string (``SideEffect.READ`` <-> ``SIDE_EFFECT_READ``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatcher.core import events as ev
+from dispatcher.core.dispatcher import Decision
+from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.events import Event
+from dispatcher.core.types import (
+    ContentBlock,
+    ImageBlock,
+    Role,
+    SideEffect,
+    TextBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from dispatcher.v1 import dispatcher_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session as clients see it."""
+
+    session_id: str
+    workspace: str
+    workspace_path: str
+    role: Role = Role.MAIN
+    labels: Mapping[str, str] = field(default_factory=dict)
+    create_time: float = 0.0
+    last_event_seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    """A tool as clients see it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    side_effect: SideEffect
+
+
+class InvalidJson:
+    """Stands in for a tool input whose JSON did not parse, so the core rejects it as a validation error."""
+
+    __slots__ = ("error", "raw")
+
+    def __init__(self, raw: str, error: str) -> None:
+        self.raw = raw
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<input_json is not valid JSON: {self.error}>"
+
+
+# --- enums -----------------------------------------------------------------------------------------
+
+_SIDE_EFFECT_TO_PB = {e: pb.SideEffect.Value(f"SIDE_EFFECT_{e.name}") for e in SideEffect}
+_SIDE_EFFECT_FROM_PB: dict[int, SideEffect] = {v: k for k, v in _SIDE_EFFECT_TO_PB.items()}
+_ERROR_TO_PB = {e: pb.ErrorClass.Value(f"ERROR_CLASS_{e.name}") for e in ToolErrorClass}
+_ERROR_FROM_PB: dict[int, ToolErrorClass] = {v: k for k, v in _ERROR_TO_PB.items()}
+_DECISION_TO_PB = {d: pb.Decision.Value(f"DECISION_{d.name}") for d in Decision}
+_DECISION_FROM_PB: dict[int, Decision] = {v: k for k, v in _DECISION_TO_PB.items()}
+_ROLE_TO_PB = {r: pb.Role.Value(f"ROLE_{r.name}") for r in Role}
+_ROLE_FROM_PB: dict[int, Role] = {v: k for k, v in _ROLE_TO_PB.items()}
+_STREAM_TO_PB = {"stdout": pb.OUTPUT_STREAM_STDOUT, "stderr": pb.OUTPUT_STREAM_STDERR}
+_STREAM_FROM_PB = {v: k for k, v in _STREAM_TO_PB.items()}
+_REASON_TO_PB = {
+    "client": pb.RESOLUTION_REASON_CLIENT,
+    "remembered": pb.RESOLUTION_REASON_REMEMBERED,
+    "timeout": pb.RESOLUTION_REASON_TIMEOUT,
+    "cancelled": pb.RESOLUTION_REASON_CANCELLED,
+}
+_REASON_FROM_PB = {v: k for k, v in _REASON_TO_PB.items()}
+
+
+def side_effect_to_pb(value: Any) -> pb.SideEffect.ValueType:
+    try:
+        return _SIDE_EFFECT_TO_PB[SideEffect(str(value))]
+    except ValueError:
+        return pb.SIDE_EFFECT_UNSPECIFIED
+
+
+def side_effect_from_pb(value: int) -> SideEffect | None:
+    return _SIDE_EFFECT_FROM_PB.get(value)
+
+
+def error_class_to_pb(value: Any) -> pb.ErrorClass.ValueType:
+    if value is None:
+        return pb.ERROR_CLASS_UNSPECIFIED
+    try:
+        return _ERROR_TO_PB[ToolErrorClass(str(value))]
+    except ValueError:
+        return pb.ERROR_CLASS_EXECUTION_ERROR
+
+
+def error_class_from_pb(value: int) -> ToolErrorClass | None:
+    return _ERROR_FROM_PB.get(value)
+
+
+def decision_to_pb(value: Any) -> pb.Decision.ValueType:
+    try:
+        return _DECISION_TO_PB[Decision(str(value))]
+    except ValueError:
+        return pb.DECISION_UNSPECIFIED
+
+
+def decision_from_pb(value: int) -> Decision | None:
+    """None for DECISION_UNSPECIFIED or an unknown number."""
+    return _DECISION_FROM_PB.get(value)
+
+
+def role_to_pb(value: Role) -> pb.Role.ValueType:
+    return _ROLE_TO_PB[value]
+
+
+def role_from_pb(value: int) -> Role | None:
+    """ROLE_UNSPECIFIED is MAIN; None for an unknown number."""
+    if value == pb.ROLE_UNSPECIFIED:
+        return Role.MAIN
+    return _ROLE_FROM_PB.get(value)
+
+
+# --- tools and calls -------------------------------------------------------------------------------
+
+
+def tool_to_pb(definition: ToolDefinition) -> pb.Tool:
+    return pb.Tool(
+        name=definition.name,
+        description=definition.description,
+        input_schema_json=json.dumps(definition.input_schema, sort_keys=True),
+        side_effect=side_effect_to_pb(definition.side_effect),
+    )
+
+
+def tool_from_pb(msg: pb.Tool) -> ToolInfo:
+    schema = json.loads(msg.input_schema_json) if msg.input_schema_json else {}
+    return ToolInfo(
+        msg.name, msg.description, schema, side_effect_from_pb(msg.side_effect) or SideEffect.EXECUTE
+    )
+
+
+def tool_use_from_pb(msg: pb.ToolUse) -> ToolUseBlock:
+    """Invalid JSON is not a request error: the core turns the placeholder into a validation result."""
+    tool_input: Any
+    try:
+        tool_input = json.loads(msg.input_json) if msg.input_json.strip() else {}
+    except (ValueError, RecursionError) as exc:
+        tool_input = InvalidJson(msg.input_json, str(exc))
+    return ToolUseBlock(id=msg.id, name=msg.name, input=tool_input)
+
+
+def tool_use_to_pb(block: ToolUseBlock) -> pb.ToolUse:
+    raw = block.input if isinstance(block.input, str) else json.dumps(block.input)
+    return pb.ToolUse(id=block.id, name=block.name, input_json=raw)
+
+
+def _content_to_pb(block: ContentBlock) -> pb.ContentBlock:
+    if isinstance(block, ImageBlock):
+        return pb.ContentBlock(image=pb.ImageContent(data=block.data, media_type=block.media_type))
+    return pb.ContentBlock(text=pb.TextContent(text=block.text))
+
+
+def _content_from_pb(msg: pb.ContentBlock) -> ContentBlock:
+    if msg.WhichOneof("block") == "image":
+        return ImageBlock(data=msg.image.data, media_type=msg.image.media_type)
+    return TextBlock(text=msg.text.text)
+
+
+def result_to_pb(result: ToolResultBlock) -> pb.ToolResult:
+    msg = pb.ToolResult(
+        tool_use_id=result.tool_use_id,
+        is_error=result.is_error,
+        error_class=error_class_to_pb(result.error_class) if result.is_error else pb.ERROR_CLASS_UNSPECIFIED,
+        content=[_content_to_pb(b) for b in result.content],
+        metadata_json=json.dumps(dict(result.metadata), default=str) if result.metadata else "{}",
+        files_modified=list(result.files_modified),
+    )
+    if result.command_executed is not None:
+        msg.command_executed = result.command_executed
+    return msg
+
+
+def result_from_pb(msg: pb.ToolResult) -> ToolResultBlock:
+    return ToolResultBlock(
+        tool_use_id=msg.tool_use_id,
+        content=tuple(_content_from_pb(b) for b in msg.content),
+        is_error=msg.is_error,
+        error_class=error_class_from_pb(msg.error_class),
+        metadata=json.loads(msg.metadata_json) if msg.metadata_json else {},
+        files_modified=tuple(msg.files_modified),
+        command_executed=msg.command_executed if msg.HasField("command_executed") else None,
+    )
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+
+def event_to_pb(event: Event) -> pb.Event:
+    msg = pb.Event(
+        seq=event.seq,
+        session_id=event.session_id,
+        turn_id=event.turn_id,
+        tool_use_id=event.tool_use_id,
+        type=event.type,
+    )
+    msg.time.FromNanoseconds(int(event.time * 1e9))
+    p = event.payload
+    if event.type == ev.TOOL_CALLED:
+        msg.called.CopyFrom(
+            pb.ToolCalled(
+                tool_name=str(p.get("tool_name", "")),
+                side_effect=side_effect_to_pb(p.get("side_effect")),
+                input_json=json.dumps(p.get("input"), default=str),
+            )
+        )
+    elif event.type == ev.TOOL_OUTPUT_DELTA:
+        stream = _STREAM_TO_PB.get(str(p.get("stream")), pb.OUTPUT_STREAM_UNSPECIFIED)
+        msg.output_delta.CopyFrom(pb.ToolOutputDelta(stream=stream, text=str(p.get("text", ""))))
+    elif event.type == ev.TOOL_COMPLETED:
+        msg.completed.CopyFrom(
+            pb.ToolCompleted(
+                tool_name=str(p.get("tool_name", "")), duration_ms=float(p.get("duration_ms", 0.0))
+            )
+        )
+    elif event.type == ev.TOOL_FAILED:
+        msg.failed.CopyFrom(
+            pb.ToolFailed(
+                tool_name=str(p.get("tool_name", "")),
+                error_class=error_class_to_pb(p.get("error_class")),
+                message=str(p.get("message", "")),
+                duration_ms=float(p.get("duration_ms", 0.0)),
+                partial_output=str(p.get("partial_output", "")),
+            )
+        )
+    elif event.type == ev.TOOL_INPUT_INVALID:
+        msg.input_invalid.CopyFrom(
+            pb.ToolInputInvalid(
+                tool_name=str(p.get("tool_name", "")), errors=[str(e) for e in p.get("errors", ())]
+            )
+        )
+    elif event.type == ev.TOOL_CONFIRMATION_REQUESTED:
+        msg.confirmation_requested.CopyFrom(
+            pb.ToolConfirmationRequested(
+                request_id=str(p.get("request_id", "")),
+                tool_name=str(p.get("tool_name", "")),
+                input_summary=str(p.get("input_summary", "")),
+                side_effect=side_effect_to_pb(p.get("side_effect")),
+                projected_modifications=[str(m) for m in p.get("projected_modifications", ())],
+            )
+        )
+    elif event.type == ev.TOOL_CONFIRMATION_RESOLVED:
+        msg.confirmation_resolved.CopyFrom(
+            pb.ToolConfirmationResolved(
+                request_id=str(p.get("request_id", "")),
+                decision=decision_to_pb(p.get("decision")),
+                reason=_REASON_TO_PB.get(str(p.get("reason")), pb.RESOLUTION_REASON_UNSPECIFIED),
+            )
+        )
+    return msg
+
+
+def event_from_pb(msg: pb.Event) -> Event:
+    """The domain event, with the same payload keys the server published."""
+    payload: dict[str, Any] = {}
+    kind = msg.WhichOneof("payload")
+    if kind == "called":
+        c = msg.called
+        payload = {
+            "tool_name": c.tool_name,
+            "side_effect": side_effect_from_pb(c.side_effect),
+            "input": json.loads(c.input_json) if c.input_json else None,
+        }
+    elif kind == "output_delta":
+        d = msg.output_delta
+        payload = {"stream": _STREAM_FROM_PB.get(d.stream, "stdout"), "text": d.text}
+    elif kind == "completed":
+        payload = {"tool_name": msg.completed.tool_name, "duration_ms": msg.completed.duration_ms}
+    elif kind == "failed":
+        f = msg.failed
+        payload = {
+            "tool_name": f.tool_name,
+            "error_class": error_class_from_pb(f.error_class),
+            "message": f.message,
+            "duration_ms": f.duration_ms,
+        }
+        if f.partial_output:
+            payload["partial_output"] = f.partial_output
+    elif kind == "input_invalid":
+        payload = {"tool_name": msg.input_invalid.tool_name, "errors": list(msg.input_invalid.errors)}
+    elif kind == "confirmation_requested":
+        r = msg.confirmation_requested
+        payload = {
+            "request_id": r.request_id,
+            "tool_name": r.tool_name,
+            "input_summary": r.input_summary,
+            "side_effect": side_effect_from_pb(r.side_effect),
+            "projected_modifications": list(r.projected_modifications),
+        }
+    elif kind == "confirmation_resolved":
+        s = msg.confirmation_resolved
+        payload = {
+            "request_id": s.request_id,
+            "decision": decision_from_pb(s.decision),
+            "reason": _REASON_FROM_PB.get(s.reason, ""),
+        }
+    return Event(
+        seq=msg.seq,
+        time=msg.time.ToNanoseconds() / 1e9,
+        session_id=msg.session_id,
+        turn_id=msg.turn_id,
+        tool_use_id=msg.tool_use_id,
+        type=msg.type,
+        payload=payload,
+    )
+
+
+# --- sessions --------------------------------------------------------------------------------------
+
+
+def session_to_pb(info: SessionInfo) -> pb.Session:
+    msg = pb.Session(
+        session_id=info.session_id,
+        workspace=info.workspace,
+        workspace_path=info.workspace_path,
+        role=role_to_pb(info.role),
+        labels=dict(info.labels),
+        last_event_seq=info.last_event_seq,
+    )
+    msg.create_time.FromNanoseconds(int(info.create_time * 1e9))
+    return msg
+
+
+def session_from_pb(msg: pb.Session) -> SessionInfo:
+    return SessionInfo(
+        session_id=msg.session_id,
+        workspace=msg.workspace,
+        workspace_path=msg.workspace_path,
+        role=role_from_pb(msg.role) or Role.MAIN,
+        labels=dict(msg.labels),
+        create_time=msg.create_time.ToNanoseconds() / 1e9,
+        last_event_seq=msg.last_event_seq,
+    )
+
+
+def tool_uses_from_pb(msgs: Sequence[pb.ToolUse]) -> list[ToolUseBlock]:
+    return [tool_use_from_pb(m) for m in msgs]

@@ -1,0 +1,147 @@
+"""One Dispatch call as a stream of domain items: this call's events and one result per tool_use.
+
+Each tool_use runs as its own ``dispatcher.dispatch`` task (the core applies the per-session
+concurrency cap), so a result goes out as soon as it is ready rather than when the slowest call ends.
+
+Ordering: a result is always sent after every event of its call. The bus calls the subscription
+filter synchronously at publish time, in publish order; the filter here is used as a tap that puts
+matching events into this call's queue there and then. A call's result is queued when its dispatch
+returns, i.e. after its last event was published, so one FIFO queue gives the right order without
+any timing assumption. Like the bus's own subscriptions, the tap drops ``tool.output_delta`` events
+(never others) when the client falls more than ``max_pending`` items behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any
+
+from dispatcher.core.dispatcher import ToolDispatcher
+from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.events import TOOL_OUTPUT_DELTA, Event
+from dispatcher.core.session import Session
+from dispatcher.core.types import TextBlock, ToolResultBlock, ToolUseBlock
+
+log = logging.getLogger("dispatcher.server.dispatch")
+
+Item = Event | ToolResultBlock
+
+
+class _CallQueue:
+    """Unbounded for events that matter, bounded for output deltas."""
+
+    def __init__(self, max_pending: int) -> None:
+        self._items: deque[Item] = deque()
+        self._wakeup = asyncio.Event()
+        self._max_pending = max_pending
+        self.dropped = 0
+
+    def put(self, item: Item) -> None:
+        if (
+            isinstance(item, Event)
+            and item.type == TOOL_OUTPUT_DELTA
+            and len(self._items) >= self._max_pending
+        ):
+            self.dropped += 1
+            return
+        self._items.append(item)
+        self._wakeup.set()
+
+    async def get(self) -> Item:
+        while not self._items:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self._items.popleft()
+
+
+class DispatchCall:
+    """Runs one DispatchRequest and yields its items; cancelling the iteration cancels the tools."""
+
+    def __init__(
+        self,
+        dispatcher: ToolDispatcher,
+        session: Session,
+        turn_id: str,
+        tool_uses: Sequence[ToolUseBlock],
+        *,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
+        max_pending: int = 4096,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._session = session
+        self._turn_id = turn_id
+        self._tool_uses = tuple(tool_uses)
+        self._ids = frozenset(tu.id for tu in tool_uses)
+        self._queue = _CallQueue(max_pending)
+        self._tasks: dict[str, asyncio.Task[ToolResultBlock]] = {}
+        self._spawn = spawn
+
+    def _tap(self, event: Event) -> bool:
+        if event.turn_id == self._turn_id and event.tool_use_id in self._ids:
+            self._queue.put(event)
+        return False  # nothing for the subscription itself: the queue already has it
+
+    async def items(self) -> AsyncIterator[Item]:
+        """Events of this call as they happen and each tool_use's result once it is ready."""
+        bus = self._dispatcher.events(self._session.session_id)
+        finished = False
+        async with bus.subscribe(event_filter=self._tap):
+            try:
+                for tu in self._tool_uses:
+                    task = asyncio.create_task(
+                        self._dispatcher.dispatch(tu, self._session, turn_id=self._turn_id),
+                        name=f"dispatch:{self._session.session_id}:{tu.id}",
+                    )
+                    task.add_done_callback(self._result_ready)
+                    self._tasks[tu.id] = task
+                remaining = len(self._tasks)
+                while remaining:
+                    item = await self._queue.get()
+                    if isinstance(item, ToolResultBlock):
+                        remaining -= 1
+                    yield item
+                finished = True
+            finally:
+                if not finished:
+                    # The client went away (or the server is stopping): cancel what still runs, in a
+                    # task of its own because this one is being cancelled.
+                    self._spawn(self._abandon())
+        if self._queue.dropped:
+            log.warning(
+                "slow client: dropped output deltas",
+                extra={"session_id": self._session.session_id, "dropped": self._queue.dropped},
+            )
+
+    def _result_ready(self, task: asyncio.Task[ToolResultBlock]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self._queue.put(task.result())
+            return
+        # The core turns every tool failure into a result; an exception here is a core bug. The
+        # caller still gets exactly one result for the tool_use.
+        tool_use_id = task.get_name().rsplit(":", 1)[-1]
+        log.error("dispatch raised", exc_info=exc, extra={"session_id": self._session.session_id})
+        self._queue.put(
+            ToolResultBlock(
+                tool_use_id=tool_use_id,
+                content=(TextBlock("internal error in the dispatcher (see the server log)"),),
+                is_error=True,
+                error_class=ToolErrorClass.EXECUTION_ERROR,
+            )
+        )
+
+    async def _abandon(self) -> None:
+        pending = [tid for tid, t in self._tasks.items() if not t.done()]
+        if not pending:
+            return
+        log.info(
+            "client went away: cancelling its tool calls",
+            extra={"session_id": self._session.session_id, "tool_use_ids": pending},
+        )
+        await self._dispatcher.cancel_tool_uses(self._session.session_id, pending)
+        await asyncio.gather(*(self._tasks[t] for t in pending), return_exceptions=True)

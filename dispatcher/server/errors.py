@@ -1,0 +1,58 @@
+"""Request-level failures of the gRPC layer and the one function that maps exceptions to status codes.
+
+Tool failures never come through here: they are results. What does is a problem with the request
+itself (who asks, which session, what shape), each with one gRPC status code (design.md §4).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from dispatcher.core.errors import ConfigError, DispatcherError, UnknownConfirmationError, UnknownSessionError
+
+log = logging.getLogger("dispatcher.server")
+
+
+class RequestError(DispatcherError):
+    """A request the server refuses; never a tool failure."""
+
+
+class Unauthenticated(RequestError, PermissionError):
+    """No bearer token, or one that maps to no tenant."""
+
+
+class InvalidRequest(RequestError, ValueError):
+    """The request is malformed (no tool_uses, duplicate ids, a workspace escaping the root, ...)."""
+
+
+class QuotaExceeded(RequestError):
+    """A tenant quota (sessions, concurrent dispatches) is used up."""
+
+
+class ShuttingDown(RequestError):
+    """The server is draining; new calls are refused."""
+
+
+_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (UnknownSessionError, grpc.StatusCode.NOT_FOUND),
+    (UnknownConfirmationError, grpc.StatusCode.NOT_FOUND),
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+)
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and client-safe message for an exception raised while serving a request.
+
+    Anything unexpected is INTERNAL with a generic message; the traceback goes to the log only.
+    """
+    for cls, code in _STATUS:
+        if isinstance(exc, cls):
+            return code, str(exc) or code.name.lower()
+    log.error("internal error serving a request", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal error (see the server log)"

@@ -1,0 +1,139 @@
+"""The gRPC servicer: converts proto <-> domain and maps exceptions to status codes, nothing else."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+
+from dispatcher.core.types import ToolResultBlock
+from dispatcher.server import convert
+from dispatcher.server.auth import current_tenant
+from dispatcher.server.dispatch_stream import DispatchCall
+from dispatcher.server.errors import InvalidRequest, status_for
+from dispatcher.server.sessions import SessionManager, check_tool_use_ids
+from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Ctx: TypeAlias = grpc.aio.ServicerContext
+
+
+def _unary(
+    fn: Callable[[Any, Req, Ctx], Awaitable[Resp]],
+) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Req, context: Ctx) -> Resp:
+        try:
+            return await fn(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort(*status_for(exc))
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def _stream(
+    fn: Callable[[Any, Req, Ctx], AsyncIterator[Resp]],
+) -> Callable[[Any, Req, Ctx], AsyncIterator[Resp]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort(*status_for(exc))
+
+    return wrapper
+
+
+class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
+    """Implements dispatcher.v1.ToolDispatcher on top of the session manager."""
+
+    def __init__(self, sessions: SessionManager, *, max_pending_events: int = 4096) -> None:
+        self._sessions = sessions
+        self._max_pending = max_pending_events
+
+    @_unary
+    async def CreateSession(self, request: pb.CreateSessionRequest, context: Ctx) -> pb.CreateSessionResponse:
+        role = convert.role_from_pb(request.role)
+        if role is None:
+            raise InvalidRequest(f"role: unknown value {request.role}")
+        entry = self._sessions.create(current_tenant(), request.workspace, role, dict(request.labels))
+        return pb.CreateSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+
+    @_unary
+    async def GetSession(self, request: pb.GetSessionRequest, context: Ctx) -> pb.GetSessionResponse:
+        entry = self._sessions.get(current_tenant(), request.session_id)
+        return pb.GetSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+
+    @_unary
+    async def ListSessions(self, request: pb.ListSessionsRequest, context: Ctx) -> pb.ListSessionsResponse:
+        entries = self._sessions.list_for(current_tenant())
+        return pb.ListSessionsResponse(
+            sessions=[convert.session_to_pb(self._sessions.info(e)) for e in entries]
+        )
+
+    @_unary
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Ctx) -> pb.CloseSessionResponse:
+        await self._sessions.close(current_tenant(), request.session_id)
+        return pb.CloseSessionResponse()
+
+    @_unary
+    async def ListTools(self, request: pb.ListToolsRequest, context: Ctx) -> pb.ListToolsResponse:
+        tools = self._sessions.tools(current_tenant(), request.session_id)
+        return pb.ListToolsResponse(tools=[convert.tool_to_pb(t) for t in tools])
+
+    @_stream
+    async def Dispatch(self, request: pb.DispatchRequest, context: Ctx) -> AsyncIterator[pb.DispatchResponse]:
+        tenant = current_tenant()
+        check_tool_use_ids([tu.id for tu in request.tool_uses])
+        entry = self._sessions.get(tenant, request.session_id)
+        async with self._sessions.dispatch_slot(tenant):
+            call = DispatchCall(
+                self._sessions.dispatcher,
+                entry.session,
+                request.turn_id,
+                convert.tool_uses_from_pb(request.tool_uses),
+                spawn=self._sessions.spawn,
+                max_pending=self._max_pending,
+            )
+            async for item in call.items():
+                if isinstance(item, ToolResultBlock):
+                    yield pb.DispatchResponse(result=convert.result_to_pb(item))
+                else:
+                    yield pb.DispatchResponse(event=convert.event_to_pb(item))
+
+    @_unary
+    async def CancelSessionTools(
+        self, request: pb.CancelSessionToolsRequest, context: Ctx
+    ) -> pb.CancelSessionToolsResponse:
+        await self._sessions.cancel(current_tenant(), request.session_id)
+        return pb.CancelSessionToolsResponse()
+
+    @_unary
+    async def ResolveConfirmation(
+        self, request: pb.ResolveConfirmationRequest, context: Ctx
+    ) -> pb.ResolveConfirmationResponse:
+        decision = convert.decision_from_pb(request.decision)
+        if decision is None:
+            raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
+        applied, winner = self._sessions.resolve(
+            current_tenant(), request.session_id, request.request_id, decision, request.remember
+        )
+        return pb.ResolveConfirmationResponse(applied=applied, decision=convert.decision_to_pb(winner))
+
+    @_stream
+    async def WatchSession(
+        self, request: pb.WatchSessionRequest, context: Ctx
+    ) -> AsyncIterator[pb.WatchSessionResponse]:
+        async with self._sessions.watch(current_tenant(), request.session_id, request.after_seq) as sub:
+            async for event in sub:
+                yield pb.WatchSessionResponse(event=convert.event_to_pb(event))

@@ -1,0 +1,261 @@
+"""The server-side registry of sessions: which tenant owns what, quotas, watchers, and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatcher.core.dispatcher import Decision, ToolDispatcher
+from dispatcher.core.errors import UnknownSessionError
+from dispatcher.core.events import Subscription
+from dispatcher.core.session import Session
+from dispatcher.core.types import Role, ToolDefinition
+from dispatcher.server.convert import SessionInfo
+from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
+from dispatcher.server.tenants import Tenant, resolve_workspace
+
+log = logging.getLogger("dispatcher.server.sessions")
+
+MAX_LABELS = 64
+MAX_LABEL_CHARS = 256
+
+
+@dataclass(slots=True)
+class ServerSession:
+    """One open session: the core's view plus what the server needs to police it."""
+
+    session: Session
+    workspace: str
+    create_time: float
+    closing: bool = False
+
+
+@dataclass(slots=True)
+class _TenantState:
+    sessions: dict[str, ServerSession] = field(default_factory=dict)
+    active_dispatches: int = 0
+
+
+class SessionManager:
+    """Creates, finds and closes sessions per tenant. A session of another tenant does not exist."""
+
+    def __init__(self, dispatcher: ToolDispatcher) -> None:
+        self.dispatcher = dispatcher
+        self._tenants: dict[str, _TenantState] = {}
+        self._watchers: set[Subscription] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._draining = False
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def create(self, tenant: Tenant, workspace: str, role: Role, labels: Mapping[str, str]) -> ServerSession:
+        """Open a session in ``workspace`` (made if missing) under the tenant's root.
+
+        Raises:
+            InvalidRequest: bad workspace name or labels.
+            QuotaExceeded: the tenant already has ``max_sessions`` open.
+            ShuttingDown: the server is draining.
+        """
+        self._check_open()
+        _check_labels(labels)
+        state = self._state(tenant)
+        limit = tenant.quotas.max_sessions
+        if limit is not None and len(state.sessions) >= limit:
+            raise QuotaExceeded(
+                f"tenant {tenant.tenant_id!r} already has {limit} open sessions (max_sessions)"
+            )
+        name, path = resolve_workspace(tenant, workspace)
+        session = Session(
+            session_id=f"ses_{secrets.token_hex(12)}",
+            workspace_path=str(path),
+            tenant_id=tenant.tenant_id,
+            role=role,
+            labels=dict(labels),
+            policy=tenant.policy,
+            capabilities=tenant.capabilities,
+        )
+        self.dispatcher.open_session(session)
+        entry = ServerSession(session, name, time.time())
+        state.sessions[session.session_id] = entry
+        log.info(
+            "session created",
+            extra={"tenant_id": tenant.tenant_id, "session_id": session.session_id, "workspace": name},
+        )
+        return entry
+
+    def get(self, tenant: Tenant, session_id: str) -> ServerSession:
+        """The tenant's open session.
+
+        Raises:
+            UnknownSessionError: no such session for this tenant (other tenants' look the same).
+        """
+        entry = self._state(tenant).sessions.get(session_id)
+        if entry is None or entry.closing:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        return entry
+
+    def list_for(self, tenant: Tenant) -> list[ServerSession]:
+        return sorted(
+            (s for s in self._state(tenant).sessions.values() if not s.closing), key=lambda s: s.create_time
+        )
+
+    async def close(self, tenant: Tenant, session_id: str) -> None:
+        """Cancel the session's tools, stop its sandbox and forget it; the workspace stays."""
+        entry = self.get(tenant, session_id)
+        entry.closing = True
+        try:
+            await self.dispatcher.close_session(session_id)
+        finally:
+            self._state(tenant).sessions.pop(session_id, None)
+        log.info("session closed", extra={"tenant_id": tenant.tenant_id, "session_id": session_id})
+
+    def info(self, entry: ServerSession) -> SessionInfo:
+        s = entry.session
+        try:
+            last_seq = self.dispatcher.events(s.session_id).last_seq
+        except UnknownSessionError:
+            last_seq = 0
+        return SessionInfo(
+            session_id=s.session_id,
+            workspace=entry.workspace,
+            workspace_path=s.workspace_path,
+            role=s.role,
+            labels=dict(s.labels),
+            create_time=entry.create_time,
+            last_event_seq=last_seq,
+        )
+
+    # --- calls ---------------------------------------------------------------------------------
+
+    def tools(self, tenant: Tenant, session_id: str) -> list[ToolDefinition]:
+        entry = self.get(tenant, session_id)
+        return sorted(self.dispatcher.get_definitions_for_session(entry.session), key=lambda d: d.name)
+
+    @asynccontextmanager
+    async def dispatch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
+        """Hold one of the tenant's concurrent-dispatch slots.
+
+        Raises:
+            QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
+        """
+        self._check_open()
+        state = self._state(tenant)
+        limit = tenant.quotas.max_concurrent_dispatches
+        if limit is not None and state.active_dispatches >= limit:
+            raise QuotaExceeded(
+                f"tenant {tenant.tenant_id!r} already runs {limit} dispatches (max_concurrent_dispatches)"
+            )
+        state.active_dispatches += 1
+        try:
+            yield
+        finally:
+            state.active_dispatches -= 1
+
+    async def cancel(self, tenant: Tenant, session_id: str) -> None:
+        self.get(tenant, session_id)
+        await self.dispatcher.cancel_session_tools(session_id)
+
+    def resolve(
+        self, tenant: Tenant, session_id: str, request_id: str, decision: Decision, remember: bool
+    ) -> tuple[bool, Decision]:
+        """First answer wins; raises UnknownConfirmationError for an unknown request."""
+        self.get(tenant, session_id)
+        applied, winner = self.dispatcher.resolve_confirmation(
+            session_id, request_id, decision, remember=remember
+        )
+        log.info(
+            "confirmation answered",
+            extra={
+                "tenant_id": tenant.tenant_id,
+                "session_id": session_id,
+                "request_id": request_id,
+                "decision": str(decision),
+                "applied": applied,
+            },
+        )
+        return applied, winner
+
+    @asynccontextmanager
+    async def watch(self, tenant: Tenant, session_id: str, after_seq: int) -> AsyncIterator[Subscription]:
+        """A subscription to every event of the session after ``after_seq``; ended on shutdown."""
+        self._check_open()
+        self.get(tenant, session_id)
+        bus = self.dispatcher.events(session_id)
+        async with bus.subscribe(after_seq=after_seq) as sub:
+            self._watchers.add(sub)
+            try:
+                yield sub
+            finally:
+                self._watchers.discard(sub)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run cleanup work that must outlive the RPC that started it (kept until shutdown)."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def start_draining(self) -> None:
+        """Refuse new work and end every watch stream (after it drains what it holds)."""
+        self._draining = True
+        for sub in tuple(self._watchers):
+            sub.close()
+
+    async def aclose(self, timeout: float = 30.0) -> None:
+        """Close every session (stopping its sandbox), tolerating failures of single sessions."""
+        self.start_draining()
+        if self._background:
+            await asyncio.wait(tuple(self._background), timeout=timeout)
+        for tenant_id, state in self._tenants.items():
+            for session_id in list(state.sessions):
+                try:
+                    await self.dispatcher.close_session(session_id)
+                except Exception:
+                    log.exception(
+                        "closing session failed", extra={"tenant_id": tenant_id, "session_id": session_id}
+                    )
+                state.sessions.pop(session_id, None)
+
+    def _check_open(self) -> None:
+        if self._draining:
+            raise ShuttingDown("the server is shutting down")
+
+    def _state(self, tenant: Tenant) -> _TenantState:
+        state = self._tenants.get(tenant.tenant_id)
+        if state is None:
+            state = self._tenants[tenant.tenant_id] = _TenantState()
+        return state
+
+
+def _check_labels(labels: Mapping[str, str]) -> None:
+    if len(labels) > MAX_LABELS:
+        raise InvalidRequest(f"labels: at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        if not key or len(key) > MAX_LABEL_CHARS or len(value) > MAX_LABEL_CHARS:
+            raise InvalidRequest(
+                f"labels.{key[:40]}: keys must be 1..{MAX_LABEL_CHARS} chars, values at most that"
+            )
+
+
+def check_tool_use_ids(ids: Sequence[str]) -> None:
+    """The request-level rules of Dispatch: at least one tool_use, ids present and unique.
+
+    Raises:
+        InvalidRequest: naming the offending position.
+    """
+    if not ids:
+        raise InvalidRequest("tool_uses: at least one tool_use is required")
+    seen: set[str] = set()
+    for i, tool_use_id in enumerate(ids):
+        if not tool_use_id:
+            raise InvalidRequest(f"tool_uses[{i}].id: must not be empty")
+        if tool_use_id in seen:
+            raise InvalidRequest(f"tool_uses[{i}].id: duplicate id {tool_use_id!r}")
+        seen.add(tool_use_id)

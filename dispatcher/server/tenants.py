@@ -1,0 +1,100 @@
+"""Tenants: who a bearer token is, where its workspaces live, and what it may do."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from dispatcher.config import Quotas, TenantConfig
+from dispatcher.core.capabilities import Capabilities
+from dispatcher.core.policy import ConfirmationPolicy
+from dispatcher.server.errors import InvalidRequest, Unauthenticated
+
+_WORKSPACE_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
+MAX_WORKSPACE_DEPTH = 8
+DEFAULT_WORKSPACE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A tenant as the server applies it: the server policy with the tenant's overrides laid over."""
+
+    tenant_id: str
+    workspace_root: Path
+    capabilities: Capabilities
+    policy: ConfirmationPolicy
+    quotas: Quotas
+
+
+class TenantDirectory:
+    """Maps bearer tokens to tenants by their sha256; the tokens themselves are never kept."""
+
+    def __init__(self, tenants: Iterable[TenantConfig], base_policy: ConfirmationPolicy) -> None:
+        self._by_hash: dict[str, Tenant] = {}
+        self._by_id: dict[str, Tenant] = {}
+        for cfg in tenants:
+            tenant = Tenant(
+                tenant_id=cfg.tenant_id,
+                workspace_root=cfg.workspace_root,
+                capabilities=cfg.capabilities,
+                policy=base_policy.merged(
+                    cfg.policy_overrides, where=f"tenants.{cfg.tenant_id}.tool_confirmation"
+                ),
+                quotas=cfg.quotas,
+            )
+            self._by_id[tenant.tenant_id] = tenant
+            for digest in cfg.token_sha256:
+                self._by_hash[digest] = tenant
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        """The tenant of an ``authorization: Bearer <token>`` header value.
+
+        Raises:
+            Unauthenticated: missing header, wrong scheme, or a token of no tenant.
+        """
+        if not authorization:
+            raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("authorization must be 'Bearer <token>'")
+        # Lookup by digest: the dict probe compares digests of secret input, which leaks nothing useful.
+        tenant = self._by_hash.get(hashlib.sha256(token.strip().encode("utf-8")).hexdigest())
+        if tenant is None:
+            raise Unauthenticated("unknown token")
+        return tenant
+
+    def get(self, tenant_id: str) -> Tenant:
+        return self._by_id[tenant_id]
+
+
+def resolve_workspace(tenant: Tenant, name: str) -> tuple[str, Path]:
+    """Normalise a workspace name and create its directory under the tenant's root.
+
+    Returns (normalised name, absolute real path).
+
+    Raises:
+        InvalidRequest: absolute, ``..``, odd characters, too deep, or (through a symlink already
+            under the root) resolving outside it.
+    """
+    raw = name.strip() or DEFAULT_WORKSPACE
+    if "\\" in raw or "\x00" in raw or raw.startswith("/") or raw.startswith("~"):
+        raise InvalidRequest(f"workspace: {name!r} must be a relative name under the tenant's workspace root")
+    parts = [p for p in PurePosixPath(raw).parts if p != "."]
+    if not parts or len(parts) > MAX_WORKSPACE_DEPTH or not all(_WORKSPACE_PART_RE.match(p) for p in parts):
+        raise InvalidRequest(
+            f"workspace: {name!r} is not a valid name (parts of letters, digits, '_', '.', '-', '@', '+';"
+            f" no '..'; at most {MAX_WORKSPACE_DEPTH} levels)"
+        )
+    root = tenant.workspace_root
+    root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    real_root = Path(os.path.realpath(root))
+    path = real_root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    real = Path(os.path.realpath(path))
+    if real != real_root and real_root not in real.parents:
+        raise InvalidRequest(f"workspace: {name!r} resolves outside the tenant's workspace root")
+    return "/".join(parts), real
