@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -109,8 +110,7 @@ class ConfirmationPolicy:
 
     def is_trusted(self, workspace_path: str) -> bool:
         """True when ``workspace_path`` is, or is inside, a trusted workspace."""
-        path = os.path.realpath(os.path.expanduser(workspace_path))
-        return any(path == t or path.startswith(t.rstrip("/") + "/") for t in self.trusted_workspaces)
+        return bool(self.trusted_workspaces) and _inside_any(workspace_path, self.trusted_workspaces)
 
     def mode_for(
         self, tool_name: str, side_effect: SideEffect, workspace_path: str, *, always_prompt: bool = False
@@ -126,6 +126,13 @@ class ConfirmationPolicy:
         if always_prompt and mode in (Mode.AUTO, Mode.PROMPT_ONCE):
             return Mode.PROMPT  # nothing lowers an always-prompt tool, not even a remembered answer
         return mode
+
+
+@functools.lru_cache(maxsize=4096)
+def _inside_any(workspace_path: str, trusted: tuple[str, ...]) -> bool:
+    # Cached: realpath costs a syscall per path component and this runs on every call.
+    path = os.path.realpath(os.path.expanduser(workspace_path))
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in trusted)
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
