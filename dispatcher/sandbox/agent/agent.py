@@ -1,0 +1,659 @@
+#!/usr/bin/env python3
+"""In-sandbox agent: runs commands and workspace file operations for the dispatcher.
+
+Run as ``python3 agent.py --root /workspace``. Requests arrive on stdin, responses leave on
+stdout, diagnostics go to stderr. Stdlib only and a single file, because it is copied into
+sandbox images as is; the host imports the frame codec from here so both ends share it.
+
+Frame: ``>II`` prefix (header length, payload length), a UTF-8 JSON object, the raw payload.
+Requests carry ``id`` (int) and ``op``; every response carries the request's ``id`` and a
+``type``: ``result`` or ``error`` (``code``, ``message``) end a request, and ``exec`` answers
+with any number of ``output`` frames (``stream``, payload = bytes) followed by one ``exit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import secrets
+import selectors
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, NoReturn
+
+PROTOCOL_VERSION = 1
+PREFIX = struct.Struct(">II")
+MAX_HEADER = 1 << 20
+MAX_PAYLOAD = 64 << 20
+CHUNK = 64 * 1024  # largest output frame
+COALESCE_SECONDS = 0.01  # small writes wait this long for company before being sent
+DRAIN_SECONDS = 0.2  # after sh exits, how long background children may keep the pipes busy
+LIST_SCAN_CAP = 100_000  # names read from one directory before giving up on a full sort
+_SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT}
+
+
+class ProtocolError(Exception):
+    """A frame broke the protocol; the stream cannot be trusted any more."""
+
+
+def encode_frame(header: Mapping[str, Any], payload: bytes = b"") -> bytes:
+    """Serialise one frame."""
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return PREFIX.pack(len(raw), len(payload)) + raw + payload
+
+
+def decode_prefix(prefix: bytes, *, max_header: int, max_payload: int) -> tuple[int, int]:
+    """Return (header length, payload length), refusing sizes over the limits."""
+    if len(prefix) != PREFIX.size:
+        raise ProtocolError("short frame prefix")
+    header_len, payload_len = PREFIX.unpack(prefix)
+    if not 2 <= header_len <= max_header:
+        raise ProtocolError(f"header length {header_len} out of bounds")
+    if payload_len > max_payload:
+        raise ProtocolError(f"payload length {payload_len} exceeds {max_payload}")
+    return header_len, payload_len
+
+
+def _no_constants(name: str) -> NoReturn:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def decode_header(raw: bytes) -> dict[str, Any]:
+    """Parse a frame header, which must be a JSON object."""
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"malformed header: {type(exc).__name__}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("header is not a JSON object")
+    return obj
+
+
+class OpError(Exception):
+    """A request failed in an ordinary way; becomes an ``error`` response."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _field(header: Mapping[str, Any], key: str, kind: type, default: Any = ...) -> Any:
+    value = header.get(key, default)
+    if value is ... or type(value) is not kind:
+        raise OpError("bad_request", f"field {key!r} must be {kind.__name__}")
+    return value
+
+
+def _clean(name: str) -> str:
+    """Make a file name from the disk JSON-safe (undecodable bytes become U+FFFD)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _os_error(exc: OSError, shown: str) -> OpError:
+    code = errno.errorcode.get(exc.errno or 0, "EIO")
+    # strerror only: the filename in the exception is a real path, which must not leak.
+    return OpError(code, f"{shown}: {exc.strerror or code}")
+
+
+class Workspace:
+    """File operations confined to one root, with symlinks resolved here, where the files are."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+        mask = os.umask(0)
+        os.umask(mask)
+        self._new_mode = 0o666 & ~mask
+        self._locks = [threading.Lock() for _ in range(64)]  # striped: one read-modify-write at a time
+
+    def resolve(self, path: str) -> str:
+        """Real absolute path of ``path``; refuses NUL and anything resolving outside the root."""
+        if "\x00" in path:
+            raise OpError("escape", f"{path!r}: path contains a NUL byte")
+        joined = path if os.path.isabs(path) else os.path.join(self.root, path)
+        real = os.path.realpath(joined)
+        if not _inside(real, self.root):
+            raise OpError("escape", f"{path}: path escapes the workspace")
+        return real
+
+    def relative(self, real: str) -> str:
+        """Path under the root as the host should see it ('.' for the root itself)."""
+        return _clean(os.path.relpath(real, self.root))
+
+    def _open_dir(self, real_dir: str, shown: str) -> int:
+        fd = os.open(real_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._verify_fd(fd, shown)
+        return fd
+
+    def _verify_fd(self, fd: int, shown: str) -> None:
+        """Re-check an opened file's location, closing the window a symlink swap could use."""
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return  # no /proc: the realpath check stands alone
+        if where.startswith("/") and not where.endswith(" (deleted)") and not _inside(where, self.root):
+            os.close(fd)
+            raise OpError("escape", f"{shown}: path escapes the workspace")
+
+    def _lock(self, real: str) -> threading.Lock:
+        return self._locks[hash(real) % len(self._locks)]
+
+    def _open_regular(self, real: str, shown: str, flags: int, dir_fd: int | None = None) -> int:
+        # O_NONBLOCK keeps a FIFO from hanging the agent; only regular files are accepted anyway.
+        fd = os.open(real, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666, dir_fd=dir_fd)
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise OpError("EISDIR", f"{shown}: is a directory")
+            if not stat.S_ISREG(mode):
+                raise OpError("EINVAL", f"{shown}: not a regular file")
+            self._verify_fd(fd, shown)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def read(self, path: str, max_bytes: int, strict: bool) -> tuple[bytes, int]:
+        """Return (at most ``max_bytes`` of the file, its size); ``too_large`` if strict and bigger."""
+        fd = self._open_regular(self.resolve(path), path, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(fd).st_size
+            if strict and size > max_bytes:
+                raise OpError("too_large", f"{path}: file is {size} bytes, more than {max_bytes}")
+            data = f.read(max_bytes)
+        return data, size
+
+    def _parent_fd(self, path: str, real: str) -> tuple[int, str]:
+        if real == self.root:
+            raise OpError("EISDIR", f"{path}: is the workspace root")
+        parent, name = os.path.split(real)
+        os.makedirs(parent, exist_ok=True)
+        return self._open_dir(parent, path), name
+
+    def write(self, path: str, data: bytes) -> None:
+        """Atomically replace the file: temp file in the same directory, fsync, rename."""
+        real = self.resolve(path)
+        with self._lock(real):
+            dfd, name = self._parent_fd(path, real)
+            try:
+                self._replace(dfd, name, data, path)
+            finally:
+                os.close(dfd)
+
+    def _replace(self, dfd: int, name: str, data: bytes, shown: str) -> None:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            mode = self._new_mode
+        else:
+            if stat.S_ISDIR(st.st_mode):
+                raise OpError("EISDIR", f"{shown}: is a directory")
+            mode = stat.S_IMODE(st.st_mode)
+        tmp = f".~{secrets.token_hex(6)}.tmp"  # short: a long leaf name plus a suffix could overflow
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
+        )
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fchmod(fd, mode)
+                os.fsync(fd)  # data before rename: a crash never exposes a half-written file
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+
+    def append(self, path: str, data: bytes) -> None:
+        """Append to the file, creating it (and its parents) if needed."""
+        real = self.resolve(path)
+        with self._lock(real):
+            dfd, name = self._parent_fd(path, real)
+            try:
+                fd = self._open_regular(name, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+
+    def patch(self, path: str, old: bytes, new: bytes) -> None:
+        """Replace the single occurrence of ``old``; the file is untouched on any failure."""
+        if not old:
+            raise OpError("no_match", f"{path}: the text to replace is empty")
+        real = self.resolve(path)
+        with self._lock(real):
+            data, _ = self.read(path, MAX_PAYLOAD, True)
+            count = data.count(old)  # UTF-8 is self-synchronising, so byte matches are char matches
+            if count == 0:
+                raise OpError("no_match", f"{path}: the text to replace was not found")
+            if count > 1:
+                raise OpError("multiple_matches", f"{path}: the text to replace occurs {count} times")
+            dfd, name = self._parent_fd(path, real)
+            try:
+                self._replace(dfd, name, data.replace(old, new, 1), path)
+            finally:
+                os.close(dfd)
+
+    def exists(self, path: str) -> bool:
+        """True if the resolved path exists."""
+        return os.path.exists(self.resolve(path))
+
+    def stat(self, path: str) -> dict[str, Any]:
+        """Kind, size, mode and mtime of the resolved path."""
+        real = self.resolve(path)
+        st = os.stat(real)
+        return {
+            "path": self.relative(real),
+            "kind": _kind(st.st_mode),
+            "size": st.st_size,
+            "mode": stat.S_IMODE(st.st_mode),
+            "mtime": st.st_mtime,
+        }
+
+    def list(self, path: str, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        """Up to ``limit`` entries sorted by name, and whether more existed."""
+        real = self.resolve(path)
+        names: list[str] = []
+        complete = True
+        with os.scandir(real) as it:
+            for entry in it:
+                if len(names) >= LIST_SCAN_CAP:
+                    complete = False
+                    break
+                names.append(entry.name)
+        names.sort()
+        entries = []
+        for name in names[:limit]:
+            full = os.path.join(real, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue  # vanished while listing
+            kind = _kind(st.st_mode)
+            item: dict[str, Any] = {"name": _clean(name), "kind": kind, "size": st.st_size}
+            if kind == "symlink":
+                try:
+                    item["target"] = _clean(os.readlink(full))
+                except OSError:
+                    item["target"] = ""
+            entries.append(item)
+        return entries, not complete or len(names) > limit
+
+    def delete(self, path: str) -> None:
+        """Remove a file, a symlink (not its target) or an empty directory."""
+        if "\x00" in path:
+            raise OpError("escape", f"{path!r}: path contains a NUL byte")
+        joined = (path if os.path.isabs(path) else os.path.join(self.root, path)).rstrip("/")
+        head, name = os.path.split(joined)
+        if name in ("", ".", ".."):
+            raise OpError("EINVAL", f"{path}: refusing to delete this path")
+        parent = os.path.realpath(head or "/")
+        if not _inside(parent, self.root):
+            raise OpError("escape", f"{path}: path escapes the workspace")
+        dfd = self._open_dir(parent, path)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                os.rmdir(name, dir_fd=dfd)
+            else:
+                os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if stat.S_ISREG(mode) else "other"
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class _Exec:
+    """A running command, addressable by the request id that started it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pgid: int | None = None
+        self.early: list[int] = []  # signals that arrived before the process existed
+        self.signalled = False
+        self.finished = False
+
+    def signal(self, sig: int) -> bool:
+        with self.lock:
+            self.signalled = True
+            if self.finished:
+                return False
+            if self.pgid is None:
+                self.early.append(sig)
+                return True
+            return _killpg(self.pgid, sig)
+
+
+class Agent:
+    """Reads requests, runs each on a worker thread, writes responses under one lock."""
+
+    def __init__(self, root: str, out: IO[bytes]) -> None:
+        self.ws = Workspace(root)
+        self._out = out
+        self._out_lock = threading.Lock()
+        self._execs: dict[int, _Exec] = {}
+        self._execs_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-op")
+        self._env = {
+            "PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+            "HOME": os.environ.get("HOME", "/tmp"),
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+        }
+
+    def send(self, header: Mapping[str, Any], payload: bytes = b"") -> bool:
+        """Write one frame; blocks while the host is slow, which back-pressures commands."""
+        frame = encode_frame(header, payload)
+        with self._out_lock:
+            try:
+                self._out.write(frame)
+                self._out.flush()
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def serve(self, inp: IO[bytes]) -> int:
+        """Handle requests until stdin closes; returns the exit status."""
+        try:
+            while True:
+                prefix = inp.read(PREFIX.size)
+                if not prefix:
+                    return 0
+                try:
+                    header_len, payload_len = decode_prefix(
+                        prefix, max_header=MAX_HEADER, max_payload=MAX_PAYLOAD
+                    )
+                except ProtocolError as exc:
+                    self.send({"id": None, "type": "error", "code": "protocol", "message": str(exc)})
+                    return 2  # lengths are garbage, so the stream cannot be resynchronised
+                raw = inp.read(header_len)
+                payload = inp.read(payload_len) if payload_len else b""
+                if len(raw) != header_len or len(payload) != payload_len:
+                    return 2
+                try:
+                    header = decode_header(raw)
+                except ProtocolError as exc:
+                    self.send({"id": None, "type": "error", "code": "protocol", "message": str(exc)})
+                    continue
+                self.dispatch(header, payload)
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Kill every running command; nothing may outlive the agent."""
+        with self._execs_lock:
+            running = list(self._execs.values())
+        for ex in running:
+            ex.signal(signal.SIGKILL)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def dispatch(self, header: dict[str, Any], payload: bytes) -> None:
+        """Route one request; never raises."""
+        rid = header.get("id")
+        if type(rid) is not int:
+            self.send({"id": None, "type": "error", "code": "bad_request", "message": "missing id"})
+            return
+        op = header.get("op")
+        if op == "ping":
+            self.send({"id": rid, "type": "result", "version": PROTOCOL_VERSION})
+        elif op == "signal":
+            self._guarded(rid, self._signal, header)
+        elif op == "exec":
+            threading.Thread(
+                target=self._guarded, args=(rid, self._exec, header, payload), daemon=True
+            ).start()
+        elif op in _FILE_OPS:
+            self._pool.submit(self._guarded, rid, self._file_op, header, payload)
+        else:
+            self.send({"id": rid, "type": "error", "code": "bad_request", "message": f"unknown op {op!r}"})
+
+    def _guarded(self, rid: int, handler: Any, *args: Any) -> None:
+        try:
+            handler(rid, *args)
+        except OpError as exc:
+            self.send({"id": rid, "type": "error", "code": exc.code, "message": exc.message})
+        except Exception as exc:
+            print(f"agent: request {rid} failed: {exc!r}", file=sys.stderr)
+            self.send({"id": rid, "type": "error", "code": "internal", "message": type(exc).__name__})
+
+    def _signal(self, rid: int, header: Mapping[str, Any]) -> None:
+        target = _field(header, "exec_id", int)
+        name = _field(header, "signal", str)
+        if name not in _SIGNALS:
+            raise OpError("bad_request", f"unknown signal {name!r}")
+        with self._execs_lock:
+            ex = self._execs.get(target)
+        delivered = ex.signal(_SIGNALS[name]) if ex is not None else False
+        self.send({"id": rid, "type": "result", "delivered": delivered})
+
+    def _file_op(self, rid: int, header: Mapping[str, Any], payload: bytes) -> None:
+        op = header["op"]
+        path = _field(header, "path", str)
+        ws = self.ws
+        result: dict[str, Any] = {}
+        body = b""
+        try:
+            if op == "read":
+                body, result["size"] = ws.read(
+                    path, _field(header, "max_bytes", int), _field(header, "strict", bool)
+                )
+            elif op == "write":
+                ws.write(path, payload)
+            elif op == "append":
+                ws.append(path, payload)
+            elif op == "patch":
+                split = _field(header, "old_len", int)
+                if not 0 <= split <= len(payload):
+                    raise OpError("bad_request", "old_len out of range")
+                ws.patch(path, payload[:split], payload[split:])
+            elif op == "exists":
+                result["exists"] = ws.exists(path)
+            elif op == "stat":
+                result.update(ws.stat(path))
+            elif op == "list":
+                entries, result["truncated"] = ws.list(path, _field(header, "limit", int))
+                body = json.dumps(entries, ensure_ascii=False).encode()
+            elif op == "delete":
+                ws.delete(path)
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+        self.send({"id": rid, "type": "result", **result}, body)
+
+    def _exec(self, rid: int, header: Mapping[str, Any], payload: bytes) -> None:
+        command = _field(header, "command", str)
+        cwd_arg = _field(header, "cwd", str, ".")
+        env_arg = _field(header, "env", dict, {})
+        use_stdin = _field(header, "stdin", bool, False)
+        env = dict(self._env)
+        for key, value in env_arg.items():
+            if not key or "=" in key or "\x00" in key or type(value) is not str or "\x00" in value:
+                raise OpError("bad_request", f"bad environment variable {key!r}")
+            env[key] = value
+        if "\x00" in command:
+            raise OpError("bad_request", "command contains a NUL byte")
+        cwd = self.ws.resolve(cwd_arg)
+        if not os.path.isdir(cwd):
+            code = "ENOTDIR" if os.path.exists(cwd) else "ENOENT"
+            raise OpError(code, f"{cwd_arg}: working directory does not exist or is not a directory")
+        ex = _Exec()
+        with self._execs_lock:
+            if rid in self._execs:
+                raise OpError("bad_request", f"exec id {rid} is in use")
+            self._execs[rid] = ex
+        try:
+            self._run(rid, ex, command, cwd, env, payload if use_stdin else None)
+        finally:
+            with self._execs_lock:
+                self._execs.pop(rid, None)
+
+    def _run(
+        self, rid: int, ex: _Exec, command: str, cwd: str, env: dict[str, str], stdin: bytes | None
+    ) -> None:
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group, so signals reach every child
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise _os_error(exc, "/bin/sh") from None
+        with ex.lock:
+            ex.pgid = proc.pid
+            for sig in ex.early:
+                _killpg(proc.pid, sig)
+        if stdin is not None:
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            self._pump(rid, proc)
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+            code = proc.wait()
+            with ex.lock:
+                ex.finished = True
+                if ex.signalled:  # a killed command leaves no stragglers in its group
+                    _killpg(proc.pid, signal.SIGKILL)
+        self.send(
+            {
+                "id": rid,
+                "type": "exit",
+                "exit_code": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+            }
+        )
+
+    def _pump(self, rid: int, proc: subprocess.Popen[bytes]) -> None:
+        """Forward output in chunks of at most CHUNK, coalescing small writes briefly.
+
+        One pending buffer for both streams keeps their relative order. The agent only reads
+        more after a frame went out, so a slow host back-pressures the command through its pipe.
+        """
+        sel = selectors.DefaultSelector()
+        assert proc.stdout is not None and proc.stderr is not None
+        sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+        sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        pending = bytearray()
+        stream = "stdout"
+        since = 0.0
+        exited_at: float | None = None
+
+        def flush() -> None:
+            if pending and not self.send({"id": rid, "type": "output", "stream": stream}, bytes(pending)):
+                _killpg(proc.pid, signal.SIGKILL)  # nobody is listening any more
+            pending.clear()
+
+        with sel:
+            while sel.get_map():
+                now = time.monotonic()
+                wait = 0.05
+                if pending:
+                    wait = min(wait, since + COALESCE_SECONDS - now)
+                if exited_at is not None:
+                    if now >= exited_at + DRAIN_SECONDS:
+                        break  # background children hold the pipes; stop listening to them
+                    wait = min(wait, exited_at + DRAIN_SECONDS - now)
+                for key, _ in sel.select(max(wait, 0.0)):
+                    if pending and key.data != stream:
+                        flush()
+                    data = os.read(key.fd, CHUNK - len(pending))
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        continue
+                    if not pending:
+                        since = time.monotonic()
+                    stream = key.data
+                    pending += data
+                    if len(pending) >= CHUNK:
+                        flush()
+                if pending and time.monotonic() >= since + COALESCE_SECONDS:
+                    flush()
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = time.monotonic()
+            flush()
+
+
+def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
+    if pipe is None:
+        return
+    try:
+        pipe.write(data)
+    except OSError:
+        pass  # the command stopped reading; that is its business
+    finally:
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+
+_FILE_OPS = frozenset({"read", "write", "append", "patch", "exists", "stat", "list", "delete"})
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: serve the protocol on stdin/stdout for one workspace root."""
+    parser = argparse.ArgumentParser(description="dispatcher sandbox agent")
+    parser.add_argument("--root", required=True, help="workspace root that every path must stay under")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.root):
+        print(f"agent: root {args.root!r} is not a directory", file=sys.stderr)
+        return 2
+    # Keep private copies of the protocol fds and point 0/1 elsewhere, so a stray print or an
+    # inherited descriptor can never write into (or read from) the protocol stream.
+    inp = os.fdopen(os.dup(0), "rb", buffering=CHUNK)
+    out = os.fdopen(os.dup(1), "wb", buffering=CHUNK)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)  # exit through serve()'s cleanup, killing commands
+    agent = Agent(args.root, out)
+    return agent.serve(inp)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
