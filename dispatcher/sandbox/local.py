@@ -1,0 +1,194 @@
+"""Local backend: the real agent as a plain subprocess per session, without a container.
+
+NOT a security boundary. Commands run as the server's user with the server's access to the
+host; only file operations are confined to the workspace (by the agent). It exists for unit
+tests and for development on machines without Docker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from dispatcher.core.sandbox_api import (
+    DirListing,
+    ExecRequest,
+    ExecResult,
+    FileStat,
+    OutputCallback,
+    SandboxError,
+)
+from dispatcher.sandbox.agent import agent as agent_module
+from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
+
+if TYPE_CHECKING:
+    from dispatcher.core.session import Session
+
+AGENT_PATH = os.path.abspath(agent_module.__file__)
+STOP_TIMEOUT_SECONDS = 2.0  # after closing its stdin, before the agent is killed outright
+
+
+class LocalSandbox:
+    """A lazy per-session handle: the agent starts on first use and restarts if it died."""
+
+    def __init__(
+        self,
+        workspace_path: str,
+        *,
+        python: str = sys.executable,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        kill_wait: float = 2.0,
+    ) -> None:
+        self._workspace = os.path.abspath(workspace_path)
+        self._python = python
+        self._max_frame = max_frame
+        self._kill_wait = kill_wait
+        self._proc: asyncio.subprocess.Process | None = None
+        self._channel: AgentChannel | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def workspace_root(self) -> str:
+        return self._workspace
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the running agent, if any (for tests and diagnostics)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    async def channel(self) -> AgentChannel:
+        """The live channel, (re)starting the agent when there is none or it broke."""
+        current = self._channel
+        if current is not None and not current.broken:
+            return current
+        async with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox is closed")
+            if self._channel is not None and not self._channel.broken:
+                return self._channel
+            await self._stop()
+            os.makedirs(self._workspace, exist_ok=True)
+            # A bare environment: the agent hands commands PATH and HOME only, nothing else leaks.
+            env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
+            proc = await asyncio.create_subprocess_exec(
+                self._python,
+                AGENT_PATH,
+                "--root",
+                self._workspace,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            assert proc.stdout is not None and proc.stdin is not None
+            self._proc = proc
+            self._channel = AgentChannel(
+                proc.stdout,
+                proc.stdin,
+                workspace_root=self._workspace,
+                max_frame=self._max_frame,
+                kill_wait=self._kill_wait,
+            )
+            return self._channel
+
+    async def _stop(self) -> None:
+        channel, self._channel = self._channel, None
+        proc, self._proc = self._proc, None
+        if channel is not None:
+            await channel.close()  # stdin EOF: the agent kills its commands and exits
+        if proc is None:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_SECONDS)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def aclose(self) -> None:
+        """Stop the agent; later calls raise ``SandboxError``."""
+        async with self._lock:
+            self._closed = True
+            await self._stop()
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """See ``WorkspaceFileAPI.read_bytes``."""
+        return await (await self.channel()).read_bytes(path, max_bytes=max_bytes)
+
+    async def read(self, path: str) -> str:
+        """See ``WorkspaceFileAPI.read``."""
+        return await (await self.channel()).read(path)
+
+    async def write_bytes(self, path: str, data: bytes) -> None:
+        """See ``WorkspaceFileAPI.write_bytes``."""
+        await (await self.channel()).write_bytes(path, data)
+
+    async def write(self, path: str, content: str) -> None:
+        """See ``WorkspaceFileAPI.write``."""
+        await (await self.channel()).write(path, content)
+
+    async def append(self, path: str, content: str) -> None:
+        """See ``WorkspaceFileAPI.append``."""
+        await (await self.channel()).append(path, content)
+
+    async def exists(self, path: str) -> bool:
+        """See ``WorkspaceFileAPI.exists``."""
+        return await (await self.channel()).exists(path)
+
+    async def stat(self, path: str) -> FileStat:
+        """See ``WorkspaceFileAPI.stat``."""
+        return await (await self.channel()).stat(path)
+
+    async def list(self, path: str, *, limit: int = 1000) -> DirListing:
+        """See ``WorkspaceFileAPI.list``."""
+        return await (await self.channel()).list(path, limit=limit)
+
+    async def delete(self, path: str) -> None:
+        """See ``WorkspaceFileAPI.delete``."""
+        await (await self.channel()).delete(path)
+
+    async def patch(self, path: str, old: str, new: str) -> None:
+        """See ``WorkspaceFileAPI.patch``."""
+        await (await self.channel()).patch(path, old, new)
+
+    async def exec(
+        self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
+    ) -> ExecResult:
+        """See ``Sandbox.exec``; an unresponsive agent is stopped now and restarted on the next call."""
+        try:
+            return await (await self.channel()).exec(request, on_output, cancel_event)
+        except AgentUnresponsive:
+            async with self._lock:
+                await self._stop()
+            raise
+
+
+class LocalSandboxProvider:
+    """``SandboxProvider`` running one local agent subprocess per session (no isolation)."""
+
+    def __init__(self, *, python: str = sys.executable, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self._python = python
+        self._max_frame = max_frame
+        self._sandboxes: dict[str, LocalSandbox] = {}
+
+    def sandbox_for(self, session: Session) -> LocalSandbox:
+        """The session's lazy sandbox handle; the agent starts on its first call."""
+        sandbox = self._sandboxes.get(session.session_id)
+        if sandbox is None:
+            sandbox = LocalSandbox(session.workspace_path, python=self._python, max_frame=self._max_frame)
+            self._sandboxes[session.session_id] = sandbox
+        return sandbox
+
+    async def close_session(self, session_id: str) -> None:
+        """Stop the session's agent; its workspace stays."""
+        sandbox = self._sandboxes.pop(session_id, None)
+        if sandbox is not None:
+            await sandbox.aclose()
+
+    async def aclose(self) -> None:
+        """Stop every agent."""
+        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        await asyncio.gather(*(sandbox.aclose() for sandbox in sandboxes))
