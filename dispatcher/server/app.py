@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
 import logging
 import signal
@@ -33,11 +32,6 @@ log = logging.getLogger("dispatcher.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
-def instance_label(config: Config) -> str:
-    """Stable per state directory, so a restarted server recognises (and removes) its orphans."""
-    return hashlib.sha256(str(config.home).encode()).hexdigest()[:12]
-
-
 def make_provider(config: Config) -> SandboxProvider:
     """The sandbox backend the config asks for.
 
@@ -48,10 +42,13 @@ def make_provider(config: Config) -> SandboxProvider:
         from dispatcher.sandbox.local import LocalSandboxProvider
 
         return LocalSandboxProvider()
-    from dispatcher.sandbox.docker_backend import DockerSandboxProvider
+    from dispatcher.sandbox.docker_backend import DockerSandboxProvider, instance_id_for
     from dispatcher.sandbox.docker_config import SandboxConfig
 
-    return DockerSandboxProvider(SandboxConfig.from_mapping(config.sandbox), instance=instance_label(config))
+    # The instance label follows the state directory, so a restarted server finds its orphans.
+    return DockerSandboxProvider(
+        SandboxConfig.from_mapping(config.sandbox), instance=instance_id_for(str(config.home))
+    )
 
 
 def load_tool_factory(spec: str) -> ToolFactory:
@@ -86,12 +83,23 @@ def build_dispatcher(config: Config, provider: SandboxProvider) -> ToolDispatche
     return dispatcher
 
 
+def build_server(config: Config, provider: SandboxProvider | None = None) -> DispatcherServer:
+    """The whole service for ``config`` (tenants must already be resolved), not yet started.
+
+    Raises:
+        ConfigError: a custom tool or the sandbox section is invalid.
+    """
+    provider = provider if provider is not None else make_provider(config)
+    return DispatcherServer(config, build_dispatcher(config, provider), provider)
+
+
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
-    def __init__(self, config: Config, dispatcher: ToolDispatcher) -> None:
+    def __init__(self, config: Config, dispatcher: ToolDispatcher, provider: SandboxProvider) -> None:
         self.config = config
         self.dispatcher = dispatcher
+        self.provider = provider
         self.tenants = TenantDirectory(config.tenants, config.policy)
         self.sessions = SessionManager(dispatcher)
         self.health = HealthServicer()
@@ -135,6 +143,9 @@ class DispatcherServer:
         if self.port == 0:
             raise ConfigError(f"listen: cannot bind {self.config.listen}")
         self.dispatcher.seal()
+        remove_orphans = getattr(self.provider, "remove_orphans", None)
+        if remove_orphans is not None:  # containers left by a previous run of this installation
+            await remove_orphans()
         await self._server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)

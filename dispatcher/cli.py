@@ -1,0 +1,403 @@
+"""The ``dispatcher`` command: ``serve`` the service, and client verbs for people and scripts.
+
+Exit codes (documented in ``dispatcher --help``):
+
+    0  success                         4  UNAUTHENTICATED (no or bad token)
+    1  the tool call failed (is_error), 5  NOT_FOUND (unknown session / request)
+       or an answer came too late      6  INVALID_ARGUMENT
+    2  usage or configuration error    7  RESOURCE_EXHAUSTED (quota, message size)
+    3  server unreachable/unavailable  8  any other request error
+  130  interrupted (Ctrl-C); the call's tools are cancelled
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from dispatcher.client import DispatcherClient, RequestFailed
+from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
+from dispatcher.core.dispatcher import Decision
+from dispatcher.core.errors import ConfigError
+from dispatcher.core.events import (
+    TOOL_CALLED,
+    TOOL_COMPLETED,
+    TOOL_CONFIRMATION_REQUESTED,
+    TOOL_CONFIRMATION_RESOLVED,
+    TOOL_FAILED,
+    TOOL_INPUT_INVALID,
+    TOOL_OUTPUT_DELTA,
+    Event,
+)
+from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
+from dispatcher.server.convert import SessionInfo
+
+EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_BY_CODE = {
+    "UNAVAILABLE": 3,
+    "DEADLINE_EXCEEDED": 3,
+    "UNAUTHENTICATED": 4,
+    "NOT_FOUND": 5,
+    "INVALID_ARGUMENT": 6,
+    "RESOURCE_EXHAUSTED": 7,
+}
+EXIT_OTHER_REQUEST_ERROR = 8
+EXIT_INTERRUPTED = 130
+CLI_LABEL = "dispatcher.cli"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dispatcher`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+        return result
+    except ConfigError as exc:
+        print(f"dispatcher: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RequestFailed as exc:
+        print(f"dispatcher: {exc.code}: {exc.details}", file=sys.stderr)
+        return EXIT_BY_CODE.get(exc.code, EXIT_OTHER_REQUEST_ERROR)
+    except KeyboardInterrupt:
+        print("dispatcher: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+# --- serve -----------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dispatcher.config import ensure_default_tenant, load_config
+    from dispatcher.server.app import build_server, serve_until_signalled
+    from dispatcher.server.logs import configure_logging
+
+    config = load_config(args.config, listen=args.listen, home=args.home)
+    config, generated = ensure_default_tenant(config)
+    configure_logging(args.log_format or config.log_format, config.log_level)
+    server = build_server(config)
+
+    def ready(port: int) -> None:
+        host = config.listen.rpartition(":")[0]
+        where = f"{host}:{port}"
+        token_note = f"; token in {config.token_path}" if config.token_path.exists() else ""
+        fresh = " (new token generated)" if generated else ""
+        print(f"dispatcher: serving on {where}{token_note}{fresh}", file=sys.stderr, flush=True)
+
+    asyncio.run(serve_until_signalled(server, on_ready=ready))
+    return EXIT_OK
+
+
+# --- client verbs ------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> DispatcherClient:
+    return DispatcherClient(args.server or default_target(), home=args.home)
+
+
+def _cli_session(client: DispatcherClient, args: argparse.Namespace) -> SessionInfo:
+    """``--session`` if given; else the CLI's session on ``--workspace`` (reused, or created)."""
+    if args.session:
+        return client.get_session(args.session)
+    workspace = args.workspace or "default"
+    for info in client.list_sessions():
+        if info.labels.get(CLI_LABEL) == "1" and info.workspace == workspace:
+            return info
+    return client.create_session(workspace, labels={CLI_LABEL: "1"})
+
+
+def _tools(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        session = _cli_session(client, args)
+        tools = client.list_tools(session.session_id)
+    if args.json:
+        for t in tools:
+            _json_line(
+                {
+                    "name": t.name,
+                    "side_effect": str(t.side_effect),
+                    "description": t.description,
+                    "input_schema": t.input_schema,
+                }
+            )
+    else:
+        width = max((len(t.name) for t in tools), default=0)
+        for t in tools:
+            first = t.description.strip().splitlines()[0] if t.description.strip() else ""
+            print(f"{t.name:<{width}}  {t.side_effect!s:<8}  {first}")
+    return EXIT_OK
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        sessions = client.list_sessions()
+    for s in sessions:
+        if args.json:
+            _json_line(_session_dict(s))
+        else:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            print(f"{s.session_id}  {s.workspace:<20}  {s.role!s:<6}  events={s.last_event_seq}  {labels}")
+    return EXIT_OK
+
+
+def _call(args: argparse.Namespace) -> int:
+    try:
+        tool_input = json.loads(args.input)
+    except ValueError as exc:
+        print(f"dispatcher: JSON argument is not valid JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with _client(args) as client:
+        session = _cli_session(client, args)
+        if not args.json:
+            print(f"session {session.session_id} ({session.workspace})", file=sys.stderr)
+        block = ToolUseBlock(args.id or f"tu_cli_{os.getpid()}", args.tool, tool_input)
+        printer = _CallPrinter(args.json, sys.stdout, sys.stderr)
+        result: ToolResultBlock | None = None
+        for item in client.dispatch(session.session_id, [block], turn_id=args.turn or ""):
+            if isinstance(item, ToolResultBlock):
+                result = item
+                printer.result(item)
+                continue
+            printer.event(item)
+            if item.type == TOOL_CONFIRMATION_REQUESTED:
+                _answer(client, session.session_id, item, args)
+    if result is None:
+        print("dispatcher: the stream ended without a result", file=sys.stderr)
+        return EXIT_OTHER_REQUEST_ERROR
+    return EXIT_TOOL_ERROR if result.is_error else EXIT_OK
+
+
+def _answer(client: DispatcherClient, session_id: str, event: Event, args: argparse.Namespace) -> None:
+    """Answer a confirmation: ``--yes``, or a y/n prompt on a terminal; otherwise leave it to others."""
+    request_id = str(event.payload.get("request_id", ""))
+    if args.yes:
+        decision = Decision.ALLOW
+    elif sys.stdin.isatty() and not args.json:
+        reply = input(f"  allow {event.payload.get('tool_name')}? [y/N] ").strip().lower()
+        decision = Decision.ALLOW if reply in ("y", "yes") else Decision.DENY
+    else:
+        print(
+            f"  waiting for an answer: dispatcher approve|deny {session_id} {request_id}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    applied, winner = client.resolve_confirmation(session_id, request_id, decision)
+    if not applied and not args.json:
+        print(f"  another client answered first: {winner}", file=sys.stderr)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        printer = _CallPrinter(args.json, sys.stdout, sys.stdout)
+        for event in client.watch(args.session_id, after_seq=args.after_seq):
+            printer.event(event, watching=True)
+    return EXIT_OK
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    decision = Decision.ALLOW if args.verb == "approve" else Decision.DENY
+    with _client(args) as client:
+        applied, winner = client.resolve_confirmation(
+            args.session_id, args.request_id, decision, remember=getattr(args, "remember", False)
+        )
+    if args.json:
+        _json_line({"applied": applied, "decision": str(winner)})
+    else:
+        print(f"{'applied' if applied else 'not applied (answered before)'}: {winner}")
+    return EXIT_OK if applied else EXIT_TOOL_ERROR
+
+
+# --- output ------------------------------------------------------------------------------------------
+
+
+class _CallPrinter:
+    """Human or JSON-lines rendering of events and results; shell output is streamed as it comes."""
+
+    def __init__(self, as_json: bool, out: TextIO, err: TextIO) -> None:
+        self._json = as_json
+        self._out = out
+        self._err = err
+        self._streamed: set[str] = set()
+
+    def event(self, event: Event, *, watching: bool = False) -> None:
+        if self._json:
+            _json_line(_event_dict(event), self._out)
+            return
+        p = event.payload
+        if event.type == TOOL_OUTPUT_DELTA:
+            self._streamed.add(event.tool_use_id)
+            (self._err if p.get("stream") == "stderr" and not watching else self._out).write(
+                str(p.get("text", ""))
+            )
+            self._out.flush()
+            return
+        prefix = f"[{event.seq}] {event.tool_use_id} " if watching else "  "
+        line = {
+            TOOL_CALLED: lambda: f"{p.get('tool_name')} ({p.get('side_effect')}) started",
+            TOOL_COMPLETED: lambda: (
+                f"{p.get('tool_name')} completed in {float(p.get('duration_ms', 0)):.1f} ms"
+            ),
+            TOOL_FAILED: lambda: f"{p.get('tool_name')} failed: {p.get('error_class')}: {p.get('message')}",
+            TOOL_INPUT_INVALID: lambda: (
+                f"{p.get('tool_name')} input invalid: {'; '.join(p.get('errors', []))}"
+            ),
+            TOOL_CONFIRMATION_REQUESTED: lambda: (
+                f"confirmation {p.get('request_id')} requested for {p.get('tool_name')} "
+                f"({p.get('side_effect')}): {p.get('input_summary')}"
+                + (
+                    f" -> modifies {', '.join(p['projected_modifications'])}"
+                    if p.get("projected_modifications")
+                    else ""
+                )
+            ),
+            TOOL_CONFIRMATION_RESOLVED: lambda: (
+                f"confirmation {p.get('request_id')}: {p.get('decision')} ({p.get('reason')})"
+            ),
+        }.get(event.type, lambda: event.type)()
+        print(prefix + line, file=self._out if watching else self._err, flush=True)
+
+    def result(self, result: ToolResultBlock) -> None:
+        if self._json:
+            _json_line(_result_dict(result), self._out)
+            return
+        streamed = result.tool_use_id in self._streamed
+        for block in result.content:
+            if isinstance(block, ImageBlock):
+                print(f"[image {block.media_type}, {len(block.data)} bytes]", file=self._out)
+            elif not streamed or result.is_error:
+                text = block.text
+                self._out.write(text if text.endswith("\n") else text + "\n")
+        if "exit_code" in result.metadata:
+            print(f"  exit code {result.metadata['exit_code']}", file=self._err)
+        if result.is_error:
+            print(f"  error: {result.error_class}", file=self._err)
+        self._out.flush()
+
+
+def _json_line(obj: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    out.write(json.dumps(obj, default=str, ensure_ascii=False) + "\n")
+    out.flush()
+
+
+def _event_dict(event: Event) -> dict[str, Any]:
+    return {
+        "kind": "event",
+        "seq": event.seq,
+        "time": event.time,
+        "session_id": event.session_id,
+        "turn_id": event.turn_id,
+        "tool_use_id": event.tool_use_id,
+        "type": event.type,
+        "payload": dict(event.payload),
+    }
+
+
+def _result_dict(result: ToolResultBlock) -> dict[str, Any]:
+    return {
+        "kind": "result",
+        "tool_use_id": result.tool_use_id,
+        "is_error": result.is_error,
+        "error_class": result.error_class,
+        "content": [
+            {"type": "text", "text": b.text}
+            if isinstance(b, TextBlock)
+            else {"type": "image", "media_type": b.media_type, "bytes": len(b.data)}
+            for b in result.content
+        ],
+        "metadata": dict(result.metadata),
+        "files_modified": list(result.files_modified),
+        "command_executed": result.command_executed,
+    }
+
+
+def _session_dict(s: SessionInfo) -> dict[str, Any]:
+    return {
+        "session_id": s.session_id,
+        "workspace": s.workspace,
+        "workspace_path": s.workspace_path,
+        "role": str(s.role),
+        "labels": dict(s.labels),
+        "create_time": s.create_time,
+        "last_event_seq": s.last_event_seq,
+    }
+
+
+# --- arguments ---------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dispatcher",
+        description="Sandboxed tool dispatcher for LLM agents, served over gRPC.",
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    serve = verbs.add_parser("serve", help="run the gRPC service until SIGTERM/SIGINT")
+    serve.add_argument("--config", metavar="FILE", help="YAML config (default: embedded defaults)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help=f"overrides ${ENV_LISTEN} and the config")
+    serve.add_argument("--home", metavar="DIR", help=f"state directory; overrides ${ENV_HOME} and the config")
+    serve.add_argument("--log-format", choices=("json", "text"), help="overrides log.format")
+    serve.set_defaults(func=_serve)
+
+    client_opts = argparse.ArgumentParser(add_help=False)
+    client_opts.add_argument(
+        "--server", metavar="HOST:PORT", help=f"default: ${ENV_LISTEN} or 127.0.0.1:50051"
+    )
+    client_opts.add_argument(
+        "--home", metavar="DIR", help="where to find the token (default: $DISPATCHER_HOME)"
+    )
+    client_opts.add_argument("--json", action="store_true", help="one JSON object per line, for scripts")
+    session_opts = argparse.ArgumentParser(add_help=False)
+    session_opts.add_argument("--session", metavar="ID", help="use this session")
+    session_opts.add_argument(
+        "--workspace",
+        metavar="NAME",
+        help="without --session: the CLI's session on this workspace (default: default)",
+    )
+
+    tools = verbs.add_parser(
+        "tools", parents=[client_opts, session_opts], help="list the tools a session may call"
+    )
+    tools.set_defaults(func=_tools)
+    sessions = verbs.add_parser("sessions", parents=[client_opts], help="list your open sessions")
+    sessions.set_defaults(func=_sessions)
+
+    call = verbs.add_parser(
+        "call", parents=[client_opts, session_opts], help="call one tool, printing its events as they come"
+    )
+    call.add_argument("tool", metavar="TOOL")
+    call.add_argument("input", metavar="JSON", help='the tool input, e.g. \'{"path": "README.md"}\'')
+    call.add_argument("--id", metavar="TOOL_USE_ID", help="tool_use id (default: generated)")
+    call.add_argument("--turn", metavar="TURN_ID", help="turn id for the events")
+    call.add_argument("--yes", "-y", action="store_true", help="approve this call's confirmation requests")
+    call.set_defaults(func=_call)
+
+    watch = verbs.add_parser("watch", parents=[client_opts], help="follow every event of a session")
+    watch.add_argument("session_id", metavar="SESSION")
+    watch.add_argument(
+        "--after-seq", type=int, default=0, metavar="N", help="replay events after N (default 0)"
+    )
+    watch.set_defaults(func=_watch)
+
+    for verb, text in (("approve", "allow"), ("deny", "deny")):
+        p = verbs.add_parser(verb, parents=[client_opts], help=f"{text} a pending confirmation request")
+        p.add_argument("session_id", metavar="SESSION")
+        p.add_argument("request_id", metavar="REQUEST")
+        if verb == "approve":
+            p.add_argument(
+                "--remember", action="store_true", help="approve this tool for the rest of the session"
+            )
+        p.set_defaults(func=_resolve)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

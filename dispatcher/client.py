@@ -1,0 +1,346 @@
+"""Python client of the dispatcher service; hides the generated stubs behind domain objects.
+
+Sync::
+
+    with DispatcherClient() as client:                 # 127.0.0.1:50051, token from ~/.dispatcher/token
+        session = client.create_session("demo")
+        result = client.call(session.session_id, "read_file", {"path": "README.md"})
+        for item in client.dispatch(session.session_id, [ToolUseBlock("t1", "shell", {"command": "ls"})]):
+            ...                                        # Event ... then ToolResultBlock
+
+Async: ``AsyncDispatcherClient`` has the same methods as coroutines / async iterators.
+
+The target defaults to ``DISPATCHER_LISTEN`` (else 127.0.0.1:50051); the token to ``DISPATCHER_TOKEN``
+(else ``<DISPATCHER_HOME or ~/.dispatcher>/token``). Request failures raise ``RequestFailed`` carrying
+the gRPC status name; tool failures are results with ``is_error``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from dispatcher.config import client_token, default_target
+from dispatcher.core.dispatcher import Decision
+from dispatcher.core.errors import DispatcherError
+from dispatcher.core.events import Event
+from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
+from dispatcher.server import convert
+from dispatcher.server.convert import SessionInfo, ToolInfo
+from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+
+__all__ = [
+    "AsyncDispatcherClient",
+    "Decision",
+    "DispatcherClient",
+    "Event",
+    "RequestFailed",
+    "Role",
+    "SessionInfo",
+    "ToolInfo",
+    "ToolResultBlock",
+    "ToolUseBlock",
+]
+
+DispatchItem = Event | ToolResultBlock
+_T = TypeVar("_T")
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 30_000),
+)
+
+
+class RequestFailed(DispatcherError):
+    """The server refused a request (a gRPC status other than OK); ``code`` is e.g. ``NOT_FOUND``."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_rpc_error(cls, err: grpc.RpcError) -> RequestFailed:
+        code = err.code() if hasattr(err, "code") else None
+        details = err.details() if hasattr(err, "details") else str(err)
+        return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+
+def _new_id() -> str:
+    return f"tu_{secrets.token_hex(8)}"
+
+
+def _tool_use(item: ToolUseBlock | tuple[str, Any]) -> pb.ToolUse:
+    block = item if isinstance(item, ToolUseBlock) else ToolUseBlock(_new_id(), item[0], item[1])
+    return convert.tool_use_to_pb(block)
+
+
+def _decision(value: Decision | bool | str) -> pb.Decision.ValueType:
+    if isinstance(value, bool):
+        value = Decision.ALLOW if value else Decision.DENY
+    return convert.decision_to_pb(Decision(value))
+
+
+def _item(resp: pb.DispatchResponse) -> DispatchItem:
+    if resp.WhichOneof("item") == "result":
+        return convert.result_from_pb(resp.result)
+    return convert.event_from_pb(resp.event)
+
+
+def _resolved(resp: pb.ResolveConfirmationResponse) -> tuple[bool, Decision]:
+    return resp.applied, convert.decision_from_pb(resp.decision) or Decision.DENY
+
+
+def _only_result(items: Iterator[DispatchItem], on_event: Callable[[Event], None] | None) -> ToolResultBlock:
+    result: ToolResultBlock | None = None
+    for item in items:
+        if isinstance(item, ToolResultBlock):
+            result = item
+        elif on_event is not None:
+            on_event(item)
+    if result is None:
+        raise RequestFailed("INTERNAL", "the Dispatch stream ended without a result")
+    return result
+
+
+class _Base:
+    def __init__(self, token: str | None, home: str | None) -> None:
+        token = token if token is not None else client_token(home)
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class DispatcherClient(_Base):
+    """Blocking client; each streaming method returns an iterator that ``cancel()`` on close ends."""
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        home: str | None = None,
+        channel: grpc.Channel | None = None,
+        timeout: float | None = 30.0,
+    ) -> None:
+        super().__init__(token, home)
+        self._owns_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(target or default_target(), options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.ToolDispatcherStub(self._channel)
+        self._timeout = timeout
+
+    def __enter__(self) -> DispatcherClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    def _unary(self, method: Callable[..., _T], request: Any) -> _T:
+        try:
+            return method(request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+
+    def create_session(
+        self, workspace: str = "", *, role: Role = Role.MAIN, labels: Mapping[str, str] | None = None
+    ) -> SessionInfo:
+        """Open a session on ``workspace`` (a name under the tenant's root; created if missing)."""
+        req = pb.CreateSessionRequest(
+            workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {})
+        )
+        return convert.session_from_pb(self._unary(self._stub.CreateSession, req).session)
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        return convert.session_from_pb(
+            self._unary(self._stub.GetSession, pb.GetSessionRequest(session_id=session_id)).session
+        )
+
+    def list_sessions(self) -> list[SessionInfo]:
+        resp = self._unary(self._stub.ListSessions, pb.ListSessionsRequest())
+        return [convert.session_from_pb(s) for s in resp.sessions]
+
+    def close_session(self, session_id: str) -> None:
+        self._unary(self._stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+
+    def list_tools(self, session_id: str) -> list[ToolInfo]:
+        resp = self._unary(self._stub.ListTools, pb.ListToolsRequest(session_id=session_id))
+        return [convert.tool_from_pb(t) for t in resp.tools]
+
+    def dispatch(
+        self, session_id: str, tool_uses: Sequence[ToolUseBlock | tuple[str, Any]], *, turn_id: str = ""
+    ) -> Iterator[DispatchItem]:
+        """Events and one ToolResultBlock per tool_use, as they come. Closing the iterator early
+        cancels the call (and so its tools)."""
+        req = pb.DispatchRequest(
+            session_id=session_id, turn_id=turn_id, tool_uses=[_tool_use(t) for t in tool_uses]
+        )
+        call = self._stub.Dispatch(req, metadata=self._metadata)
+        return self._stream(call, _item)
+
+    def call(
+        self,
+        session_id: str,
+        name: str,
+        tool_input: Mapping[str, Any] | str,
+        *,
+        tool_use_id: str | None = None,
+        turn_id: str = "",
+        on_event: Callable[[Event], None] | None = None,
+    ) -> ToolResultBlock:
+        """Run one tool and return its result; ``on_event`` sees the call's events as they come."""
+        block = ToolUseBlock(tool_use_id or _new_id(), name, tool_input)
+        return _only_result(self.dispatch(session_id, [block], turn_id=turn_id), on_event)
+
+    def watch(self, session_id: str, after_seq: int = 0) -> Iterator[Event]:
+        """Every event of the session after ``after_seq`` (history, then live) until it closes."""
+        call = self._stub.WatchSession(
+            pb.WatchSessionRequest(session_id=session_id, after_seq=after_seq), metadata=self._metadata
+        )
+        return self._stream(call, lambda r: convert.event_from_pb(r.event))
+
+    def resolve_confirmation(
+        self, session_id: str, request_id: str, decision: Decision | bool | str, *, remember: bool = False
+    ) -> tuple[bool, Decision]:
+        """Answer a confirmation request: (whether this answer decided it, the winning decision)."""
+        req = pb.ResolveConfirmationRequest(
+            session_id=session_id, request_id=request_id, decision=_decision(decision), remember=remember
+        )
+        return _resolved(self._unary(self._stub.ResolveConfirmation, req))
+
+    def cancel(self, session_id: str) -> None:
+        """Cancel every in-flight tool call of the session."""
+        self._unary(self._stub.CancelSessionTools, pb.CancelSessionToolsRequest(session_id=session_id))
+
+    @staticmethod
+    def _stream(call: Any, conv: Callable[[Any], _T]) -> Iterator[_T]:
+        try:
+            for resp in call:
+                yield conv(resp)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+        finally:
+            call.cancel()  # a no-op when the stream ended; cancels the RPC when abandoned
+
+
+class AsyncDispatcherClient(_Base):
+    """The same client on grpc.aio; streaming methods are async iterators."""
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        home: str | None = None,
+        channel: grpc.aio.Channel | None = None,
+        timeout: float | None = 30.0,
+    ) -> None:
+        super().__init__(token, home)
+        self._owns_channel = channel is None
+        self._channel = channel or grpc.aio.insecure_channel(
+            target or default_target(), options=_CHANNEL_OPTIONS
+        )
+        self._stub = pb_grpc.ToolDispatcherStub(self._channel)
+        self._timeout = timeout
+
+    async def __aenter__(self) -> AsyncDispatcherClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def _unary(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return await method(request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+
+    async def create_session(
+        self, workspace: str = "", *, role: Role = Role.MAIN, labels: Mapping[str, str] | None = None
+    ) -> SessionInfo:
+        req = pb.CreateSessionRequest(
+            workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {})
+        )
+        return convert.session_from_pb((await self._unary(self._stub.CreateSession, req)).session)
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        resp = await self._unary(self._stub.GetSession, pb.GetSessionRequest(session_id=session_id))
+        return convert.session_from_pb(resp.session)
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        resp = await self._unary(self._stub.ListSessions, pb.ListSessionsRequest())
+        return [convert.session_from_pb(s) for s in resp.sessions]
+
+    async def close_session(self, session_id: str) -> None:
+        await self._unary(self._stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+
+    async def list_tools(self, session_id: str) -> list[ToolInfo]:
+        resp = await self._unary(self._stub.ListTools, pb.ListToolsRequest(session_id=session_id))
+        return [convert.tool_from_pb(t) for t in resp.tools]
+
+    async def dispatch(
+        self, session_id: str, tool_uses: Sequence[ToolUseBlock | tuple[str, Any]], *, turn_id: str = ""
+    ) -> AsyncIterator[DispatchItem]:
+        req = pb.DispatchRequest(
+            session_id=session_id, turn_id=turn_id, tool_uses=[_tool_use(t) for t in tool_uses]
+        )
+        call = self._stub.Dispatch(req, metadata=self._metadata)
+        async for item in self._stream(call, _item):
+            yield item
+
+    async def call(
+        self,
+        session_id: str,
+        name: str,
+        tool_input: Mapping[str, Any] | str,
+        *,
+        tool_use_id: str | None = None,
+        turn_id: str = "",
+        on_event: Callable[[Event], None] | None = None,
+    ) -> ToolResultBlock:
+        block = ToolUseBlock(tool_use_id or _new_id(), name, tool_input)
+        result: ToolResultBlock | None = None
+        async for item in self.dispatch(session_id, [block], turn_id=turn_id):
+            if isinstance(item, ToolResultBlock):
+                result = item
+            elif on_event is not None:
+                on_event(item)
+        if result is None:
+            raise RequestFailed("INTERNAL", "the Dispatch stream ended without a result")
+        return result
+
+    async def watch(self, session_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
+        call = self._stub.WatchSession(
+            pb.WatchSessionRequest(session_id=session_id, after_seq=after_seq), metadata=self._metadata
+        )
+        async for event in self._stream(call, lambda r: convert.event_from_pb(r.event)):
+            yield event
+
+    async def resolve_confirmation(
+        self, session_id: str, request_id: str, decision: Decision | bool | str, *, remember: bool = False
+    ) -> tuple[bool, Decision]:
+        req = pb.ResolveConfirmationRequest(
+            session_id=session_id, request_id=request_id, decision=_decision(decision), remember=remember
+        )
+        return _resolved(await self._unary(self._stub.ResolveConfirmation, req))
+
+    async def cancel(self, session_id: str) -> None:
+        await self._unary(self._stub.CancelSessionTools, pb.CancelSessionToolsRequest(session_id=session_id))
+
+    @staticmethod
+    async def _stream(call: Any, conv: Callable[[Any], _T]) -> AsyncIterator[_T]:
+        try:
+            async for resp in call:
+                yield conv(resp)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+        finally:
+            call.cancel()
