@@ -1,0 +1,29 @@
+"""The five built-in tools (design §4), written against the core sandbox API only."""
+
+from __future__ import annotations
+
+from dispatcher.core.types import ToolFactory
+from dispatcher.tools.list_dir import ListDirTool
+from dispatcher.tools.patch_file import PatchFileTool
+from dispatcher.tools.read_file import ReadFileTool
+from dispatcher.tools.shell import ShellTool
+from dispatcher.tools.write_file import WriteFileTool
+
+BUILTIN_TOOLS: list[ToolFactory] = [ReadFileTool, WriteFileTool, PatchFileTool, ListDirTool, ShellTool]
+"""Each class is a zero-argument factory producing a fresh tool per call."""
+
+
+def builtin_factories() -> list[ToolFactory]:
+    """A fresh list of the built-in tool factories, for registration."""
+    return list(BUILTIN_TOOLS)
+
+
+__all__ = [
+    "BUILTIN_TOOLS",
+    "ListDirTool",
+    "PatchFileTool",
+    "ReadFileTool",
+    "ShellTool",
+    "WriteFileTool",
+    "builtin_factories",
+]

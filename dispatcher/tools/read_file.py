@@ -1,0 +1,131 @@
+"""``read_file {path, offset?, limit?}``: text by lines, images as image blocks, binary refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.core.errors import ToolExecutionError
+from dispatcher.core.sandbox_api import FileOpError
+from dispatcher.core.types import ImageBlock, SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
+from dispatcher.tools._common import PATH_SCHEMA, FileTool, explain, start
+
+READ_CAP = 256 * 1024  # bytes of a text file read_file can look at
+IMAGE_CAP = 5 * 1024 * 1024  # what model providers accept for one image
+CONTENT_CAP = 12_000  # characters returned per call; the rest is paged with offset/limit
+SNIFF = 8192  # bytes inspected for NUL to call a file binary
+
+
+def image_type(data: bytes) -> str | None:
+    """The media type of a PNG, JPEG, GIF or WebP image, from its magic bytes."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+class ReadFileTool(FileTool):
+    """Reads a workspace file."""
+
+    definition = ToolDefinition(
+        name="read_file",
+        description=(
+            "Read a file from the workspace. Text comes back as is; use offset (1-based line) and "
+            f"limit (lines) to page through long files (at most {CONTENT_CAP:,} characters per call). "
+            "PNG, JPEG, GIF and WebP files come back as images; other binary files are refused."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "path": PATH_SCHEMA,
+                "offset": {"type": "integer", "minimum": 1, "description": "First line to return (1-based)."},
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Maximum number of lines to return.",
+                },
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+        side_effect=SideEffect.READ,
+        requires_fs=(("path", "r"),),
+    )
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
+        """Return the selected lines, an image block, or a clear error."""
+        start(context)
+        path: str = input["path"]
+        files = context.workspace_files
+        try:
+            data = await files.read_bytes(path, max_bytes=READ_CAP + 1)
+            media_type = image_type(data)
+            if media_type is not None and len(data) > READ_CAP:
+                data = await files.read_bytes(path, max_bytes=IMAGE_CAP + 1)
+        except FileOpError as exc:
+            raise explain(exc, path) from exc
+        if media_type is not None:
+            if len(data) > IMAGE_CAP:
+                raise FileOpError("too_large", f"{path} is an image larger than {IMAGE_CAP // 2**20} MiB")
+            return ToolOutput(
+                content=[ImageBlock(data=data, media_type=media_type)],
+                metadata={"media_type": media_type, "bytes": len(data)},
+            )
+        if b"\x00" in data[:SNIFF]:
+            raise FileOpError(
+                "binary",
+                f"{path} is a binary file; read_file shows text files and PNG/JPEG/GIF/WebP images only",
+            )
+        return _text_output(path, data, input.get("offset", 1), input.get("limit"))
+
+
+def _text_output(path: str, data: bytes, offset: int, limit: int | None) -> ToolOutput:
+    partial = len(data) > READ_CAP
+    if partial:
+        data = data[:READ_CAP]
+        cut = data.rfind(b"\n")
+        data = data[: cut + 1] if cut >= 0 else data  # whole lines only
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the text ended with a newline (or was empty)
+    total = len(lines)
+    if total == 0:
+        if offset > 1:
+            raise ToolExecutionError(f"offset {offset} is past the end of {path}, which is empty")
+        return ToolOutput(content=[TextBlock("[empty file]")], metadata={"lines": 0})
+    if offset > total:
+        where = f"the first {READ_CAP // 1024} KiB of {path} ({total} lines)" if partial else f"{path}"
+        hint = f"; use shell (e.g. sed -n '{offset},+199p' {path}) to read further" if partial else ""
+        raise ToolExecutionError(f"offset {offset} is past the end of {where}, which has {total} lines{hint}")
+    first = offset - 1
+    stop = total if limit is None else min(total, first + limit)
+    shown: list[str] = []
+    used = 0
+    for line in lines[first:stop]:
+        if used + len(line) + 1 > CONTENT_CAP:
+            if not shown:  # a single enormous line: show its start rather than nothing
+                shown.append(line[:CONTENT_CAP] + " [... line cut ...]")
+            break
+        shown.append(line)
+        used += len(line) + 1
+    last = first + len(shown)  # 1-based number of the last line shown
+    body = "\n".join(shown)
+    if last < total or partial or text.endswith("\n"):
+        body += "\n"  # keep the file's own final newline; before a note, end the last line
+    notes = []
+    if last < total:
+        notes.append(f"showing lines {offset}-{last} of {total}; use offset={last + 1} to continue")
+    if partial:
+        notes.append(
+            f"the file is larger than {READ_CAP // 1024} KiB; only its first {total} lines can be read "
+            "here, use shell for the rest"
+        )
+    if notes:
+        body += "[" + "; ".join(notes) + "]"
+    metadata = {"lines": total, "start_line": offset, "end_line": last, "truncated": bool(notes)}
+    return ToolOutput(content=[TextBlock(body)], metadata=metadata)

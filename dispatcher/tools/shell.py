@@ -1,0 +1,149 @@
+"""``shell {command, timeout_seconds?}``: run ``sh -c`` in the workspace, streaming its output."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from dispatcher.core.errors import ToolCancelled, ToolExecutionError, ToolTimeout
+from dispatcher.core.sandbox_api import ExecRequest, ExecResult, SandboxError
+from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
+from dispatcher.tools.text import DeltaEmitter, HeadTailBuffer
+
+DEFAULT_TIMEOUT = 120.0
+MAX_TIMEOUT = 600.0
+# Head + tail kept for the result; together under the dispatcher's 48,000-character result budget,
+# so the result is not truncated a second time.
+HEAD_BYTES = 20 * 1024
+TAIL_BYTES = 20 * 1024
+# The dispatcher's own limit must leave room for SIGTERM grace + SIGKILL wait after our timeout,
+# or it would abandon the call before the partial output comes back.
+KILL_SEQUENCE_SLACK = 15.0
+
+
+class ShellTool:
+    """Runs one shell command; a fresh instance per call."""
+
+    definition = ToolDefinition(
+        name="shell",
+        description=(
+            "Run a shell command (sh -c) in the workspace directory and return its combined "
+            "stdout and stderr. A non-zero exit status is reported as an error with the output. "
+            f"Default timeout {DEFAULT_TIMEOUT:g} s, at most {MAX_TIMEOUT:g} s; long output keeps its "
+            "beginning and end."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "minLength": 1, "description": "The command line to run."},
+                "timeout_seconds": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": MAX_TIMEOUT,
+                    "description": f"Kill the command after this many seconds (default {DEFAULT_TIMEOUT:g}).",
+                },
+            },
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+        side_effect=SideEffect.EXECUTE,
+        timeout_seconds=MAX_TIMEOUT + KILL_SEQUENCE_SLACK,
+    )
+
+    def __init__(self) -> None:
+        self._cancel = asyncio.Event()
+        self._running = False
+
+    async def cancel(self) -> bool:
+        """Ask the running command to stop; the sandbox does SIGTERM, grace, SIGKILL."""
+        if not self._running:
+            return False
+        self._cancel.set()
+        return True
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
+        """Run the command; non-zero exit, timeout and cancel raise with the output attached."""
+        command: str = input["command"]
+        timeout = float(input.get("timeout_seconds", DEFAULT_TIMEOUT))
+        if context.cancel_event.is_set() or self._cancel.is_set():
+            raise ToolCancelled("cancelled before the command started")
+        buffer = HeadTailBuffer(HEAD_BYTES, TAIL_BYTES)
+        deltas = DeltaEmitter(context.emit_output)
+
+        def on_output(stream: str, data: bytes) -> None:
+            buffer.feed(data)
+            deltas.feed(stream, data)
+
+        relay = asyncio.ensure_future(self._relay(context.cancel_event))
+        started = time.monotonic()
+        self._running = True
+        try:
+            result = await context.sandbox.exec(
+                ExecRequest(command=command, timeout=timeout), on_output, self._cancel
+            )
+        except SandboxError as exc:
+            raise self._sandbox_failure(exc, command, buffer, timeout, time.monotonic() - started) from exc
+        finally:
+            self._running = False
+            relay.cancel()
+            await asyncio.gather(relay, return_exceptions=True)
+            deltas.close()
+        return _outcome(command, result, buffer, timeout)
+
+    async def _relay(self, outer: asyncio.Event) -> None:
+        await outer.wait()
+        self._cancel.set()
+
+    def _sandbox_failure(
+        self, exc: SandboxError, command: str, buffer: HeadTailBuffer, timeout: float, elapsed: float
+    ) -> Exception:
+        note = f"the sandbox failed and was reset: {exc}"
+        output = _output(command, buffer, {"exit_code": None, "sandbox_error": str(exc)}, note)
+        if self._cancel.is_set():
+            return ToolCancelled("command cancelled; " + note, output=output)
+        if elapsed >= timeout:
+            return ToolTimeout(f"command timed out after {timeout:g} s; " + note, output=output)
+        return ToolExecutionError(note, underlying=exc, output=output)
+
+
+def _output(command: str, buffer: HeadTailBuffer, metadata: dict[str, Any], note: str | None) -> ToolOutput:
+    text = buffer.text()
+    if note is not None:
+        text = f"{text}\n[{note}]" if text else f"[{note}]"
+    metadata["output_bytes"] = buffer.total
+    if buffer.omitted:
+        metadata["output_omitted_bytes"] = buffer.omitted
+    return ToolOutput(
+        content=[TextBlock(text or "(no output)")],
+        success=note is None,
+        metadata=metadata,
+        command_executed=command,
+    )
+
+
+def _outcome(command: str, result: ExecResult, buffer: HeadTailBuffer, timeout: float) -> ToolOutput:
+    metadata: dict[str, Any] = {"exit_code": result.exit_code, "duration_ms": round(result.duration_ms, 1)}
+    if result.signal is not None:
+        metadata["signal"] = result.signal
+    if result.timed_out:
+        metadata["timed_out"] = True
+    if result.killed:
+        metadata["killed"] = True
+    how = "killed with SIGKILL" if result.killed else "terminated"
+    if result.cancelled:
+        note = f"cancelled; the command was {how}"
+        raise ToolCancelled("command cancelled", output=_output(command, buffer, metadata, note))
+    if result.timed_out:
+        note = f"timed out after {timeout:g} s; the command was {how}"
+        raise ToolTimeout(
+            f"command timed out after {timeout:g} s", output=_output(command, buffer, metadata, note)
+        )
+    if result.exit_code == 0:
+        return _output(command, buffer, metadata, None)
+    status = (
+        f"exit code {result.exit_code}"
+        if result.exit_code is not None
+        else f"killed by signal {result.signal}"
+    )
+    raise ToolExecutionError(f"command failed ({status})", output=_output(command, buffer, metadata, status))

@@ -1,0 +1,139 @@
+"""Bounded handling of command output: a head+tail byte buffer and a coalescing delta emitter."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+from collections.abc import Callable
+
+
+def _trim_partial_utf8(data: bytes) -> str:
+    """Decode, dropping a multi-byte character cut off at the end."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=False)
+
+
+def _skip_continuation(data: bytes) -> bytes:
+    """Drop UTF-8 continuation bytes at the start (a character cut off at the front)."""
+    start = 0
+    while start < min(len(data), 3) and 0x80 <= data[start] <= 0xBF:
+        start += 1
+    return data[start:]
+
+
+class HeadTailBuffer:
+    """Keeps the first ``head`` and the last ``tail`` bytes of a stream and counts the rest.
+
+    Memory stays at ``head + tail + one chunk`` whatever the stream's length.
+    """
+
+    def __init__(self, head: int, tail: int) -> None:
+        self._head_limit = head
+        self._tail_limit = tail
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        """Account for one more chunk."""
+        self.total += len(data)
+        room = self._head_limit - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if not data or self._tail_limit <= 0:
+            return
+        if len(data) >= self._tail_limit:
+            self._tail[:] = data[-self._tail_limit :]
+            return
+        self._tail += data
+        excess = len(self._tail) - self._tail_limit
+        if excess > 0:
+            del self._tail[:excess]
+
+    @property
+    def omitted(self) -> int:
+        """Bytes seen but no longer kept."""
+        return self.total - len(self._head) - len(self._tail)
+
+    def text(self) -> str:
+        """Head and tail as text, with a marker saying how many bytes were cut between them."""
+        if not self.omitted:
+            return (bytes(self._head) + bytes(self._tail)).decode("utf-8", errors="replace")
+        head = _trim_partial_utf8(bytes(self._head))
+        tail = _skip_continuation(bytes(self._tail)).decode("utf-8", errors="replace")
+        marker = f"\n\n[... {self.omitted:,} bytes of output omitted ...]\n\n"
+        return head + marker + tail
+
+
+class DeltaEmitter:
+    """Turns raw output chunks into few, bounded ``emit(stream, text)`` calls.
+
+    Output is held until ``min_bytes`` are pending or ``interval`` seconds passed, so a chatty
+    command produces at most a few events per interval. After ``budget`` bytes, deltas stop
+    (with one notice) while the caller keeps collecting the result.
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[str, str], None],
+        *,
+        min_bytes: int = 4096,
+        interval: float = 0.05,
+        budget: int = 1 << 20,
+    ) -> None:
+        self._emit = emit
+        self._min_bytes = min_bytes
+        self._interval = interval
+        self._budget = budget
+        self._pending: dict[str, bytearray] = {}
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self.sent = 0
+        self.stopped = False
+
+    def feed(self, stream: str, data: bytes) -> None:
+        """Queue a chunk; flushes when enough is pending, else arms the timer."""
+        if self.stopped:
+            return
+        pending = self._pending.setdefault(stream, bytearray())
+        pending += data
+        if sum(len(p) for p in self._pending.values()) >= self._min_bytes:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self.flush)
+
+    def flush(self) -> None:
+        """Emit everything pending (within the budget)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for stream, pending in self._pending.items():
+            if self.stopped or not pending:
+                continue
+            room = self._budget - self.sent
+            chunk = bytes(pending[:room])
+            self.sent += len(chunk)
+            pending.clear()
+            text = self._decoder(stream).decode(chunk)
+            if text:
+                self._emit(stream, text)
+            if self.sent >= self._budget:
+                self.stopped = True
+                self._emit(stream, f"\n[... output streaming stopped after {self._budget:,} bytes ...]\n")
+        if self.stopped:
+            self._pending.clear()
+
+    def close(self) -> None:
+        """Flush what is left, including a character cut at the very end."""
+        self.flush()
+        if not self.stopped:
+            for stream, decoder in self._decoders.items():
+                text = decoder.decode(b"", final=True)
+                if text:
+                    self._emit(stream, text)
+
+    def _decoder(self, stream: str) -> codecs.IncrementalDecoder:
+        decoder = self._decoders.get(stream)
+        if decoder is None:
+            decoder = self._decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return decoder
