@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.config import hash_token, load_config
+from dispatcher.config import ensure_default_tenant, hash_token, load_config
 from dispatcher.server.app import DispatcherServer, build_server
 
 TOKEN_ALPHA = "alpha-token-0123456789"
@@ -92,7 +92,8 @@ async def make_server(tmp_path: Path) -> AsyncIterator[ServerFactory]:
         data = deep_merge(base_config(tmp_path), overrides)
         path = tmp_path / f"config-{len(harnesses)}.yaml"
         path.write_text(yaml.safe_dump(data))
-        server = build_server(load_config(path, env={}))
+        config, _ = ensure_default_tenant(load_config(path, env={}))
+        server = build_server(config)
         await server.start()
         harness = Harness(server, tmp_path)
         harnesses.append(harness)
