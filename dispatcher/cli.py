@@ -79,7 +79,6 @@ def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config, listen=args.listen, home=args.home)
     config, generated = ensure_default_tenant(config)
     configure_logging(args.log_format or config.log_format, config.log_level)
-    server = build_server(config)
 
     def ready(port: int) -> None:
         host = config.listen.rpartition(":")[0]
@@ -88,7 +87,11 @@ def _serve(args: argparse.Namespace) -> int:
         fresh = " (new token generated)" if generated else ""
         print(f"dispatcher: serving on {where}{token_note}{fresh}", file=sys.stderr, flush=True)
 
-    asyncio.run(serve_until_signalled(server, on_ready=ready))
+    async def run() -> None:
+        # grpc.aio binds the server to the running loop: build it inside.
+        await serve_until_signalled(build_server(config), on_ready=ready)
+
+    asyncio.run(run())
     return EXIT_OK
 
 

@@ -29,6 +29,8 @@ from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 
 log = logging.getLogger("dispatcher.server")
 
+CANCEL_AHEAD_OF_GRACE = 1.0
+"""Seconds before the shutdown grace ends at which still-running tools are cancelled."""
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
@@ -85,6 +87,8 @@ def build_dispatcher(config: Config, provider: SandboxProvider) -> ToolDispatche
 
 def build_server(config: Config, provider: SandboxProvider | None = None) -> DispatcherServer:
     """The whole service for ``config`` (tenants must already be resolved), not yet started.
+
+    Call it inside the event loop that will run the server: grpc.aio binds to the running loop.
 
     Raises:
         ConfigError: a custom tool or the sandbox section is invalid.
@@ -161,7 +165,13 @@ class DispatcherServer:
         log.info("shutting down", extra={"grace_seconds": grace})
         await self.health.enter_graceful_shutdown()
         self.sessions.start_draining()
-        await self._server.stop(grace)
+        stopping = asyncio.create_task(self._server.stop(grace))
+        # Shortly before the grace ends, cancel the tools still running, so their Dispatch streams
+        # can still deliver `cancelled` results (with partial output) before gRPC cuts the calls.
+        done, _ = await asyncio.wait({stopping}, timeout=max(0.0, grace - CANCEL_AHEAD_OF_GRACE))
+        if not done:
+            await self.sessions.cancel_all()
+        await stopping
         await self.sessions.aclose()
         await self.dispatcher.aclose()
         self._stopped.set()

@@ -208,6 +208,13 @@ class SessionManager:
         for sub in tuple(self._watchers):
             sub.close()
 
+    async def cancel_all(self) -> None:
+        """Cancel the tools of every session (shutdown); returns when they have ended."""
+        ids = [sid for state in self._tenants.values() for sid in state.sessions]
+        await asyncio.gather(
+            *(self.dispatcher.cancel_session_tools(sid) for sid in ids), return_exceptions=True
+        )
+
     async def aclose(self, timeout: float = 30.0) -> None:
         """Close every session (stopping its sandbox), tolerating failures of single sessions."""
         self.start_draining()
