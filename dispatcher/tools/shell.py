@@ -51,6 +51,9 @@ class ShellTool:
         timeout_seconds=MAX_TIMEOUT + KILL_SEQUENCE_SLACK,
     )
 
+    grace_seconds = 3.0
+    """Between SIGTERM and SIGKILL on timeout or cancel (design §5)."""
+
     def __init__(self) -> None:
         self._cancel = asyncio.Event()
         self._running = False
@@ -80,7 +83,9 @@ class ShellTool:
         self._running = True
         try:
             result = await context.sandbox.exec(
-                ExecRequest(command=command, timeout=timeout), on_output, self._cancel
+                ExecRequest(command=command, timeout=timeout, grace_seconds=self.grace_seconds),
+                on_output,
+                self._cancel,
             )
         except SandboxError as exc:
             raise self._sandbox_failure(exc, command, buffer, timeout, time.monotonic() - started) from exc

@@ -1,0 +1,90 @@
+"""write_file and patch_file through the local agent: atomicity, modes, matches, escapes."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from dispatcher.core.errors import WorkspaceEscapeError
+from dispatcher.core.sandbox_api import FileOpError
+from dispatcher.tools.patch_file import PatchFileTool
+from dispatcher.tools.write_file import WriteFileTool
+from tests.unit.tools.conftest import Harness, text_of
+
+
+async def test_write_creates_parents_and_reports(harness: Harness, workspace: Path) -> None:
+    output = await harness.run(WriteFileTool(), path="src/pkg/mod.py", content="a = 1\nb = 2\n")
+    assert (workspace / "src/pkg/mod.py").read_text() == "a = 1\nb = 2\n"
+    assert text_of(output) == "Wrote 2 lines (12 bytes) to src/pkg/mod.py"
+    assert output.files_modified == [str(workspace / "src/pkg/mod.py")]
+
+
+async def test_write_keeps_mode_and_leaves_no_temp_files(harness: Harness, workspace: Path) -> None:
+    script = workspace / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    await harness.run(WriteFileTool(), path="./run.sh", content="#!/bin/sh\necho hi\n")
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    assert script.read_text() == "#!/bin/sh\necho hi\n"
+    assert [p.name for p in workspace.iterdir()] == ["run.sh"]
+
+
+@pytest.mark.parametrize("path", ["../outside/x.txt", "link_out/x.txt", "link_out/new/x.txt", "secret_link"])
+async def test_write_escapes_are_refused(harness: Harness, workspace: Path, outside: Path, path: str) -> None:
+    (workspace / "link_out").symlink_to(outside)
+    (workspace / "secret_link").symlink_to(outside / "secret.txt")
+    with pytest.raises(WorkspaceEscapeError):
+        await harness.run(WriteFileTool(), path=path, content="pwned")
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert (outside / "secret.txt").read_text() == "top secret\n"
+
+
+async def test_write_onto_a_directory_fails(harness: Harness, workspace: Path) -> None:
+    (workspace / "d").mkdir()
+    with pytest.raises(FileOpError) as info:
+        await harness.run(WriteFileTool(), path="d", content="x")
+    assert info.value.code == "EISDIR"
+
+
+async def test_patch_replaces_the_single_occurrence(harness: Harness, workspace: Path) -> None:
+    target = workspace / "m.py"
+    target.write_text("def f():\n    return 1\n")
+    target.chmod(0o640)
+    output = await harness.run(
+        PatchFileTool(), path="m.py", old="    return 1\n", new="    x = 1\n    return x\n"
+    )
+    assert target.read_text() == "def f():\n    x = 1\n    return x\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert output.files_modified == [str(target)] and "Patched m.py" in text_of(output)
+
+
+async def test_patch_without_match_explains_and_changes_nothing(harness: Harness, workspace: Path) -> None:
+    (workspace / "m.py").write_text("x = 1\n")
+    with pytest.raises(FileOpError) as info:
+        await harness.run(PatchFileTool(), path="m.py", old="x = 2", new="x = 3")
+    assert info.value.code == "no_match" and "not found" in info.value.message
+    assert (workspace / "m.py").read_text() == "x = 1\n"
+
+
+async def test_patch_with_several_matches_explains_and_changes_nothing(
+    harness: Harness, workspace: Path
+) -> None:
+    (workspace / "m.py").write_text("x = 1\nx = 1\nx = 1\n")
+    with pytest.raises(FileOpError) as info:
+        await harness.run(PatchFileTool(), path="m.py", old="x = 1", new="y")
+    assert info.value.code == "multiple_matches"
+    assert "3 times" in info.value.message and "exactly once" in info.value.message
+    assert (workspace / "m.py").read_text() == "x = 1\nx = 1\nx = 1\n"
+    assert [p.name for p in workspace.iterdir()] == ["m.py"]
+
+
+async def test_patch_missing_file_and_escape(harness: Harness, workspace: Path, outside: Path) -> None:
+    with pytest.raises(FileOpError) as info:
+        await harness.run(PatchFileTool(), path="nope.py", old="a", new="b")
+    assert info.value.code == "ENOENT"
+    (workspace / "s").symlink_to(outside / "secret.txt")
+    with pytest.raises(WorkspaceEscapeError):
+        await harness.run(PatchFileTool(), path="s", old="secret", new="public")
+    assert (outside / "secret.txt").read_text() == "top secret\n"
