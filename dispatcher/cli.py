@@ -272,7 +272,7 @@ class _CallPrinter:
         for block in result.content:
             if isinstance(block, ImageBlock):
                 print(f"[image {block.media_type}, {len(block.data)} bytes]", file=self._out)
-            elif not streamed or result.is_error:
+            elif not streamed:
                 text = block.text
                 self._out.write(text if text.endswith("\n") else text + "\n")
         if "exit_code" in result.metadata:
