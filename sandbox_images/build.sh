@@ -111,6 +111,8 @@ FROM scratch
 COPY busybox /bin/busybox
 RUN ["/bin/busybox", "--install", "-s", "/bin"]
 RUN ["/bin/busybox", "mkdir", "-p", "/workspace", "/tmp", "/etc"]
+# Docker's tmpfs at /tmp takes the mode of the directory it covers.
+RUN ["/bin/busybox", "chmod", "1777", "/tmp"]
 RUN ["/bin/sh", "-c", "echo 'sandbox:x:1000:1000::/tmp:/bin/sh' > /etc/passwd && echo 'sandbox:x:1000:' > /etc/group"]
 WORKDIR /workspace
 DOCKERFILE

@@ -178,6 +178,7 @@ class DockerSandboxProvider:
         labels = {**cfg.extra_labels, LABEL_INSTANCE: self.instance}
         labels[LABEL_SESSION] = session.session_id
         labels[LABEL_TENANT] = session.tenant_id
+        exec_flag = "exec" if cfg.tmp_exec else "noexec"
         host_config: dict[str, Any] = {
             "mounts": [{"Type": "bind", "Source": session.workspace_path, "Target": WORKSPACE_ROOT}],
             "network_mode": cfg.network_mode,
@@ -185,7 +186,7 @@ class DockerSandboxProvider:
             "cap_add": list(cfg.cap_add) or None,
             "security_opt": ["no-new-privileges:true"] if cfg.no_new_privileges else None,
             "read_only": cfg.read_only,
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={cfg.tmpfs_size},mode=1777"},
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,{exec_flag},size={cfg.tmpfs_size},mode=1777"},
             "pids_limit": cfg.pids_limit,
             "mem_limit": cfg.mem_limit,
             "memswap_limit": cfg.mem_limit,  # equal: no swap to hide a memory bomb in

@@ -70,6 +70,9 @@ class SandboxConfig:
     read_only: bool = True
     tmpfs_size: str = "64m"
     """Size of the writable tmpfs at /tmp (the only writable place besides /workspace)."""
+    tmp_exec: bool = True
+    """Allow executing files in /tmp (docker's tmpfs default is noexec). /workspace is executable
+    anyway, so noexec here would break build tools without containing anything."""
     pids_limit: int = 256
     mem_limit: int = 512 << 20
     """Bytes; swap is disabled by setting the memory+swap limit to the same value."""
@@ -188,7 +191,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError("sandbox.tmpfs_size: expected a size like 64m")
         return value
-    if key in {"no_new_privileges", "read_only", "init", "chown_workspace"}:
+    if key in {"no_new_privileges", "read_only", "init", "chown_workspace", "tmp_exec"}:
         if not isinstance(value, bool):
             raise ConfigError(f"sandbox.{key}: expected true or false")
         return value

@@ -1,0 +1,128 @@
+"""Fixtures for tests against the real Docker daemon (marker ``docker``).
+
+Every provider made here carries an instance label unique to this pytest run; each provider's
+teardown removes its containers, and a session finalizer sweeps anything else with this run's
+labels, so ``docker ps -a --filter label=dispatcher.session`` is empty afterwards even when a test
+failed half-way. With ``DISPATCHER_REQUIRE_DOCKER=1`` (CI) a missing daemon or image fails loudly;
+otherwise those tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from dispatcher.core.sandbox_api import Sandbox
+from dispatcher.core.session import Session
+from dispatcher.sandbox.docker_backend import DockerSandboxProvider
+from dispatcher.sandbox.docker_config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig
+from tests.integration.helpers import containers_of
+
+RUN_ID = uuid.uuid4().hex[:8]
+INSTANCE_PREFIX = f"pytest-{RUN_ID}"
+BUSYBOX_IMAGE = "dispatcher-busybox:latest"
+_counter = itertools.count()
+
+
+def _require_docker() -> bool:
+    return os.environ.get("DISPATCHER_REQUIRE_DOCKER") == "1"
+
+
+def _unavailable(reason: str) -> None:
+    if _require_docker():
+        pytest.fail(f"DISPATCHER_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    """A daemon that answers and the default sandbox image, or a skip (a failure in CI)."""
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:
+        _unavailable(f"no Docker daemon answers ({type(exc).__name__}: {exc})")
+        raise  # unreachable: _unavailable always raises
+    try:
+        client.images.get(DEFAULT_IMAGE)
+    except docker.errors.ImageNotFound:
+        client.close()
+        _unavailable(f"sandbox image {DEFAULT_IMAGE} is missing (run `make images`)")
+    yield client
+    _sweep(client)
+    client.close()
+
+
+def _sweep(client: docker.DockerClient) -> None:
+    """Force-remove every container any provider of this run labelled."""
+    for container in client.containers.list(all=True, filters={"label": LABEL_INSTANCE}):
+        if container.labels.get(LABEL_INSTANCE, "").startswith(INSTANCE_PREFIX):
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                container.remove(force=True)
+
+
+@dataclass
+class ProviderFactory:
+    """Makes providers with unique instance labels and removes all their containers afterwards."""
+
+    client: docker.DockerClient
+    workspaces: Path
+    providers: list[DockerSandboxProvider] = field(default_factory=list)
+
+    def new_instance(self) -> str:
+        return f"{INSTANCE_PREFIX}-{next(_counter)}"
+
+    def __call__(
+        self, config: SandboxConfig | None = None, *, instance: str | None = None
+    ) -> DockerSandboxProvider:
+        provider = DockerSandboxProvider(config or SandboxConfig(), instance=instance or self.new_instance())
+        self.providers.append(provider)
+        return provider
+
+    def session(self, name: str = "s", *, tenant: str = "tenant-a") -> Session:
+        session_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        workspace = self.workspaces / session_id
+        workspace.mkdir(parents=True)
+        return Session(session_id=session_id, workspace_path=str(workspace), tenant_id=tenant)
+
+    async def cleanup(self) -> None:
+        for provider in self.providers:
+            with contextlib.suppress(Exception):
+                await provider.aclose()
+            for container in containers_of(self.client, provider.instance):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    container.remove(force=True)
+
+
+@pytest.fixture
+async def make_provider(docker_client: docker.DockerClient, tmp_path: Path) -> AsyncIterator[ProviderFactory]:
+    factory = ProviderFactory(docker_client, tmp_path / "workspaces")
+    try:
+        yield factory
+    finally:
+        await factory.cleanup()
+
+
+@pytest.fixture
+async def provider(make_provider: ProviderFactory) -> DockerSandboxProvider:
+    """A provider with the default (hardened) configuration."""
+    return make_provider()
+
+
+@pytest.fixture
+def session(make_provider: ProviderFactory) -> Session:
+    return make_provider.session()
+
+
+@pytest.fixture
+def sandbox(provider: DockerSandboxProvider, session: Session) -> Sandbox:
+    return provider.sandbox_for(session)

@@ -1,0 +1,144 @@
+"""Container lifecycle: lazy creation, labels, close, idle expiry, orphans, fallback, gVisor."""
+
+from __future__ import annotations
+
+import asyncio
+
+import docker
+import pytest
+
+from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.sandbox.docker_config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
+from dispatcher.sandbox.docker_sandbox import AgentUnavailable
+from tests.integration.conftest import BUSYBOX_IMAGE, ProviderFactory
+from tests.integration.helpers import containers_of, run, runsc_available, wait_until
+
+pytestmark = pytest.mark.docker
+
+ROOT_MOUNT_OPTIONS = "awk '$2 == \"/\" { print $4 }' /proc/mounts"
+
+
+async def test_container_is_lazy_labelled_hardened_and_removed_on_close(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = make_provider()
+    session = make_provider.session(tenant="tenant-x")
+    sandbox = provider.sandbox_for(session)
+    assert containers_of(docker_client, provider.instance) == []  # nothing before the first call
+    await run(sandbox, "true")
+    [container] = containers_of(docker_client, provider.instance)
+    assert container.labels[LABEL_SESSION] == session.session_id
+    assert container.labels[LABEL_TENANT] == "tenant-x"
+    assert container.labels[LABEL_INSTANCE] == provider.instance
+    host = container.attrs["HostConfig"]
+    assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"]
+    assert "no-new-privileges:true" in host["SecurityOpt"] and host["Init"] is True
+    assert host["PidsLimit"] == 256 and host["Memory"] == 512 << 20
+    assert container.attrs["Config"]["User"] == "1000:1000"
+    await provider.close_session(session.session_id)
+    assert containers_of(docker_client, provider.instance) == []
+
+
+async def test_idle_container_is_removed_and_recreated(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = make_provider(SandboxConfig(idle_ttl_seconds=0.3))
+    sandbox = provider.sandbox_for(make_provider.session())
+    await sandbox.write("kept.txt", "still here")
+    first = sandbox.container_id
+    await wait_until(lambda: not containers_of(docker_client, provider.instance), timeout=10)
+    assert sandbox.container_id is None
+    assert await sandbox.read("kept.txt") == "still here"  # the workspace outlives the container
+    assert sandbox.container_id not in (None, first)
+
+
+async def test_busy_container_is_not_idle(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = make_provider(SandboxConfig(idle_ttl_seconds=0.2))
+    sandbox = provider.sandbox_for(make_provider.session())
+    ran = await run(sandbox, "sleep 1; echo done")
+    assert ran.out == "done\n" and not ran.result.killed
+
+
+async def test_orphans_of_a_crashed_server_are_removed_by_the_next_one(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    instance = make_provider.new_instance()
+    crashed = make_provider(instance=instance)
+    neighbour = make_provider()  # another server on the same host
+    kept, lost = make_provider.session("kept"), make_provider.session("lost")
+    for session in (kept, lost):
+        await run(crashed.sandbox_for(session), "true")
+    await run(neighbour.sandbox_for(make_provider.session()), "true")
+    # The crash: the provider's connections go away, its containers stay.
+    for sandbox in crashed._sandboxes.values():
+        assert sandbox._live is not None and sandbox._live.channel is not None
+        await sandbox._live.channel.close()
+    await crashed.api.aclose()
+    make_provider.providers.remove(crashed)
+    assert len(containers_of(docker_client, instance)) == 2
+
+    restarted = make_provider(instance=instance)
+    removed = await restarted.remove_orphans(live_session_ids=[kept.session_id])
+    assert removed == 1
+    [survivor] = containers_of(docker_client, instance)
+    assert survivor.labels[LABEL_SESSION] == kept.session_id
+    assert await restarted.remove_orphans() == 1
+    assert containers_of(docker_client, instance) == []
+    assert len(containers_of(docker_client, neighbour.instance)) == 1  # never touched
+
+
+async def test_image_without_python_falls_back_to_docker_exec(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    try:
+        docker_client.images.get(BUSYBOX_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{BUSYBOX_IMAGE} not built (sandbox_images/build.sh busybox)")
+    provider = make_provider(SandboxConfig(image=BUSYBOX_IMAGE))
+    sandbox = provider.sandbox_for(make_provider.session())
+    ran = await run(sandbox, "echo out; echo err >&2; id -u; pwd; exit 4")
+    assert ran.result.exit_code == 4
+    assert ran.out == "out\n1000\n/workspace\n" and ran.err == "err\n"
+    ran = await run(sandbox, "trap '' TERM; echo stubborn; sleep 30", timeout=0.5, grace=0.3)
+    assert ran.result.timed_out and ran.out == "stubborn\n"
+    with pytest.raises(AgentUnavailable):
+        await sandbox.read("anything")
+
+
+async def test_check_ready_names_a_missing_image(make_provider: ProviderFactory) -> None:
+    provider = make_provider(SandboxConfig(image="dispatcher-no-such-image:none"))
+    with pytest.raises(SandboxError, match="make images"):
+        await provider.check_ready()
+    await make_provider().check_ready()
+
+
+async def test_runsc_smoke(make_provider: ProviderFactory, docker_client: docker.DockerClient) -> None:
+    if not runsc_available(docker_client):
+        pytest.skip("runtime runsc is not registered with dockerd (run scripts/ensure-runsc.sh)")
+    provider = make_provider(SandboxConfig(runtime="runsc", pids_limit=128))
+    sandbox = provider.sandbox_for(make_provider.session())
+    ran = await run(sandbox, "id -u; grep CapEff /proc/self/status; tail -n +3 /proc/net/dev | cut -d: -f1")
+    uid, capeff, *interfaces = ran.out.split("\n")
+    assert uid != "0" and int(capeff.split()[1], 16) == 0
+    assert [i.strip() for i in interfaces if i.strip()] == ["lo"]
+    assert (await run(sandbox, ROOT_MOUNT_OPTIONS)).out.startswith("ro,")
+    await sandbox.write("g.txt", "gvisor")
+    assert await sandbox.read("g.txt") == "gvisor"
+    ran = await run(sandbox, "trap '' TERM; echo stubborn; sleep 30", timeout=0.5, grace=0.3)
+    assert ran.result.killed and ran.out == "stubborn\n"
+    [container] = containers_of(docker_client, provider.instance)
+    assert container.attrs["HostConfig"]["Runtime"] == "runsc"
+
+
+async def test_concurrent_sessions_get_separate_containers(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = make_provider()
+    sandboxes = [provider.sandbox_for(make_provider.session(f"c{i}")) for i in range(3)]
+    results = await asyncio.gather(*(run(s, "hostname; echo $$") for s in sandboxes))
+    assert all(r.result.exit_code == 0 for r in results)
+    assert len(containers_of(docker_client, provider.instance)) == 3
+    await provider.aclose()
+    assert containers_of(docker_client, provider.instance) == []
