@@ -369,6 +369,7 @@ class Agent:
         self._out_lock = threading.Lock()
         self._execs: dict[int, _Exec] = {}
         self._execs_lock = threading.Lock()
+        self._lingering: set[int] = set()  # groups of finished commands that left children running
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-op")
         self._env = {
             "PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -419,8 +420,11 @@ class Agent:
         """Kill every running command; nothing may outlive the agent."""
         with self._execs_lock:
             running = list(self._execs.values())
+            lingering = list(self._lingering)
         for ex in running:
             ex.signal(signal.SIGKILL)
+        for pgid in lingering:  # background children (`cmd &`) outlive their command, not the agent
+            _killpg(pgid, signal.SIGKILL)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def dispatch(self, header: dict[str, Any], payload: bytes) -> None:
@@ -555,6 +559,8 @@ class Agent:
                 ex.finished = True
                 if ex.signalled:  # a killed command leaves no stragglers in its group
                     _killpg(proc.pid, signal.SIGKILL)
+                elif _killpg(proc.pid, 0):
+                    self._remember_group(proc.pid)
         self.send(
             {
                 "id": rid,
@@ -563,6 +569,12 @@ class Agent:
                 "signal": -code if code < 0 else None,
             }
         )
+
+    def _remember_group(self, pgid: int) -> None:
+        with self._execs_lock:
+            # Forget groups that have emptied since, so neither the set nor a reused id lingers.
+            self._lingering = {g for g in self._lingering if _killpg(g, 0)}
+            self._lingering.add(pgid)
 
     def _pump(self, rid: int, proc: subprocess.Popen[bytes]) -> None:
         """Forward output in chunks of at most CHUNK, coalescing small writes briefly.

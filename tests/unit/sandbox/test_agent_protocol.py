@@ -277,3 +277,16 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_eof_kills_background_children_of_finished_commands(agent: AgentProcess) -> None:
+    agent.send({"id": 1, "op": "exec", "command": "sleep 30 >/dev/null 2>&1 & echo $!"})
+    chunks, end = _collect_exec(agent, 1)
+    assert end["exit_code"] == 0
+    child = int(b"".join(data for _, data in chunks))
+    assert _alive(child)
+    assert agent.close() == 0
+    deadline = time.monotonic() + DEADLINE
+    while _alive(child):
+        assert time.monotonic() < deadline, "background child outlived the agent"
+        time.sleep(0.01)
