@@ -31,6 +31,8 @@ log = logging.getLogger("dispatcher.server")
 
 CANCEL_AHEAD_OF_GRACE = 1.0
 """Seconds before the shutdown grace ends at which still-running tools are cancelled."""
+FINAL_GRACE = 0.5
+"""What the transport gives the calls still open after the grace (unary calls, the last results)."""
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
@@ -164,14 +166,17 @@ class DispatcherServer:
         grace = self.config.server.grace_seconds if grace is None else grace
         log.info("shutting down", extra={"grace_seconds": grace})
         await self.health.enter_graceful_shutdown()
+        # The grace is run here rather than by grpc's stop(grace): while it lasts the server still
+        # answers, so new calls get UNAVAILABLE from the servicer instead of being cut by the transport.
         self.sessions.start_draining()
-        stopping = asyncio.create_task(self._server.stop(grace))
-        # Shortly before the grace ends, cancel the tools still running, so their Dispatch streams
-        # can still deliver `cancelled` results (with partial output) before gRPC cuts the calls.
-        done, _ = await asyncio.wait({stopping}, timeout=max(0.0, grace - CANCEL_AHEAD_OF_GRACE))
-        if not done:
-            await self.sessions.cancel_all()
-        await stopping
+        ahead = min(CANCEL_AHEAD_OF_GRACE, grace / 2)
+        if not await self.sessions.wait_idle(grace - ahead):
+            # Cancel what still runs, so its Dispatch streams can deliver `cancelled` results (with
+            # partial output) before the calls are cut.
+            cancelling = asyncio.create_task(self.sessions.cancel_all())
+            await self.sessions.wait_idle(ahead)
+            cancelling.cancel()
+        await self._server.stop(FINAL_GRACE)
         await self.sessions.aclose()
         await self.dispatcher.aclose()
         self._stopped.set()

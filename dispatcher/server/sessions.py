@@ -51,6 +51,9 @@ class SessionManager:
         self._watchers: set[Subscription] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._draining = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -152,10 +155,25 @@ class SessionManager:
                 f"tenant {tenant.tenant_id!r} already runs {limit} dispatches (max_concurrent_dispatches)"
             )
         state.active_dispatches += 1
+        self._in_flight += 1
+        self._idle.clear()
         try:
             yield
         finally:
             state.active_dispatches -= 1
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no Dispatch call is in flight; False if ``timeout`` passed first."""
+        if self._idle.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     async def cancel(self, tenant: Tenant, session_id: str) -> None:
         self.get(tenant, session_id)

@@ -1,0 +1,44 @@
+"""The Node.js example (examples/node) against a live ``dispatcher serve``: the polyglot claim, tested.
+
+Needs ``node`` and ``npm ci --prefix examples/node``; skipped without them, except under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.server.serve_process import start_serve
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node"
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def test_node_client(tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        _unavailable("node is not installed")
+    if not (EXAMPLE / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        _unavailable("run `npm ci --prefix examples/node` first")
+    # the default (cautious) policy: shell asks, and the Node client answers
+    sp = start_serve(tmp_path, confirmation={})
+    try:
+        env = {**os.environ, "DISPATCHER_TARGET": sp.target, "DISPATCHER_HOME": str(sp.home)}
+        env.pop("DISPATCHER_TOKEN", None)
+        run = subprocess.run(
+            [node, str(EXAMPLE / "client.js")], env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        sp.close()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "tool.confirmation_requested" in run.stdout
+    assert "OK" in run.stdout.splitlines()[-1]
