@@ -1,0 +1,1 @@
+"""Benchmarks that print the performance table of design.md §7 (``python3 -m bench``)."""

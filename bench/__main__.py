@@ -1,0 +1,88 @@
+"""``python3 -m bench``: measure everything in one run and print one markdown table.
+
+Measuring modules are tried in order; each is ``async def measure(env: BenchEnv) -> list[Row]``.
+A module that is missing (``bench.grpc_bench`` until the server lands) is skipped; one that
+fails adds a row saying so, and the rest still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import docker
+
+from bench.env import BenchEnv
+from bench.table import Row, print_table
+
+MODULES = ("bench.baselines", "bench.sandbox_bench", "bench.grpc_bench")
+
+
+async def collect(env: BenchEnv, modules: tuple[str, ...] = MODULES) -> list[Row]:
+    """Rows of every available measuring module, in order."""
+    rows: list[Row] = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        started = time.monotonic()
+        try:
+            rows.extend(await module.measure(env))
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(
+                Row(name.removeprefix("bench."), "(module failed)", None, note=f"{type(exc).__name__}: {exc}")
+            )
+        print(f"bench: {name} took {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return rows
+
+
+def sweep(instance: str) -> None:
+    """Remove any container the run left behind (all carry its instance label)."""
+    client = docker.from_env()
+    try:
+        for container in client.containers.list(
+            all=True, filters={"label": f"dispatcher.instance={instance}"}
+        ):
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="dispatcher-bench-") as scratch:
+        path = Path(scratch)
+        path.chmod(0o755)
+        env = (
+            BenchEnv(path, warm_iterations=30, docker_iterations=5, cold_iterations=2)
+            if args.quick
+            else BenchEnv(path)
+        )
+        started = time.monotonic()
+        try:
+            rows = asyncio.run(collect(env))
+        finally:
+            sweep(env.instance)
+        print_table(rows)
+        print(
+            f"\n({time.monotonic() - started:.0f} s, one run; ratios are against the docker exec row above)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
