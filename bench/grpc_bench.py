@@ -1,0 +1,251 @@
+"""The whole gRPC path on loopback: a ``dispatcher serve`` subprocess and a grpc.aio client here.
+
+Server and client are separate processes, as in production, so each gets its own core of the two.
+The sandbox is the Docker backend when a daemon answers (containers carry this run's instance label
+and are swept by ``bench.__main__``), else the local backend, which the row notes say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from bench.env import BenchEnv
+from bench.table import Row, percentile, row, time_async
+from dispatcher.client import AsyncDispatcherClient
+from dispatcher.config import hash_token
+from dispatcher.core.types import (
+    SideEffect,
+    TextBlock,
+    ToolContext,
+    ToolDefinition,
+    ToolOutput,
+    ToolResultBlock,
+)
+from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+
+GROUP = "grpc"
+FILE = b"x" * 4095 + b"\n"
+READY = re.compile(r"serving on ([0-9.]+:\d+)")
+CONCURRENT_CLIENTS = 16
+
+
+class NoopTool:
+    """NONE: returns a constant; measures the service's own overhead per call."""
+
+    definition = ToolDefinition(
+        name="noop",
+        description="Do nothing and say so.",
+        input_schema={"type": "object", "properties": {}},
+        side_effect=SideEffect.NONE,
+    )
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
+        return ToolOutput([TextBlock("ok")])
+
+    async def cancel(self) -> bool:
+        return False
+
+
+def make_noop_tool() -> NoopTool:
+    return NoopTool()
+
+
+class _FloorServicer(pb_grpc.ToolDispatcherServicer):
+    """An empty Dispatch answering like a NONE call (2 events, 1 result): what grpc.aio itself costs."""
+
+    async def Dispatch(self, request: pb.DispatchRequest, context: Any) -> AsyncIterator[pb.DispatchResponse]:
+        for kind in ("tool.called", "tool.completed"):
+            yield pb.DispatchResponse(event=pb.Event(seq=1, type=kind, tool_use_id=request.tool_uses[0].id))
+        yield pb.DispatchResponse(result=pb.ToolResult(tool_use_id=request.tool_uses[0].id))
+
+
+async def _serve_floor() -> None:
+    server = grpc.aio.server()
+    pb_grpc.add_ToolDispatcherServicer_to_server(_FloorServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"serving on 127.0.0.1:{port}", file=sys.stderr, flush=True)
+    await server.wait_for_termination()
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        try:
+            client.ping()
+            client.images.get("dispatcher-sandbox:latest")
+        finally:
+            client.close()
+    except Exception:
+        return False
+    return True
+
+
+def _start_server(env: BenchEnv, token: str, backend: str) -> tuple[subprocess.Popen[str], str]:
+    """``dispatcher serve`` with the NONE tool, or (backend "floor") the empty servicer."""
+    repo = str(Path(__file__).resolve().parents[1])
+    if backend == "floor":
+        return _spawn([sys.executable, "-m", "bench.grpc_bench", "floor"], repo)
+    home = env.workspace("grpc-home")
+    sandbox: dict[str, Any] = {"backend": backend}
+    if backend == "docker":
+        sandbox["instance"] = env.instance
+    config = {
+        "home": str(home),
+        "log": {"format": "json", "level": "warning"},
+        "tool_confirmation": {"preset": "autonomous"},
+        "sandbox": sandbox,
+        "tools": ["bench.grpc_bench:make_noop_tool"],
+        "tenants": [{"id": "bench", "token_sha256": hash_token(token), "workspace_root": str(home / "ws")}],
+    }
+    path = home / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    serve = [
+        sys.executable,
+        "-m",
+        "dispatcher.cli",
+        "serve",
+        "--config",
+        str(path),
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    return _spawn(serve, repo)
+
+
+def _spawn(argv: list[str], repo: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        argv,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": repo},
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        match = READY.search(line)
+        if match:
+            return proc, match.group(1)
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"{argv[2:4]} did not start: " + "".join(seen[-5:]))
+
+
+def _stop_server(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def _check(result: ToolResultBlock) -> None:
+    if result.is_error:
+        raise RuntimeError(f"tool call failed: {result}")
+
+
+async def _throughput(
+    target: str, token: str, clients: int, calls_each: int, *, floor: bool = False
+) -> tuple[list[float], float]:
+    """``clients`` concurrent clients (own channel, own session) making sequential NONE calls."""
+    samples: list[float] = []
+
+    async def one() -> None:
+        async with AsyncDispatcherClient(target, token=token) as client:
+            sid = (
+                "floor" if floor else (await client.create_session(f"noop-{secrets.token_hex(3)}")).session_id
+            )
+            for _ in range(3):
+                _check(await client.call(sid, "noop", {}))
+            for _ in range(calls_each):
+                started = time.perf_counter()
+                _check(await client.call(sid, "noop", {}))
+                samples.append((time.perf_counter() - started) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return samples, len(samples) / (time.perf_counter() - started)
+
+
+async def measure(env: BenchEnv) -> list[Row]:
+    """Warm shell true, 4 KiB read_file, and a NONE tool with 1 and 16 clients, all through gRPC."""
+    backend = "docker" if _docker_answers() else "local"
+    note = "" if backend == "docker" else "local sandbox: no Docker daemon/image"
+    token = secrets.token_urlsafe(24)
+    proc, target = _start_server(env, token, backend)
+    rows: list[Row] = []
+    try:
+        async with AsyncDispatcherClient(target, token=token) as client:
+            session = await client.create_session("bench")
+            sid = session.session_id
+            Path(session.workspace_path, "4k.txt").write_bytes(FILE)
+
+            def call(name: str, tool_input: dict[str, Any]) -> Callable[[], Awaitable[None]]:
+                async def run() -> None:
+                    _check(await client.call(sid, name, tool_input))
+
+                return run
+
+            n = env.warm_iterations
+            shell = await time_async(call("shell", {"command": "true"}), n, warmup=5)
+            rows.append(row(GROUP, "shell true via gRPC (warm)", shell, note))
+            read = await time_async(call("read_file", {"path": "4k.txt"}), n, warmup=5)
+            rows.append(row(GROUP, "read_file 4 KiB via gRPC", read, note))
+
+        rows.extend(await _none_rows(env, target, token, "NONE tool via gRPC", floor=False))
+    finally:
+        _stop_server(proc)
+    proc, target = _start_server(env, token, "floor")
+    try:
+        rows.extend(await _none_rows(env, target, token, "grpc.aio floor: empty servicer", floor=True))
+    finally:
+        _stop_server(proc)
+    return rows
+
+
+async def _none_rows(env: BenchEnv, target: str, token: str, label: str, *, floor: bool) -> list[Row]:
+    rows = []
+    for clients in (1, CONCURRENT_CLIENTS):
+        calls_each = max(20, env.warm_iterations * 4 // clients)
+        samples, rate = await _throughput(target, token, clients, calls_each, floor=floor)
+        rows.append(
+            Row(
+                GROUP,
+                f"{label}, {clients} client{'s' if clients > 1 else ''}",
+                percentile(samples, 0.5),
+                percentile(samples, 0.95),
+                len(samples),
+                note=f"{rate:,.0f} calls/s" + (" (same 3-message stream, no dispatcher)" if floor else ""),
+                compare=False,
+            )
+        )
+    return rows
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["floor"]:
+    asyncio.run(_serve_floor())
