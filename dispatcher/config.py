@@ -21,7 +21,7 @@ Example::
     tenants:
       - id: acme
         token_sha256: [9f86d0...]                  # sha256 hex of each bearer token
-        workspace_root: /srv/dispatcher/acme
+        workspace_root: /srv/dispatcher/acme       # relative: under home (default: home/workspaces/<id>)
         tools: [read_file, list_dir, shell]        # allow-list (omit: every tool)
         fs: [{path: src, mode: rw}, {path: ., mode: r}]
         tool_confirmation: {default: {EXECUTE: deny}}   # laid over the server's policy
@@ -295,7 +295,8 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
         root = item.get("workspace_root")
         if root is not None and not isinstance(root, str):
             raise ConfigError(f"{where}.workspace_root: must be a path")
-        root_path = Path(root).expanduser().absolute() if root else home / "workspaces" / tenant_id
+        # A relative root is under the server's home, never under whatever directory it started in.
+        root_path = home / Path(root).expanduser() if root else home / "workspaces" / tenant_id
         overrides = item.get("tool_confirmation")
         if overrides is not None:
             ConfirmationPolicy().merged(overrides, where=f"{where}.tool_confirmation")  # validate now

@@ -102,6 +102,16 @@ class DispatchCall:
                     item = await self._queue.get()
                     if isinstance(item, ToolResultBlock):
                         remaining -= 1
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug(
+                                "result sent",
+                                extra={
+                                    "session_id": self._session.session_id,
+                                    "turn_id": self._turn_id,
+                                    "tool_use_id": item.tool_use_id,
+                                    "error_class": item.error_class,
+                                },
+                            )
                     yield item
                 finished = True
             finally:

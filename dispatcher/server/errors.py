@@ -53,6 +53,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """
     for cls, code in _STATUS:
         if isinstance(exc, cls):
+            log.debug("request refused", extra={"code": code.name, "reason": str(exc)})
             return code, str(exc) or code.name.lower()
     log.error("internal error serving a request", exc_info=exc)
     return grpc.StatusCode.INTERNAL, "internal error (see the server log)"

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import grpc
 import pytest
 
 from dispatcher.client import RequestFailed
+from dispatcher.config import hash_token
 from dispatcher.core.dispatcher import Decision
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, TOKEN_TINY, Harness
+from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, TOKEN_TINY, Harness, ServerFactory, base_config
 from tests.server.helpers import next_event, text_of
 
 
@@ -128,3 +130,23 @@ async def test_tokens_are_not_stored(harness: Harness) -> None:
 async def _drain(stream: object) -> None:
     async for _ in stream:  # type: ignore[attr-defined]
         pass
+
+
+async def test_filesystem_grants(make_server: ServerFactory, tmp_path: Path) -> None:
+    grants = {
+        "id": "scoped",
+        "token_sha256": hash_token("scoped-token-0123456789"),
+        "workspace_root": "ws-scoped",  # relative: under the server's home
+        "fs": [{"path": "src", "mode": "rw"}, {"path": ".", "mode": "r"}],
+        "tool_confirmation": {"default": {"WRITE": "auto"}},
+    }
+    h = await make_server(tenants=[*base_config(tmp_path)["tenants"], grants])
+    client = h.client("scoped-token-0123456789")
+    session = await client.create_session()
+    assert not (
+        await client.call(session.session_id, "write_file", {"path": "src/ok.txt", "content": "1"})
+    ).is_error
+    denied = await client.call(session.session_id, "write_file", {"path": "top.txt", "content": "1"})
+    assert denied.is_error and str(denied.error_class) == "permission_denied"
+    assert not (await client.call(session.session_id, "read_file", {"path": "src/ok.txt"})).is_error
+    assert session.workspace_path == str((tmp_path / "home" / "ws-scoped" / "default").resolve())
