@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import posixpath
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.sandbox_api import (
-    DirEntry,
     DirListing,
-    EntryKind,
     ExecRequest,
     ExecResult,
     FileOpError,
@@ -29,24 +23,15 @@ from dispatcher.core.sandbox_api import (
     OutputCallback,
     SandboxError,
 )
-from dispatcher.sandbox.agent.agent import (
-    CHUNK,
-    PREFIX,
-    ProtocolError,
-    decode_header,
-    decode_prefix,
-    encode_frame,
-)
+from dispatcher.sandbox import replies
+from dispatcher.sandbox.agent.agent import PREFIX, ProtocolError, decode_header, decode_prefix, encode_frame
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FRAME = 32 << 20  # largest payload either way: caps file reads and writes
 MAX_HEADER = 64 << 10  # agent headers are small; bulk data travels in payloads
-MAX_MESSAGE = 1000  # characters of an agent error message kept
 KILL_WAIT_SECONDS = 2.0  # after SIGKILL, how long the group may take before the agent is given up
-_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
-_KINDS: frozenset[str] = frozenset({"file", "dir", "symlink", "other"})
-_AGENT_FAULTS = frozenset({"bad_request", "internal", "protocol"})
+_T = TypeVar("_T")
 
 
 class AgentUnresponsive(SandboxError):
@@ -74,37 +59,6 @@ class _ExecCall:
     done: asyncio.Future[dict[str, Any]]
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     callback_error: BaseException | None = None
-
-
-def _require(header: Mapping[str, Any], key: str, kind: type) -> Any:
-    value = header.get(key)
-    if type(value) is not kind:
-        raise ProtocolError(f"field {key!r} is not {kind.__name__}")
-    return value
-
-
-def _optional_int(header: Mapping[str, Any], key: str) -> int | None:
-    value = header.get(key)
-    if value is not None and type(value) is not int:
-        raise ProtocolError(f"field {key!r} is not an int")
-    return value
-
-
-def _check_error(header: Mapping[str, Any]) -> None:
-    code = _require(header, "code", str)
-    _require(header, "message", str)
-    if not _CODE.fullmatch(code):
-        raise ProtocolError("malformed error code")
-
-
-def _map_error(header: Mapping[str, Any]) -> Exception:
-    code = header["code"]
-    message = header["message"][:MAX_MESSAGE]
-    if code == "escape":
-        return WorkspaceEscapeError(message)
-    if code in _AGENT_FAULTS:
-        return SandboxError(f"agent refused the request ({code}): {message}")
-    return FileOpError(code, message)
 
 
 class AgentChannel:
@@ -204,11 +158,12 @@ class AgentChannel:
             self._fail(SandboxError(f"reading from the agent failed: {exc!r}"))
 
     def _deliver(self, header: dict[str, Any], payload: bytes) -> None:
-        kind = _require(header, "type", str)
+        kind = replies.require(header, "type", str)
         rid = header.get("id")
-        if rid is None and kind == "error":
-            _check_error(header)
-            raise ProtocolError(f"agent rejected a frame: {header['message'][:MAX_MESSAGE]}")
+        if kind == "error":
+            replies.check_error(header)
+            if rid is None:
+                raise ProtocolError(f"agent rejected a frame: {header['message'][: replies.MAX_MESSAGE]}")
         if type(rid) is not int:
             raise ProtocolError("response without an integer id")
         call = self._pending.get(rid)
@@ -216,37 +171,25 @@ class AgentChannel:
             if 0 < rid < self._next_id:
                 return  # a late answer to a call nobody waits for any more
             raise ProtocolError(f"response to request {rid}, which was never sent")
-        if kind == "error":
-            _check_error(header)
         if isinstance(call, _Call):
             if kind not in ("result", "error"):
                 raise ProtocolError(f"unexpected {kind!r} frame for a file request")
             del self._pending[rid]
-            if not call.future.done():
+            if not call.future.done():  # a cancelled caller's future may already be done
                 call.future.set_result((header, payload))
             return
         if kind == "output":
-            self._deliver_output(call, header, payload)
+            self._deliver_output(call, replies.output_stream(header, payload), payload)
             return
         if kind == "exit":
-            exit_code = _optional_int(header, "exit_code")
-            sig = _optional_int(header, "signal")
-            if (exit_code is None) == (sig is None) or not 0 <= (exit_code or 0) <= 255:
-                raise ProtocolError("exit frame needs exactly one of exit_code or signal")
-            if sig is not None and not 0 < sig < 128:
-                raise ProtocolError("signal number out of range")
+            replies.check_exit(header)
         elif kind != "error":
             raise ProtocolError(f"unexpected {kind!r} frame for a command")
         del self._pending[rid]
         if not call.done.done():
             call.done.set_result(header)
 
-    def _deliver_output(self, call: _ExecCall, header: Mapping[str, Any], payload: bytes) -> None:
-        stream = header.get("stream")
-        if stream not in ("stdout", "stderr"):
-            raise ProtocolError("output frame with an unknown stream")
-        if not 0 < len(payload) <= CHUNK:
-            raise ProtocolError("output chunk size out of bounds")
+    def _deliver_output(self, call: _ExecCall, stream: Literal["stdout", "stderr"], payload: bytes) -> None:
         if call.callback_error is not None:
             return
         try:
@@ -265,15 +208,16 @@ class AgentChannel:
         finally:
             self._pending.pop(rid, None)
         if reply["type"] == "error":
-            raise _map_error(reply)
+            raise replies.error_for(reply)
         return reply, body
 
     def _violation(self, what: str) -> SandboxError:
         return self._fail(SandboxError(f"agent protocol violation: {what}"))
 
-    def _field(self, header: Mapping[str, Any], key: str, kind: type) -> Any:
+    def _parse(self, parser: Callable[..., _T], *args: Any) -> _T:
+        """Run a reply parser; a reply it rejects breaks the channel."""
         try:
-            return _require(header, key, kind)
+            return parser(*args)
         except ProtocolError as exc:
             raise self._violation(str(exc)) from None
 
@@ -284,7 +228,7 @@ class AgentChannel:
         strict = max_bytes is None or max_bytes > self._max_frame
         cap = self._max_frame if max_bytes is None or strict else max(max_bytes, 0)
         reply, body = await self._call({"op": "read", "path": path, "max_bytes": cap, "strict": strict})
-        size = self._field(reply, "size", int)
+        size = self._parse(replies.require, reply, "size", int)
         if len(body) > cap or size < 0:
             raise self._violation("read returned more than was asked")
         return body
@@ -317,40 +261,17 @@ class AgentChannel:
     async def exists(self, path: str) -> bool:
         """True if the path exists inside the workspace."""
         reply, _ = await self._call({"op": "exists", "path": path})
-        return bool(self._field(reply, "exists", bool))
+        return bool(self._parse(replies.require, reply, "exists", bool))
 
     async def stat(self, path: str) -> FileStat:
         """Kind, size, mode and mtime; symlinks are followed (inside the workspace)."""
         reply, _ = await self._call({"op": "stat", "path": path})
-        rel = self._field(reply, "path", str)
-        kind = self._field(reply, "kind", str)
-        mtime = reply.get("mtime")
-        if (
-            kind not in _KINDS
-            or not isinstance(mtime, int | float)
-            or isinstance(mtime, bool)
-            or posixpath.isabs(rel)
-            or ".." in rel.split("/")
-            or "\x00" in rel
-        ):
-            raise self._violation("malformed stat reply")
-        size = self._field(reply, "size", int)
-        mode = self._field(reply, "mode", int)
-        full = self._root if rel == "." else posixpath.join(self._root, rel)
-        return FileStat(path=full, kind=kind, size=size, mode=mode, mtime=float(mtime))
+        return self._parse(replies.stat_result, reply, self._root)
 
     async def list(self, path: str, *, limit: int = 1000) -> DirListing:
         """Up to ``limit`` entries sorted by name; ``truncated`` when more existed."""
         reply, body = await self._call({"op": "list", "path": path, "limit": max(limit, 0)})
-        truncated = self._field(reply, "truncated", bool)
-        try:
-            raw = json.loads(body.decode("utf-8"))
-            entries = tuple(_dir_entry(item) for item in raw) if isinstance(raw, list) else None
-        except (UnicodeDecodeError, ValueError, RecursionError, ProtocolError):
-            entries = None
-        if entries is None or len(entries) > max(limit, 0):
-            raise self._violation("malformed listing")
-        return DirListing(entries=entries, truncated=truncated)
+        return self._parse(replies.listing, reply, body, max(limit, 0))
 
     async def delete(self, path: str) -> None:
         """Remove a file, a symlink or an empty directory."""
@@ -412,7 +333,7 @@ class AgentChannel:
         if call.callback_error is not None:
             raise call.callback_error
         if reply["type"] == "error":
-            raise _map_error(reply)
+            raise replies.error_for(reply)
         return ExecResult(
             exit_code=reply.get("exit_code"),
             signal=reply.get("signal"),
@@ -451,7 +372,7 @@ class AgentChannel:
             reply, _ = await asyncio.wait_for(self._call({"op": "ping"}), timeout)
         except TimeoutError:
             raise self._fail(AgentUnresponsive(f"no answer to ping within {timeout} s")) from None
-        self._field(reply, "version", int)
+        self._parse(replies.require, reply, "version", int)
 
     async def close(self) -> None:
         """Break the channel, close the writer and stop reading; idempotent."""
@@ -478,17 +399,3 @@ def _encode(path: str, text: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         raise FileOpError("decode", f"{path}: text cannot be encoded as UTF-8") from None
-
-
-def _dir_entry(item: Any) -> DirEntry:
-    if not isinstance(item, dict):
-        raise ProtocolError("entry is not an object")
-    name = _require(item, "name", str)
-    kind: EntryKind = _require(item, "kind", str)
-    size = _require(item, "size", int)
-    target = item.get("target")
-    if not name or "/" in name or name in (".", "..") or kind not in _KINDS or size < 0:
-        raise ProtocolError("bad entry")
-    if target is not None and type(target) is not str:
-        raise ProtocolError("bad symlink target")
-    return DirEntry(name=name, kind=kind, size=size, target=target)

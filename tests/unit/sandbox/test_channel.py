@@ -336,3 +336,17 @@ async def test_close_fails_pending_calls_and_is_idempotent(channel: AgentChannel
     with pytest.raises(SandboxError):
         await call
     assert fake.closed and channel.broken
+
+
+async def test_answer_racing_a_cancelled_caller_does_not_break_the_channel(
+    channel: AgentChannel, fake: FakeAgent
+) -> None:
+    call = asyncio.ensure_future(channel.exists("a"))
+    request = await fake.request()
+    fake.reply({"id": request["id"], "type": "result", "exists": True})
+    call.cancel()  # in the same tick: the reader delivers to a future that is already cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    follow_up = asyncio.ensure_future(channel.exists("b"))
+    await _answer_next(fake, type="result", exists=False)
+    assert await follow_up is False and not channel.broken
