@@ -41,12 +41,21 @@ quiet_build() {
 
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 
+# Debian packages this script needs, installed on first use (a fresh machine has neither).
+apt_install() {
+  [[ "$(id -u)" == 0 ]] || { log "need root to apt-get install $*"; return 1; }
+  export DEBIAN_FRONTEND=noninteractive
+  if [[ -z "${_apt_updated:-}" ]]; then apt-get update -qq; _apt_updated=1; fi
+  apt-get install -y -qq "$@" >/dev/null
+}
+
 build_base() {
   if have_image "$BASE_IMAGE" && [[ "${REBUILD_BASE:-0}" != 1 ]]; then
     log "$BASE_IMAGE present, skipping debootstrap"
     return
   fi
-  command -v debootstrap >/dev/null || { log "debootstrap is missing (apt-get install debootstrap)"; exit 1; }
+  command -v debootstrap >/dev/null || apt_install debootstrap \
+    || { log "debootstrap is missing (apt-get install debootstrap)"; exit 1; }
   local root
   root="$(mktemp -d /tmp/dispatcher-rootfs.XXXXXX)"
   # shellcheck disable=SC2064
@@ -98,11 +107,9 @@ build_busybox() {
     return
   fi
   # Debian's busybox-static is a static binary; the dynamic `busybox` package would not run FROM scratch.
-  if ! file -L "$bb" 2>/dev/null | grep -q 'statically linked'; then
-    if ! dpkg -s busybox-static >/dev/null 2>&1; then
-      log "busybox-static not installed; skipping $BUSYBOX_IMAGE"
-      return
-    fi
+  if ! dpkg -s busybox-static >/dev/null 2>&1 && ! apt_install busybox-static; then
+    log "busybox-static not installable; skipping $BUSYBOX_IMAGE"
+    return
   fi
   ctx="$(mktemp -d /tmp/dispatcher-bb.XXXXXX)"
   cp "$bb" "$ctx/busybox"

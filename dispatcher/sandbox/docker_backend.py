@@ -115,9 +115,8 @@ class DockerSandboxProvider:
 
     async def remove_orphans(self, live_session_ids: Iterable[str] = ()) -> int:
         """Remove this instance's containers that no live session owns; returns how many."""
-        live = set(live_session_ids) | {
-            sid for sid, sandbox in self._sandboxes.items() if sandbox.container_id is not None
-        }
+        # Every session with a handle counts as live, even one whose container is being created.
+        live = set(live_session_ids) | set(self._sandboxes)
         owned = {s.container_id for s in self._sandboxes.values() if s.container_id}
         removed = 0
         for container in await self.api.list_by_labels({LABEL_INSTANCE: self.instance}):
