@@ -115,7 +115,8 @@ class ShellTool:
 def _output(command: str, buffer: HeadTailBuffer, metadata: dict[str, Any], note: str | None) -> ToolOutput:
     text = buffer.text()
     if note is not None:
-        text = f"{text}\n[{note}]" if text else f"[{note}]"
+        separator = "" if not text or text.endswith("\n") else "\n"
+        text = f"{text}{separator}[{note}]"
     metadata["output_bytes"] = buffer.total
     if buffer.omitted:
         metadata["output_omitted_bytes"] = buffer.omitted

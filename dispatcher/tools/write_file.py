@@ -44,7 +44,7 @@ class WriteFileTool(FileTool):
         size = len(content.encode("utf-8", errors="surrogatepass"))
         lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
         return ToolOutput(
-            content=[TextBlock(f"Wrote {lines} lines ({size:,} bytes) to {path}")],
+            content=[TextBlock(f"Wrote {lines} line{'' if lines == 1 else 's'} ({size:,} bytes) to {path}")],
             metadata={"bytes": size, "lines": lines},
             files_modified=[workspace_path(context, path)],
         )
