@@ -95,6 +95,13 @@ def _field(header: Mapping[str, Any], key: str, kind: type, default: Any = ...) 
     return value
 
 
+def _count(header: Mapping[str, Any], key: str) -> int:
+    value: int = _field(header, key, int)
+    if value < 0:
+        raise OpError("bad_request", f"field {key!r} must not be negative")
+    return value
+
+
 def _clean(name: str) -> str:
     """Make a file name from the disk JSON-safe (undecodable bytes become U+FFFD)."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
@@ -136,7 +143,11 @@ class Workspace:
 
     def _open_dir(self, real_dir: str, shown: str) -> int:
         fd = os.open(real_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self._verify_fd(fd, shown)
+        try:
+            self._verify_fd(fd, shown)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def _verify_fd(self, fd: int, shown: str) -> None:
@@ -146,7 +157,6 @@ class Workspace:
         except OSError:
             return  # no /proc: the realpath check stands alone
         if where.startswith("/") and not where.endswith(" (deleted)") and not _inside(where, self.root):
-            os.close(fd)
             raise OpError("escape", f"{shown}: path escapes the workspace")
 
     def _lock(self, real: str) -> threading.Lock:
@@ -475,7 +485,7 @@ class Agent:
         try:
             if op == "read":
                 body, result["size"] = ws.read(
-                    path, _field(header, "max_bytes", int), _field(header, "strict", bool)
+                    path, _count(header, "max_bytes"), _field(header, "strict", bool)
                 )
             elif op == "write":
                 ws.write(path, payload)
@@ -491,7 +501,7 @@ class Agent:
             elif op == "stat":
                 result.update(ws.stat(path))
             elif op == "list":
-                entries, result["truncated"] = ws.list(path, _field(header, "limit", int))
+                entries, result["truncated"] = ws.list(path, _count(header, "limit"))
                 body = json.dumps(entries, ensure_ascii=False).encode()
             elif op == "delete":
                 ws.delete(path)

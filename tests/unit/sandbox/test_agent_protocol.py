@@ -17,7 +17,9 @@ from dispatcher.sandbox.agent.agent import (
     CHUNK,
     MAX_HEADER,
     PREFIX,
+    OpError,
     ProtocolError,
+    Workspace,
     decode_header,
     decode_prefix,
     encode_frame,
@@ -165,6 +167,8 @@ def test_malformed_header_gets_error_and_agent_keeps_serving(agent: AgentProcess
         ({"id": 8, "op": "exec", "command": "true", "env": {"A=B": "c"}}, 8),
         ({"id": 9, "op": "signal", "exec_id": 1, "signal": "HUP"}, 9),
         ({"id": 10, "op": "patch", "path": "a", "old_len": 99}, 10),
+        ({"id": 11, "op": "read", "path": "a", "max_bytes": -1, "strict": False}, 11),
+        ({"id": 12, "op": "list", "path": ".", "limit": -5}, 12),
     ],
 )
 def test_bad_requests_get_bad_request_errors(
@@ -290,3 +294,24 @@ def test_eof_kills_background_children_of_finished_commands(agent: AgentProcess)
     while _alive(child):
         assert time.monotonic() < deadline, "background child outlived the agent"
         time.sleep(0.01)
+
+
+def test_post_open_check_catches_a_path_swapped_after_resolution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Simulates a symlink swapped in between realpath() and open(): resolve() says "inside",
+    # the file actually opened is outside, and /proc/self/fd tells the truth.
+    root = tmp_path / "ws"
+    root.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    ws = Workspace(str(root))
+    monkeypatch.setattr(ws, "resolve", lambda path: str(secret))
+    open_fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OpError) as info:
+        ws.read("inside.txt", 100, False)
+    assert info.value.code == "escape"
+    with pytest.raises(OpError):
+        ws.write("inside.txt", b"pwned")
+    assert secret.read_text() == "top secret"
+    assert len(os.listdir("/proc/self/fd")) == open_fds  # nothing leaked, nothing closed twice
