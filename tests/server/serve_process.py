@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import yaml
 
 from dispatcher.client import DispatcherClient
 
+REPO = Path(__file__).resolve().parents[2]
 READY = re.compile(r"serving on ([0-9.]+:\d+)")
 
 
@@ -64,7 +64,7 @@ def start_serve(
             }
         )
     )
-    env = {**os.environ, "DISPATCHER_HOME": str(home), "PYTHONPATH": str(Path.cwd()), **(extra_env or {})}
+    env = {**os.environ, "DISPATCHER_HOME": str(home), "PYTHONPATH": str(REPO), **(extra_env or {})}
     env.pop("DISPATCHER_TOKEN", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dispatcher.cli", "serve", "--config", str(config), "--listen", "127.0.0.1:0"],
@@ -74,21 +74,24 @@ def start_serve(
         env=env,
     )
     assert proc.stderr is not None
+    stderr = proc.stderr
     lines: list[str] = []
-    deadline = time.monotonic() + 30
-    target = None
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        match = READY.search(line)
-        if match:
-            target = match.group(1)
-            break
-    if target is None:
-        ServeProcess(proc, "", home, lines).close()
+    found: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        # Reads until the process closes stderr, so a silent or stuck server cannot block the test.
+        for line in stderr:
+            lines.append(line)
+            match = READY.search(line)
+            if match and not found:
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    if not ready.wait(timeout=30) or not found:
+        ServeProcess(proc, "", home, lines, reader).close()
         pytest.fail("dispatcher serve did not start:\n" + "".join(lines))
-    pump = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
-    pump.start()
-    return ServeProcess(proc, target, home, lines, pump)
+    return ServeProcess(proc, found[0], home, lines, reader)
