@@ -22,6 +22,11 @@ _KINDS: frozenset[str] = frozenset({"file", "dir", "symlink", "other"})
 _AGENT_FAULTS = frozenset({"bad_request", "internal", "protocol"})  # the agent blames the host
 
 
+def _text(value: str) -> str:
+    """Lone surrogates (legal in JSON escapes) replaced, so the text can be encoded downstream."""
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
 def require(header: Mapping[str, Any], key: str, kind: type) -> Any:
     """``header[key]`` if it is exactly of ``kind`` (so ``True`` is not an int)."""
     value = header.get(key)
@@ -48,7 +53,7 @@ def check_error(header: Mapping[str, Any]) -> None:
 def error_for(header: Mapping[str, Any]) -> Exception:
     """The exception a checked ``error`` frame stands for."""
     code: str = header["code"]
-    message: str = header["message"][:MAX_MESSAGE]
+    message = _text(header["message"][:MAX_MESSAGE])
     if code == "escape":
         return WorkspaceEscapeError(message)
     if code in _AGENT_FAULTS:
@@ -93,7 +98,7 @@ def stat_result(reply: Mapping[str, Any], root: str) -> FileStat:
         raise ProtocolError("field 'mtime' is not a number")
     if posixpath.isabs(rel) or ".." in rel.split("/") or "\x00" in rel:
         raise ProtocolError("stat path is not a relative path inside the workspace")
-    full = root if rel == "." else posixpath.join(root, rel)
+    full = root if rel == "." else posixpath.join(root, _text(rel))
     return FileStat(path=full, kind=kind, size=size, mode=mode, mtime=float(mtime))
 
 
@@ -120,4 +125,4 @@ def _dir_entry(item: Any) -> DirEntry:
         raise ProtocolError("malformed listing entry")
     if target is not None and type(target) is not str:
         raise ProtocolError("malformed symlink target")
-    return DirEntry(name=name, kind=kind, size=size, target=target)
+    return DirEntry(name=_text(name), kind=kind, size=size, target=None if target is None else _text(target))

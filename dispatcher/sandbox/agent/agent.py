@@ -48,7 +48,8 @@ class ProtocolError(Exception):
 
 def encode_frame(header: Mapping[str, Any], payload: bytes = b"") -> bytes:
     """Serialise one frame."""
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    # ASCII escapes keep any str encodable, lone surrogates from odd file names included.
+    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("ascii")
     return PREFIX.pack(len(raw), len(payload)) + raw + payload
 
 

@@ -368,3 +368,16 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_undecodable_file_names_never_break_the_channel(sandbox: LocalSandbox, workspace: Path) -> None:
+    with open(os.path.join(os.fsencode(workspace), b"caf\xe9.txt"), "wb") as f:
+        f.write(b"x")
+    listing = await sandbox.list(".")
+    assert [e.name for e in listing.entries] == ["caf\ufffd.txt"]
+    assert await sandbox.read("caf\udce9.txt") == "x"  # the surrogate-escaped name reaches the file
+    with pytest.raises(FileOpError) as info:
+        await sandbox.read("nope\udce9")
+    assert info.value.code == "ENOENT"
+    info.value.message.encode("utf-8")  # safe to serialise downstream
+    assert not (await sandbox.channel()).broken
