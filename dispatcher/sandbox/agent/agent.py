@@ -5,10 +5,30 @@ Run as ``python3 agent.py --root /workspace``. Requests arrive on stdin, respons
 stdout, diagnostics go to stderr. Stdlib only and a single file, because it is copied into
 sandbox images as is; the host imports the frame codec from here so both ends share it.
 
-Frame: ``>II`` prefix (header length, payload length), a UTF-8 JSON object, the raw payload.
+Frame: ``>II`` prefix (header length, payload length), a JSON object (ASCII), the raw payload.
 Requests carry ``id`` (int) and ``op``; every response carries the request's ``id`` and a
 ``type``: ``result`` or ``error`` (``code``, ``message``) end a request, and ``exec`` answers
 with any number of ``output`` frames (``stream``, payload = bytes) followed by one ``exit``.
+
+====== ================================================ ==========================================
+op     request fields (payload)                         result fields (payload)
+====== ================================================ ==========================================
+ping   -                                                version
+read   path, max_bytes, strict                          size (the bytes read)
+write  path (the new content)                           -
+append path (the bytes to append)                       -
+patch  path, old_len (old bytes + new bytes)            -
+exists path                                             exists
+stat   path                                             path (relative), kind, size, mode, mtime
+list   path, limit                                      truncated (JSON array of name/kind/size/target)
+delete path                                             -
+exec   command, cwd, env, stdin (stdin bytes)           output* then exit: exit_code | signal
+signal exec_id, signal (TERM | KILL | INT)              delivered
+====== ================================================ ==========================================
+
+Error codes: errno names (``ENOENT``, ``EISDIR``, ...), ``too_large``, ``no_match``,
+``multiple_matches``, ``escape`` (resolves outside the root), and ``bad_request``, ``internal``,
+``protocol`` (the host's fault or the agent's). ``id: null`` errors answer unparseable frames.
 """
 
 from __future__ import annotations
