@@ -99,7 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> DispatcherClient:
-    return DispatcherClient(args.server or default_target(), home=args.home)
+    return DispatcherClient(args.server or default_target(), home=args.home, tls_ca=args.tls_ca)
 
 
 def _cli_session(client: DispatcherClient, args: argparse.Namespace) -> SessionInfo:
@@ -358,6 +358,9 @@ def _parser() -> argparse.ArgumentParser:
         "--home", metavar="DIR", help="where to find the token (default: $DISPATCHER_HOME)"
     )
     client_opts.add_argument("--json", action="store_true", help="one JSON object per line, for scripts")
+    client_opts.add_argument(
+        "--tls-ca", metavar="FILE", help="connect over TLS, trusting this CA (default: $DISPATCHER_TLS_CA)"
+    )
     session_opts = argparse.ArgumentParser(add_help=False)
     session_opts.add_argument("--session", metavar="ID", help="use this session")
     session_opts.add_argument(

@@ -11,19 +11,21 @@ Sync::
 Async: ``AsyncDispatcherClient`` has the same methods as coroutines / async iterators.
 
 The target defaults to ``DISPATCHER_LISTEN`` (else 127.0.0.1:50051); the token to ``DISPATCHER_TOKEN``
-(else ``<DISPATCHER_HOME or ~/.dispatcher>/token``). Request failures raise ``RequestFailed`` carrying
+(else ``<DISPATCHER_HOME or ~/.dispatcher>/token``); TLS is used when a CA file is given
+(``tls_ca=`` or ``DISPATCHER_TLS_CA``), with ``tls_cert``/``tls_key`` for mutual TLS. Request failures raise ``RequestFailed`` carrying
 the gRPC status name; tool failures are results with ``is_error``.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
-from dispatcher.config import client_token, default_target
+from dispatcher.config import ENV_TLS_CA, client_token, default_target
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import DispatcherError
 from dispatcher.core.events import Event
@@ -112,6 +114,24 @@ class _Base:
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
 
 
+def _credentials(
+    tls_ca: str | None, tls_cert: str | None, tls_key: str | None
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials when a CA is given (argument, else ``DISPATCHER_TLS_CA``); None for plaintext."""
+    tls_ca = tls_ca or os.environ.get(ENV_TLS_CA)
+    if not tls_ca:
+        return None
+    with open(tls_ca, "rb") as fh:
+        root = fh.read()
+    chain = key = None
+    if tls_cert and tls_key:
+        with open(tls_cert, "rb") as fh:
+            chain = fh.read()
+        with open(tls_key, "rb") as fh:
+            key = fh.read()
+    return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+
+
 class DispatcherClient(_Base):
     """Blocking client; each streaming method returns an iterator that ``cancel()`` on close ends."""
 
@@ -123,10 +143,21 @@ class DispatcherClient(_Base):
         home: str | None = None,
         channel: grpc.Channel | None = None,
         timeout: float | None = 30.0,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         super().__init__(token, home)
         self._owns_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(target or default_target(), options=_CHANNEL_OPTIONS)
+        if channel is None:
+            creds = _credentials(tls_ca, tls_cert, tls_key)
+            addr = target or default_target()
+            channel = (
+                grpc.secure_channel(addr, creds, options=_CHANNEL_OPTIONS)
+                if creds is not None
+                else grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+            )
+        self._channel = channel
         self._stub = pb_grpc.ToolDispatcherStub(self._channel)
         self._timeout = timeout
 
@@ -238,12 +269,21 @@ class AsyncDispatcherClient(_Base):
         home: str | None = None,
         channel: grpc.aio.Channel | None = None,
         timeout: float | None = 30.0,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         super().__init__(token, home)
         self._owns_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(
-            target or default_target(), options=_CHANNEL_OPTIONS
-        )
+        if channel is None:
+            creds = _credentials(tls_ca, tls_cert, tls_key)
+            addr = target or default_target()
+            channel = (
+                grpc.aio.secure_channel(addr, creds, options=_CHANNEL_OPTIONS)
+                if creds is not None
+                else grpc.aio.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+            )
+        self._channel = channel
         self._stub = pb_grpc.ToolDispatcherStub(self._channel)
         self._timeout = timeout
 

@@ -12,6 +12,7 @@ Example::
     home: ~/.dispatcher
     log: {format: json, level: info}
     server: {max_message_bytes: 4194304, grace_seconds: 10}
+    tls: {cert_file: server.pem, key_file: server.key}   # optional; client_ca_file for mutual TLS
     dispatcher: {concurrency: 4, confirmation_timeout: 300}
     tool_confirmation:            # exactly spec 000's structure
       default: {WRITE: prompt, EXECUTE: prompt}
@@ -56,6 +57,7 @@ DEFAULT_TENANT = "default"
 ENV_LISTEN = "DISPATCHER_LISTEN"
 ENV_HOME = "DISPATCHER_HOME"
 ENV_TOKEN = "DISPATCHER_TOKEN"
+ENV_TLS_CA = "DISPATCHER_TLS_CA"
 TOKEN_FILE = "token"
 
 _TOP_KEYS = frozenset(
@@ -64,6 +66,7 @@ _TOP_KEYS = frozenset(
         "home",
         "log",
         "server",
+        "tls",
         "dispatcher",
         "tool_confirmation",
         "sandbox",
@@ -88,6 +91,15 @@ class ServerOptions:
     grace_seconds: float = 10.0
     """On SIGTERM: how long in-flight calls may finish before they are cancelled."""
     max_concurrent_streams: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files for serving over TLS; with ``client_ca_file`` clients must present a certificate."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +140,8 @@ class Config:
     tenants: tuple[TenantConfig, ...] = ()
     """Empty until ``ensure_default_tenant``; the file's tenants otherwise."""
     audit_log: Path | None = None
+    tls: TlsFiles | None = None
+    """None: plaintext (fine on loopback; use TLS for anything else)."""
     source: Path | None = None
 
     @property
@@ -213,6 +227,7 @@ def _build(
         custom_tools=tuple(tools),
         tenants=_tenants(data.get("tenants"), home_dir),
         audit_log=Path(audit).expanduser() if audit else home_dir / "audit.jsonl",
+        tls=_tls(data.get("tls")),
         source=source,
     )
 
@@ -313,6 +328,26 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
             )
         )
     return tuple(out)
+
+
+def _tls(value: Any) -> TlsFiles | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError("tls: must be a mapping with cert_file and key_file")
+    _no_unknown(value, {"cert_file", "key_file", "client_ca_file"}, "tls")
+    files: dict[str, Path] = {}
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        raw = value.get(key)
+        if raw is None and key == "client_ca_file":
+            continue
+        if not isinstance(raw, str) or not raw:
+            raise ConfigError(f"tls.{key}: must be a path to a PEM file")
+        path = Path(raw).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"tls.{key}: {path} is not a readable file")
+        files[key] = path
+    return TlsFiles(**files)
 
 
 def _check_sandbox(backend: str, section: Mapping[str, Any]) -> None:

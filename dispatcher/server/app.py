@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from dispatcher.config import Config
+from dispatcher.config import Config, TlsFiles
 from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
@@ -143,7 +143,11 @@ class DispatcherServer:
             ConfigError: the listen address cannot be bound.
         """
         try:
-            self.port = self._server.add_insecure_port(self.config.listen)
+            tls = self.config.tls
+            if tls is None:
+                self.port = self._server.add_insecure_port(self.config.listen)
+            else:
+                self.port = self._server.add_secure_port(self.config.listen, _server_credentials(tls))
         except RuntimeError as exc:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {exc}") from exc
         if self.port == 0:
@@ -184,6 +188,15 @@ class DispatcherServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    client_ca = tls.client_ca_file.read_bytes() if tls.client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
 
 
 async def serve_until_signalled(

@@ -104,6 +104,8 @@ tool_confirmation:
         ({"sandbox": {"pids_limit": "many"}}, "sandbox.pids_limit"),
         ({"sandbox": {"backend": "local", "image": "x"}}, "sandbox.image"),
         ({"tools": ["no_colon"]}, "tools"),
+        ({"tls": {"cert_file": "/no/such.pem", "key_file": "/no/such.key"}}, "tls.cert_file"),
+        ({"tls": {"cert": "x"}}, "tls.cert"),
         ({"tenants": {"a": 1}}, "tenants"),
         ({"tenants": [{"id": "a"}]}, "tenants[0].token_sha256"),
         ({"tenants": [{"id": "a b", "token_sha256": "0" * 64}]}, "tenants[0].id"),
