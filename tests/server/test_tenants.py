@@ -150,3 +150,13 @@ async def test_filesystem_grants(make_server: ServerFactory, tmp_path: Path) -> 
     assert denied.is_error and str(denied.error_class) == "permission_denied"
     assert not (await client.call(session.session_id, "read_file", {"path": "src/ok.txt"})).is_error
     assert session.workspace_path == str((tmp_path / "home" / "ws-scoped" / "default").resolve())
+
+
+async def test_interleaved_calls_of_two_tenants_never_mix(harness: Harness) -> None:
+    alpha, beta = harness.client(TOKEN_ALPHA), harness.client(TOKEN_BETA)
+    a = await alpha.create_session("a")
+    b = await beta.create_session("b")
+    lists = await asyncio.gather(*(c.list_sessions() for _ in range(40) for c in (alpha, beta)))
+    for i, sessions in enumerate(lists):
+        expected = a if i % 2 == 0 else b
+        assert [s.session_id for s in sessions] == [expected.session_id]
