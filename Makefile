@@ -34,3 +34,7 @@ test-unit:
 
 bench:
 	$(PY) -m bench
+
+serve:              ## bootstrap a new machine, then serve with the embedded defaults (127.0.0.1:50051)
+	bash scripts/bootstrap.sh
+	dispatcher serve $(ARGS)

@@ -24,6 +24,7 @@ from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ConfigError
+from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.events import (
     TOOL_CALLED,
     TOOL_COMPLETED,
@@ -59,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return result
     except ConfigError as exc:
         print(f"dispatcher: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SandboxError as exc:
+        print(f"dispatcher: sandbox unavailable: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except RequestFailed as exc:
         print(f"dispatcher: {exc.code}: {exc.details}", file=sys.stderr)

@@ -153,6 +153,9 @@ class DispatcherServer:
         if self.port == 0:
             raise ConfigError(f"listen: cannot bind {self.config.listen}")
         self.dispatcher.seal()
+        check_ready = getattr(self.provider, "check_ready", None)
+        if check_ready is not None:  # fail at start, clearly, not on the first tool call
+            await check_ready()
         remove_orphans = getattr(self.provider, "remove_orphans", None)
         if remove_orphans is not None:  # containers left by a previous run of this installation
             await remove_orphans()
