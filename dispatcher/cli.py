@@ -24,7 +24,6 @@ from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.events import (
     TOOL_CALLED,
     TOOL_COMPLETED,
@@ -35,6 +34,7 @@ from dispatcher.core.events import (
     TOOL_OUTPUT_DELTA,
     Event,
 )
+from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.server.convert import SessionInfo
 
