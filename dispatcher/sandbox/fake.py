@@ -89,10 +89,14 @@ class FakeSandbox:
         text = await self.read(path)
         count = text.count(old)
         if count != 1:
-            raise FileOpError("no_match" if count == 0 else "multiple_matches", f"{count} matches in {path!r}")
+            raise FileOpError(
+                "no_match" if count == 0 else "multiple_matches", f"{count} matches in {path!r}"
+            )
         await self.write(path, text.replace(old, new))
 
-    async def exec(self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event) -> ExecResult:
+    async def exec(
+        self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
+    ) -> ExecResult:
         self.calls.append(("exec", request.command))
         return await self.exec_handler(request, on_output, cancel_event)
 
