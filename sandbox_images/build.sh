@@ -11,7 +11,7 @@
 #
 # Environment:
 #   SANDBOX_UID / SANDBOX_GID   uid/gid of the in-sandbox user (default 1000/1000; see README.md)
-#   DEBIAN_MIRROR               debootstrap mirror (default: Debian's)
+#   DEBIAN_MIRROR               debootstrap mirror (default: the first non-security apt source)
 #   REBUILD_BASE=1              force a new debootstrap
 set -euo pipefail
 
@@ -24,7 +24,14 @@ SANDBOX_REPO="${SANDBOX_REPO:-dispatcher-sandbox}"
 BUSYBOX_IMAGE="${BUSYBOX_IMAGE:-dispatcher-busybox:latest}"
 SANDBOX_UID="${SANDBOX_UID:-1000}"
 SANDBOX_GID="${SANDBOX_GID:-1000}"
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The machine's own apt source is the mirror it is known to reach.
+apt_mirror() {
+  local uri
+  uri="$(grep -hoE '^(URIs:|deb) +[^ ]+' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null \
+    | awk '{print $2}' | grep -v -- '-security' | head -n1 || true)"
+  printf '%s' "${uri%/}"
+}
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-$(apt_mirror)}"
 # The legacy builder needs no buildx plugin and honours --network=none.
 export DOCKER_BUILDKIT=0
 
@@ -62,7 +69,7 @@ build_base() {
   trap "rm -rf '$root'" EXIT
   log "debootstrap bookworm into $root (about a minute)"
   # python3 (not python3-minimal): the agent needs json, which -minimal lacks.
-  debootstrap --variant=minbase --include=python3 bookworm "$root" "$DEBIAN_MIRROR" >/dev/null
+  debootstrap --variant=minbase --include=python3 bookworm "$root" ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} >/dev/null
   # Package caches and lists are dead weight in a read-only sandbox.
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
   tar -C "$root" -c . | docker import \
