@@ -280,6 +280,7 @@ class _Run:
         self.turn_id = turn_id
         self.call = call
         self.started = time.monotonic()
+        self.run_started: float | None = None  # set at tool.called: durations exclude confirmation waits
         self.tool_name = tool_use.name
         self.decision = "auto"
         self._summary: Any = None
@@ -312,7 +313,12 @@ class _Run:
         )
 
     def elapsed_ms(self) -> float:
+        """Time since the call arrived (audit: what the caller waited)."""
         return (time.monotonic() - self.started) * 1000
+
+    def run_ms(self) -> float:
+        """Time since the tool started (events: what the tool took); 0 if it never started."""
+        return 0.0 if self.run_started is None else (time.monotonic() - self.run_started) * 1000
 
     # The pipeline ---------------------------------------------------------------------------
 
@@ -330,6 +336,7 @@ class _Run:
         async with self.state.semaphore:  # the per-session concurrency cap
             if self.call.cancel_event.is_set():
                 return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
+            self.run_started = time.monotonic()
             self.emit(
                 ev.TOOL_CALLED,
                 tool_name=self.tool_name,
@@ -511,7 +518,7 @@ class _Run:
             return self.fail(
                 ToolExecutionError(_first_text(output) or "Tool reported failure", output=output)
             )
-        duration = self.elapsed_ms()
+        duration = self.run_ms()
         self.emit(ev.TOOL_COMPLETED, tool_name=self.tool_name, duration_ms=round(duration, 3))
         self.audit(DISPATCHED, "ok")
         return self._block(output, is_error=False, error_class=None)
@@ -526,7 +533,7 @@ class _Run:
                 "tool_name": self.tool_name,
                 "error_class": error_class.value,
                 "message": message,
-                "duration_ms": round(self.elapsed_ms(), 3),
+                "duration_ms": round(self.run_ms(), 3),
             }
             if exc.output is not None and _first_text(exc.output):
                 payload["partial_output"] = truncate_head_tail(_first_text(exc.output), 4_000)

@@ -126,7 +126,12 @@ class EventBus:
     def subscribe(
         self, after_seq: int | None = None, event_filter: EventFilter | None = None
     ) -> Subscription:
-        """Follow live events; with ``after_seq``, first replay retained events with a greater seq."""
+        """Follow live events; with ``after_seq``, first replay retained events with a greater seq.
+
+        ``event_filter`` is called synchronously inside ``publish``, in publish order, before
+        ``publish`` returns: a caller may rely on that (for example to tap events into its own queue
+        at the moment they happen). It must be quick and must not publish.
+        """
         sub = Subscription(self, event_filter, self._max_pending)
         if after_seq is not None:
             for event in self._history:

@@ -9,6 +9,7 @@ from jsonschema import Draft7Validator
 from jsonschema.exceptions import SchemaError
 
 from dispatcher.core.errors import ToolRegistrationError
+from dispatcher.core.types import UnparsedInput
 
 FORBIDDEN_KEYWORDS = frozenset(
     {"$ref", "oneOf", "anyOf", "allOf", "not", "if", "then", "else", "patternProperties"}
@@ -60,6 +61,8 @@ def check_schema(tool_name: str, schema: Mapping[str, Any]) -> Draft7Validator:
 
 def validation_errors(validator: Draft7Validator, instance: Any) -> list[str]:
     """Every violation of ``instance``, each prefixed with its JSON path, in a stable order."""
+    if isinstance(instance, UnparsedInput):
+        return [f"$: input is not valid JSON: {instance.error}"]
     if not isinstance(instance, dict):
         kind = "null" if instance is None else type(instance).__name__
         return [f"$: input must be a JSON object, got {kind}"]

@@ -76,6 +76,17 @@ class ToolUseBlock:
     input: Any
 
 
+@dataclass(frozen=True, slots=True)
+class UnparsedInput:
+    """Stands in for a tool input whose JSON did not parse; validation reports it, nothing runs."""
+
+    raw: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"<input is not valid JSON: {self.error}>"
+
+
 @dataclass(slots=True)
 class ToolOutput:
     """What a tool returns; the dispatcher wraps it into a ToolResultBlock."""

@@ -24,6 +24,7 @@ from dispatcher.core.types import (
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
+    UnparsedInput,
 )
 from dispatcher.v1 import dispatcher_pb2 as pb
 
@@ -49,19 +50,6 @@ class ToolInfo:
     description: str
     input_schema: Mapping[str, Any]
     side_effect: SideEffect
-
-
-class InvalidJson:
-    """Stands in for a tool input whose JSON did not parse, so the core rejects it as a validation error."""
-
-    __slots__ = ("error", "raw")
-
-    def __init__(self, raw: str, error: str) -> None:
-        self.raw = raw
-        self.error = error
-
-    def __repr__(self) -> str:
-        return f"<input_json is not valid JSON: {self.error}>"
 
 
 # --- enums -----------------------------------------------------------------------------------------
@@ -157,7 +145,7 @@ def tool_use_from_pb(msg: pb.ToolUse) -> ToolUseBlock:
     try:
         tool_input = json.loads(msg.input_json) if msg.input_json.strip() else {}
     except (ValueError, RecursionError) as exc:
-        tool_input = InvalidJson(msg.input_json, str(exc))
+        tool_input = UnparsedInput(msg.input_json, str(exc))
     return ToolUseBlock(id=msg.id, name=msg.name, input=tool_input)
 
 

@@ -502,3 +502,33 @@ async def test_close_session_cancels_and_removes_the_sandbox(
     assert provider.closed == ["s1"]
     with pytest.raises(LookupError):
         dispatcher.events("s1")
+
+
+async def test_unparsed_json_input_is_a_validation_error(
+    dispatcher: ToolDispatcher, session: Session
+) -> None:
+    from dispatcher.core.types import UnparsedInput
+
+    result = await run(dispatcher, session, "echo", UnparsedInput('{"text": ', "Expecting value: column 10"))
+    assert result.error_class is ToolErrorClass.VALIDATION_ERROR
+    assert "$: input is not valid JSON: Expecting value: column 10" in result.content[0].text
+
+
+async def test_event_durations_exclude_the_confirmation_wait(
+    provider: FakeSandboxProvider, session: Session
+) -> None:
+    from dispatcher.core import DispatcherConfig
+    from tests.unit.core.toolkit import WriteTool
+
+    d = ToolDispatcher(provider, config=DispatcherConfig(confirmation_timeout=5))
+    d.register(WriteTool)
+    bus = d.open_session(session)
+    async with bus.subscribe() as sub:
+        task = asyncio.create_task(run(d, session, "write", {"path": "a", "content": "b"}))
+        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+        await asyncio.sleep(0.2)  # a human taking their time: that is the point of this test
+        d.resolve_confirmation("s1", rid, Decision.ALLOW)
+        completed = await next_event(sub, ev.TOOL_COMPLETED)
+    await task
+    assert completed.payload["duration_ms"] < 150
+    await d.aclose()
