@@ -63,18 +63,28 @@ def sweep(instance: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument(
+        "--only", metavar="NAME", action="append", help="run only these modules (e.g. grpc_bench); repeatable"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dispatcher-bench-") as scratch:
         path = Path(scratch)
         path.chmod(0o755)
         env = (
-            BenchEnv(path, warm_iterations=30, docker_iterations=5, cold_iterations=2)
+            BenchEnv(
+                path, warm_iterations=30, docker_iterations=5, cold_iterations=2, concurrency_sessions=10
+            )
             if args.quick
             else BenchEnv(path)
         )
         started = time.monotonic()
         try:
-            rows = asyncio.run(collect(env))
+            modules = (
+                MODULES
+                if not args.only
+                else tuple(m for m in MODULES if m.removeprefix("bench.") in args.only)
+            )
+            rows = asyncio.run(collect(env, modules))
         finally:
             sweep(env.instance)
         print_table(rows)

@@ -19,6 +19,8 @@ class BenchEnv:
     """Samples of each ~50 ms Docker API figure."""
     cold_iterations: int = 8
     """Samples of each ~300 ms figure (container creation)."""
+    concurrency_sessions: int = 100
+    """Sessions of the concurrency figure (each makes a container and runs 4 calls at once)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property

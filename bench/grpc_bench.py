@@ -33,6 +33,7 @@ from dispatcher.core.types import (
     ToolDefinition,
     ToolOutput,
     ToolResultBlock,
+    ToolUseBlock,
 )
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
@@ -218,6 +219,8 @@ async def measure(env: BenchEnv) -> list[Row]:
             rows.append(row(GROUP, "read_file 4 KiB via gRPC", read, note))
 
         rows.extend(await _none_rows(env, target, token, "NONE tool via gRPC", floor=False))
+        if backend == "docker":
+            rows.append(await _concurrency_row(env, target, token))
     finally:
         _stop_server(proc)
     proc, target = _start_server(env, token, "floor")
@@ -226,6 +229,62 @@ async def measure(env: BenchEnv) -> list[Row]:
     finally:
         _stop_server(proc)
     return rows
+
+
+async def _concurrency_row(env: BenchEnv, target: str, token: str) -> Row:
+    """design.md §7: 100 sessions x 4 parallel calls, no errors, no leaked containers."""
+    sessions = env.concurrency_sessions
+    errors: list[str] = []
+    latencies: list[float] = []
+
+    async def one(client: AsyncDispatcherClient, i: int) -> None:
+        sid = (await client.create_session(f"conc-{i}")).session_id
+        try:
+            uses = [
+                ToolUseBlock(f"w{i}", "write_file", {"path": "n.txt", "content": str(i)}),
+                ToolUseBlock(f"s{i}", "shell", {"command": f"echo {i}"}),
+                ToolUseBlock(f"l{i}", "list_dir", {}),
+                ToolUseBlock(f"t{i}", "shell", {"command": "true"}),
+            ]
+            started = time.perf_counter()
+            results = [x async for x in client.dispatch(sid, uses) if isinstance(x, ToolResultBlock)]
+            latencies.append((time.perf_counter() - started) * 1000)
+            if len(results) != 4 or any(r.is_error for r in results):
+                errors.append(f"session {i}: {[r.error_class for r in results]}")
+        finally:
+            await client.close_session(sid)
+
+    started = time.perf_counter()
+    async with AsyncDispatcherClient(target, token=token) as client:
+        outcomes = await asyncio.gather(*(one(client, i) for i in range(sessions)), return_exceptions=True)
+    total = time.perf_counter() - started
+    errors += [repr(o) for o in outcomes if isinstance(o, BaseException)]
+    leaked = _containers_of(env.instance)
+    note = (
+        f"{sessions} sessions x 4 parallel calls in {total:.1f} s; "
+        f"{len(errors)} errors; {leaked} containers left after close"
+    )
+    if errors:
+        note += f" (first: {errors[0][:80]})"
+    return Row(
+        GROUP,
+        f"{sessions} new sessions x 4 parallel calls, each",
+        percentile(latencies or [0.0], 0.5),
+        percentile(latencies or [0.0], 0.95),
+        len(latencies),
+        note=note,
+        compare=False,
+    )
+
+
+def _containers_of(instance: str) -> int:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=dispatcher.instance={instance}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return len(out.split())
 
 
 async def _none_rows(env: BenchEnv, target: str, token: str, label: str, *, floor: bool) -> list[Row]:

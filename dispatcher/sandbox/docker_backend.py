@@ -65,6 +65,9 @@ class DockerSandboxProvider:
         self._sandboxes: dict[str, DockerSandbox] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
+        # A burst of new sessions on a small machine: launching them all at once makes every agent
+        # miss its start deadline; a few at a time makes each one fast.
+        self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
 
     # -- SandboxProvider -----------------------------------------------------------------
 
@@ -137,17 +140,26 @@ class DockerSandboxProvider:
         Raises:
             SandboxError: the container could not be created or started.
         """
+        async with self._launch_slots:
+            try:
+                link, container_id = await self._launch_once(session)
+            except SandboxError as exc:
+                # Nothing has run in the sandbox yet, so one more try is safe.
+                log.warning("sandbox launch failed, retrying once: %s", exc)
+                link, container_id = await self._launch_once(session)
+        if link is None:
+            return LiveContainer(container_id, None, None)
+        return LiveContainer(container_id, link[0], link[1])
+
+    async def _launch_once(self, session: Session) -> tuple[tuple[AttachStream, AgentChannel] | None, str]:
         container_id = await self._create_container(session)
         try:
             await self.api.start(container_id)
-            link = await self._start_agent(container_id)
+            return await self._start_agent(container_id), container_id
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.api.remove(container_id)
             raise
-        if link is None:
-            return LiveContainer(container_id, None, None)
-        return LiveContainer(container_id, link[0], link[1])
 
     async def destroy(self, live: LiveContainer) -> None:
         """Close the agent channel and remove the container; failures are logged, not raised."""

@@ -89,7 +89,10 @@ class SandboxConfig:
     """When the server runs as root, hand the workspace directory itself to ``user`` so it can write."""
     agent_path: str = AGENT_PATH
     agent_python: str = "python3"
-    agent_start_timeout: float = 10.0
+    agent_start_timeout: float = 30.0
+    """Deadline of the agent's first ping, counted once this container's launch has its slot."""
+    max_concurrent_launches: int = 4
+    """Containers created and started at once; more wait their turn instead of starving each other."""
     op_timeout_seconds: float = 30.0
     """Deadline of one file operation before the agent is declared hung and the container stopped."""
     enforce_slack_seconds: float = 5.0
@@ -120,7 +123,12 @@ class SandboxConfig:
             raise ConfigError(f"sandbox.nano_cpus: must be positive, got {self.nano_cpus}")
         if self.runtime is not None and not self.runtime:
             raise ConfigError("sandbox.runtime: must be a runtime name or null")
-        for key in ("idle_ttl_seconds", "agent_start_timeout", "op_timeout_seconds"):
+        for key in (
+            "idle_ttl_seconds",
+            "agent_start_timeout",
+            "op_timeout_seconds",
+            "max_concurrent_launches",
+        ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"sandbox.{key}: must be positive")
         if self.enforce_slack_seconds < 0:
@@ -195,7 +203,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"sandbox.{key}: expected true or false")
         return value
-    if key in {"pids_limit", "nano_cpus"}:
+    if key in {"pids_limit", "nano_cpus", "max_concurrent_launches"}:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"sandbox.{key}: expected an integer")
         return value

@@ -66,6 +66,7 @@ class DockerSandbox:
         self.session = session
         self._live: LiveContainer | None = None
         self._lock = asyncio.Lock()
+        self._closed = False
         self._active = 0
         self.last_used = time.monotonic()
         self.recreations = 0
@@ -87,6 +88,9 @@ class DockerSandbox:
         self.last_used = time.monotonic()
         try:
             async with self._lock:
+                if self._closed:
+                    # A call that raced CloseSession must not bring a container back to life.
+                    raise SandboxError(f"session {self.session.session_id} is closed")
                 live = self._live
                 if live is not None and live.broken:
                     await self._discard(live, "agent channel closed")
@@ -135,6 +139,7 @@ class DockerSandbox:
     async def close(self) -> None:
         """Remove the container (session closed or server stopping)."""
         async with self._lock:
+            self._closed = True
             if self._live is not None:
                 live, self._live = self._live, None
                 await self._provider.destroy(live)

@@ -142,3 +142,32 @@ async def test_concurrent_sessions_get_separate_containers(
     assert len(containers_of(docker_client, provider.instance)) == 3
     await provider.aclose()
     assert containers_of(docker_client, provider.instance) == []
+
+
+async def test_a_burst_of_new_sessions_all_start(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    # Many first calls at once used to start every agent together, so on two cores most of them
+    # missed the start deadline; launches now take turns and each is quick.
+    provider = make_provider(SandboxConfig(max_concurrent_launches=2, agent_start_timeout=20))
+    sessions = [make_provider.session(f"burst{i}") for i in range(12)]
+    outputs = await asyncio.gather(
+        *(run(provider.sandbox_for(s), f"echo {i}") for i, s in enumerate(sessions))
+    )
+    assert [o.out.strip() for o in outputs] == [str(i) for i in range(12)]
+    assert len(containers_of(docker_client, provider.instance)) == 12
+    await asyncio.gather(*(provider.close_session(s.session_id) for s in sessions))
+    assert containers_of(docker_client, provider.instance) == []
+
+
+async def test_a_closed_session_is_never_relaunched(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = make_provider()
+    session = make_provider.session()
+    sandbox = provider.sandbox_for(session)
+    await run(sandbox, "true")
+    await provider.close_session(session.session_id)
+    with pytest.raises(SandboxError, match="is closed"):
+        await sandbox.write("late.txt", "a call that raced CloseSession")
+    assert containers_of(docker_client, provider.instance) == []
