@@ -14,6 +14,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -148,6 +149,8 @@ def _spawn(argv: list[str], repo: str) -> tuple[subprocess.Popen[str], str]:
         seen.append(line)
         match = READY.search(line)
         if match:
+            # Keep reading: a server whose stderr pipe fills up blocks on its next log line.
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
             return proc, match.group(1)
     proc.kill()
     proc.wait()
