@@ -239,9 +239,11 @@ async def _concurrency_row(env: BenchEnv, target: str, token: str) -> Row:
     sessions = env.concurrency_sessions
     errors: list[str] = []
     latencies: list[float] = []
+    created: list[str] = []
 
     async def one(client: AsyncDispatcherClient, i: int) -> None:
         sid = (await client.create_session(f"conc-{i}")).session_id
+        created.append(sid)
         try:
             uses = [
                 ToolUseBlock(f"w{i}", "write_file", {"path": "n.txt", "content": str(i)}),
@@ -262,7 +264,7 @@ async def _concurrency_row(env: BenchEnv, target: str, token: str) -> Row:
         outcomes = await asyncio.gather(*(one(client, i) for i in range(sessions)), return_exceptions=True)
     total = time.perf_counter() - started
     errors += [repr(o) for o in outcomes if isinstance(o, BaseException)]
-    leaked = _containers_of(env.instance)
+    leaked = _containers_of(env.instance, set(created))
     note = (
         f"{sessions} sessions x 4 parallel calls in {total:.1f} s; "
         f"{len(errors)} errors; {leaked} containers left after close"
@@ -280,14 +282,23 @@ async def _concurrency_row(env: BenchEnv, target: str, token: str) -> Row:
     )
 
 
-def _containers_of(instance: str) -> int:
+def _containers_of(instance: str, sessions: set[str]) -> int:
+    """Containers of this instance that belong to one of ``sessions`` (all closed by now)."""
     out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=dispatcher.instance={instance}"],
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            f"label=dispatcher.instance={instance}",
+            "--format",
+            '{{.Label "dispatcher.session"}}',
+        ],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
-    return len(out.split())
+    return sum(1 for sid in out.split() if sid in sessions)
 
 
 async def _none_rows(env: BenchEnv, target: str, token: str, label: str, *, floor: bool) -> list[Row]:
