@@ -244,9 +244,16 @@ def test_requests_run_concurrently_with_a_running_command(agent: AgentProcess) -
     agent.send({"id": 1, "op": "exec", "command": "while [ ! -e flag ]; do sleep 0.01; done; echo released"})
     # The command blocks until the flag exists; the agent must still answer in the meantime.
     assert agent.call({"id": 2, "op": "ping"})[0]["id"] == 2
-    assert agent.call({"id": 3, "op": "write", "path": "flag"}, b"")[0]["id"] == 3
-    chunks, end = _collect_exec(agent, 1)
-    assert chunks == [("stdout", b"released\n")] and end["exit_code"] == 0
+    agent.send({"id": 3, "op": "write", "path": "flag"}, b"")
+    # Once the flag exists the command may finish before the write's reply is sent: frames of
+    # the two requests can interleave in either order.
+    by_id: dict[int, list[tuple[dict[str, Any], bytes]]] = {1: [], 3: []}
+    while not (by_id[3] and by_id[1] and by_id[1][-1][0]["type"] == "exit"):
+        header, payload = agent.recv()
+        by_id[header["id"]].append((header, payload))
+    assert [h["type"] for h, _ in by_id[3]] == ["result"]
+    assert [(h["stream"], p) for h, p in by_id[1][:-1]] == [("stdout", b"released\n")]
+    assert by_id[1][-1][0]["exit_code"] == 0
 
 
 def test_signal_reaches_the_whole_process_group(agent: AgentProcess) -> None:
