@@ -312,6 +312,14 @@ class _Run:
             duration_ms=round(self.elapsed_ms(), 3),
         )
 
+    def log_extra(self) -> dict[str, str]:
+        """Fields every log line about this call carries (structured logs)."""
+        return {
+            "session_id": self.session.session_id,
+            "tool_use_id": self.tool_use.id,
+            "tool": self.tool_name,
+        }
+
     def elapsed_ms(self) -> float:
         """Time since the call arrived (audit: what the caller waited)."""
         return (time.monotonic() - self.started) * 1000
@@ -479,7 +487,7 @@ class _Run:
 
     async def _supervise(self, tool: Tool, task: asyncio.Future[ToolOutput], timeout: float) -> ToolOutput:
         if await self.call.wait(cast("asyncio.Future[Any]", task), timeout):
-            return _tool_result(task, self.tool_name)
+            return _tool_result(task, self.tool_name, self.log_extra())
         if not self.call.cancel_event.is_set():
             self.call.cancel(ToolErrorClass.TIMEOUT)
         reason = self.call.cancel_reason
@@ -500,7 +508,7 @@ class _Run:
                 "abandoning tool %s after %.0f s: it did not honour cancellation",
                 self.tool_name,
                 self.config.abandon_after,
-                extra={"session_id": self.session.session_id, "tool_use_id": self.tool_use.id},
+                extra=self.log_extra(),
             )
             task.cancel()
             return None
@@ -570,24 +578,24 @@ def _tool_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"dispatcher.tool.{name}")
 
 
-def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str) -> ToolOutput:
+def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str, extra: dict[str, str]) -> ToolOutput:
     """The tool's output, with any non-ToolError turned into an opaque execution error."""
     try:
         output = task.result()
     except ToolError:
         raise
     except SandboxError as exc:
-        log.error("sandbox failure in tool %s: %s", tool_name, exc)
+        log.error("sandbox failure in tool %s: %s", tool_name, exc, extra=extra)
         raise ToolExecutionError(
             f"The sandbox failed while running {tool_name!r}; it will be recreated", exc
         ) from exc
     except Exception as exc:
-        log.exception("tool %s raised an unexpected exception", tool_name)
+        log.exception("tool %s raised an unexpected exception", tool_name, extra=extra)
         raise ToolExecutionError(
             f"Tool {tool_name!r} failed with an internal error", exc, is_user_visible=False
         ) from exc
     if not isinstance(output, ToolOutput):
-        log.error("tool %s returned %r instead of a ToolOutput", tool_name, type(output))
+        log.error("tool %s returned %r instead of a ToolOutput", tool_name, type(output), extra=extra)
         raise ToolExecutionError(f"Tool {tool_name!r} returned an invalid result", is_user_visible=False)
     return output
 
