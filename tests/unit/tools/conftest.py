@@ -46,21 +46,6 @@ class Harness:
 
 
 @pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return root
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    other = tmp_path / "outside"
-    other.mkdir()
-    (other / "secret.txt").write_text("top secret\n")
-    return other
-
-
-@pytest.fixture
 async def harness(workspace: Path) -> AsyncIterator[Harness]:
     sandbox = LocalSandbox(str(workspace))
     yield Harness(sandbox, workspace)
