@@ -1,4 +1,4 @@
-"""Fixtures: a temporary workspace, a directory outside it, and a local agent sandbox over it."""
+"""Fixtures: a local agent sandbox over the workspace (workspace and outside: tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
