@@ -220,6 +220,12 @@ async def measure(env: BenchEnv) -> list[Row]:
             rows.append(row(GROUP, "shell true via gRPC (warm)", shell, note))
             read = await time_async(call("read_file", {"path": "4k.txt"}), n, warmup=5)
             rows.append(row(GROUP, "read_file 4 KiB via gRPC", read, note))
+            for label, command, n_cancel in (
+                ("cancel -> cancelled result (cooperative)", "echo ready; sleep 100", 10),
+                ("cancel -> cancelled result (ignores SIGTERM)", "trap '' TERM; echo ready; sleep 100", 3),
+            ):
+                samples = [await _cancel_latency(client, sid, command) for _ in range(n_cancel)]
+                rows.append(row(GROUP, label, samples, note))
 
         rows.extend(await _none_rows(env, target, token, "NONE tool via gRPC", floor=False))
         if backend == "docker":
@@ -232,6 +238,26 @@ async def measure(env: BenchEnv) -> list[Row]:
     finally:
         _stop_server(proc)
     return rows
+
+
+async def _cancel_latency(client: AsyncDispatcherClient, sid: str, command: str) -> float:
+    """ms from CancelSessionTools to the ``cancelled`` result of a running shell call."""
+    cancelled_at = 0.0
+    canceller: asyncio.Future[None] | None = None
+    async for item in client.dispatch(
+        sid, [ToolUseBlock(secrets.token_hex(4), "shell", {"command": command})]
+    ):
+        if isinstance(item, ToolResultBlock):
+            took = (time.perf_counter() - cancelled_at) * 1000
+            if canceller is not None:
+                await canceller
+            if item.error_class is None or item.error_class.value != "cancelled":
+                raise RuntimeError(f"expected a cancelled result, got {item}")
+            return took
+        if item.type == "tool.output_delta" and not cancelled_at:
+            cancelled_at = time.perf_counter()
+            canceller = asyncio.ensure_future(client.cancel(sid))
+    raise RuntimeError("the Dispatch stream ended without a result")
 
 
 async def _concurrency_row(env: BenchEnv, target: str, token: str) -> Row:
