@@ -103,7 +103,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> DispatcherClient:
-    return DispatcherClient(args.server or default_target(), home=args.home, tls_ca=args.tls_ca)
+    return DispatcherClient(
+        args.server or default_target(),
+        home=args.home,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
 
 
 def _cli_session(client: DispatcherClient, args: argparse.Namespace) -> SessionInfo:
@@ -365,6 +371,8 @@ def _parser() -> argparse.ArgumentParser:
     client_opts.add_argument(
         "--tls-ca", metavar="FILE", help="connect over TLS, trusting this CA (default: $DISPATCHER_TLS_CA)"
     )
+    client_opts.add_argument("--tls-cert", metavar="FILE", help="client certificate, for mutual TLS")
+    client_opts.add_argument("--tls-key", metavar="FILE", help="the client certificate's private key")
     session_opts = argparse.ArgumentParser(add_help=False)
     session_opts.add_argument("--session", metavar="ID", help="use this session")
     session_opts.add_argument(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from dispatcher import cli
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from tests.server.conftest import TOKEN_ALPHA, ServerFactory
 
@@ -65,3 +67,20 @@ async def test_mutual_tls(make_server: ServerFactory, pki: Path) -> None:
         with pytest.raises(RequestFailed) as err:
             await anonymous.list_sessions()
         assert err.value.code == "UNAVAILABLE"
+
+
+async def test_cli_speaks_mutual_tls(
+    make_server: ServerFactory, pki: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tls = {
+        "cert_file": str(pki / "server.pem"),
+        "key_file": str(pki / "server.key"),
+        "client_ca_file": str(pki / "ca.pem"),
+    }
+    h = await make_server(tls=tls)
+    monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_ALPHA)
+    base = ["--server", h.target, "--tls-ca", str(pki / "ca.pem")]
+    with_cert = [*base, "--tls-cert", str(pki / "client.pem"), "--tls-key", str(pki / "client.key")]
+    assert await asyncio.to_thread(cli.main, ["call", *with_cert, "echo", '{"text": "over mtls"}']) == 0
+    assert "over mtls" in capsys.readouterr().out
+    assert await asyncio.to_thread(cli.main, ["sessions", *base]) == cli.EXIT_UNAVAILABLE  # no client cert
