@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -55,7 +56,8 @@ __all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
 
 log = logging.getLogger("dispatcher.core")
 _UNRESTRICTED = Capabilities()
-_SUMMARY_STRING_CHARS = 2_000  # long inputs (file contents) are cut before redaction and logging
+_SUMMARY_STRING_CHARS = 2_000
+_CLOSED_IDS_KEPT = 10_000  # long inputs (file contents) are cut before redaction and logging
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,8 @@ class ToolDispatcher:
         self._provider = sandbox_provider
         self._audit = audit
         self._sessions: dict[str, _SessionState] = {}
+        # Recently closed ids (bounded): a late dispatch must not silently bring a session back.
+        self._closed: OrderedDict[str, None] = OrderedDict()
 
     # -- registry -------------------------------------------------------------------------
 
@@ -182,6 +186,9 @@ class ToolDispatcher:
             return
         await self.cancel_session_tools(session_id)
         state = self._sessions.pop(session_id)
+        self._closed[session_id] = None
+        while len(self._closed) > _CLOSED_IDS_KEPT:
+            self._closed.popitem(last=False)
         try:
             await self._provider.close_session(session_id)
         finally:
@@ -247,7 +254,13 @@ class ToolDispatcher:
     async def dispatch(
         self, tool_use: ToolUseBlock, session: Session, *, turn_id: str = ""
     ) -> ToolResultBlock:
-        """Run one tool_use through the ten steps; always returns a result, never raises a tool error."""
+        """Run one tool_use through the ten steps; always returns a result, never raises a tool error.
+
+        Raises:
+            UnknownSessionError: the session was closed (an unknown one is opened on first use).
+        """
+        if session.session_id not in self._sessions and session.session_id in self._closed:
+            raise UnknownSessionError(f"session {session.session_id!r} is closed")
         self.open_session(session)
         state = self._sessions[session.session_id]
         call = _Call(tool_use.id)

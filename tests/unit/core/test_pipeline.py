@@ -532,3 +532,16 @@ async def test_event_durations_exclude_the_confirmation_wait(
     await task
     assert completed.payload["duration_ms"] < 150
     await d.aclose()
+
+
+async def test_a_closed_session_is_not_brought_back_by_a_late_dispatch(
+    dispatcher: ToolDispatcher, session: Session
+) -> None:
+    from dispatcher.core import UnknownSessionError
+
+    assert not (await run(dispatcher, session, "echo", {"text": "x"})).is_error
+    await dispatcher.close_session("s1")
+    with pytest.raises(UnknownSessionError, match="closed"):
+        await run(dispatcher, session, "echo", {"text": "late"})
+    with pytest.raises(UnknownSessionError):
+        dispatcher.events("s1")
