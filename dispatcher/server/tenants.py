@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -92,9 +93,24 @@ def resolve_workspace(tenant: Tenant, name: str) -> tuple[str, Path]:
     root = tenant.workspace_root
     root.mkdir(parents=True, exist_ok=True, mode=0o755)
     real_root = Path(os.path.realpath(root))
-    path = real_root.joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
-    real = Path(os.path.realpath(path))
-    if real != real_root and real_root not in real.parents:
-        raise InvalidRequest(f"workspace: {name!r} resolves outside the tenant's workspace root")
+    # Sandboxes write inside workspaces, so a component may be a symlink a sandbox planted. Walk
+    # down with directory fds that never follow one: nothing below the root is created or opened
+    # through a link, and nothing can be swapped in between a check and its use.
+    fd = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                raise InvalidRequest(
+                    f"workspace: {name!r} is not a directory under the tenant's workspace root"
+                    " (a symlink or a file is in the way)"
+                ) from None
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    real = real_root.joinpath(*parts)
     return "/".join(parts), real

@@ -85,6 +85,20 @@ async def test_symlinked_workspace_out_of_the_root_is_refused(harness: Harness) 
     assert err.value.code == "INVALID_ARGUMENT"
 
 
+async def test_a_symlink_planted_inside_a_workspace_cannot_steer_creation_outside(harness: Harness) -> None:
+    # A sandbox can write symlinks into its own workspace; naming a nested workspace through one
+    # must neither be accepted nor create anything where it points.
+    root = harness.tmp / "ws-alpha"
+    (root / "mine").mkdir(parents=True, exist_ok=True)
+    target = harness.tmp / "elsewhere"
+    target.mkdir()
+    os.symlink(target, root / "mine" / "planted")
+    with pytest.raises(RequestFailed) as err:
+        await harness.client().create_session("mine/planted/new")
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert list(target.iterdir()) == []
+
+
 async def test_tool_allow_list(harness: Harness) -> None:
     tiny = harness.client(TOKEN_TINY)
     session = await tiny.create_session()
