@@ -13,21 +13,54 @@ DENIED: Final = "tool.call.denied"
 
 
 class AuditLog:
-    """One JSON object per line; the file is opened for append and never rewritten."""
+    """One JSON object per line; lines are only ever appended, never rewritten.
 
-    def __init__(self, path: str) -> None:
+    When the file would pass ``max_bytes`` it is renamed to ``<path>.1`` (older ones shift up to
+    ``<path>.<backups>``, the oldest is dropped) and a new file is started, so a long-running
+    server's audit trail stays bounded on disk without losing a record mid-line.
+    """
+
+    def __init__(self, path: str, *, max_bytes: int = 64 << 20, backups: int = 5) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
         self._lock = threading.Lock()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._file: TextIO | None = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+        self._file: TextIO | None = None
+        self._size = 0
+        self._open()
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._size = os.fstat(fd).st_size
+        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+
+    def _rotate(self) -> None:
+        assert self._file is not None
+        self._file.close()
+        for i in range(self.backups - 1, 0, -1):
+            older = f"{self.path}.{i}"
+            if os.path.exists(older):
+                os.replace(older, f"{self.path}.{i + 1}")
+        if self.backups > 0:
+            os.replace(self.path, f"{self.path}.1")
+        else:
+            os.unlink(self.path)
+        self._open()
 
     def record(self, kind: str, **fields: Any) -> None:
         """Append one record; ``fields`` must already be redacted."""
-        line = json.dumps({"time": time.time(), "kind": kind, **fields}, default=str, ensure_ascii=False)
+        line = (
+            json.dumps({"time": time.time(), "kind": kind, **fields}, default=str, ensure_ascii=False) + "\n"
+        )
+        size = len(line.encode("utf-8"))
         with self._lock:
-            if self._file is not None:
-                self._file.write(line + "\n")
+            if self._file is None:
+                return
+            if self._size and self._size + size > self.max_bytes:
+                self._rotate()
+            self._file.write(line)
+            self._size += size
 
     def close(self) -> None:
         with self._lock:
@@ -43,6 +76,7 @@ class MemoryAuditLog(AuditLog):
         self.path = ""
         self._lock = threading.Lock()
         self._file = None
+        self._size = 0
         self.records: list[dict[str, Any]] = []
 
     def record(self, kind: str, **fields: Any) -> None:

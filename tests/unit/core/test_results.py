@@ -78,3 +78,16 @@ def test_audit_log_appends_jsonl(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["kind"] for r in lines] == [DENIED, "tool.call.dispatched"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_audit_log_rotates_by_size_and_keeps_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(str(path), max_bytes=400, backups=2)
+    for i in range(30):
+        log.record("tool.call.dispatched", n=i, pad="x" * 40)
+    log.close()
+    files = [path, tmp_path / "audit.jsonl.1", tmp_path / "audit.jsonl.2"]
+    assert all(f.exists() for f in files) and not (tmp_path / "audit.jsonl.3").exists()
+    assert all(f.stat().st_size <= 400 for f in files)
+    kept = [json.loads(line)["n"] for f in reversed(files) for line in f.read_text().splitlines()]
+    assert kept == list(range(30 - len(kept), 30))  # the newest records, in order, none cut in half
