@@ -132,6 +132,17 @@ def _credentials(
     return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
 
 
+def _open_channel(
+    api: Any, target: str | None, tls_ca: str | None, tls_cert: str | None, tls_key: str | None
+) -> Any:
+    """A channel from ``api`` (``grpc`` or ``grpc.aio``: same call shapes), TLS when a CA is known."""
+    creds = _credentials(tls_ca, tls_cert, tls_key)
+    addr = target or default_target()
+    if creds is None:
+        return api.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+    return api.secure_channel(addr, creds, options=_CHANNEL_OPTIONS)
+
+
 class DispatcherClient(_Base):
     """Blocking client; each streaming method returns an iterator that ``cancel()`` on close ends."""
 
@@ -150,13 +161,7 @@ class DispatcherClient(_Base):
         super().__init__(token, home)
         self._owns_channel = channel is None
         if channel is None:
-            creds = _credentials(tls_ca, tls_cert, tls_key)
-            addr = target or default_target()
-            channel = (
-                grpc.secure_channel(addr, creds, options=_CHANNEL_OPTIONS)
-                if creds is not None
-                else grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
-            )
+            channel = _open_channel(grpc, target, tls_ca, tls_cert, tls_key)
         self._channel = channel
         self._stub = pb_grpc.ToolDispatcherStub(self._channel)
         self._timeout = timeout
@@ -276,13 +281,7 @@ class AsyncDispatcherClient(_Base):
         super().__init__(token, home)
         self._owns_channel = channel is None
         if channel is None:
-            creds = _credentials(tls_ca, tls_cert, tls_key)
-            addr = target or default_target()
-            channel = (
-                grpc.aio.secure_channel(addr, creds, options=_CHANNEL_OPTIONS)
-                if creds is not None
-                else grpc.aio.insecure_channel(addr, options=_CHANNEL_OPTIONS)
-            )
+            channel = _open_channel(grpc.aio, target, tls_ca, tls_cert, tls_key)
         self._channel = channel
         self._stub = pb_grpc.ToolDispatcherStub(self._channel)
         self._timeout = timeout
