@@ -556,8 +556,9 @@ class _Run:
                 "message": message,
                 "duration_ms": round(self.run_ms(), 3),
             }
-            if exc.output is not None and _first_text(exc.output):
-                payload["partial_output"] = truncate_head_tail(_first_text(exc.output), 4_000)
+            partial = _first_text(exc.output) if exc.output is not None else ""
+            if partial:
+                payload["partial_output"] = truncate_head_tail(partial, 4_000)
             self.emit(ev.TOOL_FAILED, **payload)
         self.audit(DENIED if denied else DISPATCHED, error_class.value)
         output = exc.output
