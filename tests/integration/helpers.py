@@ -19,7 +19,12 @@ from dispatcher.sandbox.docker_config import LABEL_INSTANCE
 
 def containers_of(client: docker.DockerClient, instance: str) -> list[Any]:
     """Containers (running or not) carrying ``instance``'s label."""
-    return list(client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}))
+    # ignore_removed: a container removed between the list and its inspect is simply gone.
+    return list(
+        client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}, ignore_removed=True
+        )
+    )
 
 
 def runsc_available(client: docker.DockerClient) -> bool:
