@@ -27,3 +27,13 @@ class Session:
     """None: the dispatcher's policy."""
     capabilities: Capabilities | None = None
     """None: every tool, the whole workspace read-write."""
+    workspace_root: str | None = None
+    """The tenant's workspace root on the host (from the config, trusted). When set, the workspace
+    is ``workspace_name`` below it, and a sandbox provider must reach it by walking down from this
+    root without following any link, at every launch: a sandbox may have swapped a component."""
+    workspace_name: str = ""
+    """The workspace's normalised relative path under ``workspace_root`` (``a/b``)."""
+    sandbox_uid: int | None = None
+    """Host uid the session's sandbox runs as (None: the provider's configured user)."""
+    sandbox_gid: int | None = None
+    """Host gid the session's sandbox runs as (None: the provider's configured group)."""

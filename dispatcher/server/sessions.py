@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
@@ -82,6 +83,8 @@ class SessionManager:
             labels=dict(labels),
             policy=tenant.policy,
             capabilities=tenant.capabilities,
+            workspace_root=os.path.realpath(tenant.workspace_root),
+            workspace_name=name,
         )
         self.dispatcher.open_session(session)
         entry = ServerSession(session, name, time.time())

@@ -1,0 +1,55 @@
+"""Make text safe to show a human: control, format (bidi) and separator characters become escapes.
+
+What a person approves or reads in a listing must be what is there. A terminal interprets ``\\r``,
+ESC sequences and bidi overrides (U+202E) so that the text it draws is not the text it was given;
+these functions replace every such character with a visible escape (``\\r``, ``\\x1b``,
+``\\u202e``) and never drop or shorten anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+
+# Cc: C0/C1 controls and DEL; Cf: format characters, among them the bidi embeddings, overrides and
+# isolates and the zero-width ones; Cs: lone surrogates (names that were not valid UTF-8);
+# Zl/Zp: line and paragraph separators, which some terminals and editors break lines on.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+@functools.cache
+def _pattern(keep: str, escape_backslash: bool) -> re.Pattern[str]:
+    chars = [
+        chr(cp)
+        for cp in range(0x110000)
+        if unicodedata.category(chr(cp)) in _INVISIBLE_CATEGORIES and chr(cp) not in keep
+    ]
+    if escape_backslash:
+        chars.append("\\")
+    body = "".join(re.escape(c) if c != "\\" else "\\\\" for c in chars)
+    return re.compile(f"[{body}]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    short = _SHORT.get(ch)
+    if short is not None:
+        return short
+    cp = ord(ch)
+    return f"\\x{cp:02x}" if cp < 0x100 else (f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}")
+
+
+def visible(text: str, *, keep_newlines: bool = False, escape_backslash: bool = False) -> str:
+    """``text`` with every invisible or display-changing character escaped.
+
+    ``keep_newlines`` leaves ``\\n`` and ``\\t`` as they are (a multi-line command stays readable);
+    ``escape_backslash`` doubles backslashes so an escape can never be forged (one name, one line).
+    """
+    return _pattern("\n\t" if keep_newlines else "", escape_backslash).sub(_escape, text)
+
+
+def count_escaped(text: str, *, keep_newlines: bool = False) -> int:
+    """How many characters ``visible`` would escape (0: the text is shown exactly as it is)."""
+    return len(_pattern("\n\t" if keep_newlines else "", False).findall(text))
