@@ -43,7 +43,7 @@ _ALLOWED_KEYS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class ConfirmationPolicy:
-    """Resolves the mode for one call: per-tool > trusted-workspace rules > class default."""
+    """Resolves the mode for one call: per-tool > trusted-workspace rules > class default; deny stays deny."""
 
     default: Mapping[SideEffect, Mode] = field(default_factory=lambda: dict(_CAUTIOUS))
     per_tool: Mapping[str, Mode] = field(default_factory=dict)
@@ -115,14 +115,18 @@ class ConfirmationPolicy:
     def mode_for(
         self, tool_name: str, side_effect: SideEffect, workspace_path: str, *, always_prompt: bool = False
     ) -> Mode:
-        """The mode that applies to one call."""
+        """The mode that applies to one call.
+
+        A per-tool mode wins. Otherwise the class default applies, and a trusted workspace may
+        replace it with its override (auto when none) unless the default is ``deny``: trust lowers
+        the bar for what would be asked, it never opens what is forbidden.
+        """
         if tool_name in self.per_tool:
             mode = self.per_tool[tool_name]
-        elif self.is_trusted(workspace_path):
-            # Within a trusted workspace the bar is lowered to auto, except where overridden.
-            mode = self.trusted_workspace_overrides.get(side_effect, Mode.AUTO)
         else:
             mode = self.default.get(side_effect, Mode.PROMPT)
+            if mode is not Mode.DENY and self.is_trusted(workspace_path):
+                mode = self.trusted_workspace_overrides.get(side_effect, Mode.AUTO)
         if always_prompt and mode in (Mode.AUTO, Mode.PROMPT_ONCE):
             return Mode.PROMPT  # nothing lowers an always-prompt tool, not even a remembered answer
         return mode

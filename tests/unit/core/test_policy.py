@@ -96,3 +96,40 @@ def test_errors_name_the_bad_key(section: object, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         ConfirmationPolicy.from_config(section)  # type: ignore[arg-type]
     assert str(info.value).startswith(key + ":")
+
+
+@pytest.mark.parametrize("effect", [SideEffect.WRITE, SideEffect.EXECUTE, SideEffect.NETWORK])
+def test_trusted_workspace_never_lifts_a_class_deny(tmp_path: Path, effect: SideEffect) -> None:
+    p = ConfirmationPolicy.from_config(
+        {"default": {effect.value: "deny"}, "trusted_workspaces": [str(tmp_path)]}
+    )
+    assert p.mode_for("t", effect, str(tmp_path / "sub")) is Mode.DENY
+    with_override = p.merged({"trusted_workspace_overrides": {effect.value: "auto"}})
+    assert with_override.mode_for("t", effect, str(tmp_path)) is Mode.DENY
+
+
+def test_trusted_workspace_never_lifts_a_per_tool_deny(tmp_path: Path) -> None:
+    p = ConfirmationPolicy.preset("autonomous").merged(
+        {
+            "per_tool": {"shell": "deny"},
+            "trusted_workspaces": [str(tmp_path)],
+            "trusted_workspace_overrides": {"EXECUTE": "auto"},
+        }
+    )
+    assert p.mode_for("shell", SideEffect.EXECUTE, str(tmp_path)) is Mode.DENY
+
+
+@pytest.mark.parametrize("asked", ["prompt", "prompt_once"])
+def test_trusted_workspace_lowers_prompt_to_its_override_or_auto(tmp_path: Path, asked: str) -> None:
+    p = ConfirmationPolicy.from_config(
+        {
+            "default": {"WRITE": asked, "EXECUTE": asked, "NETWORK": asked},
+            "trusted_workspaces": [str(tmp_path)],
+            "trusted_workspace_overrides": {"EXECUTE": "prompt_once"},
+        }
+    )
+    inside = str(tmp_path)
+    assert p.mode_for("w", SideEffect.WRITE, inside) is Mode.AUTO
+    assert p.mode_for("n", SideEffect.NETWORK, inside) is Mode.AUTO
+    assert p.mode_for("x", SideEffect.EXECUTE, inside) is Mode.PROMPT_ONCE
+    assert p.mode_for("w", SideEffect.WRITE, str(tmp_path.parent)) is Mode(asked)
