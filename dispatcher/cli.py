@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from dispatcher.client import DispatcherClient, RequestFailed
@@ -36,6 +36,7 @@ from dispatcher.core.events import (
 )
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
+from dispatcher.core.visible import visible
 from dispatcher.server.convert import SessionInfo
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -228,6 +229,22 @@ def _resolve(args: argparse.Namespace) -> int:
 # --- output ------------------------------------------------------------------------------------------
 
 
+def _confirmation_lines(p: Mapping[str, Any], prefix: str) -> str:
+    """A confirmation request: a line about it, then the input exactly as the server shows it.
+
+    Every line of the input is marked with ``| `` so a reader sees where it starts and ends; the
+    text goes through ``visible`` again in case a server sent control characters raw.
+    """
+    modifies = [visible(str(m), escape_backslash=True) for m in p.get("projected_modifications") or ()]
+    head = (
+        f"confirmation {p.get('request_id')} requested for {p.get('tool_name')} ({p.get('side_effect')})"
+        + (f" -> modifies {', '.join(modifies)}" if modifies else "")
+        + ":"
+    )
+    shown = visible(str(p.get("input_summary", "")), keep_newlines=True)
+    return head + "".join(f"\n{prefix}  | {line}" for line in shown.split("\n"))
+
+
 class _CallPrinter:
     """Human or JSON-lines rendering of events and results; shell output is streamed as it comes."""
 
@@ -259,15 +276,7 @@ class _CallPrinter:
             TOOL_INPUT_INVALID: lambda: (
                 f"{p.get('tool_name')} input invalid: {'; '.join(p.get('errors', []))}"
             ),
-            TOOL_CONFIRMATION_REQUESTED: lambda: (
-                f"confirmation {p.get('request_id')} requested for {p.get('tool_name')} "
-                f"({p.get('side_effect')}): {p.get('input_summary')}"
-                + (
-                    f" -> modifies {', '.join(p['projected_modifications'])}"
-                    if p.get("projected_modifications")
-                    else ""
-                )
-            ),
+            TOOL_CONFIRMATION_REQUESTED: lambda: _confirmation_lines(p, prefix),
             TOOL_CONFIRMATION_RESOLVED: lambda: (
                 f"confirmation {p.get('request_id')}: {p.get('decision')} ({p.get('reason')})"
             ),

@@ -62,7 +62,7 @@ def check_schema(tool_name: str, schema: Mapping[str, Any]) -> Draft7Validator:
 def validation_errors(validator: Draft7Validator, instance: Any) -> list[str]:
     """Every violation of ``instance``, each prefixed with its JSON path, in a stable order."""
     if isinstance(instance, UnparsedInput):
-        return [f"$: input is not valid JSON: {instance.error}"]
+        return [f"$: {instance.problem}: {instance.error}"]
     if not isinstance(instance, dict):
         kind = "null" if instance is None else type(instance).__name__
         return [f"$: input must be a JSON object, got {kind}"]

@@ -82,9 +82,11 @@ class UnparsedInput:
 
     raw: str
     error: str
+    problem: str = "input is not valid JSON"
+    """What is wrong in general; ``error`` says where or how (an input too deep to parse is refused)."""
 
     def __str__(self) -> str:
-        return f"<input is not valid JSON: {self.error}>"
+        return f"<{self.problem}: {self.error}>"
 
 
 @dataclass(slots=True)

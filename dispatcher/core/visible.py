@@ -21,14 +21,24 @@ _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 @functools.cache
 def _pattern(keep: str, escape_backslash: bool) -> re.Pattern[str]:
-    chars = [
-        chr(cp)
+    codes = [
+        cp
         for cp in range(0x110000)
         if unicodedata.category(chr(cp)) in _INVISIBLE_CATEGORIES and chr(cp) not in keep
     ]
     if escape_backslash:
-        chars.append("\\")
-    body = "".join(re.escape(c) if c != "\\" else "\\\\" for c in chars)
+        codes.append(ord("\\"))
+    # As ranges (about 25 instead of 2,000+ members): the regex engine then tests each character
+    # against a short list, about ten times faster on long text than against every member.
+    ranges: list[list[int]] = []
+    for cp in sorted(codes):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    body = "".join(
+        re.escape(chr(lo)) if lo == hi else f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in ranges
+    )
     return re.compile(f"[{body}]")
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.core import events as ev
+from dispatcher.core import jsonlimits
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import Event
@@ -140,10 +141,15 @@ def tool_from_pb(msg: pb.Tool) -> ToolInfo:
 
 
 def tool_use_from_pb(msg: pb.ToolUse) -> ToolUseBlock:
-    """Invalid JSON is not a request error: the core turns the placeholder into a validation result."""
+    """Invalid JSON is not a request error: the core turns the placeholder into a validation result.
+
+    So is JSON too deep or too large in values to handle: it is refused before it is parsed.
+    """
     tool_input: Any
     try:
-        tool_input = json.loads(msg.input_json) if msg.input_json.strip() else {}
+        tool_input = jsonlimits.loads(msg.input_json) if msg.input_json.strip() else {}
+    except jsonlimits.InputShapeError as exc:
+        tool_input = UnparsedInput(msg.input_json, str(exc), problem="input is refused")
     except (ValueError, RecursionError) as exc:
         tool_input = UnparsedInput(msg.input_json, str(exc))
     return ToolUseBlock(id=msg.id, name=msg.name, input=tool_input)

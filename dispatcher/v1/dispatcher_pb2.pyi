@@ -652,7 +652,11 @@ class ToolConfirmationRequested(_message.Message):
     tool_name: _builtins.str
     """Name of the tool."""
     input_summary: _builtins.str
-    """Short, redacted summary of the input."""
+    """What the human is asked to approve: a header line (what follows, its size, how many characters
+    are shown escaped), then the whole input exactly as it will run (for `shell` the command, for
+    other tools the input's JSON), never redacted or cut; control and bidi characters are shown as
+    escapes (\\r, \\u202e). An input too long to show is refused instead of asked about.
+    """
     side_effect: Global___SideEffect.ValueType
     """The tool's side-effect class."""
     @_builtins.property

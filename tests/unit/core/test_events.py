@@ -70,3 +70,18 @@ async def test_close_ends_subscriptions_after_draining() -> None:
     assert len([e async for e in sub]) == 2
     late = bus.subscribe(after_seq=0)
     assert len([e async for e in late]) == 2  # a closed bus still replays, then ends
+
+
+async def test_after_seq_beyond_the_bus_never_delivers_lower_seqs_live() -> None:
+    bus = EventBus("s")
+    publish(bus, 2)
+    sub = bus.subscribe(after_seq=5)
+    publish(bus, 5)  # seqs 3..7: only 6 and 7 are after the cursor
+    assert [e.seq for e in await drain(sub)] == [6, 7]
+
+
+async def test_after_seq_applies_to_filtered_live_subscriptions() -> None:
+    bus = EventBus("s")
+    sub = bus.subscribe(after_seq=1, event_filter=lambda e: e.seq != 3)
+    publish(bus, 4)
+    assert [e.seq for e in await drain(sub)] == [2, 4]
