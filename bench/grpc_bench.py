@@ -114,7 +114,18 @@ def _start_server(env: BenchEnv, token: str, backend: str) -> tuple[subprocess.P
         "tool_confirmation": {"preset": "autonomous"},
         "sandbox": sandbox,
         "tools": ["bench.grpc_bench:make_noop_tool"],
-        "tenants": [{"id": "bench", "token_sha256": hash_token(token), "workspace_root": str(home / "ws")}],
+        "tenants": [
+            {
+                "id": "bench",
+                "token_sha256": hash_token(token),
+                "workspace_root": str(home / "ws"),
+                # The concurrency row opens one session and one Dispatch per simulated agent at once.
+                "quotas": {
+                    "max_sessions": env.concurrency_sessions + 10,
+                    "max_concurrent_dispatches": env.concurrency_sessions + 10,
+                },
+            }
+        ],
     }
     path = home / "config.yaml"
     path.write_text(yaml.safe_dump(config))

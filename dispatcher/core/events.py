@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final
 
@@ -42,9 +43,36 @@ class Event:
     tool_use_id: str
     type: str
     payload: Mapping[str, Any]
+    size: int = field(default=0, compare=False, repr=False)
+    """Estimated bytes the event holds in memory (set by the bus at publish; 0 if unknown)."""
+
+
+def estimate_bytes(value: Any) -> int:
+    """An estimate, from above, of the memory ``value`` holds; walks containers without recursion."""
+    total = 0
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str | bytes):
+            total += sys.getsizeof(item)
+        elif isinstance(item, Mapping | list | tuple | set | frozenset):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            total += sys.getsizeof(item)
+            if isinstance(item, Mapping):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            else:
+                stack.extend(item)
+        else:
+            total += 32
+    return total
 
 
 EventFilter = Callable[[Event], bool]
+_EVENT_OVERHEAD = 256  # the Event object, its seq and time, the deque slot
 
 
 class Subscription:
@@ -54,9 +82,14 @@ class Subscription:
     events (counted in ``dropped``) rather than growing memory; other events are never dropped.
     """
 
-    def __init__(self, bus: EventBus, event_filter: EventFilter | None, max_pending: int) -> None:
+    def __init__(
+        self, bus: EventBus, event_filter: EventFilter | None, max_pending: int, after_seq: int = 0
+    ) -> None:
         self._bus = bus
         self._filter = event_filter
+        # Nothing at or below the client's cursor is delivered, replayed or live: a cursor ahead
+        # of the bus (a client that saw a later server life, or guessed) must not get old seqs.
+        self._after_seq = after_seq
         self._max_pending = max_pending
         self._pending: deque[Event] = deque()
         self._wakeup = asyncio.Event()
@@ -64,6 +97,8 @@ class Subscription:
         self.dropped = 0
 
     def _offer(self, event: Event) -> None:
+        if event.seq <= self._after_seq:
+            return
         if self._filter is not None and not self._filter(event):
             return
         if event.type == TOOL_OUTPUT_DELTA and len(self._pending) >= self._max_pending:
@@ -100,11 +135,26 @@ class Subscription:
 
 
 class EventBus:
-    """Events of one session. Publishing is synchronous and never blocks."""
+    """Events of one session. Publishing is synchronous and never blocks.
 
-    def __init__(self, session_id: str, *, history: int = 10_000, max_pending: int = 4096) -> None:
+    The replay history keeps at most ``history`` events and ``history_bytes`` (estimated) bytes:
+    the oldest leave first, and an event bigger than the whole budget is delivered live only.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        history: int = 10_000,
+        history_bytes: int = 8 << 20,
+        max_pending: int = 4096,
+    ) -> None:
         self.session_id = session_id
-        self._history: deque[Event] = deque(maxlen=history)
+        self._history: deque[Event] = deque()
+        self._history_cap = history
+        self._history_budget = history_bytes
+        self.history_bytes = 0
+        """Estimated bytes the replay history holds now (never more than ``history_bytes``)."""
         self._subscribers: list[Subscription] = []
         self._max_pending = max_pending
         self._seq = 0
@@ -117,8 +167,9 @@ class EventBus:
     def publish(self, type: str, *, turn_id: str, tool_use_id: str, payload: Mapping[str, Any]) -> Event:
         """Stamp and deliver one event to history and every subscriber."""
         self._seq += 1
-        event = Event(self._seq, time.time(), self.session_id, turn_id, tool_use_id, type, payload)
-        self._history.append(event)
+        size = _EVENT_OVERHEAD + estimate_bytes((turn_id, tool_use_id, payload))
+        event = Event(self._seq, time.time(), self.session_id, turn_id, tool_use_id, type, payload, size)
+        self._remember(event)
         for sub in tuple(self._subscribers):
             sub._offer(event)
         return event
@@ -128,20 +179,28 @@ class EventBus:
     ) -> Subscription:
         """Follow live events; with ``after_seq``, first replay retained events with a greater seq.
 
+        No event with ``seq <= after_seq`` is ever delivered, live ones included.
+
         ``event_filter`` is called synchronously inside ``publish``, in publish order, before
         ``publish`` returns: a caller may rely on that (for example to tap events into its own queue
         at the moment they happen). It must be quick and must not publish.
         """
-        sub = Subscription(self, event_filter, self._max_pending)
+        sub = Subscription(self, event_filter, self._max_pending, after_seq or 0)
         if after_seq is not None:
             for event in self._history:
-                if event.seq > after_seq:
-                    sub._offer(event)
+                sub._offer(event)
         if self._closed:
             sub.close()
         else:
             self._subscribers.append(sub)
         return sub
+
+    def _remember(self, event: Event) -> None:
+        history = self._history
+        history.append(event)
+        self.history_bytes += event.size
+        while history and (len(history) > self._history_cap or self.history_bytes > self._history_budget):
+            self.history_bytes -= history.popleft().size
 
     def close(self) -> None:
         """End every subscription (after it drains)."""

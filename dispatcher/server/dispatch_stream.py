@@ -9,6 +9,13 @@ matching events into this call's queue there and then. A call's result is queued
 returns, i.e. after its last event was published, so one FIFO queue gives the right order without
 any timing assumption. Like the bus's own subscriptions, the tap drops ``tool.output_delta`` events
 (never others) when the client falls more than ``max_pending`` items behind.
+
+Memory: results are never dropped, so what a client that does not read can make the server hold is
+bounded at the start instead. Each running tool_use reserves the most one result may weigh
+(``DispatcherConfig.result_budget_bytes``); the next tool_use starts only while the bytes queued for
+the client plus those reservations stay within ``pending_bytes`` (one tool_use may always run, so a
+call always progresses). Further tool_uses start as the client reads. A session being cancelled or
+closed starts them all at once, so that the core cancels them like any other call.
 """
 
 from __future__ import annotations
@@ -22,22 +29,26 @@ from typing import Any
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import TOOL_OUTPUT_DELTA, Event
+from dispatcher.core.result_size import result_bytes
 from dispatcher.core.session import Session
 from dispatcher.core.types import TextBlock, ToolResultBlock, ToolUseBlock
 
 log = logging.getLogger("dispatcher.server.dispatch")
 
 Item = Event | ToolResultBlock
+PENDING_RESULT_BYTES = 16 << 20
+"""Default per Dispatch: bytes of results (and events) held for a client that has not read them."""
 
 
 class _CallQueue:
-    """Unbounded for events that matter, bounded for output deltas."""
+    """Unbounded for events that matter, bounded for output deltas; counts the bytes it holds."""
 
     def __init__(self, max_pending: int) -> None:
-        self._items: deque[Item] = deque()
+        self._items: deque[tuple[Item, int]] = deque()
         self._wakeup = asyncio.Event()
         self._max_pending = max_pending
         self.dropped = 0
+        self.bytes = 0
 
     def put(self, item: Item) -> None:
         if (
@@ -47,14 +58,18 @@ class _CallQueue:
         ):
             self.dropped += 1
             return
-        self._items.append(item)
+        size = item.size if isinstance(item, Event) else result_bytes(item)
+        self._items.append((item, size))
+        self.bytes += size
         self._wakeup.set()
 
     async def get(self) -> Item:
         while not self._items:
             self._wakeup.clear()
             await self._wakeup.wait()
-        return self._items.popleft()
+        item, size = self._items.popleft()
+        self.bytes -= size
+        return item
 
 
 class DispatchCall:
@@ -69,6 +84,7 @@ class DispatchCall:
         *,
         spawn: Callable[[Coroutine[Any, Any, None]], object],
         max_pending: int = 4096,
+        pending_bytes: int = PENDING_RESULT_BYTES,
     ) -> None:
         self._dispatcher = dispatcher
         self._session = session
@@ -78,6 +94,46 @@ class DispatchCall:
         self._queue = _CallQueue(max_pending)
         self._tasks: dict[str, asyncio.Task[ToolResultBlock]] = {}
         self._spawn = spawn
+        self._pending_bytes = pending_bytes
+        self._reserve = dispatcher.config.result_budget_bytes
+        self._running = 0  # started, result not queued yet
+        self._stopped = False  # the client went away: start nothing more
+
+    @property
+    def started(self) -> int:
+        """How many of the tool_uses have started (the rest wait for the client to read)."""
+        return len(self._tasks)
+
+    @property
+    def running(self) -> int:
+        """How many started tool_uses have no result yet."""
+        return self._running
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes queued for the client plus those reserved for the results of running tool_uses."""
+        return self._queue.bytes + self._running * self._reserve
+
+    def _start_more(self) -> None:
+        while len(self._tasks) < len(self._tool_uses) and not self._stopped:
+            held = self.held_bytes
+            if held and held + self._reserve > self._pending_bytes:
+                return  # back-pressure: the next one starts when the client reads
+            self._start(self._tool_uses[len(self._tasks)])
+
+    def start_all(self) -> None:
+        """Start every tool_use still waiting for room (the session is being cancelled or closed)."""
+        while len(self._tasks) < len(self._tool_uses) and not self._stopped:
+            self._start(self._tool_uses[len(self._tasks)])
+
+    def _start(self, tu: ToolUseBlock) -> None:
+        task = asyncio.create_task(
+            self._dispatcher.dispatch(tu, self._session, turn_id=self._turn_id),
+            name=f"dispatch:{self._session.session_id}:{tu.id}",
+        )
+        task.add_done_callback(self._result_ready)
+        self._tasks[tu.id] = task
+        self._running += 1
 
     def _tap(self, event: Event) -> bool:
         if event.turn_id == self._turn_id and event.tool_use_id in self._ids:
@@ -90,16 +146,11 @@ class DispatchCall:
         finished = False
         async with bus.subscribe(event_filter=self._tap):
             try:
-                for tu in self._tool_uses:
-                    task = asyncio.create_task(
-                        self._dispatcher.dispatch(tu, self._session, turn_id=self._turn_id),
-                        name=f"dispatch:{self._session.session_id}:{tu.id}",
-                    )
-                    task.add_done_callback(self._result_ready)
-                    self._tasks[tu.id] = task
-                remaining = len(self._tasks)
+                self._start_more()
+                remaining = len(self._tool_uses)
                 while remaining:
                     item = await self._queue.get()
+                    self._start_more()
                     if isinstance(item, ToolResultBlock):
                         remaining -= 1
                         if log.isEnabledFor(logging.DEBUG):
@@ -115,6 +166,7 @@ class DispatchCall:
                     yield item
                 finished = True
             finally:
+                self._stopped = True
                 if not finished:
                     # The client went away (or the server is stopping): cancel what still runs, in a
                     # task of its own because this one is being cancelled.
@@ -126,11 +178,13 @@ class DispatchCall:
             )
 
     def _result_ready(self, task: asyncio.Task[ToolResultBlock]) -> None:
+        self._running -= 1
         if task.cancelled():
             return
         exc = task.exception()
         if exc is None:
             self._queue.put(task.result())
+            self._start_more()
             return
         # The core turns every tool failure into a result; an exception here is a core bug. The
         # caller still gets exactly one result for the tool_use.
@@ -144,6 +198,7 @@ class DispatchCall:
                 error_class=ToolErrorClass.EXECUTION_ERROR,
             )
         )
+        self._start_more()
 
     async def _abandon(self) -> None:
         pending = [tid for tid, t in self._tasks.items() if not t.done()]

@@ -11,9 +11,9 @@ import grpc
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.server import convert
 from dispatcher.server.auth import current_tenant
-from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, status_for
-from dispatcher.server.sessions import SessionManager, check_tool_use_ids
+from dispatcher.server.inputs import InputParser
+from dispatcher.server.sessions import SessionManager, check_dispatch_request
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 
@@ -60,6 +60,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     def __init__(self, sessions: SessionManager, *, max_pending_events: int = 4096) -> None:
         self._sessions = sessions
         self._max_pending = max_pending_events
+        self._inputs = InputParser()
 
     @_unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Ctx) -> pb.CreateSessionResponse:
@@ -94,17 +95,12 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     @_stream
     async def Dispatch(self, request: pb.DispatchRequest, context: Ctx) -> AsyncIterator[pb.DispatchResponse]:
         tenant = current_tenant()
-        check_tool_use_ids([tu.id for tu in request.tool_uses])
+        check_dispatch_request(request.turn_id, [(tu.id, tu.name) for tu in request.tool_uses])
         entry = self._sessions.get(tenant, request.session_id)
-        async with self._sessions.dispatch_slot(tenant):
-            call = DispatchCall(
-                self._sessions.dispatcher,
-                entry.session,
-                request.turn_id,
-                convert.tool_uses_from_pb(request.tool_uses),
-                spawn=self._sessions.spawn,
-                max_pending=self._max_pending,
-            )
+        tool_uses = await self._inputs.tool_uses(tenant.tenant_id, request.tool_uses)
+        async with self._sessions.dispatch(
+            tenant, entry, request.turn_id, tool_uses, max_pending=self._max_pending
+        ) as call:
             async for item in call.items():
                 if isinstance(item, ToolResultBlock):
                     yield pb.DispatchResponse(result=convert.result_to_pb(item))

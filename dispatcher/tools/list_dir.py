@@ -6,18 +6,26 @@ from typing import Any
 
 from dispatcher.core.sandbox_api import DirEntry, FileOpError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
+from dispatcher.core.visible import visible
 from dispatcher.tools._common import PATH_SCHEMA, FileTool, explain, start
 
 MAX_ENTRIES = 500
 
 
 def format_entry(entry: DirEntry) -> str:
-    """``name/`` for directories, ``name@ -> target`` for symlinks, ``name`` otherwise."""
+    """``name/`` for directories, ``name@ -> target`` for symlinks, ``name`` otherwise.
+
+    The sandbox chooses names and link targets, so both are escaped (``visible`` with backslashes
+    doubled): one entry is always one line, a newline in a name cannot forge a second entry, and
+    bidi or control characters (or bytes that are not UTF-8) show as escapes, not as what they do.
+    """
+    name = visible(entry.name, escape_backslash=True)
     if entry.kind == "dir":
-        return entry.name + "/"
+        return name + "/"
     if entry.kind == "symlink":
-        return f"{entry.name}@ -> {entry.target or '?'}"
-    return entry.name
+        target = visible(entry.target, escape_backslash=True) if entry.target else "?"
+        return f"{name}@ -> {target}"
+    return name
 
 
 class ListDirTool(FileTool):
@@ -27,7 +35,9 @@ class ListDirTool(FileTool):
         name="list_dir",
         description=(
             "List the entries of a workspace directory (default: the workspace root), sorted by name. "
-            f"Directories end with '/', symlinks show '@ -> target'. At most {MAX_ENTRIES} entries."
+            f"Directories end with '/', symlinks show '@ -> target'. At most {MAX_ENTRIES} entries. "
+            "Names are escaped: a backslash shows as '\\\\', a newline as '\\n', other control and "
+            "bidi characters (and bytes that are not UTF-8) as \\xNN / \\uNNNN escapes."
         ),
         input_schema={
             "type": "object",

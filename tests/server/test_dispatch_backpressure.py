@@ -1,0 +1,87 @@
+"""A Dispatch whose client does not read holds a bounded number of bytes (issue 7, point 5)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from dispatcher.core import DispatcherConfig, Session, ToolDispatcher
+from dispatcher.core.types import (
+    ImageBlock,
+    SideEffect,
+    ToolContext,
+    ToolDefinition,
+    ToolOutput,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from dispatcher.sandbox.fake import FakeSandboxProvider
+from dispatcher.server.dispatch_stream import DispatchCall
+from tests.server.helpers import until
+
+RESULT_BUDGET = 100_000
+PENDING = 400_000
+
+
+class ImageTool:
+    """NONE: returns a 90 kB image (most of what one result may carry)."""
+
+    definition = ToolDefinition("image", "An image.", {"type": "object"}, SideEffect.NONE)
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
+        return ToolOutput([ImageBlock(b"\x89PNG\r\n\x1a\n" + b"\0" * 90_000, "image/png")])
+
+    async def cancel(self) -> bool:
+        return False
+
+
+def _call(tmp_path: Path, n: int) -> tuple[ToolDispatcher, DispatchCall]:
+    dispatcher = ToolDispatcher(
+        FakeSandboxProvider(), config=DispatcherConfig(result_budget_bytes=RESULT_BUDGET)
+    )
+    dispatcher.register(ImageTool)
+    session = Session("s1", str(tmp_path), "t1")
+    dispatcher.open_session(session)
+    background: list[asyncio.Task[None]] = []
+
+    def spawn(coro: Coroutine[Any, Any, None]) -> None:
+        background.append(asyncio.ensure_future(coro))
+
+    uses = [ToolUseBlock(f"u{i}", "image", {}) for i in range(n)]
+    return dispatcher, DispatchCall(dispatcher, session, "t", uses, spawn=spawn, pending_bytes=PENDING)
+
+
+async def test_a_client_that_does_not_read_holds_at_most_the_budget(tmp_path: Path) -> None:
+    dispatcher, call = _call(tmp_path, 40)
+    items = call.items()
+    await anext(items)  # the stream starts; the client then stops reading
+    await until(lambda: call.running == 0)  # everything started has finished
+    assert call.started < 40  # the rest wait for the client
+    assert call.held_bytes <= PENDING
+    results = 0
+    async for item in items:  # the client reads again: the rest start, nothing is lost
+        assert call.held_bytes <= PENDING + RESULT_BUDGET
+        results += isinstance(item, ToolResultBlock)
+    assert results == 40 and call.started == 40
+    await dispatcher.aclose()
+
+
+async def test_results_of_a_reading_client_arrive_as_before(tmp_path: Path) -> None:
+    dispatcher, call = _call(tmp_path, 10)
+    seen = [i.tool_use_id for i in [x async for x in call.items()] if isinstance(i, ToolResultBlock)]
+    assert sorted(seen) == sorted(f"u{i}" for i in range(10))
+    await dispatcher.aclose()
+
+
+async def test_waiting_tool_uses_start_when_the_session_is_cancelled(tmp_path: Path) -> None:
+    dispatcher, call = _call(tmp_path, 40)
+    items = call.items()
+    await anext(items)
+    await until(lambda: call.running == 0)
+    call.start_all()  # what SessionManager does before cancelling the session's calls
+    assert call.started == 40
+    results = [i async for i in items if isinstance(i, ToolResultBlock)]
+    assert len(results) == 40  # nothing was lost while they waited
+    await dispatcher.aclose()
