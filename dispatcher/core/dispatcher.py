@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -17,6 +16,7 @@ from dispatcher.core import events as ev
 from dispatcher.core.audit import DENIED, DISPATCHED, AuditLog
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.confirmation import ConfirmationBroker, Decision
+from dispatcher.core.display import SHOW_LIMIT, confirmation_text, summarize
 from dispatcher.core.errors import (
     ConfirmationTimeout,
     ToolCancelled,
@@ -29,12 +29,14 @@ from dispatcher.core.errors import (
     ToolUserDenied,
     ToolValidationError,
     UnknownSessionError,
+    WorkspaceEscapeError,
 )
 from dispatcher.core.events import EventBus
+from dispatcher.core.jsonlimits import shape_problem
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.policy import ConfirmationPolicy, Mode
-from dispatcher.core.redact import redact
 from dispatcher.core.registry import RegisteredTool, ToolRegistry
+from dispatcher.core.result_size import RESULT_BUDGET_BYTES, fit_result, image_overflow
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider
 from dispatcher.core.schema import validation_errors
 from dispatcher.core.session import Session
@@ -56,8 +58,9 @@ __all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
 
 log = logging.getLogger("dispatcher.core")
 _UNRESTRICTED = Capabilities()
-_SUMMARY_STRING_CHARS = 2_000
-_CLOSED_IDS_KEPT = 10_000  # long inputs (file contents) are cut before redaction and logging
+_CLOSED_IDS_KEPT = 10_000
+_VALIDATION_ERRORS_SHOWN = 20
+_VALIDATION_ERROR_CHARS = 500  # jsonschema messages quote the offending value whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,13 @@ class DispatcherConfig:
     abandon_after: float = 30.0
     confirmation_timeout: float = 300.0
     result_budget_chars: int = 48_000
+    confirmation_max_chars: int = SHOW_LIMIT
+    """Longest input a confirmation request shows; a longer one needing approval is refused unseen."""
+    result_budget_bytes: int = RESULT_BUDGET_BYTES
+    """Most bytes one result may carry, images included; a bigger one is cut or an error result."""
     event_history: int = 10_000
+    event_history_bytes: int = 8 << 20
+    """Per session: the oldest events leave the replay history beyond this many (estimated) bytes."""
 
 
 @dataclass(eq=False)
@@ -167,7 +176,11 @@ class ToolDispatcher:
         """Start tracking a session (idempotent) and return its event bus."""
         state = self._sessions.get(session.session_id)
         if state is None:
-            bus = EventBus(session.session_id, history=self.config.event_history)
+            bus = EventBus(
+                session.session_id,
+                history=self.config.event_history,
+                history_bytes=self.config.event_history_bytes,
+            )
             state = _SessionState(session, bus, asyncio.Semaphore(self.config.concurrency))
             self._sessions[session.session_id] = state
         return state.bus
@@ -297,6 +310,7 @@ class _Run:
         self.tool_name = tool_use.name
         self.decision = "auto"
         self._summary: Any = None
+        self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
 
     # Events and audit -------------------------------------------------------------------
 
@@ -304,9 +318,12 @@ class _Run:
         self.state.bus.publish(type, turn_id=self.turn_id, tool_use_id=self.tool_use.id, payload=payload)
 
     def summary(self) -> Any:
-        """The input as it may be shown: long strings cut, secrets redacted (computed once)."""
+        """The input as events, logs and audit report it: bounded, secrets redacted (computed once).
+
+        Never what a human approves: that is ``confirmation_text``, whole and unredacted.
+        """
         if self._summary is None:
-            self._summary = redact(_shorten(self.tool_use.input))
+            self._summary = summarize(self.tool_use.input)
         return self._summary
 
     def audit(self, kind: str, outcome: str) -> None:
@@ -348,8 +365,10 @@ class _Run:
             registered = self.lookup()  # step 1
             input_ = self.validate(registered)  # step 2
             sandbox = self.owner._provider.sandbox_for(self.session)
-            self.check_scope(registered.definition, input_, sandbox.workspace_root)  # step 3
-            await self.confirm(registered.definition, input_, sandbox.workspace_root)  # step 4
+            self.check_scope(registered.definition, input_, sandbox.workspace_root)  # step 3, lexical
+            mode = self.policy_mode(registered.definition)  # a deny needs no sandbox
+            await self.resolve_scope(registered.definition, input_, sandbox)  # step 3, where files are
+            await self.confirm(registered.definition, input_, mode, sandbox.workspace_root)  # step 4
         except ToolError as exc:
             return self.fail(exc, denied=True)
         if self.call.cancel_event.is_set():
@@ -381,13 +400,26 @@ class _Run:
         return registered
 
     def validate(self, registered: RegisteredTool) -> dict[str, Any]:
-        errors = validation_errors(registered.validator, self.tool_use.input)
+        # The shape first: jsonschema, and everything after it, recurses and walks every value.
+        problem = shape_problem(self.tool_use.input)
+        errors = [f"$: input is refused: {problem}"] if problem else self._schema_errors(registered)
         if errors:
             raise ToolValidationError(
                 "Invalid input for tool " + repr(self.tool_name) + ": " + "; ".join(errors), errors
             )
         input_: dict[str, Any] = self.tool_use.input
         return input_
+
+    def _schema_errors(self, registered: RegisteredTool) -> list[str]:
+        """The schema violations, bounded: a few, each cut (messages quote the bad value)."""
+        errors = validation_errors(registered.validator, self.tool_use.input)
+        shown = [
+            e if len(e) <= _VALIDATION_ERROR_CHARS else e[:_VALIDATION_ERROR_CHARS] + "..."
+            for e in errors[:_VALIDATION_ERRORS_SHOWN]
+        ]
+        if len(errors) > _VALIDATION_ERRORS_SHOWN:
+            shown.append(f"... and {len(errors) - _VALIDATION_ERRORS_SHOWN:,} more")
+        return shown
 
     def check_scope(self, definition: ToolDefinition, input_: dict[str, Any], root: str) -> None:
         caps = self.session.capabilities or _UNRESTRICTED
@@ -401,7 +433,42 @@ class _Run:
                 verb = "write" if mode == "rw" else "read"
                 raise ToolPermissionDenied(f"Path {value!r} is not granted for {verb} access in this session")
 
-    async def confirm(self, definition: ToolDefinition, input_: dict[str, Any], root: str) -> None:
+    async def resolve_scope(
+        self, definition: ToolDefinition, input_: dict[str, Any], sandbox: Sandbox
+    ) -> None:
+        """Resolve each path in the sandbox and check the grants on where it really is.
+
+        Runs before confirmation: a human is never asked about a call that cannot run, and the
+        question shows the real path. The agent checks the grants again when it opens the file.
+        """
+        caps = self.session.capabilities or _UNRESTRICTED
+        for key, mode in definition.requires_fs:
+            value = input_.get(key)
+            if not isinstance(value, str):
+                continue
+            try:
+                real = await sandbox.resolve(value)
+            except WorkspaceEscapeError:
+                self.decision = "fs_denied"
+                raise
+            except SandboxError as exc:
+                raise ToolExecutionError(
+                    f"The sandbox failed while checking {value!r}; it will be recreated", exc
+                ) from exc
+            if not caps.check_fs(real, mode, relative=True):
+                self.decision = "fs_denied"
+                verb = "write" if mode == "rw" else "read"
+                raise ToolPermissionDenied(
+                    f"Path {value!r} (really {real!r}) is not granted for {verb} access in this session"
+                )
+            self.resolved[key] = real
+
+    def policy_mode(self, definition: ToolDefinition) -> Mode:
+        """The confirmation mode of this call.
+
+        Raises:
+            ToolPermissionDenied: the policy denies the tool.
+        """
         policy = self.session.policy or self.owner.policy
         mode = policy.mode_for(
             definition.name,
@@ -409,11 +476,16 @@ class _Run:
             self.session.workspace_path,
             always_prompt=definition.always_prompt,
         )
-        if mode is Mode.AUTO:
-            return
         if mode is Mode.DENY:
             self.decision = "policy_denied"
             raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
+        return mode
+
+    async def confirm(
+        self, definition: ToolDefinition, input_: dict[str, Any], mode: Mode, root: str
+    ) -> None:
+        if mode is Mode.AUTO:
+            return
         broker = self.state.broker
         remembered = None if definition.always_prompt else broker.remembered(definition.name)
         if remembered is not None:
@@ -431,15 +503,23 @@ class _Run:
     async def ask(
         self, definition: ToolDefinition, input_: dict[str, Any], root: str
     ) -> tuple[Decision, bool]:
+        shown = confirmation_text(definition.name, input_, self.config.confirmation_max_chars)
+        if shown.too_long:
+            # Approving part of an input would be approving the rest unseen: refuse instead.
+            self.decision = "too_long_to_confirm"
+            raise ToolPermissionDenied(
+                f"The input of {definition.name!r} is {shown.chars:,} characters; a confirmation request "
+                f"shows at most {self.config.confirmation_max_chars:,}, so the call is refused unseen"
+            )
         broker = self.state.broker
         request_id, answer = broker.open()
         self.emit(
             ev.TOOL_CONFIRMATION_REQUESTED,
             request_id=request_id,
             tool_name=definition.name,
-            input_summary=_summary_text(self.summary()),
+            input_summary=shown.text,
             side_effect=definition.side_effect.value,
-            projected_modifications=_projected(definition, input_, root),
+            projected_modifications=_projected(definition, self.resolved),
         )
         answered = await self.call.wait(cast("asyncio.Future[Any]", answer), self.config.confirmation_timeout)
         if answered and not answer.cancelled():
@@ -539,6 +619,9 @@ class _Run:
             return self.fail(
                 ToolExecutionError(_first_text(output) or "Tool reported failure", output=output)
             )
+        overflow = image_overflow(output.content, self.config.result_budget_bytes)
+        if overflow is not None:  # an image the transport could not carry: this call's error only
+            return self.fail(ToolExecutionError(overflow))
         duration = self.run_ms()
         self.emit(ev.TOOL_COMPLETED, tool_name=self.tool_name, duration_ms=round(duration, 3))
         self.audit(DISPATCHED, "ok")
@@ -576,7 +659,7 @@ class _Run:
             TextBlock(truncate_head_tail(b.text, budget)) if isinstance(b, TextBlock) else b
             for b in output.content
         )
-        return ToolResultBlock(
+        block = ToolResultBlock(
             tool_use_id=self.tool_use.id,
             content=content,
             is_error=is_error,
@@ -585,6 +668,7 @@ class _Run:
             files_modified=tuple(output.files_modified or ()),
             command_executed=output.command_executed,
         )
+        return fit_result(block, self.config.result_budget_bytes)  # bytes, images, valid UTF-8
 
 
 @functools.cache
@@ -618,26 +702,6 @@ def _first_text(output: ToolOutput) -> str:
     return next((b.text for b in output.content if isinstance(b, TextBlock)), "")
 
 
-def _shorten(value: Any) -> Any:
-    if isinstance(value, str) and len(value) > _SUMMARY_STRING_CHARS:
-        return value[:_SUMMARY_STRING_CHARS] + f"... [{len(value) - _SUMMARY_STRING_CHARS:,} more characters]"
-    if isinstance(value, dict):
-        return {k: _shorten(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_shorten(v) for v in value]
-    return value
-
-
-def _summary_text(summary: Any) -> str:
-    return truncate_head_tail(json.dumps(summary, ensure_ascii=False, sort_keys=True), 4_000)
-
-
-def _projected(definition: ToolDefinition, input_: dict[str, Any], root: str) -> list[str]:
-    """What a confirmed call will change: the paths it writes (relative to the workspace)."""
-    out = []
-    for key, mode in definition.requires_fs:
-        value = input_.get(key)
-        if mode == "rw" and isinstance(value, str):
-            resolved = resolve_workspace_path(value, root)
-            out.append(resolved[len(root) :].lstrip("/") or ".")
-    return out
+def _projected(definition: ToolDefinition, resolved: dict[str, str]) -> list[str]:
+    """What a confirmed call will change: the real paths it writes (relative to the workspace)."""
+    return [resolved[key] for key, mode in definition.requires_fs if mode == "rw" and key in resolved]

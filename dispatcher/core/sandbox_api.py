@@ -120,6 +120,18 @@ class WorkspaceFileAPI(Protocol):
         """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
         ...
 
+    async def resolve(self, path: str) -> str:
+        """Where ``path`` really is: normalised, relative to the workspace root ('.' for the root).
+
+        Symlinks are followed in the sandbox as they are now; the parts that do not exist yet are
+        taken as written. The answer is advice for checks made before a call runs (grants,
+        confirmation); the sandbox enforces the session's grants again when the path is used.
+
+        Raises:
+            WorkspaceEscapeError: the path resolves outside the workspace.
+        """
+        ...
+
 
 class Sandbox(WorkspaceFileAPI, Protocol):
     """One session's sandbox: its files plus process execution."""

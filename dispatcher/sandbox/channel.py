@@ -277,6 +277,11 @@ class AgentChannel:
         """Remove a file, a symlink or an empty directory."""
         await self._call({"op": "delete", "path": path})
 
+    async def resolve(self, path: str) -> str:
+        """The real path inside the workspace, relative to it, symlinks followed where the files are."""
+        reply, _ = await self._call({"op": "resolve", "path": path})
+        return self._parse(replies.relative_path, reply)
+
     async def patch(self, path: str, old: str, new: str) -> None:
         """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
         old_b, new_b = _encode(path, old), _encode(path, new)

@@ -22,6 +22,7 @@ from dispatcher.core.sandbox_api import (
     DirListing,
     ExecRequest,
     ExecResult,
+    FileOpError,
     FileStat,
     OutputCallback,
     SandboxError,
@@ -120,6 +121,12 @@ class DockerSandbox:
         )
         await self._provider.destroy(live)
 
+    async def stop_for(self, reason: str) -> None:
+        """Remove the running container now (a quota was exceeded); the next call decides anew."""
+        async with self._lock:
+            if self._live is not None:
+                await self._discard(self._live, reason)
+
     async def enforce(self, live: LiveContainer, reason: str) -> None:
         """Stop the container of a misbehaving sandbox; the next call recreates it."""
         await self._discard(live, reason)
@@ -155,7 +162,7 @@ class DockerSandbox:
                 return await fallback_exec(
                     self._provider.api,
                     live.container_id,
-                    self._provider.config.user,
+                    self._provider.config.user_for(self.session.sandbox_uid, self.session.sandbox_gid),
                     request,
                     on_output,
                     cancel_event,
@@ -239,8 +246,16 @@ class DockerSandbox:
             except TimeoutError:
                 await self.enforce(live, f"{what}: agent did not answer")
                 raise SandboxError(f"{what}: the sandbox did not answer; it will be recreated") from None
+            except FileOpError as exc:
+                note = self._provider.quota_note(self.session.tenant_id) if exc.code == "ENOSPC" else None
+                if note is None:
+                    raise
+                raise FileOpError(exc.code, f"{exc}: {note}") from None
             except SandboxError as exc:
-                await self.enforce(live, f"{what}: {exc}")
+                # A request the agent answered with an error (``internal``) leaves the channel and
+                # the session's other calls intact; only a broken channel means a broken agent.
+                if live.channel.broken:
+                    await self.enforce(live, f"{what}: {exc}")
                 raise
         finally:
             self._release()
@@ -274,3 +289,6 @@ class DockerSandbox:
 
     async def patch(self, path: str, old: str, new: str) -> None:
         await self._file_op("patch", lambda ch: ch.patch(path, old, new))
+
+    async def resolve(self, path: str) -> str:
+        return await self._file_op("resolve", lambda ch: ch.resolve(path))

@@ -1,15 +1,18 @@
 """An in-memory sandbox for unit tests of the core: no processes, no containers, no disk.
 
 Files live in a dict keyed by absolute path under ``/workspace``; ``exec`` runs a Python
-callable the test supplies. It checks paths lexically only (there are no symlinks in memory).
+callable the test supplies. File operations check paths lexically only; ``resolve`` also follows
+the symlinks a test declares in ``links`` (workspace-relative link -> target, as ``ln -s`` stores it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import (
     DirEntry,
@@ -38,6 +41,7 @@ class FakeSandbox:
     exec_handler: ExecHandler = _default_exec
     calls: list[tuple[str, str]] = field(default_factory=list)
     root: str = "/workspace"
+    links: dict[str, str] = field(default_factory=dict)
 
     @property
     def workspace_root(self) -> str:
@@ -93,6 +97,30 @@ class FakeSandbox:
                 "no_match" if count == 0 else "multiple_matches", f"{count} matches in {path!r}"
             )
         await self.write(path, text.replace(old, new))
+
+    async def resolve(self, path: str) -> str:
+        pending = resolve_workspace_path(path, self.root)[len(self.root) :].strip("/").split("/")
+        done: list[str] = []
+        hops = 0
+        while pending:
+            part = pending.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not done:
+                    raise WorkspaceEscapeError(f"{path}: path escapes the workspace")
+                done.pop()
+                continue
+            target = self.links.get("/".join([*done, part]))
+            if target is None:
+                done.append(part)
+                continue
+            hops += 1
+            if hops > 40 or posixpath.isabs(target):
+                raise WorkspaceEscapeError(f"{path}: path escapes the workspace")
+            pending[:0] = target.split("/")
+        self.calls.append(("resolve", path))
+        return "/".join(done) or "."
 
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event

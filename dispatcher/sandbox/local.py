@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dispatcher.core.sandbox_api import (
@@ -23,6 +24,7 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.sandbox.agent import agent as agent_module
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
+from dispatcher.sandbox.grants import agent_grant_args
 
 if TYPE_CHECKING:
     from dispatcher.core.session import Session
@@ -41,8 +43,10 @@ class LocalSandbox:
         python: str = sys.executable,
         max_frame: int = DEFAULT_MAX_FRAME,
         kill_wait: float = 2.0,
+        agent_args: Sequence[str] = (),
     ) -> None:
         self._workspace = os.path.abspath(workspace_path)
+        self._agent_args = tuple(agent_args)  # e.g. the session's --grants
         self._python = python
         self._max_frame = max_frame
         self._kill_wait = kill_wait
@@ -79,6 +83,7 @@ class LocalSandbox:
                 AGENT_PATH,
                 "--root",
                 self._workspace,
+                *self._agent_args,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 env=env,
@@ -154,6 +159,10 @@ class LocalSandbox:
         """See ``WorkspaceFileAPI.patch``."""
         await (await self.channel()).patch(path, old, new)
 
+    async def resolve(self, path: str) -> str:
+        """See ``WorkspaceFileAPI.resolve``."""
+        return await (await self.channel()).resolve(path)
+
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
     ) -> ExecResult:
@@ -178,7 +187,12 @@ class LocalSandboxProvider:
         """The session's lazy sandbox handle; the agent starts on its first call."""
         sandbox = self._sandboxes.get(session.session_id)
         if sandbox is None:
-            sandbox = LocalSandbox(session.workspace_path, python=self._python, max_frame=self._max_frame)
+            sandbox = LocalSandbox(
+                session.workspace_path,
+                python=self._python,
+                max_frame=self._max_frame,
+                agent_args=agent_grant_args(session),
+            )
             self._sandboxes[session.session_id] = sandbox
         return sandbox
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from dispatcher.core.errors import WorkspaceEscapeError
+from dispatcher.core.errors import ToolPermissionDenied, WorkspaceEscapeError
 from dispatcher.core.sandbox_api import DirEntry, DirListing, EntryKind, FileOpError, FileStat, SandboxError
 from dispatcher.sandbox.agent.agent import CHUNK, ProtocolError
 
@@ -56,9 +56,20 @@ def error_for(header: Mapping[str, Any]) -> Exception:
     message = _text(header["message"][:MAX_MESSAGE])
     if code == "escape":
         return WorkspaceEscapeError(message)
+    if code == "denied":
+        return ToolPermissionDenied(message)
     if code in _AGENT_FAULTS:
         return SandboxError(f"agent refused the request ({code}): {message}")
     return FileOpError(code, message)
+
+
+def relative_path(reply: Mapping[str, Any]) -> str:
+    """A ``resolve`` result: a normalised relative path inside the workspace ('.' for the root)."""
+    rel = require(reply, "path", str)
+    bad = not rel or posixpath.isabs(rel) or "\x00" in rel or posixpath.normpath(rel) != rel
+    if bad or rel.split("/")[0] == "..":
+        raise ProtocolError("resolved path is not a normalised relative path inside the workspace")
+    return _text(rel)
 
 
 def check_exit(header: Mapping[str, Any]) -> None:
@@ -125,4 +136,7 @@ def _dir_entry(item: Any) -> DirEntry:
         raise ProtocolError("malformed listing entry")
     if target is not None and type(target) is not str:
         raise ProtocolError("malformed symlink target")
-    return DirEntry(name=_text(name), kind=kind, size=size, target=None if target is None else _text(target))
+    # Names and targets keep the lone surrogates of bytes that were not UTF-8 (os.fsdecode's
+    # convention) so that list_dir can show them escaped and unambiguously; the core makes any
+    # text it returns encodable, so a tool that passes one on unescaped cannot break a stream.
+    return DirEntry(name=name, kind=kind, size=size, target=target)

@@ -22,13 +22,20 @@ exists path                                             exists
 stat   path                                             path (relative), kind, size, mode, mtime
 list   path, limit                                      truncated (JSON array of name/kind/size/target)
 delete path                                             -
+resolve path                                            path (real path, relative to the root)
 exec   command, cwd, env, stdin (stdin bytes)           output* then exit: exit_code | signal
 signal exec_id, signal (TERM | KILL | INT)              delivered
 ====== ================================================ ==========================================
 
 Error codes: errno names (``ENOENT``, ``EISDIR``, ...), ``too_large``, ``no_match``,
-``multiple_matches``, ``escape`` (resolves outside the root), and ``bad_request``, ``internal``,
-``protocol`` (the host's fault or the agent's). ``id: null`` errors answer unparseable frames.
+``multiple_matches``, ``escape`` (resolves outside the root), ``denied`` (outside the fs grants),
+and ``bad_request``, ``internal``, ``protocol`` (the host's fault or the agent's). ``id: null``
+errors answer unparseable frames.
+
+With ``--grants '[{"path": "src", "mode": "rw"}, {"path": "pub", "mode": "r"}]'`` every file
+operation (and a command's working directory) is refused with ``denied`` unless a grant covers the
+place it actually opened, checked on the opened descriptor through ``/proc/self/fd``: a symlink
+swapped in after the host's check cannot carry an operation outside its grant.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ CHUNK = 64 * 1024  # largest output frame
 COALESCE_SECONDS = 0.01  # small writes wait this long for company before being sent
 DRAIN_SECONDS = 0.2  # after sh exits, how long background children may keep the pipes busy
 LIST_SCAN_CAP = 100_000  # names read from one directory before giving up on a full sort
+MAX_DEPTH = 1024  # directory levels below the root that a write may walk or create
+MAX_SYMLINKS = 40  # links followed while resolving one path, as the kernel allows (then ELOOP)
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT}
 
 
@@ -128,6 +137,39 @@ def _clean(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def _realpath(path: str) -> str:
+    """``os.path.realpath`` (non-strict) without recursion: a chain of links cannot exhaust the stack.
+
+    At most ``MAX_SYMLINKS`` links are followed, like the kernel; more is ``ELOOP``.
+    """
+    pending = path.split("/")[::-1]  # components still to walk, the next one last
+    resolved = ""  # "" is "/"
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            resolved = resolved.rpartition("/")[0]
+            continue
+        candidate = f"{resolved}/{name}"
+        try:
+            is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+        except OSError:
+            is_link = False  # missing (or unreadable): kept as written, like realpath(strict=False)
+        if not is_link:
+            resolved = candidate
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise OpError("ELOOP", f"more than {MAX_SYMLINKS} symbolic links in the path")
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            resolved = ""
+        pending.extend(target.split("/")[::-1])
+    return resolved or "/"
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -141,8 +183,10 @@ def _os_error(exc: OSError, shown: str) -> OpError:
 class Workspace:
     """File operations confined to one root, with symlinks resolved here, where the files are."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, grants: list[tuple[str, str]] | None = None) -> None:
         self.root = os.path.realpath(root)
+        self.grants = grants
+        """(prefix relative to the root, "r" | "rw"); None: the whole root read-write."""
         mask = os.umask(0)
         os.umask(mask)
         self._new_mode = 0o666 & ~mask
@@ -153,7 +197,7 @@ class Workspace:
         if "\x00" in path:
             raise OpError("escape", f"{path!r}: path contains a NUL byte")
         joined = path if os.path.isabs(path) else os.path.join(self.root, path)
-        real = os.path.realpath(joined)
+        real = _realpath(joined)
         if not _inside(real, self.root):
             raise OpError("escape", f"{path}: path escapes the workspace")
         return real
@@ -162,37 +206,87 @@ class Workspace:
         """Path under the root as the host should see it ('.' for the root itself)."""
         return _clean(os.path.relpath(real, self.root))
 
-    def _open_dir(self, real_dir: str, shown: str) -> int:
+    def _open_dir(self, real_dir: str, shown: str, mode: str = "r", leaf: str | None = None) -> int:
         fd = os.open(real_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            self._verify_fd(fd, shown)
+            self._verify_fd(fd, shown, mode, leaf)
         except BaseException:
             os.close(fd)
             raise
         return fd
 
-    def _verify_fd(self, fd: int, shown: str) -> None:
-        """Re-check an opened file's location, closing the window a symlink swap could use."""
+    def _verify_fd(self, fd: int, shown: str, mode: str = "r", leaf: str | None = None) -> None:
+        """Re-check an opened file's location (``leaf`` inside it, if given) against the root and
+        the grants, closing the window a symlink swap could use."""
         try:
             where = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            return  # no /proc: the realpath check stands alone
-        if where.startswith("/") and not where.endswith(" (deleted)") and not _inside(where, self.root):
-            raise OpError("escape", f"{shown}: path escapes the workspace")
+            return  # no /proc: the realpath checks stand alone
+        if where.startswith("/") and not where.endswith(" (deleted)"):
+            if not _inside(where, self.root):
+                raise OpError("escape", f"{shown}: path escapes the workspace")
+            self.check_grant(os.path.join(where, leaf) if leaf else where, shown, mode)
+
+    def check_grant(self, real: str, shown: str, mode: str) -> None:
+        """Refuse ``real`` (absolute, inside the root) unless a grant covers it for ``mode``.
+
+        Mode ``cwd`` (a command's working directory) also accepts the directories above a grant:
+        a shell may start where it can see its grants; what it may touch is the kernel's to enforce.
+        """
+        if self.grants is None:
+            return
+        rel = os.path.relpath(real, self.root)
+        for prefix, granted in self.grants:
+            if mode == "rw" and granted != "rw":
+                continue
+            if prefix == "." or rel == prefix or rel.startswith(prefix + "/"):
+                return
+            if mode == "cwd" and (rel == "." or prefix.startswith(rel + "/")):
+                return
+        verb = "write" if mode == "rw" else "read"
+        raise OpError("denied", f"{shown}: not granted for {verb} access")
+
+    def _granted(self, path: str, mode: str) -> str:
+        """``resolve`` plus the grant check on the real path (the fd checks repeat it at use)."""
+        real = self.resolve(path)
+        self.check_grant(real, path, mode)
+        return real
+
+    def _locate(self, path: str) -> tuple[str, os.stat_result]:
+        """Real path and stat of an existing path, taken from one descriptor checked for reading."""
+        real = self._granted(path, "r")
+        fd = os.open(real, os.O_PATH | os.O_CLOEXEC)
+        try:
+            self._verify_fd(fd, path, "r")
+            return real, os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def open_cwd(self, path: str) -> tuple[int, str]:
+        """A verified descriptor of a command's working directory (see ``check_grant``), and its path."""
+        real = self._granted(path, "cwd")
+        try:
+            return self._open_dir(real, path, "cwd"), real
+        except NotADirectoryError:
+            raise OpError("ENOTDIR", f"{path}: working directory is not a directory") from None
+        except FileNotFoundError:
+            raise OpError("ENOENT", f"{path}: working directory does not exist") from None
 
     def _lock(self, real: str) -> threading.Lock:
         return self._locks[hash(real) % len(self._locks)]
 
-    def _open_regular(self, real: str, shown: str, flags: int, dir_fd: int | None = None) -> int:
+    def _open_regular(
+        self, real: str, shown: str, flags: int, dir_fd: int | None = None, mode: str = "r"
+    ) -> int:
         # O_NONBLOCK keeps a FIFO from hanging the agent; only regular files are accepted anyway.
         fd = os.open(real, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666, dir_fd=dir_fd)
         try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
+            st_mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(st_mode):
                 raise OpError("EISDIR", f"{shown}: is a directory")
-            if not stat.S_ISREG(mode):
+            if not stat.S_ISREG(st_mode):
                 raise OpError("EINVAL", f"{shown}: not a regular file")
-            self._verify_fd(fd, shown)
+            self._verify_fd(fd, shown, mode)
         except BaseException:
             os.close(fd)
             raise
@@ -200,7 +294,7 @@ class Workspace:
 
     def read(self, path: str, max_bytes: int, strict: bool) -> tuple[bytes, int]:
         """Return (at most ``max_bytes`` of the file, its size); ``too_large`` if strict and bigger."""
-        fd = self._open_regular(self.resolve(path), path, os.O_RDONLY)
+        fd = self._open_regular(self._granted(path, "r"), path, os.O_RDONLY)
         with os.fdopen(fd, "rb") as f:
             size = os.fstat(fd).st_size
             if strict and size > max_bytes:
@@ -212,12 +306,41 @@ class Workspace:
         if real == self.root:
             raise OpError("EISDIR", f"{path}: is the workspace root")
         parent, name = os.path.split(real)
-        os.makedirs(parent, exist_ok=True)
-        return self._open_dir(parent, path), name
+        return self._make_dirs(parent, path, "rw", name), name
+
+    def _make_dirs(self, real_dir: str, shown: str, mode: str, leaf: str) -> int:
+        """A verified descriptor of ``real_dir`` (inside the root), making missing directories.
+
+        One component at a time from the root through directory descriptors, never recursing (a
+        deep path cannot exhaust the stack) and never following a link (one planted after
+        ``resolve`` is refused, not followed).
+        """
+        rel = os.path.relpath(real_dir, self.root)
+        parts = [] if rel == "." else rel.split("/")
+        if len(parts) > MAX_DEPTH:
+            # Not the path itself in the message: thousands of characters of a/a/a help nobody.
+            raise OpError("ENAMETOOLONG", f"path is {len(parts)} directories deep, more than {MAX_DEPTH}")
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.root, flags)
+        try:
+            for part in parts:
+                try:
+                    child = os.open(part, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    with contextlib.suppress(FileExistsError):  # made meanwhile: fine
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                    child = os.open(part, flags, dir_fd=fd)
+                fd, parent_fd = child, fd
+                os.close(parent_fd)
+            self._verify_fd(fd, shown, mode, leaf)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def write(self, path: str, data: bytes) -> None:
         """Atomically replace the file: temp file in the same directory, fsync, rename."""
-        real = self.resolve(path)
+        real = self._granted(path, "rw")
         with self._lock(real):
             dfd, name = self._parent_fd(path, real)
             try:
@@ -255,11 +378,13 @@ class Workspace:
 
     def append(self, path: str, data: bytes) -> None:
         """Append to the file, creating it (and its parents) if needed."""
-        real = self.resolve(path)
+        real = self._granted(path, "rw")
         with self._lock(real):
             dfd, name = self._parent_fd(path, real)
             try:
-                fd = self._open_regular(name, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dir_fd=dfd)
+                fd = self._open_regular(
+                    name, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dir_fd=dfd, mode="rw"
+                )
             finally:
                 os.close(dfd)
             try:
@@ -273,7 +398,7 @@ class Workspace:
         """Replace the single occurrence of ``old``; the file is untouched on any failure."""
         if not old:
             raise OpError("no_match", f"{path}: the text to replace is empty")
-        real = self.resolve(path)
+        real = self._granted(path, "rw")
         with self._lock(real):
             data, _ = self.read(path, MAX_PAYLOAD, True)
             count = data.count(old)  # UTF-8 is self-synchronising, so byte matches are char matches
@@ -289,12 +414,15 @@ class Workspace:
 
     def exists(self, path: str) -> bool:
         """True if the resolved path exists."""
-        return os.path.exists(self.resolve(path))
+        try:
+            self._locate(path)
+        except OSError:
+            return False
+        return True
 
     def stat(self, path: str) -> dict[str, Any]:
         """Kind, size, mode and mtime of the resolved path."""
-        real = self.resolve(path)
-        st = os.stat(real)
+        real, st = self._locate(path)
         return {
             "path": self.relative(real),
             "kind": _kind(st.st_mode),
@@ -305,31 +433,35 @@ class Workspace:
 
     def list(self, path: str, limit: int) -> tuple[list[dict[str, Any]], bool]:
         """Up to ``limit`` entries sorted by name, and whether more existed."""
-        real = self.resolve(path)
-        names: list[str] = []
-        complete = True
-        with os.scandir(real) as it:
-            for entry in it:
-                if len(names) >= LIST_SCAN_CAP:
-                    complete = False
-                    break
-                names.append(entry.name)
-        names.sort()
-        entries = []
-        for name in names[:limit]:
-            full = os.path.join(real, name)
-            try:
-                st = os.lstat(full)
-            except OSError:
-                continue  # vanished while listing
-            kind = _kind(st.st_mode)
-            item: dict[str, Any] = {"name": _clean(name), "kind": kind, "size": st.st_size}
-            if kind == "symlink":
+        dfd = self._open_dir(self._granted(path, "r"), path)  # listed through the checked fd
+        try:
+            names: list[str] = []
+            complete = True
+            with os.scandir(dfd) as it:
+                for entry in it:
+                    if len(names) >= LIST_SCAN_CAP:
+                        complete = False
+                        break
+                    names.append(entry.name)
+            names.sort()
+            entries = []
+            for name in names[:limit]:
                 try:
-                    item["target"] = _clean(os.readlink(full))
+                    st = os.lstat(name, dir_fd=dfd)
                 except OSError:
-                    item["target"] = ""
-            entries.append(item)
+                    continue  # vanished while listing
+                kind = _kind(st.st_mode)
+                # Undecodable bytes stay lone surrogates (JSON-escaped on the wire): the host shows
+                # them escaped, so two different names never look the same.
+                item: dict[str, Any] = {"name": name, "kind": kind, "size": st.st_size}
+                if kind == "symlink":
+                    try:
+                        item["target"] = os.readlink(name, dir_fd=dfd)
+                    except OSError:
+                        item["target"] = ""
+                entries.append(item)
+        finally:
+            os.close(dfd)
         return entries, not complete or len(names) > limit
 
     def delete(self, path: str) -> None:
@@ -340,10 +472,11 @@ class Workspace:
         head, name = os.path.split(joined)
         if name in ("", ".", ".."):
             raise OpError("EINVAL", f"{path}: refusing to delete this path")
-        parent = os.path.realpath(head or "/")
+        parent = _realpath(head or "/")
         if not _inside(parent, self.root):
             raise OpError("escape", f"{path}: path escapes the workspace")
-        dfd = self._open_dir(parent, path)
+        self.check_grant(os.path.join(parent, name), path, "rw")
+        dfd = self._open_dir(parent, path, "rw", name)
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
@@ -394,8 +527,8 @@ class _Exec:
 class Agent:
     """Reads requests, runs each on a worker thread, writes responses under one lock."""
 
-    def __init__(self, root: str, out: IO[bytes]) -> None:
-        self.ws = Workspace(root)
+    def __init__(self, root: str, out: IO[bytes], grants: list[tuple[str, str]] | None = None) -> None:
+        self.ws = Workspace(root, grants)
         self._out = out
         self._out_lock = threading.Lock()
         self._execs: dict[int, _Exec] = {}
@@ -443,7 +576,13 @@ class Agent:
                 except ProtocolError as exc:
                     self.send({"id": None, "type": "error", "code": "protocol", "message": str(exc)})
                     continue
-                self.dispatch(header, payload)
+                try:
+                    self.dispatch(header, payload)
+                except Exception as exc:  # e.g. no thread could start: this request fails, not the agent
+                    rid = header.get("id")
+                    print(f"agent: request {rid!r} could not start: {exc!r}", file=sys.stderr)
+                    rid = rid if type(rid) is int else None
+                    self.send({"id": rid, "type": "error", "code": "internal", "message": type(exc).__name__})
         finally:
             self.shutdown()
 
@@ -523,9 +662,11 @@ class Agent:
                 result.update(ws.stat(path))
             elif op == "list":
                 entries, result["truncated"] = ws.list(path, _count(header, "limit"))
-                body = json.dumps(entries, ensure_ascii=False).encode()
+                body = json.dumps(entries).encode("ascii")  # ASCII: lone surrogates survive
             elif op == "delete":
                 ws.delete(path)
+            elif op == "resolve":
+                result["path"] = ws.relative(ws.resolve(path))
         except OSError as exc:
             raise _os_error(exc, path) from None
         self.send({"id": rid, "type": "result", **result}, body)
@@ -542,20 +683,26 @@ class Agent:
             env[key] = value
         if "\x00" in command:
             raise OpError("bad_request", "command contains a NUL byte")
-        cwd = self.ws.resolve(cwd_arg)
-        if not os.path.isdir(cwd):
-            code = "ENOTDIR" if os.path.exists(cwd) else "ENOENT"
-            raise OpError(code, f"{cwd_arg}: working directory does not exist or is not a directory")
-        ex = _Exec()
-        with self._execs_lock:
-            if rid in self._execs:
-                raise OpError("bad_request", f"exec id {rid} is in use")
-            self._execs[rid] = ex
         try:
-            self._run(rid, ex, command, cwd, env, payload if use_stdin else None)
-        finally:
+            cwd_fd, cwd = self.ws.open_cwd(cwd_arg)
+        except OSError as exc:
+            raise _os_error(exc, cwd_arg) from None
+        try:
+            ex = _Exec()
             with self._execs_lock:
-                self._execs.pop(rid, None)
+                if rid in self._execs:
+                    raise OpError("bad_request", f"exec id {rid} is in use")
+                self._execs[rid] = ex
+            try:
+                # The child changes into the checked descriptor, not a name that could be swapped.
+                fd_path = f"/proc/self/fd/{cwd_fd}"
+                cwd = fd_path if os.path.isdir(fd_path) else cwd
+                self._run(rid, ex, command, cwd, env, payload if use_stdin else None)
+            finally:
+                with self._execs_lock:
+                    self._execs.pop(rid, None)
+        finally:
+            os.close(cwd_fd)
 
     def _run(
         self, rid: int, ex: _Exec, command: str, cwd: str, env: dict[str, str], stdin: bytes | None
@@ -669,7 +816,29 @@ def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
             pipe.close()
 
 
-_FILE_OPS = frozenset({"read", "write", "append", "patch", "exists", "stat", "list", "delete"})
+_FILE_OPS = frozenset({"read", "write", "append", "patch", "exists", "stat", "list", "delete", "resolve"})
+
+
+def parse_grants(raw: str | None) -> list[tuple[str, str]] | None:
+    """The ``--grants`` JSON as (normalised relative prefix, mode) pairs; None when not given."""
+    if raw is None:
+        return None
+    items = json.loads(raw)
+    if not isinstance(items, list):
+        raise ValueError("expected a JSON list")
+    grants = []
+    for item in items:
+        if (
+            not isinstance(item, dict)
+            or type(item.get("path")) is not str
+            or item.get("mode") not in ("r", "rw")
+        ):
+            raise ValueError(f"bad grant {item!r}")
+        prefix = os.path.normpath(item["path"].strip("/") or ".")
+        if prefix.split("/")[0] == ".." or "\x00" in prefix:
+            raise ValueError(f"grant {item['path']!r} leaves the root")
+        grants.append((prefix, item["mode"]))
+    return grants
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -680,9 +849,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: serve the protocol on stdin/stdout for one workspace root."""
     parser = argparse.ArgumentParser(description="dispatcher sandbox agent")
     parser.add_argument("--root", required=True, help="workspace root that every path must stay under")
+    parser.add_argument("--grants", help='JSON list of {"path": prefix, "mode": "r" | "rw"}; omit: all')
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         print(f"agent: root {args.root!r} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        grants = parse_grants(args.grants)
+    except ValueError as exc:
+        print(f"agent: --grants: {exc}", file=sys.stderr)
         return 2
     # Keep private copies of the protocol fds and point 0/1 elsewhere, so a stray print or an
     # inherited descriptor can never write into (or read from) the protocol stream.
@@ -694,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     os.close(devnull)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _exit_on_signal)  # exit through serve()'s cleanup, killing commands
-    agent = Agent(args.root, out)
+    agent = Agent(args.root, out, grants)
     return agent.serve(inp)
 
 
