@@ -16,8 +16,9 @@ from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
 from dispatcher.core.session import Session
-from dispatcher.core.types import Role, ToolDefinition
+from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.server.convert import SessionInfo
+from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
 from dispatcher.server.tenants import Tenant, resolve_workspace
 
@@ -25,6 +26,10 @@ log = logging.getLogger("dispatcher.server.sessions")
 
 MAX_LABELS = 64
 MAX_LABEL_CHARS = 256
+MAX_ID_CHARS = 256
+"""session_id, turn_id, tool_use ids, tool names and request_id: a request past it is refused."""
+MAX_TOOL_USES = 128
+"""tool_uses in one Dispatch."""
 
 
 @dataclass(slots=True)
@@ -41,6 +46,7 @@ class ServerSession:
 class _TenantState:
     sessions: dict[str, ServerSession] = field(default_factory=dict)
     active_dispatches: int = 0
+    watch_streams: int = 0
 
 
 class SessionManager:
@@ -50,6 +56,7 @@ class SessionManager:
         self.dispatcher = dispatcher
         self._tenants: dict[str, _TenantState] = {}
         self._watchers: set[Subscription] = set()
+        self._calls: dict[str, set[DispatchCall]] = {}  # session id -> its running Dispatch calls
         self._background: set[asyncio.Task[None]] = set()
         self._draining = False
         self._in_flight = 0
@@ -85,6 +92,8 @@ class SessionManager:
             capabilities=tenant.capabilities,
             workspace_root=os.path.realpath(tenant.workspace_root),
             workspace_name=name,
+            sandbox_uid=tenant.uid,
+            sandbox_gid=tenant.gid,
         )
         self.dispatcher.open_session(session)
         entry = ServerSession(session, name, time.time())
@@ -100,7 +109,9 @@ class SessionManager:
 
         Raises:
             UnknownSessionError: no such session for this tenant (other tenants' look the same).
+            InvalidRequest: the id is longer than any session id.
         """
+        _check_id("session_id", session_id)
         entry = self._state(tenant).sessions.get(session_id)
         if entry is None or entry.closing:
             raise UnknownSessionError(f"no session {session_id!r}")
@@ -116,6 +127,7 @@ class SessionManager:
         entry = self.get(tenant, session_id)
         entry.closing = True
         try:
+            await self._start_waiting(session_id)
             await self.dispatcher.close_session(session_id)
         finally:
             self._state(tenant).sessions.pop(session_id, None)
@@ -178,8 +190,48 @@ class SessionManager:
             return False
         return True
 
+    @asynccontextmanager
+    async def dispatch(
+        self,
+        tenant: Tenant,
+        entry: ServerSession,
+        turn_id: str,
+        tool_uses: Sequence[ToolUseBlock],
+        *,
+        max_pending: int = 4096,
+    ) -> AsyncIterator[DispatchCall]:
+        """One Dispatch call of the session, holding one of the tenant's dispatch slots.
+
+        Raises:
+            QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
+        """
+        session_id = entry.session.session_id
+        async with self.dispatch_slot(tenant):
+            call = DispatchCall(
+                self.dispatcher, entry.session, turn_id, tool_uses, spawn=self.spawn, max_pending=max_pending
+            )
+            calls = self._calls.setdefault(session_id, set())
+            calls.add(call)
+            try:
+                yield call
+            finally:
+                calls.discard(call)
+                if not calls:
+                    self._calls.pop(session_id, None)
+
+    async def _start_waiting(self, session_id: str) -> None:
+        """Start the tool_uses still waiting for their client to read, so a cancel reaches them."""
+        calls = tuple(self._calls.get(session_id, ()))
+        for call in calls:
+            call.start_all()
+        if calls:
+            # New tasks run their first step, which registers the call with the core, before this
+            # task resumes: asyncio runs ready callbacks in order.
+            await asyncio.sleep(0)
+
     async def cancel(self, tenant: Tenant, session_id: str) -> None:
         self.get(tenant, session_id)
+        await self._start_waiting(session_id)
         await self.dispatcher.cancel_session_tools(session_id)
 
     def resolve(
@@ -187,6 +239,7 @@ class SessionManager:
     ) -> tuple[bool, Decision]:
         """First answer wins; raises UnknownConfirmationError for an unknown request."""
         self.get(tenant, session_id)
+        _check_id("request_id", request_id)
         applied, winner = self.dispatcher.resolve_confirmation(
             session_id, request_id, decision, remember=remember
         )
@@ -204,16 +257,30 @@ class SessionManager:
 
     @asynccontextmanager
     async def watch(self, tenant: Tenant, session_id: str, after_seq: int) -> AsyncIterator[Subscription]:
-        """A subscription to every event of the session after ``after_seq``; ended on shutdown."""
+        """A subscription to every event of the session after ``after_seq``; ended on shutdown.
+
+        Raises:
+            QuotaExceeded: the tenant already has ``max_watch_streams`` open.
+        """
         self._check_open()
         self.get(tenant, session_id)
+        state = self._state(tenant)
+        limit = tenant.quotas.max_watch_streams
+        if limit is not None and state.watch_streams >= limit:
+            raise QuotaExceeded(
+                f"tenant {tenant.tenant_id!r} already has {limit} open watch streams (max_watch_streams)"
+            )
         bus = self.dispatcher.events(session_id)
-        async with bus.subscribe(after_seq=after_seq) as sub:
-            self._watchers.add(sub)
-            try:
-                yield sub
-            finally:
-                self._watchers.discard(sub)
+        state.watch_streams += 1
+        try:
+            async with bus.subscribe(after_seq=after_seq) as sub:
+                self._watchers.add(sub)
+                try:
+                    yield sub
+                finally:
+                    self._watchers.discard(sub)
+        finally:
+            state.watch_streams -= 1
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run cleanup work that must outlive the RPC that started it (kept until shutdown)."""
@@ -232,6 +299,8 @@ class SessionManager:
     async def cancel_all(self) -> None:
         """Cancel the tools of every session (shutdown); returns when they have ended."""
         ids = [sid for state in self._tenants.values() for sid in state.sessions]
+        for sid in ids:
+            await self._start_waiting(sid)
         await asyncio.gather(
             *(self.dispatcher.cancel_session_tools(sid) for sid in ids), return_exceptions=True
         )
@@ -270,6 +339,27 @@ def _check_labels(labels: Mapping[str, str]) -> None:
             raise InvalidRequest(
                 f"labels.{key[:40]}: keys must be 1..{MAX_LABEL_CHARS} chars, values at most that"
             )
+
+
+def _check_id(name: str, value: str) -> None:
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidRequest(f"{name}: at most {MAX_ID_CHARS} characters, got {len(value):,}")
+
+
+def check_dispatch_request(turn_id: str, tool_uses: Sequence[tuple[str, str]]) -> None:
+    """The request-level rules of Dispatch: ``turn_id`` and each tool_use's ``(id, name)`` bounded,
+    at most ``MAX_TOOL_USES`` tool_uses, ids present and unique.
+
+    Raises:
+        InvalidRequest: naming the offending field.
+    """
+    _check_id("turn_id", turn_id)
+    if len(tool_uses) > MAX_TOOL_USES:
+        raise InvalidRequest(f"tool_uses: at most {MAX_TOOL_USES} per Dispatch, got {len(tool_uses)}")
+    for i, (tool_use_id, name) in enumerate(tool_uses):
+        _check_id(f"tool_uses[{i}].id", tool_use_id)
+        _check_id(f"tool_uses[{i}].name", name)
+    check_tool_use_ids([tool_use_id for tool_use_id, _ in tool_uses])
 
 
 def check_tool_use_ids(ids: Sequence[str]) -> None:

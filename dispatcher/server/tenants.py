@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from dispatcher.config import Quotas, TenantConfig
+from dispatcher.config import Quotas, TenantConfig, UidRange
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.server.errors import InvalidRequest, Unauthenticated
+from dispatcher.server.uids import allocate
 
 _WORKSPACE_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
 MAX_WORKSPACE_DEPTH = 8
@@ -29,15 +30,38 @@ class Tenant:
     capabilities: Capabilities
     policy: ConfirmationPolicy
     quotas: Quotas
+    uid: int | None = None
+    """Host uid of the tenant's sandboxes (None: the sandbox backend's configured user)."""
+    gid: int | None = None
 
 
 class TenantDirectory:
     """Maps bearer tokens to tenants by their sha256; the tokens themselves are never kept."""
 
-    def __init__(self, tenants: Iterable[TenantConfig], base_policy: ConfirmationPolicy) -> None:
+    def __init__(
+        self,
+        tenants: Iterable[TenantConfig],
+        base_policy: ConfirmationPolicy,
+        *,
+        uid_range: UidRange | None = None,
+        uid_file: Path | None = None,
+    ) -> None:
+        """With ``uid_range``, each tenant without an explicit uid gets one, kept in ``uid_file``.
+
+        Raises:
+            ConfigError: the allocation failed (see ``dispatcher.server.uids.allocate``).
+        """
         self._by_hash: dict[str, Tenant] = {}
         self._by_id: dict[str, Tenant] = {}
+        tenants = tuple(tenants)
+        ids: dict[str, tuple[int, int]] = {}
+        if uid_range is not None:
+            if uid_file is None:
+                raise ValueError("uid_file is required with uid_range")
+            explicit = {t.tenant_id: t.uid for t in tenants if t.uid is not None}
+            ids = allocate(uid_file, (t.tenant_id for t in tenants), explicit, uid_range)
         for cfg in tenants:
+            uid, gid = (cfg.uid, cfg.gid) if cfg.uid is not None else ids.get(cfg.tenant_id, (None, None))
             tenant = Tenant(
                 tenant_id=cfg.tenant_id,
                 workspace_root=cfg.workspace_root,
@@ -46,6 +70,8 @@ class TenantDirectory:
                     cfg.policy_overrides, where=f"tenants.{cfg.tenant_id}.tool_confirmation"
                 ),
                 quotas=cfg.quotas,
+                uid=uid,
+                gid=gid,
             )
             self._by_id[tenant.tenant_id] = tenant
             for digest in cfg.token_sha256:
