@@ -26,10 +26,33 @@ Example::
         tools: [read_file, list_dir, shell]        # allow-list (omit: every tool)
         fs: [{path: src, mode: rw}, {path: ., mode: r}]
         tool_confirmation: {default: {EXECUTE: deny}}   # laid over the server's policy
-        quotas: {max_sessions: 20, max_concurrent_dispatches: 8}
+        quotas: {max_sessions: 20, max_concurrent_dispatches: 8, max_watch_streams: 8}
+        uid: 200500                                # host uid of its sandboxes (omit: allocated)
+        gid: 200500                                # host gid (omit: the uid)
+    tenant_uids: {start: 200000, count: 100000}    # where tenants without a uid get theirs
+
+Memory is bounded per session and per tenant, in bytes. Defaults: ``quotas: {max_sessions: 100,
+max_concurrent_dispatches: 32, max_watch_streams: 32}`` per tenant; per session, at most
+``dispatcher.event_history_bytes`` (8 MiB) and 10,000 events of replay history; per Dispatch, at
+most 128 tool_uses and 16 MiB of results the client has not read yet (further tool_uses start as
+it reads); per result, ``dispatcher.result_budget_bytes`` (images included; default and ceiling:
+``server.max_message_bytes`` less 64 KiB), past which the result is cut or, for an image, becomes
+an error result for that tool_use alone. Ids, ``turn_id``, tool names and ``request_id`` are at
+most 256 characters (longer is INVALID_ARGUMENT).
 
 Without ``tenants:`` there is one tenant, ``default``, whose token is generated on first start
-and written to ``<home>/token`` (mode 0600); its workspaces live under ``<home>/workspaces``.
+and written to ``<home>/token`` (mode 0600); its workspaces live under ``<home>/workspaces``, and
+its sandboxes run as ``sandbox.user`` (1000:1000).
+
+With ``tenants:``, every tenant's sandboxes run as that tenant's own host uid and gid, so the
+kernel's per-user limits (inotify instances and watches, processes, keys) are the tenant's alone:
+``uid:``/``gid:`` when given (distinct per tenant, never 0), else a uid allocated from
+``tenant_uids`` on first start (gid = uid), first come first served, and kept in
+``<home>/uids.json`` so it survives restarts and reorderings and is never reused for another tenant.
+Files a sandbox writes in a tenant's workspaces belong to that uid. A host user reads them as root,
+through an ACL (``setfacl -R -m u:alice:rX -m d:u:alice:rX <workspace_root>``; the default entry
+covers files made later), or through a group: give the tenant ``gid:`` of a host group the user is
+in (files are made group-readable under the usual umask 022).
 """
 
 from __future__ import annotations
@@ -72,11 +95,14 @@ _TOP_KEYS = frozenset(
         "sandbox",
         "tools",
         "tenants",
+        "tenant_uids",
         "audit_log",
     }
 )
 _TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+RESULT_MESSAGE_MARGIN = 64 << 10  # what a result message needs besides its budgeted bytes
+MAX_ID = 0xFFFFFFFE  # (uid_t)-1 means "leave unchanged" to chown; every id below it is real
 _T = TypeVar("_T")
 
 
@@ -104,10 +130,33 @@ class TlsFiles:
 
 @dataclass(frozen=True, slots=True)
 class Quotas:
-    """Per-tenant limits; ``None`` is unlimited."""
+    """Per-tenant limits (a request past one is RESOURCE_EXHAUSTED); ``None`` is unlimited."""
 
-    max_sessions: int | None = None
-    max_concurrent_dispatches: int | None = None
+    max_sessions: int | None = 100
+    """Open sessions. Each keeps at most ``dispatcher.event_history_bytes`` of event history, so a
+    tenant's history is bounded by ``max_sessions`` x that (800 MiB with the defaults)."""
+    max_concurrent_dispatches: int | None = 32
+    """Dispatch streams running at once. Each holds at most ``PENDING_RESULT_BYTES`` of results its
+    client has not read (plus one result in flight), so that memory is bounded per tenant too."""
+    max_watch_streams: int | None = 32
+    """WatchSession streams open at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class UidRange:
+    """``tenant_uids: {start, count}``: where tenants without an explicit ``uid`` get theirs."""
+
+    start: int = 200_000
+    count: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.start < 1:
+            raise ConfigError(f"tenant_uids.start: must be at least 1 (never root), got {self.start}")
+        if self.count < 1 or self.start + self.count - 1 > MAX_ID:
+            raise ConfigError(f"tenant_uids.count: must be positive and end at most at {MAX_ID}")
+
+    def __contains__(self, uid: object) -> bool:
+        return isinstance(uid, int) and self.start <= uid < self.start + self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +169,10 @@ class TenantConfig:
     capabilities: Capabilities = field(default_factory=Capabilities)
     policy_overrides: Mapping[str, Any] | None = None
     quotas: Quotas = field(default_factory=Quotas)
+    uid: int | None = None
+    """Host uid of the tenant's sandboxes; None: allocated from ``Config.tenant_uids`` (if set)."""
+    gid: int | None = None
+    """Host gid; None: the uid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +192,9 @@ class Config:
     custom_tools: tuple[str, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
     """Empty until ``ensure_default_tenant``; the file's tenants otherwise."""
+    tenant_uids: UidRange | None = None
+    """Set with a ``tenants:`` list: each tenant without ``uid:`` gets its own from this range.
+    None (the single default tenant): sandboxes run as ``sandbox.user``."""
     audit_log: Path | None = None
     tls: TlsFiles | None = None
     """None: plaintext (fine on loopback; use TLS for anything else)."""
@@ -214,19 +270,24 @@ def _build(
     audit = data.get("audit_log")
     if audit is not None and not isinstance(audit, str):
         raise ConfigError("audit_log: must be a path")
+    tenants = _tenants(data.get("tenants"), home_dir)
+    uid_range = _uid_range(data)
+    audit_path = Path(audit).expanduser() if audit else home_dir / "audit.jsonl"
+    _check_workspace_roots(tenants, home_dir, audit_path)
     return Config(
         listen=listen_addr,
         home=home_dir,
         log_format=log_format,  # type: ignore[arg-type]  # checked above
         log_level=log_level,
         server=_dataclass_section(ServerOptions, _section(data, "server", ""), "server"),
-        dispatcher=_dataclass_section(DispatcherConfig, _section(data, "dispatcher", ""), "dispatcher"),
+        dispatcher=_dispatcher_config(data),
         policy=ConfirmationPolicy.from_config(data.get("tool_confirmation")),
         sandbox_backend=backend,
         sandbox=sandbox,
         custom_tools=tuple(tools),
-        tenants=_tenants(data.get("tenants"), home_dir),
-        audit_log=Path(audit).expanduser() if audit else home_dir / "audit.jsonl",
+        tenants=tenants,
+        tenant_uids=uid_range if tenants else None,
+        audit_log=audit_path,
         tls=_tls(data.get("tls")),
         source=source,
     )
@@ -280,6 +341,7 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
         raise ConfigError("tenants: must be a list of tenants")
     seen_ids: set[str] = set()
     seen_hashes: set[str] = set()
+    seen_uids: dict[int, str] = {}
     out: list[TenantConfig] = []
     for i, item in enumerate(value):
         where = f"tenants[{i}]"
@@ -287,7 +349,17 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
             raise ConfigError(f"{where}: must be a mapping")
         _no_unknown(
             item,
-            {"id", "token_sha256", "workspace_root", "tools", "fs", "tool_confirmation", "quotas"},
+            {
+                "id",
+                "token_sha256",
+                "workspace_root",
+                "tools",
+                "fs",
+                "tool_confirmation",
+                "quotas",
+                "uid",
+                "gid",
+            },
             where,
         )
         tenant_id = item.get("id")
@@ -317,6 +389,13 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
             ConfirmationPolicy().merged(overrides, where=f"{where}.tool_confirmation")  # validate now
         caps = {k: item[k] for k in ("tools", "fs") if k in item}
         quotas = _section(item, "quotas", where)
+        uid, gid = _id(item, "uid", where), _id(item, "gid", where)
+        if gid is not None and uid is None:
+            raise ConfigError(f"{where}.gid: needs a uid as well")
+        if uid is not None and uid in seen_uids:
+            raise ConfigError(f"{where}.uid: {uid} belongs to tenant {seen_uids[uid]!r}; tenants never share")
+        if uid is not None:
+            seen_uids[uid] = tenant_id
         out.append(
             TenantConfig(
                 tenant_id=tenant_id,
@@ -325,9 +404,81 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
                 capabilities=Capabilities.from_config(caps, where=where),
                 policy_overrides=overrides,
                 quotas=_dataclass_section(Quotas, quotas, f"{where}.quotas"),
+                uid=uid,
+                gid=gid if gid is not None else uid,
             )
         )
     return tuple(out)
+
+
+def _id(item: Mapping[str, Any], key: str, where: str) -> int | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or not 0 < value <= MAX_ID:
+        raise ConfigError(f"{where}.{key}: must be a number from 1 to {MAX_ID} (never root), got {value!r}")
+    return value
+
+
+def _uid_range(data: Mapping[str, Any]) -> UidRange:
+    section = _section(data, "tenant_uids", "")
+    _no_unknown(section, {"start", "count"}, "tenant_uids")
+    for key, value in section.items():
+        if type(value) is not int:
+            raise ConfigError(f"tenant_uids.{key}: expected an integer, got {value!r}")
+    return UidRange(**section)
+
+
+HOME_STATE = ("run", "volumes", TOKEN_FILE, "state.db", "audit.jsonl", "uids.json")
+"""What the server keeps in its home besides workspaces; no tenant root may hold or be inside it."""
+
+
+def _check_workspace_roots(tenants: tuple[TenantConfig, ...], home: Path, audit: Path) -> None:
+    """A tenant's sandboxes write under its root: no root may hold another's, or the server's state.
+
+    Raises:
+        ConfigError: naming the tenant's ``workspace_root``.
+    """
+    real_home = Path(os.path.realpath(home))
+    state = [real_home / name for name in HOME_STATE] + [Path(os.path.realpath(audit))]
+    roots = [Path(os.path.realpath(t.workspace_root)) for t in tenants]
+    for i, root in enumerate(roots):
+        where = f"tenants[{i}].workspace_root"
+        if real_home.is_relative_to(root):
+            raise ConfigError(
+                f"{where}: {root} holds the server's home {real_home}; use a directory of its own"
+            )
+        for path in state:
+            if path.is_relative_to(root) or root.is_relative_to(path):
+                raise ConfigError(
+                    f"{where}: {root} overlaps the server's state {path}; use another directory"
+                )
+        for j, other_root in enumerate(roots):
+            if j != i and root.is_relative_to(other_root):
+                raise ConfigError(
+                    f"{where}: {root} is inside (or equal to) tenant {tenants[j].tenant_id!r}'s workspace"
+                    f" root {other_root}; every tenant needs a root of its own, apart from the others"
+                )
+
+
+def _dispatcher_config(data: Mapping[str, Any]) -> DispatcherConfig:
+    """The ``dispatcher:`` section, with the result byte budget fitted to the message limit.
+
+    Raises:
+        ConfigError: ``result_budget_bytes`` does not leave room in ``server.max_message_bytes``.
+    """
+    section = _section(data, "dispatcher", "")
+    config = _dataclass_section(DispatcherConfig, section, "dispatcher")
+    server = _dataclass_section(ServerOptions, _section(data, "server", ""), "server")
+    room = server.max_message_bytes - RESULT_MESSAGE_MARGIN
+    if "result_budget_bytes" in section and config.result_budget_bytes > room:
+        raise ConfigError(
+            f"dispatcher.result_budget_bytes: {config.result_budget_bytes} leaves no room in "
+            f"server.max_message_bytes ({server.max_message_bytes}); at most {room}"
+        )
+    if config.result_budget_bytes > room:  # a smaller message limit takes the default budget down
+        config = dataclasses.replace(config, result_budget_bytes=max(room, 1))
+    return config
 
 
 def _tls(value: Any) -> TlsFiles | None:

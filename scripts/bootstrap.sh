@@ -11,6 +11,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! "$PY" -c "import di
   "$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
   touch "$stamp"
 fi
+# Per-tenant disk quotas are loop-mounted ext4 images (sandbox.workspace_quota): mkfs.ext4 and mount.
+if [ "$(id -u)" = 0 ] && ! { command -v mkfs.ext4 && command -v mount && command -v losetup; } >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs mount >/dev/null
+fi
 bash scripts/ensure-docker.sh
 if [ -f scripts/ensure-runsc.sh ]; then bash scripts/ensure-runsc.sh; fi
 bash sandbox_images/build.sh

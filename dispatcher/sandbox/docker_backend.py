@@ -18,7 +18,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
@@ -34,6 +34,9 @@ from dispatcher.sandbox.docker_config import (
 )
 from dispatcher.sandbox.docker_sandbox import DockerSandbox, LiveContainer
 from dispatcher.sandbox.docker_stream import AttachStream, open_attach_stream
+from dispatcher.sandbox.grants import agent_grant_args
+from dispatcher.sandbox.workspace_pin import Stage, pin_session_mounts, split_relative
+from dispatcher.sandbox.workspace_volume import WorkspaceVolumes, format_size
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +59,28 @@ class DockerSandboxProvider:
         *,
         instance: str,
         api: DockerAPI | None = None,
+        state_dir: str | None = None,
     ) -> None:
         self.config = config or SandboxConfig()
         self.instance = self.config.instance or instance
         if not self.instance:
             raise ValueError("instance must be a non-empty string")
         self.api = api or DockerAPI()
+        state = os.path.abspath(os.path.expanduser(state_dir)) if state_dir else None
+        # Staging mounts live where only the server can write: its state dir, or /run as root.
+        self._run_dir = (
+            os.path.join(state, "run", "mounts")
+            if state
+            else os.path.join("/run/dispatcher", _NAME_UNSAFE.sub("_", self.instance), "mounts")
+        )
+        self._can_mount = os.geteuid() == 0
+        """mount(2) works: bind the pinned fds; otherwise verify the container's view after start."""
+        self.volumes = WorkspaceVolumes(
+            self.config.workspace_quota,
+            os.path.join(state, "volumes") if state else None,
+            mode=self.config.workspace_quota_mode,
+        )
+        self._watcher: asyncio.Task[None] | None = None
         self._sandboxes: dict[str, DockerSandbox] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
@@ -90,17 +109,22 @@ class DockerSandboxProvider:
             await self.api.remove(container["Id"])
 
     async def aclose(self) -> None:
-        """Remove every container this provider started and release the Docker client."""
+        """Remove every container this provider started, unmount its volumes, release the client."""
         self._closed = True
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
         results = await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("closing a sandbox failed: %s", result)
+        await asyncio.get_running_loop().run_in_executor(None, self.volumes.release)
+        for empty in (self._run_dir, os.path.dirname(self._run_dir)):
+            with contextlib.suppress(OSError):
+                os.rmdir(empty)  # only when empty: nothing is staged any more
         await self.api.aclose()
 
     # -- server start-up -----------------------------------------------------------------
@@ -115,6 +139,36 @@ class DockerSandboxProvider:
             raise SandboxError("no Docker daemon answers (see scripts/ensure-docker.sh)")
         if not await self.api.image_exists(self.config.image):
             raise SandboxError(f"sandbox image {self.config.image!r} is missing (run `make images`)")
+
+    async def prepare_tenants(self, roots: Mapping[str, str]) -> None:
+        """Put each tenant's workspace root (tenant id -> path) under its disk quota, before any
+        workspace is created there; says at start what is enforced how.
+
+        Raises:
+            SandboxError: a quota image could not be made or mounted.
+        """
+        loop = asyncio.get_running_loop()
+        for tenant_id, root in roots.items():
+            await loop.run_in_executor(None, self.volumes.prepare, tenant_id, root)
+        watched = any(v.enforcement == "watch" for v in self.volumes.tenants.values())
+        if watched and self._watcher is None:
+            self._watcher = loop.create_task(self._watch_usage(), name="workspace-usage-watcher")
+
+    async def scan_usage(self) -> list[str]:
+        """Measure the watched tenants now; remove the sandboxes of those over quota (returned)."""
+        over = await asyncio.get_running_loop().run_in_executor(None, self.volumes.scan)
+        for sandbox in list(self._sandboxes.values()):
+            if sandbox.session.tenant_id in over:
+                await sandbox.stop_for(f"tenant {sandbox.session.tenant_id!r} is over its workspace quota")
+        return over
+
+    def quota_note(self, tenant_id: str) -> str | None:
+        """How the tenant's disk is bounded, for an ENOSPC message; None without a quota."""
+        volume = self.volumes.tenants.get(tenant_id)
+        quota = self.config.workspace_quota
+        if volume is None or volume.enforcement == "off" or not quota:
+            return None
+        return f"the tenant's workspace quota of {format_size(quota)} (sandbox.workspace_quota) is full"
 
     async def remove_orphans(self, live_session_ids: Iterable[str] = ()) -> int:
         """Remove this instance's containers that no live session owns; returns how many."""
@@ -140,6 +194,7 @@ class DockerSandboxProvider:
         Raises:
             SandboxError: the container could not be created or started.
         """
+        self.volumes.check(session.tenant_id)
         async with self._launch_slots:
             try:
                 link, container_id = await self._launch_once(session)
@@ -152,13 +207,24 @@ class DockerSandboxProvider:
         return LiveContainer(container_id, link[0], link[1])
 
     async def _launch_once(self, session: Session) -> tuple[tuple[AttachStream, AgentChannel] | None, str]:
-        container_id = await self._create_container(session)
+        loop = asyncio.get_running_loop()
+        # Pinned at every launch (the first and every recreation): a sandbox of the same tenant may
+        # have swapped any component of the workspace since the last one.
+        stage = await loop.run_in_executor(None, self._stage_mounts, session)
+        container_id: str | None = None
         try:
+            container_id = await self._create_container(session, stage)
             await self.api.start(container_id)
-            return await self._start_agent(container_id), container_id
+            if not stage.staged:
+                await self._verify_mounts(container_id, stage)
+            # The started container holds its own copy of every bind mount.
+            await loop.run_in_executor(None, stage.release)
+            return await self._start_agent(container_id, session), container_id
         except BaseException:
-            with contextlib.suppress(Exception):
-                await self.api.remove(container_id)
+            await loop.run_in_executor(None, stage.release)
+            if container_id is not None:
+                with contextlib.suppress(Exception):
+                    await self.api.remove(container_id)
             raise
 
     async def destroy(self, live: LiveContainer) -> None:
@@ -184,14 +250,14 @@ class DockerSandboxProvider:
             labels[LABEL_TENANT] = tenant_id
         return labels
 
-    def _container_spec(self, session: Session) -> dict[str, Any]:
+    def _container_spec(self, session: Session, mounts: list[dict[str, Any]]) -> dict[str, Any]:
         cfg = self.config
         labels = {**cfg.extra_labels, LABEL_INSTANCE: self.instance}
         labels[LABEL_SESSION] = session.session_id
         labels[LABEL_TENANT] = session.tenant_id
         exec_flag = "exec" if cfg.tmp_exec else "noexec"
         host_config: dict[str, Any] = {
-            "mounts": [{"Type": "bind", "Source": session.workspace_path, "Target": WORKSPACE_ROOT}],
+            "mounts": mounts,
             "network_mode": cfg.network_mode,
             "cap_drop": list(cfg.cap_drop),
             "cap_add": list(cfg.cap_add) or None,
@@ -210,7 +276,7 @@ class DockerSandboxProvider:
             "image": cfg.image,
             # The container only has to stay up; commands come through the agent or docker exec.
             "command": ["sleep", "2147483647"],
-            "user": cfg.user,
+            "user": cfg.user_for(session.sandbox_uid, session.sandbox_gid),
             "working_dir": WORKSPACE_ROOT,
             "labels": labels,
             "hostname": "sandbox",
@@ -218,9 +284,8 @@ class DockerSandboxProvider:
             "host_config": host_config,
         }
 
-    async def _create_container(self, session: Session) -> str:
-        await asyncio.get_running_loop().run_in_executor(None, self._prepare_workspace, session)
-        spec = self._container_spec(session)
+    async def _create_container(self, session: Session, stage: Stage) -> str:
+        spec = self._container_spec(session, self._mounts(stage))
         name = "-".join(
             (
                 "dispatcher",
@@ -231,20 +296,103 @@ class DockerSandboxProvider:
         )
         return await self.api.create_container(name, spec)
 
-    def _prepare_workspace(self, session: Session) -> None:
-        """Make sure the workspace exists and the sandbox user may write to it (blocking)."""
-        path = os.path.realpath(session.workspace_path)
-        os.makedirs(path, exist_ok=True)
-        uid, gid = self.config.uid, self.config.gid
-        if not self.config.chown_workspace or uid is None or os.geteuid() != 0:
-            return
-        st = os.stat(path)
-        # Only the top directory: the sandbox user owns its workspace; files the host put there
-        # keep their owner, as the host user intended.
-        if st.st_uid != uid or (gid is not None and st.st_gid != gid):
-            os.chown(path, uid, gid if gid is not None else -1)
+    def _owner(self, session: Session) -> tuple[int, int] | None:
+        """uid/gid that directories the server makes for the sandbox are handed to."""
+        uid = session.sandbox_uid if session.sandbox_uid is not None else self.config.uid
+        gid = session.sandbox_gid if session.sandbox_gid is not None else self.config.gid
+        if not self.config.chown_workspace or uid is None:
+            return None
+        return uid, gid if gid is not None else -1
 
-    async def _start_agent(self, container_id: str) -> tuple[AttachStream, AgentChannel] | None:
+    def _stage_mounts(self, session: Session) -> Stage:
+        """Pin the workspace and its grant directories, and stage them for Docker (blocking).
+
+        Raises:
+            SandboxError: a symlink or non-directory on the way, or a mount failed.
+        """
+        if session.workspace_root is not None:
+            root = session.workspace_root
+            parts = split_relative(session.workspace_name, "workspace")
+        else:  # a Session built by hand (tests, embedding): its path is trusted as given
+            root, parts = session.workspace_path, []
+        caps = session.capabilities
+        grants = None
+        if caps is not None and caps.fs_grants is not None:
+            grants = [(g.prefix, g.mode) for g in caps.fs_grants]
+        pins, tmpfs = pin_session_mounts(
+            root, parts, grants, owner=self._owner(session), target=WORKSPACE_ROOT
+        )
+        stage = Stage(self._run_dir, pins, empty_root=tmpfs)
+        if self._can_mount:
+            stage.bind_all(_NAME_UNSAFE.sub("_", session.session_id)[:40])
+        else:
+            stage.use_paths(markers=self.config.runtime == "runsc")
+        return stage
+
+    @staticmethod
+    def _mounts(stage: Stage) -> list[dict[str, Any]]:
+        mounts: list[dict[str, Any]] = []
+        if stage.empty_root:
+            # Grants without ".": nothing of the workspace but the granted directories exists.
+            mounts.append(
+                {
+                    "Type": "tmpfs",
+                    "Target": WORKSPACE_ROOT,
+                    "ReadOnly": True,
+                    "TmpfsOptions": {"SizeBytes": 1 << 20, "Mode": 0o755},
+                }
+            )
+        for pin, source in zip(stage.pinned, stage.sources, strict=True):
+            mounts.append(
+                {
+                    "Type": "bind",
+                    "Source": source,
+                    "Target": pin.target,
+                    "ReadOnly": pin.read_only,
+                    "BindOptions": {"Propagation": "rprivate"},
+                }
+            )
+        return mounts
+
+    async def _verify_mounts(self, container_id: str, stage: Stage) -> None:
+        """Without mount(2): the container must see exactly the pinned directories.
+
+        runc shows the host's device and inode numbers; gVisor shows its own, so there a marker
+        file made through each pinned fd must be visible at the mount's target.
+
+        Raises:
+            SandboxError: it does not (a component was swapped between the walk and Docker's use).
+        """
+        if not stage.pinned:
+            return
+        if self.config.runtime == "runsc":
+            paths = [f"{target}/{name}" for target, name in stage.markers]
+            cmd = ["sh", "-c", 'for f; do test -e "$f" || exit 1; done', "sh", *paths]
+            code, _ = await self.api.exec_run(container_id, cmd)
+            ok = code == 0
+        else:
+            expected = stage.identities()
+            targets = [target + "/." for target, _, _ in expected]
+            code, out = await self.api.exec_run(container_id, ["stat", "-c", "%d %i", *targets])
+            seen = [line.split() for line in out.decode(errors="replace").splitlines()]
+            ok = code == 0 and seen == [[str(dev), str(ino)] for _, dev, ino in expected]
+        if not ok:
+            raise SandboxError(
+                "the workspace changed while its container was created (a symlink was swapped in);"
+                " refusing to use it"
+            )
+
+    async def _watch_usage(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.workspace_watch_interval_seconds)
+            try:
+                await self.scan_usage()
+            except Exception as exc:  # one failed scan must not stop the watcher
+                log.warning("measuring workspace usage failed: %s", exc)
+
+    async def _start_agent(
+        self, container_id: str, session: Session
+    ) -> tuple[AttachStream, AgentChannel] | None:
         """Attach the agent; None when the image cannot run it (the docker exec fallback applies).
 
         Raises:
@@ -253,12 +401,13 @@ class DockerSandboxProvider:
         cfg = self.config
         exec_id = await self.api.exec_create(
             container_id,
-            [cfg.agent_python, cfg.agent_path, "--root", WORKSPACE_ROOT],
+            # The session's grants: the agent enforces them on every descriptor it opens.
+            [cfg.agent_python, cfg.agent_path, "--root", WORKSPACE_ROOT, *agent_grant_args(session)],
             stdin=True,
             stdout=True,
             stderr=True,
             tty=False,
-            user=cfg.user,
+            user=cfg.user_for(session.sandbox_uid, session.sandbox_gid),
             workdir=WORKSPACE_ROOT,
         )
         sock, leftover = await self.api.exec_attach(exec_id)

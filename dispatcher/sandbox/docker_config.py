@@ -97,6 +97,14 @@ class SandboxConfig:
     """Deadline of one file operation before the agent is declared hung and the container stopped."""
     enforce_slack_seconds: float = 5.0
     """Past timeout + grace (or cancel + grace), how long the agent gets before the container is stopped."""
+    workspace_quota: int | None = 10 << 30
+    """Bytes per tenant for all its workspaces (a loop-mounted ext4 image at the tenant's root, or
+    a usage watcher when that is impossible); ``null`` or 0 turns the quota off."""
+    workspace_quota_mode: str = "auto"
+    """``auto``: the kernel (loop-mounted image) when the server is root and has loop devices, else
+    watching usage; ``watch``: always watch usage (no image)."""
+    workspace_watch_interval_seconds: float = 10.0
+    """How often a watched tenant's usage is measured."""
     extra_labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,9 +136,14 @@ class SandboxConfig:
             "agent_start_timeout",
             "op_timeout_seconds",
             "max_concurrent_launches",
+            "workspace_watch_interval_seconds",
         ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"sandbox.{key}: must be positive")
+        if self.workspace_quota is not None and self.workspace_quota < 1 << 20:
+            raise ConfigError("sandbox.workspace_quota: must be at least 1m (or null for no quota)")
+        if self.workspace_quota_mode not in ("auto", "watch"):
+            raise ConfigError("sandbox.workspace_quota_mode: must be 'auto' or 'watch'")
         if self.enforce_slack_seconds < 0:
             raise ConfigError("sandbox.enforce_slack_seconds: must not be negative")
         if not self.agent_path.startswith("/"):
@@ -146,6 +159,15 @@ class SandboxConfig:
     def gid(self) -> int | None:
         parts = self.user.split(":")
         return int(parts[1]) if len(parts) == 2 and parts[1].isdigit() else None
+
+    def user_for(self, uid: int | None, gid: int | None) -> str:
+        """The ``uid:gid`` a session's sandbox runs as: its tenant's own ids when it has them, else
+        ``user``. Refuses root, whatever the caller passes."""
+        if uid is None:
+            return self.user
+        if uid <= 0 or (gid is not None and gid <= 0):
+            raise ConfigError(f"sandbox uid/gid must not be root, got {uid}:{gid}")
+        return f"{uid}:{uid if gid is None else gid}"
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> SandboxConfig:
@@ -177,6 +199,8 @@ def _coerce(key: str, value: Any) -> Any:
         return tuple(v.upper() for v in value)
     if key == "mem_limit":
         return parse_size(value, key)
+    if key == "workspace_quota":
+        return None if value is None or value == 0 else parse_size(value, key)
     if key == "extra_labels":
         if not isinstance(value, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -207,7 +231,13 @@ def _coerce(key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"sandbox.{key}: expected an integer")
         return value
-    if key in {"idle_ttl_seconds", "agent_start_timeout", "op_timeout_seconds", "enforce_slack_seconds"}:
+    if key in {
+        "idle_ttl_seconds",
+        "agent_start_timeout",
+        "op_timeout_seconds",
+        "enforce_slack_seconds",
+        "workspace_watch_interval_seconds",
+    }:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"sandbox.{key}: expected a number of seconds")
         return float(value)

@@ -21,9 +21,11 @@ from dispatcher.core.errors import ConfigError
 from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.types import ToolFactory
 from dispatcher.server.auth import AuthInterceptor
+from dispatcher.server.decode import DecodeGuardInterceptor
 from dispatcher.server.servicer import DispatcherServicer
 from dispatcher.server.sessions import SessionManager
 from dispatcher.server.tenants import TenantDirectory
+from dispatcher.server.uids import UIDS_FILE
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 
@@ -51,7 +53,9 @@ def make_provider(config: Config) -> SandboxProvider:
 
     # The instance label follows the state directory, so a restarted server finds its orphans.
     return DockerSandboxProvider(
-        SandboxConfig.from_mapping(config.sandbox), instance=instance_id_for(str(config.home))
+        SandboxConfig.from_mapping(config.sandbox),
+        instance=instance_id_for(str(config.home)),
+        state_dir=str(config.home),
     )
 
 
@@ -106,12 +110,14 @@ class DispatcherServer:
         self.config = config
         self.dispatcher = dispatcher
         self.provider = provider
-        self.tenants = TenantDirectory(config.tenants, config.policy)
+        self.tenants = TenantDirectory(
+            config.tenants, config.policy, uid_range=config.tenant_uids, uid_file=config.home / UIDS_FILE
+        )
         self.sessions = SessionManager(dispatcher)
         self.health = HealthServicer()
         opts = config.server
         self._server = grpc.aio.server(
-            interceptors=[AuthInterceptor(self.tenants)],
+            interceptors=[AuthInterceptor(self.tenants), DecodeGuardInterceptor()],
             options=[
                 ("grpc.max_receive_message_length", opts.max_message_bytes),
                 ("grpc.max_send_message_length", opts.max_message_bytes),
@@ -156,6 +162,9 @@ class DispatcherServer:
         check_ready = getattr(self.provider, "check_ready", None)
         if check_ready is not None:  # fail at start, clearly, not on the first tool call
             await check_ready()
+        prepare_tenants = getattr(self.provider, "prepare_tenants", None)
+        if prepare_tenants is not None:  # disk quotas, before CreateSession makes any workspace
+            await prepare_tenants({t.tenant_id: str(t.workspace_root) for t in self.config.tenants})
         remove_orphans = getattr(self.provider, "remove_orphans", None)
         if remove_orphans is not None:  # containers left by a previous run of this installation
             await remove_orphans()
