@@ -119,9 +119,10 @@ def _start_server(env: BenchEnv, token: str, backend: str) -> tuple[subprocess.P
                 "id": "bench",
                 "token_sha256": hash_token(token),
                 "workspace_root": str(home / "ws"),
-                # The concurrency row opens one session and one Dispatch per simulated agent at once.
+                # The concurrency row opens one session and one Dispatch per simulated agent at once,
+                # while the earlier rows' sessions are still open.
                 "quotas": {
-                    "max_sessions": env.concurrency_sessions + 10,
+                    "max_sessions": 2 * env.concurrency_sessions + 50,
                     "max_concurrent_dispatches": env.concurrency_sessions + 10,
                 },
             }
