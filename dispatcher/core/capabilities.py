@@ -77,8 +77,14 @@ class Capabilities:
     def check_tool(self, name: str) -> bool:
         return self.allowed_tools is None or name in self.allowed_tools
 
-    def check_fs(self, path: str, mode: FsMode, *, root: str = "/", relative: bool = False) -> bool:
-        """True when some grant covers ``path`` (absolute under ``root``, or relative) for ``mode``."""
+    def check_fs(
+        self, path: str, mode: FsMode | Literal["cwd"], *, root: str = "/", relative: bool = False
+    ) -> bool:
+        """True when some grant covers ``path`` (absolute under ``root``, or relative) for ``mode``.
+
+        Mode ``cwd`` (a command's working directory) also accepts the directories above a grant, as
+        the agent does: a shell may start where it sees its grants; the mounts bound what it touches.
+        """
         if self.fs_grants is None:
             return True
         rel = _norm_prefix(path if relative else posixpath.relpath(path, root))
@@ -86,6 +92,8 @@ class Capabilities:
             if mode == "rw" and grant.mode != "rw":
                 continue
             if grant.prefix == "." or rel == grant.prefix or rel.startswith(grant.prefix + "/"):
+                return True
+            if mode == "cwd" and (rel == "." or grant.prefix.startswith(rel + "/")):
                 return True
         return False
 

@@ -121,9 +121,9 @@ def _check_definition(definition: ToolDefinition) -> None:
     if not isinstance(definition.side_effect, SideEffect):
         raise ToolRegistrationError(f"tool {definition.name!r} must declare a SideEffect")
     for key, mode in definition.requires_fs:
-        if mode not in ("r", "rw"):
+        if mode not in ("r", "rw", "cwd"):
             raise ToolRegistrationError(
-                f"tool {definition.name!r}: requires_fs mode for {key!r} must be r or rw"
+                f"tool {definition.name!r}: requires_fs mode for {key!r} must be r, rw or cwd"
             )
         if key not in definition.input_schema.get("properties", {}):
             raise ToolRegistrationError(f"tool {definition.name!r}: requires_fs names unknown input {key!r}")

@@ -30,7 +30,7 @@ class Role(StrEnum):
     WORKER = "worker"
 
 
-FsMode = Literal["r", "rw"]
+FsMode = Literal["r", "rw", "cwd"]  # cwd: a command's working directory (see Capabilities.check_fs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +59,9 @@ class ToolDefinition:
     side_effect: SideEffect
     requires_fs: tuple[tuple[str, FsMode], ...] = ()
     """(input key, mode) pairs: which inputs are workspace paths and how they are used."""
+    check_input: Callable[[Mapping[str, Any]], list[str]] | None = None
+    """Checks beyond the schema subset (e.g. a string map's values), run with the schema's at step 2:
+    each problem as ``"$.path: message"``; any makes the call a validation error before confirmation."""
     timeout_seconds: float | None = None
     """Overrides the dispatcher's default timeout for this tool."""
     always_prompt: bool = False

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import functools
+
 from dispatcher.core.types import ToolFactory
 from dispatcher.tools.list_dir import ListDirTool
 from dispatcher.tools.patch_file import PatchFileTool
 from dispatcher.tools.read_file import ReadFileTool
 from dispatcher.tools.shell import ShellTool
-from dispatcher.tools.write_file import WriteFileTool
+from dispatcher.tools.write_file import DEFAULT_MAX_WRITE_BYTES, WriteFileTool
 
 BUILTIN_TOOLS: list[ToolFactory] = [ReadFileTool, WriteFileTool, PatchFileTool, ListDirTool, ShellTool]
 """Each class is a zero-argument factory producing a fresh tool per call."""
 
 
-def builtin_factories() -> list[ToolFactory]:
-    """A fresh list of the built-in tool factories, for registration."""
-    return list(BUILTIN_TOOLS)
+def builtin_factories(*, max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES) -> list[ToolFactory]:
+    """A fresh list of the built-in tool factories, for registration, with the configured limits."""
+    factories = list(BUILTIN_TOOLS)
+    if max_write_bytes != DEFAULT_MAX_WRITE_BYTES:
+        factories[factories.index(WriteFileTool)] = functools.partial(WriteFileTool, max_write_bytes)
+    return factories
 
 
 __all__ = [

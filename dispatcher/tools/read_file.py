@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dispatcher.core.errors import ToolExecutionError
-from dispatcher.core.sandbox_api import FileOpError
+from dispatcher.core.sandbox_api import FileOpError, WorkspaceFileAPI
 from dispatcher.core.types import ImageBlock, SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.tools._common import PATH_SCHEMA, FileTool, explain, start
 
@@ -36,7 +36,8 @@ class ReadFileTool(FileTool):
         description=(
             "Read a file from the workspace. Text comes back as is; use offset (1-based line) and "
             f"limit (lines) to page through long files (at most {CONTENT_CAP:,} characters per call). "
-            "PNG, JPEG, GIF and WebP files come back as images; other binary files are refused."
+            "PNG, JPEG, GIF and WebP files come back as images; other binary files are refused "
+            "(inspect them with shell: file, od, base64)."
         ),
         input_schema={
             "type": "object",
@@ -76,14 +77,29 @@ class ReadFileTool(FileTool):
                 metadata={"media_type": media_type, "bytes": len(data)},
             )
         if b"\x00" in data[:SNIFF]:
+            size = await _size(files, path, data)
             raise FileOpError(
                 "binary",
-                f"{path} is a binary file; read_file shows text files and PNG/JPEG/GIF/WebP images only",
+                f"{path} is a binary file ({size:,} bytes); read_file shows text files and "
+                "PNG/JPEG/GIF/WebP images only. To see what it is: shell `file PATH` or `od -c PATH | "
+                "head`; its bytes as text: shell `base64 PATH` (small files). A client fetches files "
+                "whole with DownloadFiles (CLI: dispatcher download SESSION PATH DIR).",
             )
-        return _text_output(path, data, input.get("offset", 1), input.get("limit"))
+        size = await _size(files, path, data)
+        return _text_output(path, data, size, input.get("offset", 1), input.get("limit"))
 
 
-def _text_output(path: str, data: bytes, offset: int, limit: int | None) -> ToolOutput:
+async def _size(files: WorkspaceFileAPI, path: str, data: bytes) -> int:
+    """The file's size: known when all of it was read, else asked (one more round trip)."""
+    if len(data) <= READ_CAP:
+        return len(data)
+    try:
+        return (await files.stat(path)).size
+    except FileOpError as exc:
+        raise explain(exc, path) from exc
+
+
+def _text_output(path: str, data: bytes, size: int, offset: int, limit: int | None) -> ToolOutput:
     partial = len(data) > READ_CAP
     if partial:
         data = data[:READ_CAP]
@@ -99,9 +115,13 @@ def _text_output(path: str, data: bytes, offset: int, limit: int | None) -> Tool
             raise ToolExecutionError(f"offset {offset} is past the end of {path}, which is empty")
         return ToolOutput(content=[TextBlock("[empty file]")], metadata={"lines": 0})
     if offset > total:
-        where = f"the first {READ_CAP // 1024} KiB of {path} ({total} lines)" if partial else f"{path}"
-        hint = f"; use shell (e.g. sed -n '{offset},+199p' {path}) to read further" if partial else ""
-        raise ToolExecutionError(f"offset {offset} is past the end of {where}, which has {total} lines{hint}")
+        if partial:
+            raise ToolExecutionError(
+                f"offset {offset} is past what read_file can reach of {path}: its first "
+                f"{READ_CAP // 1024} KiB hold {total} lines of its {size:,} bytes; use shell "
+                f"(e.g. sed -n '{offset},+199p' {path}) to read further, wc -l {path} to count lines"
+            )
+        raise ToolExecutionError(f"offset {offset} is past the end of {path}, which has {total} lines")
     first = offset - 1
     stop = total if limit is None else min(total, first + limit)
     shown: list[str] = []
@@ -118,14 +138,24 @@ def _text_output(path: str, data: bytes, offset: int, limit: int | None) -> Tool
     if last < total or partial or text.endswith("\n"):
         body += "\n"  # keep the file's own final newline; before a note, end the last line
     notes = []
+    # Of a partly read file the line count is only known for the part read: say so, never pass
+    # the part's count off as the file's.
+    of = f"the first {total} (of about {total * size // max(len(data), 1):,})" if partial else f"{total}"
     if last < total:
-        notes.append(f"showing lines {offset}-{last} of {total}; use offset={last + 1} to continue")
+        notes.append(f"showing lines {offset}-{last} of {of}; use offset={last + 1} to continue")
     if partial:
         notes.append(
-            f"the file is larger than {READ_CAP // 1024} KiB; only its first {total} lines can be read "
-            "here, use shell for the rest"
+            f"the file is {size:,} bytes, larger than {READ_CAP // 1024} KiB; only its first {total} "
+            f"lines can be read here, use shell for the rest (wc -l {path} counts them all)"
         )
     if notes:
         body += "[" + "; ".join(notes) + "]"
-    metadata = {"lines": total, "start_line": offset, "end_line": last, "truncated": bool(notes)}
+    metadata: dict[str, object] = {
+        "lines": None if partial else total,
+        "lines_read": total,
+        "bytes": size,
+        "start_line": offset,
+        "end_line": last,
+        "truncated": bool(notes),
+    }
     return ToolOutput(content=[TextBlock(body)], metadata=metadata)

@@ -240,7 +240,9 @@ async def test_exec_stdin_env_cwd_and_exit_code(sandbox: LocalSandbox, workspace
 async def test_exec_env_is_minimal(sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     _, out, _ = await run(sandbox, "env")
     names = {line.split("=", 1)[0] for line in out.decode().splitlines()}
-    assert names <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "OLDPWD"}
+    # Commands inherit the agent's environment (PATH and HOME from the server), nothing else of the
+    # server's; LC_CTYPE is the agent interpreter's own locale coercion (PEP 538) of a bare C locale.
+    assert names <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "OLDPWD", "LC_CTYPE"}
 
 
 async def test_four_commands_run_in_parallel(sandbox: LocalSandbox, workspace: Path) -> None:

@@ -55,4 +55,4 @@ def test_file_tools_declare_their_path_argument() -> None:
     modes = {f().definition.name: f().definition.requires_fs for f in BUILTIN_TOOLS}
     assert modes["read_file"] == (("path", "r"),) and modes["list_dir"] == (("path", "r"),)
     assert modes["write_file"] == (("path", "rw"),) and modes["patch_file"] == (("path", "rw"),)
-    assert modes["shell"] == ()
+    assert modes["shell"] == (("cwd", "cwd"),)  # a working directory, checked like a path
