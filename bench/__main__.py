@@ -22,7 +22,13 @@ import docker
 from bench.env import BenchEnv
 from bench.table import Row, print_table
 
-MODULES = ("bench.baselines", "bench.sandbox_bench", "bench.grpc_bench", "bench.isolation_bench")
+MODULES = (
+    "bench.baselines",
+    "bench.sandbox_bench",
+    "bench.grpc_bench",
+    "bench.isolation_bench",
+    "bench.trees_bench",
+)
 
 
 async def collect(env: BenchEnv, modules: tuple[str, ...] = MODULES) -> list[Row]:

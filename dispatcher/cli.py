@@ -38,6 +38,7 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.core.visible import visible
 from dispatcher.server.convert import SessionInfo
+from dispatcher.trees import LocalTreeError
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_BY_CODE = {
@@ -122,6 +123,43 @@ def _cli_session(client: DispatcherClient, args: argparse.Namespace) -> SessionI
         if info.labels.get(CLI_LABEL) == "1" and info.workspace == workspace:
             return info
     return client.create_session(workspace, labels={CLI_LABEL: "1"})
+
+
+def _upload(args: argparse.Namespace) -> int:
+    try:
+        with _client(args) as client:
+            done = client.upload(args.session_id, args.local_dir, args.dest)
+    except LocalTreeError as exc:
+        print(f"dispatcher: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        _json_line({"files": done.files, "directories": done.directories, "bytes": done.bytes})
+    else:
+        print(
+            f"uploaded {done.files} files, {done.directories} directories, {done.bytes} bytes into {args.dest}"
+        )
+    return EXIT_OK
+
+
+def _download(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        done = client.download(args.session_id, args.path, args.local_dir)
+    for skipped in done.skipped:
+        print(f"dispatcher: skipped {skipped}", file=sys.stderr)
+    if args.json:
+        _json_line(
+            {
+                "files": done.files,
+                "directories": done.directories,
+                "bytes": done.bytes,
+                "skipped": done.skipped,
+            }
+        )
+    else:
+        print(
+            f"downloaded {done.files} files, {done.directories} directories, {done.bytes} bytes into {args.local_dir}"
+        )
+    return EXIT_OK
 
 
 def _tools(args: argparse.Namespace) -> int:
@@ -413,6 +451,23 @@ def _parser() -> argparse.ArgumentParser:
         "--after-seq", type=int, default=0, metavar="N", help="replay events after N (default 0)"
     )
     watch.set_defaults(func=_watch)
+
+    upload = verbs.add_parser(
+        "upload", parents=[client_opts], help="copy a local directory tree into a session's workspace"
+    )
+    upload.add_argument("session_id", metavar="SESSION")
+    upload.add_argument("local_dir", metavar="LOCAL_DIR", help="its contents are copied (not the directory)")
+    upload.add_argument(
+        "dest", metavar="DEST", nargs="?", default=".", help="workspace directory (default: .)"
+    )
+    upload.set_defaults(func=_upload)
+    download = verbs.add_parser(
+        "download", parents=[client_opts], help="copy a workspace file or directory to a local directory"
+    )
+    download.add_argument("session_id", metavar="SESSION")
+    download.add_argument("path", metavar="PATH", help="workspace file or directory (a directory's contents)")
+    download.add_argument("local_dir", metavar="LOCAL_DIR", help="made if missing")
+    download.set_defaults(func=_download)
 
     for verb, text in (("approve", "allow"), ("deny", "deny")):
         p = verbs.add_parser(verb, parents=[client_opts], help=f"{text} a pending confirmation request")

@@ -18,9 +18,11 @@ the gRPC status name; tool failures are results with ``is_error``.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import queue
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -29,9 +31,11 @@ from dispatcher.config import ENV_TLS_CA, client_token, default_target
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import DispatcherError
 from dispatcher.core.events import Event
+from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.server import convert
 from dispatcher.server.convert import SessionInfo, ToolInfo
+from dispatcher.trees import Extracted, LocalTreeError, extract_chunks, tar_chunks
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 
@@ -40,12 +44,15 @@ __all__ = [
     "Decision",
     "DispatcherClient",
     "Event",
+    "Extracted",
+    "LocalTreeError",
     "RequestFailed",
     "Role",
     "SessionInfo",
     "ToolInfo",
     "ToolResultBlock",
     "ToolUseBlock",
+    "UploadSummary",
 ]
 
 DispatchItem = Event | ToolResultBlock
@@ -54,6 +61,28 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.keepalive_time_ms", 30_000),
 )
+
+
+def _upload_requests(
+    session_id: str, dest: str, chunks: Iterable[bytes], failed: list[BaseException]
+) -> Iterator[pb.UploadFilesRequest]:
+    yield pb.UploadFilesRequest(target=pb.UploadFilesTarget(session_id=session_id, path=dest))
+    try:
+        for chunk in chunks:
+            yield pb.UploadFilesRequest(chunk=chunk)
+    except Exception as exc:
+        failed.append(exc)
+        raise
+
+
+def _summary(resp: pb.UploadFilesResponse) -> UploadSummary:
+    return UploadSummary(files=resp.files, directories=resp.directories, bytes=resp.bytes)
+
+
+async def _in_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """A blocking iterator (local file reads) stepped on a worker thread."""
+    while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+        yield chunk
 
 
 class RequestFailed(DispatcherError):
@@ -252,6 +281,56 @@ class DispatcherClient(_Base):
         """Cancel every in-flight tool call of the session."""
         self._unary(self._stub.CancelSessionTools, pb.CancelSessionToolsRequest(session_id=session_id))
 
+    def upload(
+        self, session_id: str, local_dir: str, dest: str = ".", *, timeout: float | None = None
+    ) -> UploadSummary:
+        """Copy the tree ``local_dir`` into ``dest`` (a workspace directory, made if missing).
+
+        Raises:
+            RequestFailed: e.g. INVALID_ARGUMENT naming a refused member, RESOURCE_EXHAUSTED.
+            LocalTreeError: the local tree holds a symlink or a special file.
+        """
+        return self.upload_tar(session_id, tar_chunks(local_dir), dest, timeout=timeout)
+
+    def upload_tar(
+        self, session_id: str, chunks: Iterable[bytes], dest: str = ".", *, timeout: float | None = None
+    ) -> UploadSummary:
+        """Send a tar stream (any iterable of byte chunks) to be unpacked into ``dest``."""
+        failed: list[BaseException] = []
+        requests = _upload_requests(session_id, dest, chunks, failed)
+        try:
+            resp = self._unary_stream_in(self._stub.UploadFiles, requests, timeout)
+        except RequestFailed:
+            if failed:  # grpc reports a failing request iterator as UNKNOWN; say what failed
+                raise failed[0] from None
+            raise
+        return _summary(resp)
+
+    def _unary_stream_in(
+        self, method: Callable[..., _T], requests: Iterator[Any], timeout: float | None
+    ) -> _T:
+        try:
+            return method(requests, metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+
+    def download_tar(
+        self, session_id: str, path: str = ".", *, timeout: float | None = None
+    ) -> Iterator[bytes]:
+        """The chunks of a tar of a workspace file or directory, as the server sends them."""
+        call = self._stub.DownloadFiles(
+            pb.DownloadFilesRequest(session_id=session_id, path=path),
+            metadata=self._metadata,
+            timeout=timeout,
+        )
+        return self._stream(call, lambda resp: bytes(resp.chunk))
+
+    def download(
+        self, session_id: str, path: str, local_dir: str, *, timeout: float | None = None
+    ) -> Extracted:
+        """Copy a workspace file or directory into ``local_dir`` (a directory's contents)."""
+        return extract_chunks(self.download_tar(session_id, path, timeout=timeout), local_dir)
+
     @staticmethod
     def _stream(call: Any, conv: Callable[[Any], _T]) -> Iterator[_T]:
         try:
@@ -373,6 +452,75 @@ class AsyncDispatcherClient(_Base):
 
     async def cancel(self, session_id: str) -> None:
         await self._unary(self._stub.CancelSessionTools, pb.CancelSessionToolsRequest(session_id=session_id))
+
+    async def upload(
+        self, session_id: str, local_dir: str, dest: str = ".", *, timeout: float | None = None
+    ) -> UploadSummary:
+        """Copy the tree ``local_dir`` into ``dest``; see ``DispatcherClient.upload``."""
+        return await self.upload_tar(session_id, _in_thread(tar_chunks(local_dir)), dest, timeout=timeout)
+
+    async def upload_tar(
+        self,
+        session_id: str,
+        chunks: AsyncIterable[bytes] | Iterable[bytes],
+        dest: str = ".",
+        *,
+        timeout: float | None = None,
+    ) -> UploadSummary:
+        """Send a tar stream to be unpacked into ``dest``."""
+
+        async def requests() -> AsyncIterator[pb.UploadFilesRequest]:
+            yield pb.UploadFilesRequest(target=pb.UploadFilesTarget(session_id=session_id, path=dest))
+            if isinstance(chunks, AsyncIterable):
+                async for chunk in chunks:
+                    yield pb.UploadFilesRequest(chunk=chunk)
+            else:
+                for chunk in chunks:
+                    yield pb.UploadFilesRequest(chunk=chunk)
+
+        try:
+            resp = await self._stub.UploadFiles(requests(), metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+        return _summary(resp)
+
+    def download_tar(
+        self, session_id: str, path: str = ".", *, timeout: float | None = None
+    ) -> AsyncIterator[bytes]:
+        """The chunks of a tar of a workspace file or directory, as the server sends them."""
+        call = self._stub.DownloadFiles(
+            pb.DownloadFilesRequest(session_id=session_id, path=path),
+            metadata=self._metadata,
+            timeout=timeout,
+        )
+        return self._stream(call, lambda resp: bytes(resp.chunk))
+
+    async def download(
+        self, session_id: str, path: str, local_dir: str, *, timeout: float | None = None
+    ) -> Extracted:
+        """Copy a workspace file or directory into ``local_dir``; unpacked on a worker thread."""
+        box: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        work = asyncio.ensure_future(asyncio.to_thread(extract_chunks, iter(box.get, None), local_dir))
+
+        def offer(item: bytes | None) -> None:
+            while not work.done():
+                try:
+                    box.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        try:
+            async for chunk in self.download_tar(session_id, path, timeout=timeout):
+                if work.done():
+                    break  # the extractor failed; its error is raised below
+                await asyncio.to_thread(offer, chunk)
+        except BaseException:
+            await asyncio.to_thread(offer, None)
+            await asyncio.gather(work, return_exceptions=True)
+            raise
+        await asyncio.to_thread(offer, None)
+        return await work
 
     @staticmethod
     async def _stream(call: Any, conv: Callable[[Any], _T]) -> AsyncIterator[_T]:

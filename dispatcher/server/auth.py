@@ -75,4 +75,6 @@ def _reject(handler: grpc.RpcMethodHandler, exc: Unauthenticated) -> grpc.RpcMet
 
     if handler.unary_stream is not None:
         return handler._replace(unary_stream=abort_stream)
+    if handler.stream_unary is not None:  # UploadFiles: refused before a byte of the stream is read
+        return handler._replace(stream_unary=abort)
     return handler._replace(unary_unary=abort)

@@ -57,11 +57,32 @@ def _guard_stream(
     return stream
 
 
+def _guard_client_stream(
+    behavior: Callable[[Any, Any], Awaitable[Any]],
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def client_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async def checked() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Undecodable):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                yield request
+
+        return await behavior(checked(), context)
+
+    return client_stream
+
+
 def guard_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """``handler`` with its request parsing made safe (unary-request handlers; others unchanged)."""
-    if handler.request_streaming or handler.request_deserializer is None:
-        return handler  # no client-streaming RPC is served; their iterators would need the same care
+    """``handler`` with its request parsing made safe (unary and client-streaming requests)."""
+    if handler.request_deserializer is None:
+        return handler
     deserializer = _safe_deserializer(handler.request_deserializer, method)
+    if handler.stream_unary is not None:  # UploadFiles: each message of the stream is checked
+        return handler._replace(
+            request_deserializer=deserializer, stream_unary=_guard_client_stream(handler.stream_unary)
+        )
+    if handler.request_streaming:
+        return handler  # no bidirectional RPC is served
     if handler.unary_unary is not None:
         return handler._replace(
             request_deserializer=deserializer, unary_unary=_guard_unary(handler.unary_unary)

@@ -8,12 +8,15 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
+from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
+from dispatcher.sandbox.transfer import AgentTreeTransport
 from dispatcher.server import convert
 from dispatcher.server.auth import current_tenant
 from dispatcher.server.errors import InvalidRequest, status_for
 from dispatcher.server.inputs import InputParser
 from dispatcher.server.sessions import SessionManager, check_dispatch_request
+from dispatcher.server.transfer import TransferHandlers
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 
@@ -57,10 +60,19 @@ def _stream(
 class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     """Implements dispatcher.v1.ToolDispatcher on top of the session manager."""
 
-    def __init__(self, sessions: SessionManager, *, max_pending_events: int = 4096) -> None:
+    def __init__(
+        self,
+        sessions: SessionManager,
+        *,
+        max_pending_events: int = 4096,
+        transfers: TreeTransfers | None = None,
+    ) -> None:
         self._sessions = sessions
         self._max_pending = max_pending_events
         self._inputs = InputParser()
+        self._transfers = TransferHandlers(
+            sessions, transfers or TreeTransfers(sessions.dispatcher, AgentTreeTransport())
+        )
 
     @_unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Ctx) -> pb.CreateSessionResponse:
@@ -133,3 +145,14 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         async with self._sessions.watch(current_tenant(), request.session_id, request.after_seq) as sub:
             async for event in sub:
                 yield pb.WatchSessionResponse(event=convert.event_to_pb(event))
+
+    async def UploadFiles(
+        self, request_iterator: AsyncIterator[pb.UploadFilesRequest], context: Ctx
+    ) -> pb.UploadFilesResponse:
+        return await self._transfers.upload(request_iterator, context)
+
+    async def DownloadFiles(
+        self, request: pb.DownloadFilesRequest, context: Ctx
+    ) -> AsyncIterator[pb.DownloadFilesResponse]:
+        async for item in self._transfers.download(request, context):
+            yield item

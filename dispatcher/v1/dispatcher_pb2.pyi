@@ -1260,3 +1260,137 @@ class WatchSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchSessionResponse: _TypeAlias = WatchSessionResponse  # noqa: Y015
+
+@_typing.final
+class UploadFilesTarget(_message.Message):
+    """Where an upload goes: the first message of an UploadFiles stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session whose sandbox receives the files."""
+    path: _builtins.str
+    """Workspace-relative directory to unpack into ("" or "." for the workspace root); made if missing."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadFilesTarget: _TypeAlias = UploadFilesTarget  # noqa: Y015
+
+@_typing.final
+class UploadFilesRequest(_message.Message):
+    """One message of the UploadFiles stream: the target first, then chunks of a tar archive."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    """The next bytes of the archive (plain tar, ustar/gnu/pax; any chunk size up to the message limit)."""
+    @_builtins.property
+    def target(self) -> Global___UploadFilesTarget:
+        """Only in the first message."""
+
+    def __init__(
+        self,
+        *,
+        target: Global___UploadFilesTarget | None = ...,
+        chunk: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "payload", b"payload", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "payload", b"payload", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["target", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
+
+Global___UploadFilesRequest: _TypeAlias = UploadFilesRequest  # noqa: Y015
+
+@_typing.final
+class UploadFilesResponse(_message.Message):
+    """Response of UploadFiles: what was written."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILES_FIELD_NUMBER: _builtins.int
+    DIRECTORIES_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    files: _builtins.int
+    """Regular files written."""
+    directories: _builtins.int
+    """Directories created or updated."""
+    bytes: _builtins.int
+    """Bytes of file content written."""
+    def __init__(
+        self,
+        *,
+        files: _builtins.int = ...,
+        directories: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "directories", b"directories", "files", b"files"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadFilesResponse: _TypeAlias = UploadFilesResponse  # noqa: Y015
+
+@_typing.final
+class DownloadFilesRequest(_message.Message):
+    """Request of DownloadFiles."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session whose workspace holds the files."""
+    path: _builtins.str
+    """Workspace-relative file or directory ("" or "." for the whole workspace)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadFilesRequest: _TypeAlias = DownloadFilesRequest  # noqa: Y015
+
+@_typing.final
+class DownloadFilesResponse(_message.Message):
+    """One message of the DownloadFiles stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    """The next bytes of the tar archive."""
+    def __init__(
+        self,
+        *,
+        chunk: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadFilesResponse: _TypeAlias = DownloadFilesResponse  # noqa: Y015

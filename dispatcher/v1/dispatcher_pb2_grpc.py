@@ -80,6 +80,16 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchSessionResponse.FromString,
                 _registered_method=True)
+        self.UploadFiles = channel.stream_unary(
+                '/dispatcher.v1.ToolDispatcher/UploadFiles',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.UploadFilesRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.UploadFilesResponse.FromString,
+                _registered_method=True)
+        self.DownloadFiles = channel.unary_stream(
+                '/dispatcher.v1.ToolDispatcher/DownloadFiles',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -151,6 +161,28 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadFiles(self, request_iterator, context):
+        """Unpacks a tar archive into a workspace directory, inside the sandbox. The first message names
+        the session and the directory; every later one carries the next chunk of the archive. Files keep
+        their bytes, modes and mtimes and belong to the sandbox user; links, devices, fifos, setuid or
+        setgid bits and names leaving the directory are refused (INVALID_ARGUMENT naming the member)
+        and nothing is written. Size limits: RESOURCE_EXHAUSTED. Not asked for confirmation (the caller
+        is the approver); the session's filesystem grants apply (read-write on the directory) and the
+        upload is audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadFiles(self, request, context):
+        """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
+        to it; a file as one member named by its base name). Symlinks are archived as links, never
+        followed; devices, fifos and sockets are left out. Needs read access; audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +230,16 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.WatchSession,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchSessionRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchSessionResponse.SerializeToString,
+            ),
+            'UploadFiles': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadFiles,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.UploadFilesRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.UploadFilesResponse.SerializeToString,
+            ),
+            'DownloadFiles': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadFiles,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,6 +486,60 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/WatchSession',
             dispatcher_dot_v1_dot_dispatcher__pb2.WatchSessionRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.WatchSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadFiles(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/dispatcher.v1.ToolDispatcher/UploadFiles',
+            dispatcher_dot_v1_dot_dispatcher__pb2.UploadFilesRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.UploadFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/DownloadFiles',
+            dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesResponse.FromString,
             options,
             channel_credentials,
             insecure,

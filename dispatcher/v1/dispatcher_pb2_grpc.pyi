@@ -65,6 +65,20 @@ class ToolDispatcherStub:
     """Streams every event of the session with seq > after_seq: retained history first, then live,
     until the session closes or the client goes away.
     """
+    UploadFiles: _grpc.StreamUnaryMultiCallable[_dispatcher_pb2.UploadFilesRequest, _dispatcher_pb2.UploadFilesResponse]
+    """Unpacks a tar archive into a workspace directory, inside the sandbox. The first message names
+    the session and the directory; every later one carries the next chunk of the archive. Files keep
+    their bytes, modes and mtimes and belong to the sandbox user; links, devices, fifos, setuid or
+    setgid bits and names leaving the directory are refused (INVALID_ARGUMENT naming the member)
+    and nothing is written. Size limits: RESOURCE_EXHAUSTED. Not asked for confirmation (the caller
+    is the approver); the session's filesystem grants apply (read-write on the directory) and the
+    upload is audited.
+    """
+    DownloadFiles: _grpc.UnaryStreamMultiCallable[_dispatcher_pb2.DownloadFilesRequest, _dispatcher_pb2.DownloadFilesResponse]
+    """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
+    to it; a file as one member named by its base name). Symlinks are archived as links, never
+    followed; devices, fifos and sockets are left out. Needs read access; audited.
+    """
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -92,6 +106,20 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     WatchSession: _aio.UnaryStreamMultiCallable[_dispatcher_pb2.WatchSessionRequest, _dispatcher_pb2.WatchSessionResponse]  # type: ignore[assignment]
     """Streams every event of the session with seq > after_seq: retained history first, then live,
     until the session closes or the client goes away.
+    """
+    UploadFiles: _aio.StreamUnaryMultiCallable[_dispatcher_pb2.UploadFilesRequest, _dispatcher_pb2.UploadFilesResponse]  # type: ignore[assignment]
+    """Unpacks a tar archive into a workspace directory, inside the sandbox. The first message names
+    the session and the directory; every later one carries the next chunk of the archive. Files keep
+    their bytes, modes and mtimes and belong to the sandbox user; links, devices, fifos, setuid or
+    setgid bits and names leaving the directory are refused (INVALID_ARGUMENT naming the member)
+    and nothing is written. Size limits: RESOURCE_EXHAUSTED. Not asked for confirmation (the caller
+    is the approver); the session's filesystem grants apply (read-write on the directory) and the
+    upload is audited.
+    """
+    DownloadFiles: _aio.UnaryStreamMultiCallable[_dispatcher_pb2.DownloadFilesRequest, _dispatcher_pb2.DownloadFilesResponse]  # type: ignore[assignment]
+    """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
+    to it; a file as one member named by its base name). Symlinks are archived as links, never
+    followed; devices, fifos and sockets are left out. Needs read access; audited.
     """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
@@ -171,6 +199,32 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_dispatcher_pb2.WatchSessionResponse], _abc.AsyncIterator[_dispatcher_pb2.WatchSessionResponse]]:
         """Streams every event of the session with seq > after_seq: retained history first, then live,
         until the session closes or the client goes away.
+        """
+
+    @_abc_1.abstractmethod
+    def UploadFiles(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dispatcher_pb2.UploadFilesRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.UploadFilesResponse, _abc.Awaitable[_dispatcher_pb2.UploadFilesResponse]]:
+        """Unpacks a tar archive into a workspace directory, inside the sandbox. The first message names
+        the session and the directory; every later one carries the next chunk of the archive. Files keep
+        their bytes, modes and mtimes and belong to the sandbox user; links, devices, fifos, setuid or
+        setgid bits and names leaving the directory are refused (INVALID_ARGUMENT naming the member)
+        and nothing is written. Size limits: RESOURCE_EXHAUSTED. Not asked for confirmation (the caller
+        is the approver); the session's filesystem grants apply (read-write on the directory) and the
+        upload is audited.
+        """
+
+    @_abc_1.abstractmethod
+    def DownloadFiles(
+        self,
+        request: _dispatcher_pb2.DownloadFilesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dispatcher_pb2.DownloadFilesResponse], _abc.AsyncIterator[_dispatcher_pb2.DownloadFilesResponse]]:
+        """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
+        to it; a file as one member named by its base name). Symlinks are archived as links, never
+        followed; devices, fifos and sockets are left out. Needs read access; audited.
         """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,8 +5,9 @@
 //   DISPATCHER_TOKEN   bearer token (default: the contents of $DISPATCHER_HOME/token, ~/.dispatcher/token)
 //
 // It creates a session, runs `shell` (approving the confirmation the default policy asks for, as a
-// human's terminal would), reads the file back with `read_file`, prints every event and result, and
-// exits non-zero when anything differs from what it expects.
+// human's terminal would), reads the file back with `read_file`, sends a small tree in with
+// UploadFiles and gets it back with DownloadFiles, prints every event and result, and exits
+// non-zero when anything differs from what it expects.
 "use strict";
 
 const fs = require("node:fs");
@@ -74,6 +75,82 @@ function dispatch(sessionId, toolUses) {
   });
 }
 
+// A minimal ustar writer and reader, enough for UploadFiles / DownloadFiles without a dependency.
+function tarHeader(name, { size = 0, mode = 0o644, type = "0", mtime = 1_600_000_000 } = {}) {
+  const h = Buffer.alloc(512);
+  const octal = (value, offset, width) => h.write(value.toString(8).padStart(width - 1, "0") + "\0", offset, "ascii");
+  h.write(name, 0, 100, "utf8");
+  octal(mode, 100, 8);
+  octal(0, 108, 8);
+  octal(0, 116, 8);
+  octal(size, 124, 12);
+  octal(mtime, 136, 12);
+  h.write("        ", 148, "ascii"); // the checksum counts its own field as spaces
+  h.write(type, 156, "ascii");
+  h.write("ustar\0" + "00", 257, "ascii");
+  const sum = h.reduce((acc, byte) => acc + byte, 0);
+  h.write(sum.toString(8).padStart(6, "0") + "\0 ", 148, "ascii");
+  return h;
+}
+
+function tarOf(entries) {
+  const parts = [];
+  for (const { name, data, mode, dir } of entries) {
+    if (dir) {
+      parts.push(tarHeader(name, { mode: mode ?? 0o755, type: "5" }));
+      continue;
+    }
+    parts.push(tarHeader(name, { size: data.length, mode }), data, Buffer.alloc((512 - (data.length % 512)) % 512));
+  }
+  parts.push(Buffer.alloc(1024)); // end of archive
+  return Buffer.concat(parts);
+}
+
+function untar(buf) {
+  const out = {};
+  let longName = null;
+  for (let pos = 0; pos + 512 <= buf.length; ) {
+    const h = buf.subarray(pos, pos + 512);
+    if (h.every((b) => b === 0)) break;
+    const field = (offset, width) => h.subarray(offset, offset + width).toString("utf8").replace(/\0.*$/s, "");
+    const size = parseInt(field(124, 12).trim() || "0", 8);
+    const type = field(156, 1) || "0";
+    const data = buf.subarray(pos + 512, pos + 512 + size);
+    pos += 512 + Math.ceil(size / 512) * 512;
+    if (type === "x" || type === "g") continue; // pax headers: the names here are short
+    if (type === "L") {
+      longName = data.toString("utf8").replace(/\0.*$/s, "");
+      continue;
+    }
+    const prefix = field(345, 155);
+    const name = longName || (prefix ? `${prefix}/${field(0, 100)}` : field(0, 100));
+    longName = null;
+    out[name] = { type, mode: parseInt(field(100, 8).trim(), 8), data };
+  }
+  return out;
+}
+
+function upload(sessionId, dest, archive) {
+  return new Promise((resolve, reject) => {
+    const call = client.UploadFiles(metadata, { deadline: Date.now() + 30_000 }, (err, response) =>
+      err ? reject(err) : resolve(response),
+    );
+    call.write({ target: { session_id: sessionId, path: dest } });
+    for (let i = 0; i < archive.length; i += 64 * 1024) call.write({ chunk: archive.subarray(i, i + 64 * 1024) });
+    call.end();
+  });
+}
+
+function download(sessionId, path) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    const call = client.DownloadFiles({ session_id: sessionId, path }, metadata);
+    call.on("data", (msg) => chunks.push(msg.chunk));
+    call.on("error", reject);
+    call.on("end", () => resolve(Buffer.concat(chunks)));
+  });
+}
+
 function expect(condition, message) {
   if (!condition) {
     console.error(`MISMATCH: ${message}`);
@@ -104,6 +181,31 @@ async function main() {
   expect(reads.length === 2, "one result per tool_use");
   expect(byId["node-read"] && byId["node-read"].content[0].text.text.includes("hello-from-node"), "read_file returns what shell wrote");
   expect(byId["node-escape"] && byId["node-escape"].error_class === "ERROR_CLASS_PERMISSION_DENIED", "workspace escape refused");
+
+  // A tree in and out: a binary file and an executable keep their bytes and modes.
+  const binary = Buffer.from(Array.from({ length: 4096 }, (_, i) => i % 256));
+  const script = Buffer.from("#!/bin/sh\necho tree-ran\n");
+  const archive = tarOf([
+    { name: "tree/", dir: true },
+    { name: "tree/blob.bin", data: binary, mode: 0o600 },
+    { name: "tree/run.sh", data: script, mode: 0o755 },
+  ]);
+  const uploaded = await upload(session.session_id, "in", archive);
+  console.log(`uploaded ${uploaded.files} files, ${uploaded.bytes} bytes`);
+  expect(Number(uploaded.files) === 2 && Number(uploaded.bytes) === binary.length + script.length, "upload counts");
+  const [ran] = await dispatch(session.session_id, [
+    { id: "node-run", name: "shell", input_json: JSON.stringify({ command: "./in/tree/run.sh" }) },
+  ]);
+  expect(!ran.is_error && ran.content[0].text.text.includes("tree-ran"), "the uploaded script runs");
+  const back = untar(await download(session.session_id, "in"));
+  console.log(`downloaded: ${Object.keys(back).sort().join(", ")}`);
+  expect(back["tree/blob.bin"] && back["tree/blob.bin"].data.equals(binary), "binary file round-trips");
+  expect(back["tree/run.sh"] && back["tree/run.sh"].mode === 0o755, "executable keeps its mode");
+  const refused = await upload(session.session_id, "in", tarOf([{ name: "../escape.txt", data: Buffer.from("x") }])).then(
+    () => null,
+    (err) => err,
+  );
+  expect(refused && refused.code === grpc.status.INVALID_ARGUMENT && refused.details.includes("../escape.txt"), "hostile member refused");
 
   await unary("CloseSession", { session_id: session.session_id });
   client.close();
