@@ -12,8 +12,10 @@ Example::
     home: ~/.dispatcher
     log: {format: json, level: info}
     server: {max_message_bytes: 4194304, grace_seconds: 10}
+    # UploadFiles / DownloadFiles per request: archive bytes, entries, downloaded content bytes
+    # server: {max_upload_bytes: 1073741824, max_upload_files: 100000, max_download_bytes: 1073741824}
     tls: {cert_file: server.pem, key_file: server.key}   # optional; client_ca_file for mutual TLS
-    dispatcher: {concurrency: 4, confirmation_timeout: 300}
+    dispatcher: {concurrency: 4, confirmation_timeout: 300, max_write_bytes: 4128768}
     tool_confirmation:            # exactly spec 000's structure
       default: {WRITE: prompt, EXECUTE: prompt}
       per_tool: {git_status: auto}
@@ -42,7 +44,8 @@ most 256 characters (longer is INVALID_ARGUMENT).
 
 Without ``tenants:`` there is one tenant, ``default``, whose token is generated on first start
 and written to ``<home>/token`` (mode 0600); its workspaces live under ``<home>/workspaces``, and
-its sandboxes run as ``sandbox.user`` (1000:1000).
+its sandboxes run as the owner of that directory (so a developer's files stay theirs), as
+``sandbox.user`` when the file sets it, and as 1000:1000 when the owner is root (never as root).
 
 With ``tenants:``, every tenant's sandboxes run as that tenant's own host uid and gid, so the
 kernel's per-user limits (inotify instances and watches, processes, keys) are the tenant's alone:
@@ -117,6 +120,12 @@ class ServerOptions:
     grace_seconds: float = 10.0
     """On SIGTERM: how long in-flight calls may finish before they are cancelled."""
     max_concurrent_streams: int = 1000
+    max_upload_bytes: int = 1 << 30
+    """Bytes of tar archive one UploadFiles may send; more is RESOURCE_EXHAUSTED, nothing written."""
+    max_upload_files: int = 100_000
+    """Files and directories in one UploadFiles."""
+    max_download_bytes: int = 1 << 30
+    """Bytes of file content one DownloadFiles may carry; more is RESOURCE_EXHAUSTED."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,6 +487,13 @@ def _dispatcher_config(data: Mapping[str, Any]) -> DispatcherConfig:
         )
     if config.result_budget_bytes > room:  # a smaller message limit takes the default budget down
         config = dataclasses.replace(config, result_budget_bytes=max(room, 1))
+    if "max_write_bytes" in section and not 0 < config.max_write_bytes <= room:
+        raise ConfigError(
+            f"dispatcher.max_write_bytes: {config.max_write_bytes} must be positive and fit in "
+            f"server.max_message_bytes ({server.max_message_bytes}); at most {room}"
+        )
+    if config.max_write_bytes > room:  # as for the result budget: follow a smaller message limit
+        config = dataclasses.replace(config, max_write_bytes=max(room, 1))
     return config
 
 

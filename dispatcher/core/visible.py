@@ -63,3 +63,29 @@ def visible(text: str, *, keep_newlines: bool = False, escape_backslash: bool = 
 def count_escaped(text: str, *, keep_newlines: bool = False) -> int:
     """How many characters ``visible`` would escape (0: the text is shown exactly as it is)."""
     return len(_pattern("\n\t" if keep_newlines else "", False).findall(text))
+
+
+_ESCAPE_RE = re.compile(r"\\(\\|[nrt]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")
+_UNSHORT = {"\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    body = match.group(1)
+    ch = _UNSHORT.get(body) or chr(min(int(body[1:], 16), 0x10FFFF))
+    # Only what ``visible`` escapes is unescaped: `\x2f` stays four characters, never a '/',
+    # so decoding can neither add a path component nor a '..'.
+    if ch == "\\" or unicodedata.category(ch) in _INVISIBLE_CATEGORIES:
+        return ch
+    return match.group(0)
+
+
+def unescape(text: str) -> str:
+    """The inverse of ``visible(..., escape_backslash=True)``: a name as a listing showed it,
+    back to the name itself (``\\udcff`` to the lone surrogate of the byte 0xff, ``\\\\`` to ``\\``).
+
+    Other backslashes are kept, so text without escapes, or with a lone ``\\`` that starts none,
+    is returned as it is; ``unescape(visible(s, escape_backslash=True)) == s`` for every ``s``.
+    """
+    if "\\" not in text:
+        return text
+    return _ESCAPE_RE.sub(_unescape, text)

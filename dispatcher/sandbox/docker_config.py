@@ -65,8 +65,9 @@ class SandboxConfig:
     cap_add: tuple[str, ...] = ()
     no_new_privileges: bool = True
     user: str = "1000:1000"
-    """uid:gid of every process in the sandbox. 1000 is the usual first desktop user, so what the
-    sandbox writes into the bind-mounted workspace stays the host user's. Must not be root."""
+    """uid:gid of every process in the sandbox when the tenant has none of its own. Unless set in
+    the config file, a single-tenant server uses the owner of the workspace root instead (this
+    value when that owner is root), so what the sandbox writes stays the host user's. Never root."""
     read_only: bool = True
     tmpfs_size: str = "64m"
     """Size of the writable tmpfs at /tmp (the only writable place besides /workspace)."""
@@ -77,6 +78,9 @@ class SandboxConfig:
     mem_limit: int = 512 << 20
     """Bytes; swap is disabled by setting the memory+swap limit to the same value."""
     nano_cpus: int = 1_000_000_000
+    pin_cpus: bool = True
+    """Give each container a cpuset of ceil(nano_cpus / 1e9) CPUs (taken round-robin), so ``nproc``
+    and thread-pool sizing inside see the limit, not the host's CPU count."""
     init: bool = True
     """docker-init as pid 1 reaps zombies that sandboxed commands leave behind."""
     runtime: str | None = None
@@ -86,9 +90,13 @@ class SandboxConfig:
     instance: str | None = None
     """Overrides the instance label the server derives from its state directory."""
     chown_workspace: bool = True
-    """When the server runs as root, hand the workspace directory itself to ``user`` so it can write."""
+    """When the server runs as root, directories it makes at launch (a missing ``rw`` grant) belong
+    to the sandbox user. Nothing that exists is ever re-owned."""
     agent_path: str = AGENT_PATH
     agent_python: str = "python3"
+    exec_fallback: bool = False
+    """Accept an image without python or the agent (the start-up check warns instead of failing):
+    shell then runs through one ``docker exec`` per command and the file tools fail."""
     agent_start_timeout: float = 30.0
     """Deadline of the agent's first ping, counted once this container's launch has its slot."""
     max_concurrent_launches: int = 4
@@ -223,7 +231,15 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError("sandbox.tmpfs_size: expected a size like 64m")
         return value
-    if key in {"no_new_privileges", "read_only", "init", "chown_workspace", "tmp_exec"}:
+    if key in {
+        "no_new_privileges",
+        "read_only",
+        "init",
+        "chown_workspace",
+        "tmp_exec",
+        "exec_fallback",
+        "pin_cpus",
+    }:
         if not isinstance(value, bool):
             raise ConfigError(f"sandbox.{key}: expected true or false")
         return value

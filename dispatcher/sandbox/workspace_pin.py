@@ -8,7 +8,7 @@ cure is to never give Docker a name a sandbox can influence:
 1. ``open_pinned`` walks down from the tenant's root (trusted: it comes from the config) one
    component at a time with ``openat(O_NOFOLLOW | O_DIRECTORY)``: a symlink or a file anywhere on
    the way is refused, missing directories are created (and only those are handed to the sandbox
-   user). The result is a directory fd that no later rename or symlink can redirect.
+   user; nothing that exists is ever re-owned). The result is a directory fd that no later rename or symlink can redirect.
 2. ``Stage`` bind-mounts each pinned fd (``/proc/self/fd/N``, which the kernel resolves to the
    pinned directory itself, not to a name) onto a fresh directory under the server's own run
    directory. Docker gets that staging path; every component of it belongs to the server.
@@ -160,17 +160,27 @@ def _open_child(fd: int, part: str, *, create: bool, shown: str, what: str) -> t
     raise SandboxError(f"{what}: {shown!r} keeps changing; refusing to mount it")
 
 
-def hand_over(fd: int, owner: tuple[int, int] | None) -> None:
-    """Give a server-made (root-owned) directory to the sandbox user; anything else keeps its owner.
+def note_unwritable(fd: int, owner: tuple[int, int] | None, name: str) -> None:
+    """Log when the sandbox user cannot write its workspace (root-owned, say); never re-own it.
 
-    A sandbox can never make a root-owned directory, so this hands over only what the server
-    created (the workspace CreateSession made), never a directory a sandbox or host user owns.
+    CreateSession makes workspaces already owned by the sandbox user, so this only meets a
+    directory someone else made; whose files those are is theirs to decide (``chown`` it).
     """
-    if owner is None or os.geteuid() != 0:
+    if owner is None:
         return
     st = os.fstat(fd)
-    if st.st_uid == 0 and (st.st_uid != owner[0] or owner[1] not in (-1, st.st_gid)):
-        os.fchown(fd, *owner)
+    if (
+        st.st_uid != owner[0]
+        and not st.st_mode & 0o002
+        and not (st.st_gid == owner[1] and st.st_mode & 0o020)
+    ):
+        log.warning(
+            "workspace %r belongs to uid %d, not to the sandbox user %d:%d, and is not writable for it; "
+            "the sandbox can only read it (chown it, or set sandbox.user)",
+            name,
+            st.st_uid,
+            *owner,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +315,7 @@ def pin_session_mounts(
     pins: list[PinnedMount] = []
     keep_leaf = False
     try:
-        hand_over(leaf, owner)
+        note_unwritable(leaf, owner, name)
         if grants is None:
             pins.append(PinnedMount(leaf, target, False, base))
             keep_leaf = True

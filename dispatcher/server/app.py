@@ -14,17 +14,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from dispatcher.config import Config, TlsFiles
+from dispatcher.config import Config, ServerOptions, TlsFiles
 from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.sandbox_api import SandboxProvider
+from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.core.types import ToolFactory
+from dispatcher.sandbox.transfer import AgentTreeTransport
 from dispatcher.server.auth import AuthInterceptor
 from dispatcher.server.decode import DecodeGuardInterceptor
 from dispatcher.server.servicer import DispatcherServicer
 from dispatcher.server.sessions import SessionManager
-from dispatcher.server.tenants import TenantDirectory
+from dispatcher.server.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
 from dispatcher.server.uids import UIDS_FILE
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
@@ -84,7 +86,7 @@ def build_dispatcher(config: Config, provider: SandboxProvider) -> ToolDispatche
 
     audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
     dispatcher = ToolDispatcher(provider, config=config.dispatcher, policy=config.policy, audit=audit)
-    for factory in builtin_factories():
+    for factory in builtin_factories(max_write_bytes=config.dispatcher.max_write_bytes):
         dispatcher.register(factory, builtin=True)
     for spec in config.custom_tools:
         dispatcher.register(load_tool_factory(spec))
@@ -111,7 +113,11 @@ class DispatcherServer:
         self.dispatcher = dispatcher
         self.provider = provider
         self.tenants = TenantDirectory(
-            config.tenants, config.policy, uid_range=config.tenant_uids, uid_file=config.home / UIDS_FILE
+            config.tenants,
+            config.policy,
+            uid_range=config.tenant_uids,
+            uid_file=config.home / UIDS_FILE,
+            default_ids=_default_ids(config),
         )
         self.sessions = SessionManager(dispatcher)
         self.health = HealthServicer()
@@ -129,7 +135,9 @@ class DispatcherServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pb_grpc.add_ToolDispatcherServicer_to_server(DispatcherServicer(self.sessions), self._server)
+        pb_grpc.add_ToolDispatcherServicer_to_server(
+            DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, opts)), self._server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
             (
@@ -200,6 +208,28 @@ class DispatcherServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def _default_ids(config: Config) -> DefaultIds | None:
+    """Docker sandboxes without a tenant uid: the owner of the workspace root, or sandbox.user."""
+    from dispatcher.sandbox.docker_config import SandboxConfig
+
+    if config.sandbox_backend != "docker":
+        return None
+    sandbox = SandboxConfig.from_mapping(config.sandbox)
+    configured = None
+    if sandbox.uid is not None:
+        configured = (sandbox.uid, sandbox.gid if sandbox.gid is not None else sandbox.uid)
+    return default_sandbox_ids(config.sandbox.get("user"), configured)
+
+
+def _transfers(dispatcher: ToolDispatcher, opts: ServerOptions) -> TreeTransfers:
+    limits = TransferLimits(
+        max_upload_bytes=opts.max_upload_bytes,
+        max_upload_files=opts.max_upload_files,
+        max_download_bytes=opts.max_download_bytes,
+    )
+    return TreeTransfers(dispatcher, AgentTreeTransport(), limits)
 
 
 def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:

@@ -35,6 +35,35 @@ class Tenant:
     gid: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DefaultIds:
+    """Who a tenant's sandboxes run as when neither its ``uid:`` nor ``tenant_uids`` says."""
+
+    configured: tuple[int, int] | None
+    """``sandbox.user`` (its default 1000:1000 included) when numeric."""
+    follow_owner: bool
+    """``sandbox.user`` is not set: the owner of the tenant's workspace root, so files a sandbox
+    writes stay the developer's; ``configured`` when that owner is root (never run as root)."""
+
+    def for_root(self, root: Path) -> tuple[int, int] | None:
+        """The uid/gid for a tenant whose workspaces live under ``root``."""
+        if not self.follow_owner:
+            return self.configured
+        try:
+            st = os.stat(root)
+            uid, gid = st.st_uid, st.st_gid
+        except FileNotFoundError:  # the server makes it on first use: it will be the server's
+            uid, gid = os.geteuid(), os.getegid()
+        if uid == 0:
+            return self.configured
+        return uid, gid or uid
+
+
+def default_sandbox_ids(sandbox_user: str | None, configured: tuple[int, int] | None) -> DefaultIds:
+    """``DefaultIds`` from the ``sandbox.user`` the config file gives (None: not set)."""
+    return DefaultIds(configured=configured, follow_owner=sandbox_user is None)
+
+
 class TenantDirectory:
     """Maps bearer tokens to tenants by their sha256; the tokens themselves are never kept."""
 
@@ -45,8 +74,10 @@ class TenantDirectory:
         *,
         uid_range: UidRange | None = None,
         uid_file: Path | None = None,
+        default_ids: DefaultIds | None = None,
     ) -> None:
-        """With ``uid_range``, each tenant without an explicit uid gets one, kept in ``uid_file``.
+        """With ``uid_range``, each tenant without an explicit uid gets one, kept in ``uid_file``;
+        a tenant that still has none gets ``default_ids`` (None: the sandbox backend decides).
 
         Raises:
             ConfigError: the allocation failed (see ``dispatcher.server.uids.allocate``).
@@ -62,6 +93,8 @@ class TenantDirectory:
             ids = allocate(uid_file, (t.tenant_id for t in tenants), explicit, uid_range)
         for cfg in tenants:
             uid, gid = (cfg.uid, cfg.gid) if cfg.uid is not None else ids.get(cfg.tenant_id, (None, None))
+            if uid is None and default_ids is not None:
+                uid, gid = default_ids.for_root(cfg.workspace_root) or (None, None)
             tenant = Tenant(
                 tenant_id=cfg.tenant_id,
                 workspace_root=cfg.workspace_root,
@@ -101,6 +134,10 @@ class TenantDirectory:
 def resolve_workspace(tenant: Tenant, name: str) -> tuple[str, Path]:
     """Normalise a workspace name and create its directory under the tenant's root.
 
+    Directories it makes belong to the tenant's sandbox uid/gid from the start (when the server
+    is root and the tenant has them), so a sandbox can write there and nothing that already
+    exists is ever re-owned.
+
     Returns (normalised name, absolute real path).
 
     Raises:
@@ -118,6 +155,9 @@ def resolve_workspace(tenant: Tenant, name: str) -> tuple[str, Path]:
         )
     root = tenant.workspace_root
     root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    owner = None
+    if tenant.uid is not None and os.geteuid() == 0:
+        owner = (tenant.uid, tenant.gid if tenant.gid is not None else tenant.uid)
     real_root = Path(os.path.realpath(root))
     # Sandboxes write inside workspaces, so a component may be a symlink a sandbox planted. Walk
     # down with directory fds that never follow one: nothing below the root is created or opened
@@ -125,8 +165,10 @@ def resolve_workspace(tenant: Tenant, name: str) -> tuple[str, Path]:
     fd = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for part in parts:
+            made = False
             with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o755, dir_fd=fd)
+                made = True
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError:
@@ -136,6 +178,9 @@ def resolve_workspace(tenant: Tenant, name: str) -> tuple[str, Path]:
                 ) from None
             os.close(fd)
             fd = child
+            if made and owner is not None:
+                # Through the fd of the directory just made: nothing else is ever handed over.
+                os.fchown(fd, *owner)
     finally:
         os.close(fd)
     real = real_root.joinpath(*parts)

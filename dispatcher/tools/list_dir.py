@@ -37,7 +37,8 @@ class ListDirTool(FileTool):
             "List the entries of a workspace directory (default: the workspace root), sorted by name. "
             f"Directories end with '/', symlinks show '@ -> target'. At most {MAX_ENTRIES} entries. "
             "Names are escaped: a backslash shows as '\\\\', a newline as '\\n', other control and "
-            "bidi characters (and bytes that are not UTF-8) as \\xNN / \\uNNNN escapes."
+            "bidi characters (and bytes that are not UTF-8) as \\xNN / \\uNNNN escapes. Give a "
+            "name back to any file tool exactly as listed, escapes included: it reaches that file."
         ),
         input_schema={
             "type": "object",

@@ -30,6 +30,8 @@ from tests.integration.helpers import containers_of
 RUN_ID = uuid.uuid4().hex[:8]
 INSTANCE_PREFIX = f"pytest-{RUN_ID}"
 BUSYBOX_IMAGE = "dispatcher-busybox:latest"
+SANDBOX_IDS = (1000, 1000)
+"""The default ``sandbox.user``: the owner of the workspaces tests make by hand."""
 _counter = itertools.count()
 
 
@@ -92,6 +94,8 @@ class ProviderFactory:
         session_id = f"{name}-{uuid.uuid4().hex[:8]}"
         workspace = self.workspaces / session_id
         workspace.mkdir(parents=True)
+        # A developer's workspace belongs to the sandbox user (1000); the server re-owns nothing.
+        os.chown(workspace, SANDBOX_IDS[0], SANDBOX_IDS[1])
         return Session(session_id=session_id, workspace_path=str(workspace), tenant_id=tenant)
 
     async def cleanup(self) -> None:

@@ -96,7 +96,7 @@ async def test_image_without_python_falls_back_to_docker_exec(
         docker_client.images.get(BUSYBOX_IMAGE)
     except docker.errors.ImageNotFound:
         pytest.skip(f"{BUSYBOX_IMAGE} not built (sandbox_images/build.sh busybox)")
-    provider = make_provider(SandboxConfig(image=BUSYBOX_IMAGE))
+    provider = make_provider(SandboxConfig(image=BUSYBOX_IMAGE, exec_fallback=True))
     sandbox = provider.sandbox_for(make_provider.session())
     ran = await run(sandbox, "echo out; echo err >&2; id -u; pwd; exit 4")
     assert ran.result.exit_code == 4

@@ -14,7 +14,7 @@ from dispatcher.core.session import Session
 from dispatcher.sandbox.docker_config import SandboxConfig
 from dispatcher.sandbox.workspace_pin import Stage
 from dispatcher.sandbox.workspace_volume import WorkspaceQuotaExceeded, mount_entry
-from tests.integration.conftest import ProviderFactory
+from tests.integration.conftest import SANDBOX_IDS, ProviderFactory
 from tests.integration.helpers import run, runsc_available
 
 pytestmark = pytest.mark.docker
@@ -29,6 +29,8 @@ def runtime(request: pytest.FixtureRequest, docker_client: docker.DockerClient) 
 
 def _session(root: Path, name: str, tenant: str = "t") -> Session:
     (root / name).mkdir(parents=True, exist_ok=True)
+    for part in (name, *(str(p) for p in Path(name).parents if str(p) != ".")):
+        os.chown(root / part, *SANDBOX_IDS)  # the developer's (sandbox user's) own workspace
     return Session(
         session_id=f"s-{name.replace('/', '-')}-{os.urandom(3).hex()}",
         workspace_path=str(root / name),

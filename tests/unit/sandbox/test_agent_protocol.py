@@ -17,6 +17,7 @@ from dispatcher.sandbox.agent.agent import (
     CHUNK,
     MAX_HEADER,
     PREFIX,
+    PROTOCOL_VERSION,
     OpError,
     ProtocolError,
     Workspace,
@@ -140,7 +141,14 @@ def test_bad_headers_raise_protocol_error(raw: bytes) -> None:
 
 def test_ping_answers_with_protocol_version(agent: AgentProcess) -> None:
     header, _ = agent.call({"id": 7, "op": "ping"})
-    assert header == {"id": 7, "type": "result", "version": 1}
+    assert header == {"id": 7, "type": "result", "version": PROTOCOL_VERSION}
+
+
+def test_version_flag_prints_the_protocol_version() -> None:
+    ran = subprocess.run(
+        [sys.executable, AGENT_PATH, "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == f"dispatcher-agent protocol {PROTOCOL_VERSION}"
 
 
 def test_malformed_header_gets_error_and_agent_keeps_serving(agent: AgentProcess) -> None:

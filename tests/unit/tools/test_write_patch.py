@@ -88,3 +88,27 @@ async def test_patch_missing_file_and_escape(harness: Harness, workspace: Path, 
     with pytest.raises(WorkspaceEscapeError):
         await harness.run(PatchFileTool(), path="s", old="secret", new="public")
     assert (outside / "secret.txt").read_text() == "top secret\n"
+
+
+async def test_patch_matches_crlf_lines_with_lf_and_writes_crlf(harness: Harness, workspace: Path) -> None:
+    target = workspace / "win.txt"
+    target.write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    await harness.run(PatchFileTool(), path="win.txt", old="one\ntwo\n", new="1\n2\n2b\n")
+    assert target.read_bytes() == b"1\r\n2\r\n2b\r\nthree\r\n"
+
+
+async def test_patch_with_crlf_old_matches_an_lf_file(harness: Harness, workspace: Path) -> None:
+    target = workspace / "unix.txt"
+    target.write_bytes(b"one\ntwo\n")
+    await harness.run(PatchFileTool(), path="unix.txt", old="one\r\ntwo", new="ONE\r\nTWO")
+    assert target.read_bytes() == b"ONE\nTWO\n"
+
+
+async def test_patch_on_mixed_line_endings_says_so(harness: Harness, workspace: Path) -> None:
+    target = workspace / "mixed.txt"
+    target.write_bytes(b"one\r\ntwo\nthree\r\n")
+    with pytest.raises(FileOpError) as info:
+        await harness.run(PatchFileTool(), path="mixed.txt", old="one\ntwo\nthree", new="x")
+    assert info.value.code == "no_match"
+    assert "mixes CRLF" in info.value.message and "not changed" in info.value.message
+    assert target.read_bytes() == b"one\r\ntwo\nthree\r\n"
