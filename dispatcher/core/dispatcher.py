@@ -37,7 +37,7 @@ from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.policy import ConfirmationPolicy, Mode
 from dispatcher.core.registry import RegisteredTool, ToolRegistry
 from dispatcher.core.result_size import RESULT_BUDGET_BYTES, fit_result, image_overflow
-from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider
+from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, collect_notices
 from dispatcher.core.schema import validation_errors
 from dispatcher.core.session import Session
 from dispatcher.core.truncate import truncate_head_tail
@@ -53,6 +53,7 @@ from dispatcher.core.types import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from dispatcher.core.visible import unescape
 
 __all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
 
@@ -80,6 +81,9 @@ class DispatcherConfig:
     event_history: int = 10_000
     event_history_bytes: int = 8 << 20
     """Per session: the oldest events leave the replay history beyond this many (estimated) bytes."""
+    max_write_bytes: int = (4 << 20) - (64 << 10)
+    """Largest file one write_file writes (decoded bytes); stated in its description and errors.
+    The request carrying it must also fit ``server.max_message_bytes`` (base64 adds a third)."""
 
 
 @dataclass(eq=False)
@@ -215,6 +219,20 @@ class ToolDispatcher:
         if self._audit is not None:
             self._audit.close()
 
+    def sandbox_for(self, session: Session) -> Sandbox:
+        """The session's sandbox (for work that is not a tool call: tree transfers).
+
+        Raises:
+            UnknownSessionError: the session is not open.
+        """
+        self._state(session.session_id)
+        return self._provider.sandbox_for(session)
+
+    def audit_record(self, kind: str, **fields: Any) -> None:
+        """Append to the audit log, if there is one (``fields`` already redacted)."""
+        if self._audit is not None:
+            self._audit.record(kind, **fields)
+
     def _state(self, session_id: str) -> _SessionState:
         try:
             return self._sessions[session_id]
@@ -311,6 +329,7 @@ class _Run:
         self.decision = "auto"
         self._summary: Any = None
         self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
+        self.notices: list[str] = []  # what happened to the sandbox meanwhile (recreated, ...)
 
     # Events and audit -------------------------------------------------------------------
 
@@ -361,6 +380,12 @@ class _Run:
     # The pipeline ---------------------------------------------------------------------------
 
     async def execute(self) -> ToolResultBlock:
+        # The sandbox reports what the model must know about it (recreated, processes killed);
+        # the tool's task inherits this context, so its reports land here too.
+        with collect_notices() as self.notices:
+            return await self._execute()
+
+    async def _execute(self) -> ToolResultBlock:
         try:
             registered = self.lookup()  # step 1
             input_ = self.validate(registered)  # step 2
@@ -408,12 +433,15 @@ class _Run:
         # The shape first: jsonschema, and everything after it, recurses and walks every value.
         problem = shape_problem(self.tool_use.input)
         errors = [f"$: input is refused: {problem}"] if problem else self._schema_errors(registered)
+        check = registered.definition.check_input
+        if not errors and check is not None:
+            errors = check(self.tool_use.input)[:_VALIDATION_ERRORS_SHOWN]
         if errors:
             raise ToolValidationError(
                 "Invalid input for tool " + repr(self.tool_name) + ": " + "; ".join(errors), errors
             )
         input_: dict[str, Any] = self.tool_use.input
-        return input_
+        return _unescaped_paths(registered.definition, input_)
 
     def _schema_errors(self, registered: RegisteredTool) -> list[str]:
         """The schema violations, bounded: a few, each cut (messages quote the bad value)."""
@@ -664,12 +692,16 @@ class _Run:
             TextBlock(truncate_head_tail(b.text, budget)) if isinstance(b, TextBlock) else b
             for b in output.content
         )
+        metadata = dict(output.metadata)
+        if self.notices:  # first, where neither truncation nor a hasty reader misses them
+            content = (*(TextBlock(f"[sandbox: {n}]") for n in self.notices), *content)
+            metadata["sandbox_notices"] = list(self.notices)
         block = ToolResultBlock(
             tool_use_id=self.tool_use.id,
             content=content,
             is_error=is_error,
             error_class=error_class,
-            metadata=dict(output.metadata),
+            metadata=metadata,
             files_modified=tuple(output.files_modified or ()),
             command_executed=output.command_executed,
         )
@@ -705,6 +737,18 @@ def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str, extra: dict[s
 
 def _first_text(output: ToolOutput) -> str:
     return next((b.text for b in output.content if isinstance(b, TextBlock)), "")
+
+
+def _unescaped_paths(definition: ToolDefinition, input_: dict[str, Any]) -> dict[str, Any]:
+    """Paths as list_dir shows them (``\\udcff`` for a byte that is not UTF-8, ``\\\\`` for a
+    backslash) back to the names themselves, before any check sees them: every name a listing
+    shows is reachable. A copy; the call's input as sent is what events and audit show."""
+    changed = {
+        key: unescape(value)
+        for key, _ in definition.requires_fs
+        if isinstance(value := input_.get(key), str) and "\\" in value
+    }
+    return {**input_, **changed} if changed else input_
 
 
 def _projected(definition: ToolDefinition, resolved: dict[str, str]) -> list[str]:

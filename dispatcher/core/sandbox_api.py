@@ -12,7 +12,9 @@ following symlinks there, and raise ``WorkspaceEscapeError`` for anything that l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -38,6 +40,44 @@ class FileOpError(ToolExecutionError):
     def __init__(self, code: str, message: str, **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.code = code
+
+
+class ProcessLimitExhausted(ToolExecutionError):
+    """No process could be started: the sandbox's process (pids) limit is full."""
+
+    def __init__(self, message: str, *, processes: int, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.processes = processes
+        """Processes that earlier commands left running in the sandbox."""
+
+
+_notices: ContextVar[list[str] | None] = ContextVar("sandbox_notices", default=None)
+
+
+def report_notice(text: str) -> bool:
+    """Tell the model, in the result of the call being served, what happened to its sandbox.
+
+    For what the call did not cause but must know: the sandbox was recreated and lost its
+    ``/tmp`` and processes, leftover processes were killed. Outside a call this does nothing
+    and returns False.
+    """
+    notices = _notices.get()
+    if notices is None:
+        return False
+    if text not in notices:
+        notices.append(text)
+    return True
+
+
+@contextlib.contextmanager
+def collect_notices() -> Iterator[list[str]]:
+    """Gather the notices that sandboxes report while the block (and tasks it starts) runs."""
+    notices: list[str] = []
+    token = _notices.set(notices)
+    try:
+        yield notices
+    finally:
+        _notices.reset(token)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from dispatcher.core.sandbox_api import (
     FileOpError,
     FileStat,
     OutputCallback,
+    ProcessLimitExhausted,
     SandboxError,
 )
 from dispatcher.sandbox import replies
@@ -36,6 +37,10 @@ _T = TypeVar("_T")
 
 class AgentUnresponsive(SandboxError):
     """The agent, or a process group it runs, no longer responds; stop and recreate the sandbox."""
+
+
+class NotDelivered(SandboxError):
+    """The channel was already broken when a request was to be sent: nothing of it ran."""
 
 
 class FrameWriter(Protocol):
@@ -109,7 +114,7 @@ class AgentChannel:
 
     def _usable(self) -> None:
         if self._failure is not None:
-            raise self._failure
+            raise NotDelivered(str(self._failure)) from self._failure
         if self._read_task is None:
             self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
 
@@ -210,6 +215,19 @@ class AgentChannel:
         if reply["type"] == "error":
             raise replies.error_for(reply)
         return reply, body
+
+    async def request(self, header: Mapping[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        """One request and its single answer, for ops without a method here (tree transfers).
+
+        Raises:
+            FileOpError, WorkspaceEscapeError, ToolPermissionDenied: the agent's error answer.
+            SandboxError: the channel is broken.
+        """
+        return await self._call(header, payload)
+
+    def violation(self, what: str) -> SandboxError:
+        """Break the channel over an answer that broke the protocol, and return the error."""
+        return self._violation(what)
 
     def _violation(self, what: str) -> SandboxError:
         return self._fail(SandboxError(f"agent protocol violation: {what}"))
@@ -338,6 +356,10 @@ class AgentChannel:
         if call.callback_error is not None:
             raise call.callback_error
         if reply["type"] == "error":
+            if reply["code"] == "proc_limit":  # refused before anything ran
+                processes = self._parse(replies.require, reply, "processes", int)
+                message = replies.error_for(reply)
+                raise ProcessLimitExhausted(str(message), processes=max(processes, 0))
             raise replies.error_for(reply)
         return ExecResult(
             exit_code=reply.get("exit_code"),
@@ -367,8 +389,19 @@ class AgentChannel:
             return "done"
         return "cancel" if cancel_event.is_set() or call.interrupted.is_set() else "timeout"
 
-    async def ping(self, timeout: float = 5.0) -> None:
-        """Round-trip to the agent.
+    async def procs(self, *, kill: bool = False) -> tuple[int, int, int]:
+        """(processes commands left running, how many were killed, processes left); ``kill``
+        stops and kills them all (the agent's and init's excepted)."""
+        reply, _ = await self._call({"op": "procs", "kill": kill})
+        counts = tuple(
+            self._parse(replies.require, reply, key, int) for key in ("processes", "killed", "left")
+        )
+        if min(counts) < 0:
+            raise self._violation("negative process count")
+        return counts[0], counts[1], counts[2]
+
+    async def ping(self, timeout: float = 5.0) -> int:
+        """Round-trip to the agent; returns the protocol version it speaks.
 
         Raises:
             AgentUnresponsive: no answer within ``timeout`` (the channel is then broken).
@@ -377,7 +410,12 @@ class AgentChannel:
             reply, _ = await asyncio.wait_for(self._call({"op": "ping"}), timeout)
         except TimeoutError:
             raise self._fail(AgentUnresponsive(f"no answer to ping within {timeout} s")) from None
-        self._parse(replies.require, reply, "version", int)
+        version: int = self._parse(replies.require, reply, "version", int)
+        return version
+
+    def abort(self, reason: str) -> None:
+        """Break the channel now (its container is gone); pending calls fail with ``reason``."""
+        self._fail(SandboxError(reason))
 
     async def close(self) -> None:
         """Break the channel, close the writer and stop reading; idempotent."""

@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
+from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker_client import DockerAPI
 from dispatcher.sandbox.docker_config import (
@@ -35,6 +38,13 @@ from dispatcher.sandbox.docker_config import (
 from dispatcher.sandbox.docker_sandbox import DockerSandbox, LiveContainer
 from dispatcher.sandbox.docker_stream import AttachStream, open_attach_stream
 from dispatcher.sandbox.grants import agent_grant_args
+from dispatcher.sandbox.image_check import (
+    HOW_TO_BUILD,
+    AgentVersionMismatch,
+    ImageUnusable,
+    check_image,
+    version_mismatch,
+)
 from dispatcher.sandbox.workspace_pin import Stage, pin_session_mounts, split_relative
 from dispatcher.sandbox.workspace_volume import WorkspaceVolumes, format_size
 
@@ -83,10 +93,12 @@ class DockerSandboxProvider:
         self._watcher: asyncio.Task[None] | None = None
         self._sandboxes: dict[str, DockerSandbox] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._deaths: Any = None  # the Docker event stream of this instance's container deaths
         self._closed = False
         # A burst of new sessions on a small machine: launching them all at once makes every agent
         # miss its start deadline; a few at a time makes each one fast.
         self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
+        self._cpu_turn = itertools.count()
 
     # -- SandboxProvider -----------------------------------------------------------------
 
@@ -111,6 +123,9 @@ class DockerSandboxProvider:
     async def aclose(self) -> None:
         """Remove every container this provider started, unmount its volumes, release the client."""
         self._closed = True
+        if self._deaths:
+            with contextlib.suppress(Exception):
+                self._deaths.close()
         for task in (self._reaper, self._watcher):
             if task is not None:
                 task.cancel()
@@ -134,11 +149,15 @@ class DockerSandboxProvider:
 
         Raises:
             SandboxError: no daemon answers, or the image is not built.
+            ImageUnusable: the image lacks python or the agent, its agent speaks another
+                protocol version, or its USER is root (the message says how to build it).
         """
         if not await self.api.ping():
             raise SandboxError("no Docker daemon answers (see scripts/ensure-docker.sh)")
         if not await self.api.image_exists(self.config.image):
             raise SandboxError(f"sandbox image {self.config.image!r} is missing (run `make images`)")
+        for warning in await check_image(self.api, self.config, instance=self.instance):
+            log.warning("%s", warning)
 
     async def prepare_tenants(self, roots: Mapping[str, str]) -> None:
         """Put each tenant's workspace root (tenant id -> path) under its disk quota, before any
@@ -198,6 +217,8 @@ class DockerSandboxProvider:
         async with self._launch_slots:
             try:
                 link, container_id = await self._launch_once(session)
+            except (AgentVersionMismatch, ImageUnusable):
+                raise  # another try meets the same image
             except SandboxError as exc:
                 # Nothing has run in the sandbox yet, so one more try is safe.
                 log.warning("sandbox launch failed, retrying once: %s", exc)
@@ -268,6 +289,7 @@ class DockerSandboxProvider:
             "mem_limit": cfg.mem_limit,
             "memswap_limit": cfg.mem_limit,  # equal: no swap to hide a memory bomb in
             "nano_cpus": cfg.nano_cpus,
+            "cpuset_cpus": self._next_cpuset(),
             "init": cfg.init,
             "runtime": cfg.runtime,
             "ipc_mode": "private",
@@ -283,6 +305,22 @@ class DockerSandboxProvider:
             "network_disabled": cfg.network_mode == "none",
             "host_config": host_config,
         }
+
+    def _next_cpuset(self) -> str | None:
+        """The CPUs of the next container: as many as ``nano_cpus`` allows, taken in turn.
+
+        ``nproc`` (and every runtime that sizes its thread pools with ``sched_getaffinity``)
+        then sees the CPU limit instead of the host's CPU count; successive containers get the
+        next CPUs round-robin so they spread over the host. None: no pinning.
+        """
+        if not self.config.pin_cpus:
+            return None
+        cpus = sorted(os.sched_getaffinity(0))
+        wanted = -(-self.config.nano_cpus // 1_000_000_000)  # a fraction of a CPU still needs one
+        if wanted >= len(cpus):
+            return None
+        start = next(self._cpu_turn) * wanted
+        return ",".join(str(cpus[(start + i) % len(cpus)]) for i in range(wanted))
 
     async def _create_container(self, session: Session, stage: Stage) -> str:
         spec = self._container_spec(session, self._mounts(stage))
@@ -414,13 +452,19 @@ class DockerSandboxProvider:
         stream = await open_attach_stream(sock, leftover, exec_id)
         channel = AgentChannel(stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT)
         try:
-            await channel.ping(timeout=cfg.agent_start_timeout)
+            version = await channel.ping(timeout=cfg.agent_start_timeout)
         except (SandboxError, ConnectionError) as exc:
             with contextlib.suppress(Exception):
                 await channel.close()
             stream.close()
             info = await self.api.exec_inspect(exec_id)
             if not info.get("Running") and info.get("ExitCode") in _MISSING_EXECUTABLE:
+                if not cfg.exec_fallback:
+                    raise ImageUnusable(
+                        f"sandbox image {cfg.image!r} cannot run {cfg.agent_python!r} (exit "
+                        f"{info.get('ExitCode')}): the agent needs python3 >= 3.9; {HOW_TO_BUILD}, "
+                        "or set sandbox.exec_fallback: true to run shell through docker exec"
+                    ) from exc
                 log.warning(
                     "image %s cannot run the agent (%s); using docker exec for commands",
                     cfg.image,
@@ -429,6 +473,12 @@ class DockerSandboxProvider:
                 return None
             tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
             raise SandboxError(f"the sandbox agent did not start: {exc}; stderr: {tail}") from exc
+        if version != PROTOCOL_VERSION:
+            # Every later op could fail as "unknown op" or worse; refuse the agent instead.
+            with contextlib.suppress(Exception):
+                await channel.close()
+            stream.close()
+            raise version_mismatch(cfg.image, version)
         return stream, channel
 
     def _ensure_reaper(self) -> None:
@@ -439,6 +489,32 @@ class DockerSandboxProvider:
         except RuntimeError:
             return  # sandbox_for() called outside a loop; the first async call starts it
         self._reaper = loop.create_task(self._reap_idle(), name="sandbox-idle-reaper")
+        if self._deaths is None:
+            self._deaths = False  # once
+            threading.Thread(
+                target=self._watch_deaths, args=(loop,), name="docker-deaths", daemon=True
+            ).start()
+
+    def _watch_deaths(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Tell each sandbox when Docker reports its container dead (runs on its own thread: the
+        event stream blocks; ``aclose`` closes it)."""
+        filters = {"type": "container", "event": "die", "label": f"{LABEL_INSTANCE}={self.instance}"}
+        try:
+            stream = self.api.client.events(decode=True, filters=filters)
+            self._deaths = stream
+            if self._closed:
+                stream.close()
+            for event in stream:
+                cid = event.get("id") if isinstance(event, dict) else None
+                if isinstance(cid, str):
+                    loop.call_soon_threadsafe(self._container_died, cid)
+        except Exception as exc:  # closed by aclose, or a daemon gone: calls still time out
+            if not self._closed:
+                log.warning("watching container deaths stopped: %s", exc)
+
+    def _container_died(self, container_id: str) -> None:
+        for sandbox in list(self._sandboxes.values()):
+            sandbox.container_died(container_id)
 
     async def _reap_idle(self) -> None:
         ttl = self.config.idle_ttl_seconds

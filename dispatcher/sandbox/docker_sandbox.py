@@ -6,17 +6,24 @@ agent raises ``AgentUnresponsive``, or a command outlives timeout + grace + slac
 removed through the Docker API and the next call creates a fresh one. The in-flight exec then
 returns with the output it streamed so far and ``killed=True``; a file operation raises
 ``SandboxError``, which the dispatcher reports as an ``execution_error``.
+
+What a call must know about its sandbox reaches its result as a notice (``report_notice``): the
+sandbox was recreated since the last call (and why), so ``/tmp`` and background processes are
+gone; leftover processes that filled the pids limit were killed. A request that never reached a
+live agent (the channel was already broken) is retried once in a fresh sandbox; a command refused
+for want of a process is retried once after the leftovers are killed, then once in a fresh sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from dispatcher.core.sandbox_api import (
     DirListing,
@@ -25,10 +32,12 @@ from dispatcher.core.sandbox_api import (
     FileOpError,
     FileStat,
     OutputCallback,
+    ProcessLimitExhausted,
     SandboxError,
+    report_notice,
 )
 from dispatcher.core.session import Session
-from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive
+from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
 from dispatcher.sandbox.docker_config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker_fallback import fallback_exec
 from dispatcher.sandbox.docker_stream import AttachStream
@@ -38,6 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class ContainerDied(SandboxError):
+    """The container stopped under a command that had not answered at all (no output, no exit)."""
 
 
 class AgentUnavailable(SandboxError):
@@ -72,6 +85,8 @@ class DockerSandbox:
         self.last_used = time.monotonic()
         self.recreations = 0
         """Containers removed by enforcement or idleness (tests and metrics read it)."""
+        self._lost: str | None = None
+        """Why the last container was removed, until a call's result has said so."""
 
     @property
     def workspace_root(self) -> str:
@@ -94,10 +109,16 @@ class DockerSandbox:
                     raise SandboxError(f"session {self.session.session_id} is closed")
                 live = self._live
                 if live is not None and live.broken:
-                    await self._discard(live, "agent channel closed")
+                    await self._discard(live, "its agent or its container had died")
                     live = None
                 if live is None:
                     live = self._live = await self._provider.launch(self.session)
+                if self._lost is not None and report_notice(
+                    f"the sandbox was recreated for this call: the previous one was removed ({self._lost});"
+                    " its /tmp files and the processes left running in it are gone"
+                    " (the workspace is intact)"
+                ):
+                    self._lost = None
                 return live
         except BaseException:
             self._release()
@@ -112,6 +133,7 @@ class DockerSandbox:
         if self._live is not live:
             return
         self._live = None
+        self._lost = reason
         self.recreations += 1
         log.warning(
             "removing sandbox container %s of session %s: %s",
@@ -127,21 +149,52 @@ class DockerSandbox:
             if self._live is not None:
                 await self._discard(self._live, reason)
 
-    async def enforce(self, live: LiveContainer, reason: str) -> None:
-        """Stop the container of a misbehaving sandbox; the next call recreates it."""
+    async def enforce(self, live: LiveContainer, reason: str, *, tell: bool = True) -> None:
+        """Stop the container of a misbehaving sandbox; the next call recreates it.
+
+        ``tell``: say so in this call's result (not when the call goes on in a fresh sandbox,
+        whose own notice says it all).
+        """
+        if tell and self._live is live:
+            report_notice(
+                f"the sandbox was removed ({reason}); the next call gets a fresh one, without this"
+                " one's /tmp files and processes"
+            )
         await self._discard(live, reason)
 
     async def retire_if_idle(self, now: float, ttl: float) -> bool:
-        """Remove the container after ``ttl`` seconds without calls; True if it did."""
-        if self._live is None or self._active or now - self.last_used < ttl:
+        """Remove the container after ``ttl`` seconds without calls, unless processes still run
+        in it (a background test run is work, not idleness); True if it did."""
+        live = self._live
+        if live is None or self._active or now - self.last_used < ttl or await self._working(live):
             return False
         async with self._lock:
-            live = self._live
-            if live is None or self._active or now - self.last_used < ttl:
+            if self._live is not live or self._active or now - self.last_used < ttl:
                 return False
-            await self._discard(live, f"idle for {now - self.last_used:.1f}s")
+            await self._discard(live, f"it had been idle for {now - self.last_used:.0f} s")
             self.recreations -= 1  # idleness is not a failure
             return True
+
+    async def _working(self, live: LiveContainer) -> bool:
+        """True while processes that commands started still run (asked of the agent)."""
+        if live.channel is None or live.broken:
+            return False  # no agent to ask (docker exec fallback) or a dead one: nothing to spare
+        try:
+            processes, _, _ = await asyncio.wait_for(
+                live.channel.procs(), self._provider.config.op_timeout_seconds
+            )
+        except (TimeoutError, SandboxError, FileOpError) as exc:
+            log.warning("session %s: cannot count its processes: %s", self.session.session_id, exc)
+            return False
+        return processes > 0
+
+    def container_died(self, container_id: str) -> None:
+        """Docker says the container stopped by itself (gVisor's sandbox dies when a fork bomb takes
+        the pids its own threads need, and the agent's exec stream may stay open): break the
+        channel now, so the next call recreates the sandbox instead of waiting for a dead agent."""
+        live = self._live
+        if live is not None and live.container_id == container_id and live.channel is not None:
+            live.channel.abort("the sandbox's container stopped")
 
     async def close(self) -> None:
         """Remove the container (session closed or server stopping)."""
@@ -156,21 +209,83 @@ class DockerSandbox:
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
     ) -> ExecResult:
-        live = await self._acquire()
+        limit = self._provider.config.pids_limit
+        answered = False
+
+        def relay(stream: Literal["stdout", "stderr"], data: bytes) -> None:
+            nonlocal answered
+            answered = True
+            on_output(stream, data)
+
+        for attempt in range(3):
+            live = await self._acquire()
+            try:
+                if live.channel is None:
+                    return await fallback_exec(
+                        self._provider.api,
+                        live.container_id,
+                        self._provider.config.user_for(self.session.sandbox_uid, self.session.sandbox_gid),
+                        request,
+                        on_output,
+                        cancel_event,
+                        functools.partial(self.enforce, live),
+                    )
+                try:
+                    return await self._guarded_exec(live, live.channel, request, relay, cancel_event)
+                except ContainerDied:
+                    if attempt or answered:
+                        raise
+                    # gVisor's sandbox can die of a fork bomb just after that bomb's call returned,
+                    # under the next command. Its sandbox is gone whatever it did: once more.
+                    report_notice(
+                        "the sandbox's container died before this command answered anything; it ran"
+                        " once more in a fresh sandbox (any effect it had on the workspace before"
+                        " may have happened twice)"
+                    )
+                except NotDelivered:
+                    if attempt:
+                        raise
+                    # The agent was dead before the command went out: nothing of it ran, so it
+                    # runs in the fresh sandbox (already discarded by _guarded_exec).
+                except ProcessLimitExhausted as exc:
+                    if attempt == 0 and await self._kill_leftovers(live, exc.processes):
+                        continue
+                    if attempt < 2:
+                        await self.enforce(live, f"its process limit ({limit}) stayed exhausted", tell=False)
+                        continue
+                    raise ProcessLimitExhausted(
+                        f"cannot start the command: the sandbox's process limit ({limit}) is exhausted"
+                        f" ({exc.processes} processes left running by earlier commands), even in a fresh"
+                        " sandbox",
+                        processes=exc.processes,
+                    ) from None
+            finally:
+                self._release()
+        raise AssertionError("unreachable")
+
+    async def _kill_leftovers(self, live: LiveContainer, processes: int) -> bool:
+        """Kill every process commands left behind (a fork bomb) so the next command can start."""
+        assert live.channel is not None
         try:
-            if live.channel is None:
-                return await fallback_exec(
-                    self._provider.api,
-                    live.container_id,
-                    self._provider.config.user_for(self.session.sandbox_uid, self.session.sandbox_gid),
-                    request,
-                    on_output,
-                    cancel_event,
-                    lambda reason: self.enforce(live, reason),
-                )
-            return await self._guarded_exec(live, live.channel, request, on_output, cancel_event)
-        finally:
-            self._release()
+            _, killed, left = await asyncio.wait_for(
+                live.channel.procs(kill=True), self._provider.config.op_timeout_seconds
+            )
+        except (TimeoutError, SandboxError, FileOpError) as exc:
+            log.warning("session %s: killing leftover processes failed: %s", self.session.session_id, exc)
+            return False
+        log.warning(
+            "session %s: process limit exhausted, killed %d processes", self.session.session_id, killed
+        )
+        what = (
+            f"they were killed ({killed} processes, background commands included)"
+            if killed
+            else "they had ended by the time they were to be killed"
+        )
+        report_notice(
+            f"the sandbox's process limit ({self._provider.config.pids_limit}) was exhausted by"
+            f" {processes} leftover processes; {what}" + (f"; {left} remain" if left else "")
+        )
+        return True
 
     async def _guarded_exec(
         self,
@@ -210,7 +325,10 @@ class DockerSandbox:
             await self.enforce(live, f"agent unresponsive: {exc}")
             return self._killed(request, cancel_event, started)
         except SandboxError as exc:
-            await self.enforce(live, f"agent channel failed: {exc}")
+            died = not isinstance(exc, NotDelivered) and not await self._running(live)
+            await self.enforce(live, f"agent channel failed: {exc}", tell=not isinstance(exc, NotDelivered))
+            if died:
+                raise ContainerDied(f"the sandbox's container stopped: {exc}") from exc
             raise
         finally:
             cancelled.cancel()
@@ -218,6 +336,21 @@ class DockerSandbox:
                 call.cancel()
                 with contextlib.suppress(BaseException):
                     await call
+
+    async def _running(self, live: LiveContainer, settle: float = 5.0) -> bool:
+        """Whether Docker still runs the container, asked only after a channel failed; the
+        channel's end can come before Docker has noticed the death, so it is given ``settle`` s."""
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                info = await self._provider.api.inspect(live.container_id)
+            except SandboxError:
+                return False
+            if not (info.get("State") or {}).get("Running"):
+                return False
+            if time.monotonic() >= deadline:
+                return True
+            await asyncio.sleep(0.05)
 
     @staticmethod
     def _killed(request: ExecRequest, cancel_event: asyncio.Event, started: float) -> ExecResult:
@@ -234,6 +367,12 @@ class DockerSandbox:
     # -- file operations -----------------------------------------------------------------
 
     async def _file_op(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
+        try:
+            return await self._file_op_once(what, op)
+        except NotDelivered:  # never reached a live agent: once more, in the fresh sandbox
+            return await self._file_op_once(what, op)
+
+    async def _file_op_once(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
         live = await self._acquire()
         try:
             if live.channel is None:
@@ -255,10 +394,35 @@ class DockerSandbox:
                 # A request the agent answered with an error (``internal``) leaves the channel and
                 # the session's other calls intact; only a broken channel means a broken agent.
                 if live.channel.broken:
+                    await self.enforce(live, f"{what}: {exc}", tell=not isinstance(exc, NotDelivered))
+                raise
+        finally:
+            self._release()
+
+    @contextlib.asynccontextmanager
+    async def agent_channel(self, what: str) -> AsyncIterator[AgentChannel]:
+        """The live agent channel held for one long operation (a tree transfer): no op timeout,
+        the container counts as busy until the block ends; a channel that broke meanwhile is
+        stopped (the next call recreates the sandbox)."""
+        live = await self._acquire()
+        try:
+            if live.channel is None:
+                raise AgentUnavailable(
+                    f"{what}: the sandbox image {self._provider.config.image!r} cannot run the agent"
+                    " (file operations need python3 and the agent in the image)"
+                )
+            try:
+                yield live.channel
+            except SandboxError as exc:
+                if live.channel.broken:
                     await self.enforce(live, f"{what}: {exc}")
                 raise
         finally:
             self._release()
+
+    def quota_note(self) -> str | None:
+        """What to say when the workspace's disk is full (the tenant's quota), if anything."""
+        return self._provider.quota_note(self.session.tenant_id)
 
     async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
         return await self._file_op("read", lambda ch: ch.read_bytes(path, max_bytes=max_bytes))

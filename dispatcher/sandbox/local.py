@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from dispatcher.core.sandbox_api import (
@@ -76,7 +76,7 @@ class LocalSandbox:
                 return self._channel
             await self._stop()
             os.makedirs(self._workspace, exist_ok=True)
-            # A bare environment: the agent hands commands PATH and HOME only, nothing else leaks.
+            # A bare environment: commands inherit the agent's, so nothing else of the server's leaks.
             env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
             proc = await asyncio.create_subprocess_exec(
                 self._python,
@@ -118,6 +118,11 @@ class LocalSandbox:
         async with self._lock:
             self._closed = True
             await self._stop()
+
+    @contextlib.asynccontextmanager
+    async def agent_channel(self, what: str) -> AsyncIterator[AgentChannel]:
+        """The live agent channel for one long operation (a tree transfer)."""
+        yield await self.channel()
 
     async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """See ``WorkspaceFileAPI.read_bytes``."""

@@ -1,9 +1,11 @@
-"""``shell {command, timeout_seconds?}``: run ``sh -c`` in the workspace, streaming its output."""
+"""``shell {command, timeout_seconds?, cwd?, env?}``: run ``sh -c`` in the workspace, streaming its output."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.core.errors import ToolCancelled, ToolExecutionError, ToolTimeout
@@ -20,6 +22,31 @@ TAIL_BYTES = 20 * 1024
 # The dispatcher's own limit must leave room for SIGTERM grace + SIGKILL wait after our timeout,
 # or it would abandon the call before the partial output comes back.
 KILL_SEQUENCE_SLACK = 15.0
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_ENV_VARS = 64
+MAX_ENV_BYTES = 64 * 1024  # names + values together, UTF-8
+
+
+def check_env(input_: Mapping[str, Any]) -> list[str]:
+    """What is wrong with ``env`` beyond the schema: names, value types, NUL, total size."""
+    env = input_.get("env")
+    if not isinstance(env, Mapping):
+        return []
+    errors = []
+    size = 0
+    for name, value in env.items():
+        shown = name if len(name) <= 64 else name[:64] + "..."
+        if not ENV_NAME.fullmatch(name):
+            errors.append(f"$.env: {shown!r} is not a valid variable name ({ENV_NAME.pattern})")
+        if not isinstance(value, str):
+            errors.append(f"$.env.{shown}: the value must be a string")
+            continue
+        if "\x00" in value:
+            errors.append(f"$.env.{shown}: the value contains a NUL character")
+        size += len(name.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ENV_BYTES:
+        errors.append(f"$.env: {size:,} bytes of names and values, more than {MAX_ENV_BYTES:,}")
+    return errors
 
 
 class ShellTool:
@@ -31,7 +58,19 @@ class ShellTool:
             "Run a shell command (sh -c) in the workspace directory and return its combined "
             "stdout and stderr. A non-zero exit status is reported as an error with the output. "
             f"Default timeout {DEFAULT_TIMEOUT:g} s, at most {MAX_TIMEOUT:g} s; long output keeps its "
-            "beginning and end."
+            "beginning and end. The command sees the sandbox image's environment (e.g. PATH, HOME, "
+            "LANG, PYTHONUNBUFFERED); cwd runs it in a subdirectory of the workspace instead of "
+            "its root (it must exist and stay inside the workspace); env adds or overrides "
+            "variables for this command only. "
+            "Background processes (`cmd &`, a dev server, a long test run) keep running after the "
+            "command returns, until the session ends or its sandbox is recreated; a timeout or "
+            "cancel kills only the command's own process group. The sandbox has a process limit "
+            "(sandbox.pids_limit, 256 processes and threads by default) shared by everything in it: "
+            "when leftover processes fill it, they are all killed (background ones included) and "
+            "the command runs, and the result says so; if that does not free it, the result is an "
+            "error saying the process limit is exhausted. A result that starts with [sandbox: ...] "
+            "says the sandbox was recreated: its /tmp files and processes are gone, the workspace "
+            "is intact."
         ),
         input_schema={
             "type": "object",
@@ -43,12 +82,28 @@ class ShellTool:
                     "maximum": MAX_TIMEOUT,
                     "description": f"Kill the command after this many seconds (default {DEFAULT_TIMEOUT:g}).",
                 },
+                "cwd": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Working directory, relative to the workspace root (default: the root).",
+                },
+                "env": {
+                    "type": "object",
+                    "maxProperties": MAX_ENV_VARS,
+                    "description": (
+                        "Extra environment variables for this command: a map of name to string value. "
+                        f"Names match {ENV_NAME.pattern}; at most {MAX_ENV_VARS} variables and "
+                        f"{MAX_ENV_BYTES // 1024} KiB in all."
+                    ),
+                },
             },
             "required": ["command"],
             "additionalProperties": False,
         },
         side_effect=SideEffect.EXECUTE,
+        requires_fs=(("cwd", "cwd"),),
         timeout_seconds=MAX_TIMEOUT + KILL_SEQUENCE_SLACK,
+        check_input=check_env,
     )
 
     grace_seconds = 3.0
@@ -83,7 +138,13 @@ class ShellTool:
         self._running = True
         try:
             result = await context.sandbox.exec(
-                ExecRequest(command=command, timeout=timeout, grace_seconds=self.grace_seconds),
+                ExecRequest(
+                    command=command,
+                    timeout=timeout,
+                    cwd=input.get("cwd", "."),
+                    env=input.get("env", {}),
+                    grace_seconds=self.grace_seconds,
+                ),
                 on_output,
                 self._cancel,
             )

@@ -25,17 +25,36 @@ delete path                                             -
 resolve path                                            path (real path, relative to the root)
 exec   command, cwd, env, stdin (stdin bytes)           output* then exit: exit_code | signal
 signal exec_id, signal (TERM | KILL | INT)              delivered
+procs  kill (bool)                                      processes, killed, left
 ====== ================================================ ==========================================
 
+A command starts with the agent's own environment (``docker exec`` gives it the container's
+configured one: the image's ``ENV``), minus names starting ``DISPATCHER_AGENT_``, plus ``env``; in
+``cwd`` (relative to the root, confined like every path).
+
+Trees (UploadFiles / DownloadFiles): ``untar_begin`` {path, max_files, max_bytes} answers
+``upload`` (an id); each ``untar_chunk`` {upload} carries the next bytes of a tar archive and is
+answered once the extractor took it; ``untar_end`` {upload, commit} answers files, directories,
+bytes. ``tar_begin`` {path, max_bytes} answers ``download``; each ``tar_read`` {download} answers
+``eof`` with the next chunk of the archive as payload; ``tar_end`` {download} stops it.
+
 Error codes: errno names (``ENOENT``, ``EISDIR``, ...), ``too_large``, ``no_match``,
-``multiple_matches``, ``escape`` (resolves outside the root), ``denied`` (outside the fs grants),
-and ``bad_request``, ``internal``, ``protocol`` (the host's fault or the agent's). ``id: null``
+``multiple_matches``, ``refused`` (an archive member that may not be extracted), ``conflict``,
+``bad_archive``, ``escape`` (resolves outside the root), ``denied`` (outside the fs grants),
+``proc_limit`` (no process or thread for a command: the pids limit is full; ``processes`` counts
+the processes earlier commands left running), and ``bad_request``, ``internal``, ``protocol`` (the host's fault or the agent's). ``id: null``
 errors answer unparseable frames.
 
 With ``--grants '[{"path": "src", "mode": "rw"}, {"path": "pub", "mode": "r"}]'`` every file
 operation (and a command's working directory) is refused with ``denied`` unless a grant covers the
 place it actually opened, checked on the opened descriptor through ``/proc/self/fd``: a symlink
 swapped in after the host's check cannot carry an operation outside its grant.
+
+Processes: commands run on threads started with the agent (a full pids limit cannot starve it).
+Background processes outlive their command. ``procs`` counts what commands left running, and with
+``kill`` stops and kills all of it (a fork bomb included): every process but the agent and those
+that ran before it (init, the container's keep-alive process); an agent running as root kills
+nothing, since it is not in a sandbox.
 """
 
 from __future__ import annotations
@@ -43,22 +62,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import itertools
 import json
 import os
+import queue
 import secrets
 import selectors
+import shutil
 import signal
 import stat
 import struct
 import subprocess
 import sys
+import tarfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, NoReturn
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""Bumped whenever an op or a field changes; the server refuses an agent of another version.
+`agent.py --version` prints ``dispatcher-agent protocol N`` (the start-up image check)."""
 PREFIX = struct.Struct(">II")
 MAX_HEADER = 1 << 20
 MAX_PAYLOAD = 64 << 20
@@ -68,6 +93,9 @@ DRAIN_SECONDS = 0.2  # after sh exits, how long background children may keep the
 LIST_SCAN_CAP = 100_000  # names read from one directory before giving up on a full sort
 MAX_DEPTH = 1024  # directory levels below the root that a write may walk or create
 MAX_SYMLINKS = 40  # links followed while resolving one path, as the kernel allows (then ELOOP)
+FILE_WORKERS, FILE_WORKERS_MAX = 4, 8  # threads for file ops: started at once, at most
+EXEC_WORKERS, EXEC_WORKERS_MAX = 4, 32  # threads for commands (the host runs 4 at once per session)
+KILL_STRAYS_SECONDS = 3.0  # how long `procs` with kill keeps stopping and killing a fork bomb
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT}
 
 
@@ -112,10 +140,12 @@ def decode_header(raw: bytes) -> dict[str, Any]:
 class OpError(Exception):
     """A request failed in an ordinary way; becomes an ``error`` response."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, **fields: Any) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.fields = fields
+        """Extra fields of the error frame (``proc_limit`` carries ``processes``)."""
 
 
 def _field(header: Mapping[str, Any], key: str, kind: type, default: Any = ...) -> Any:
@@ -524,6 +554,182 @@ class _Exec:
             return _killpg(self.pgid, sig)
 
 
+_Job = tuple[Any, tuple[Any, ...]]
+
+
+class _Workers:
+    """Threads started ahead of need, so that serving a request never depends on making one.
+
+    A thread takes a pid like a process does: once a command's leftovers have filled the pids
+    limit, ``threading.Thread.start`` fails, but these threads are already running. More are
+    started on demand up to ``limit`` while pids allow.
+    """
+
+    def __init__(self, name: str, started: int, limit: int) -> None:
+        self._name = name
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[_Job | None]] = []
+        self._backlog: deque[_Job] = deque()
+        self._count = 0
+        for _ in range(started):
+            self._start(None)
+
+    def _start(self, job: _Job | None) -> bool:
+        """A new worker, given ``job`` or made idle; False when the limit or the pids forbid."""
+        inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        if job is not None:
+            inbox.put(job)
+        with self._lock:
+            if self._count >= self._limit:
+                return False
+            self._count += 1
+        thread = threading.Thread(
+            target=self._work, args=(inbox,), name=f"{self._name}-{self._count}", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread": no pid left
+            with self._lock:
+                self._count -= 1
+            return False
+        if job is None:
+            with self._lock:
+                self._idle.append(inbox)
+        return True
+
+    def _work(self, inbox: queue.SimpleQueue[_Job | None]) -> None:
+        job = inbox.get()
+        while job is not None:
+            fn, args = job
+            try:
+                fn(*args)
+            except BaseException as exc:  # handlers answer their own errors; never lose the worker
+                print(f"agent: {self._name} worker: {exc!r}", file=sys.stderr)
+            with self._lock:
+                if self._backlog:
+                    job = self._backlog.popleft()
+                    continue
+                self._idle.append(inbox)
+            job = inbox.get()
+
+    def try_submit(self, fn: Any, *args: Any) -> bool:
+        """Run ``fn(*args)`` on an idle worker or a new one; False when there is neither."""
+        with self._lock:
+            if self._idle:
+                self._idle.pop().put((fn, args))
+                return True
+        return self._start((fn, args))
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` on a worker, queued until one is free when none can be started."""
+        if self.try_submit(fn, *args):
+            return
+        with self._lock:
+            if self._idle:
+                self._idle.pop().put((fn, args))
+            else:
+                self._backlog.append((fn, args))
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        """Drop queued jobs and let idle workers end (busy ones end with their job)."""
+        with self._lock:
+            self._backlog.clear()
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of a process; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()  # the name in parentheses may hold anything
+    try:
+        return fields[0].decode("ascii", "replace"), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+class _Strays:
+    """The processes that the sandbox's commands started, found through ``/proc``.
+
+    Everything but the agent and what ran before it (init and the container's keep-alive
+    process). Each process is known by pid and start time, so a recycled pid is never taken for
+    another process: not for one of those spared, not for one about to be signalled.
+    """
+
+    def __init__(self) -> None:
+        self._own = os.getpid()
+        self._before = {(pid, start) for pid, _, start in self._scan()}
+
+    def _scan(self) -> list[tuple[int, str, int]]:
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            if name.isdigit() and int(name) != self._own:
+                info = _proc_stat(int(name))
+                if info is not None:
+                    found.append((int(name), info[0], info[1]))
+        return found
+
+    def list(self) -> list[tuple[int, str, int]]:
+        """(pid, state, start time) of each stray, zombies included (they hold a pid too)."""
+        return [p for p in self._scan() if (p[0], p[2]) not in self._before]
+
+    def kill_all(self, deadline: float) -> int:
+        """Stop, then kill, every stray until none is left or ``deadline``; returns how many.
+
+        A fork bomb forks again while it is being killed: stopping everything first leaves
+        nothing that can fork, then the kills, then a new round for what slipped through.
+        """
+        killed: set[tuple[int, int]] = set()
+        while time.monotonic() < deadline:
+            live = [(pid, start) for pid, state, start in self.list() if state not in "ZX"]
+            if not live:
+                break
+            for pid, start in live:
+                _signal_process(pid, start, signal.SIGSTOP)
+            for pid, start in live:
+                if _signal_process(pid, start, signal.SIGKILL):
+                    killed.add((pid, start))
+        # The dead keep their pids until init reaps them; a command started before that fails.
+        while self.list() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return len(killed)
+
+
+def _signal_process(pid: int, start: int, sig: int) -> bool:
+    """Signal the process ``pid`` only if it is still the one that started at ``start``."""
+    fd: int | None = None
+    try:
+        fd = os.pidfd_open(pid)  # pins the process: the check below cannot go stale
+    except ProcessLookupError:
+        return False
+    except (OSError, AttributeError):
+        fd = None  # no pidfd (old kernel, gVisor): the start time check still narrows the race
+    try:
+        info = _proc_stat(pid)
+        if info is None or info[1] != start:
+            return False
+        if fd is None:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 class Agent:
     """Reads requests, runs each on a worker thread, writes responses under one lock."""
 
@@ -534,13 +740,12 @@ class Agent:
         self._execs: dict[int, _Exec] = {}
         self._execs_lock = threading.Lock()
         self._lingering: set[int] = set()  # groups of finished commands that left children running
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="file-op")
-        self._env = {
-            "PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
-            "HOME": os.environ.get("HOME", "/tmp"),
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-        }
+        # Started now, while pids are free: a request is never refused for want of a thread.
+        self._pool = _Workers("file-op", FILE_WORKERS, FILE_WORKERS_MAX)
+        self._exec_pool = _Workers("exec", EXEC_WORKERS, EXEC_WORKERS_MAX)
+        self._strays = _Strays()
+        self.transfers = _Transfers(self)  # uploads and downloads (tar streams) in progress
+        self._env = command_env(os.environ)
 
     def send(self, header: Mapping[str, Any], payload: bytes = b"") -> bool:
         """Write one frame; blocks while the host is slow, which back-pressures commands."""
@@ -609,11 +814,14 @@ class Agent:
         elif op == "signal":
             self._guarded(rid, self._signal, header)
         elif op == "exec":
-            threading.Thread(
-                target=self._guarded, args=(rid, self._exec, header, payload), daemon=True
-            ).start()
+            if not self._exec_pool.try_submit(self._guarded, rid, self._exec, header, payload):
+                self._guarded(rid, self._no_process)
+        elif op == "procs":
+            self._pool.submit(self._guarded, rid, self._procs, header)
         elif op in _FILE_OPS:
             self._pool.submit(self._guarded, rid, self._file_op, header, payload)
+        elif op in _TRANSFER_OPS:
+            self._guarded(rid, self.transfers.handle, header, payload)
         else:
             self.send({"id": rid, "type": "error", "code": "bad_request", "message": f"unknown op {op!r}"})
 
@@ -621,7 +829,7 @@ class Agent:
         try:
             handler(rid, *args)
         except OpError as exc:
-            self.send({"id": rid, "type": "error", "code": exc.code, "message": exc.message})
+            self.send({"id": rid, "type": "error", "code": exc.code, "message": exc.message, **exc.fields})
         except Exception as exc:
             print(f"agent: request {rid} failed: {exc!r}", file=sys.stderr)
             self.send({"id": rid, "type": "error", "code": "internal", "message": type(exc).__name__})
@@ -718,14 +926,21 @@ class Agent:
                 start_new_session=True,  # its own process group, so signals reach every child
                 close_fds=True,
             )
+        except BlockingIOError:  # EAGAIN from fork: the pids limit is full
+            self._no_process(rid)
         except OSError as exc:
             raise _os_error(exc, "/bin/sh") from None
         with ex.lock:
             ex.pgid = proc.pid
             for sig in ex.early:
                 _killpg(proc.pid, sig)
-        if stdin is not None:
-            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        if stdin is not None and not self._exec_pool.try_submit(_feed, proc.stdin, stdin):
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            self._no_process(rid)
         assert proc.stdout is not None and proc.stderr is not None
         try:
             self._pump(rid, proc)
@@ -747,6 +962,28 @@ class Agent:
                 "signal": -code if code < 0 else None,
             }
         )
+
+    def _no_process(self, rid: int) -> NoReturn:
+        """Refuse a command that could not get a process (or a thread) from the pids limit."""
+        count = len(self._strays.list())
+        raise OpError(
+            "proc_limit",
+            f"cannot start a process: the sandbox's process limit is exhausted ({count} processes"
+            " left running by earlier commands)",
+            processes=count,
+        )
+
+    def _procs(self, rid: int, header: Mapping[str, Any]) -> None:
+        """Count the processes commands left behind; with ``kill``, stop and kill all of them."""
+        kill = _field(header, "kill", bool, False)
+        found = self._strays.list()
+        result = {"processes": sum(1 for _, state, _ in found if state not in "ZX"), "killed": 0}
+        if kill:
+            if os.geteuid() == 0:  # not in a sandbox (sandboxes never run as root): touch nothing
+                raise OpError("bad_request", "the agent runs as root; it kills no processes")
+            result["killed"] = self._strays.kill_all(time.monotonic() + KILL_STRAYS_SECONDS)
+        result["left"] = len(self._strays.list())
+        self.send({"id": rid, "type": "result", **result})
 
     def _remember_group(self, pgid: int) -> None:
         with self._execs_lock:
@@ -819,6 +1056,673 @@ def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
 _FILE_OPS = frozenset({"read", "write", "append", "patch", "exists", "stat", "list", "delete", "resolve"})
 
 
+# -- trees in and out: tar extract (UploadFiles) and create (DownloadFiles) ---------------------
+
+TAR_CHUNK = 1 << 20  # bytes of archive in one tar_read answer
+WALKER_FDS = 512  # directory descriptors one upload keeps open at most (per tree it walks)
+STAGE_PREFIX = ".~upload-"  # hidden staging directory of an upload, inside its destination
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Aborted(Exception):
+    """The host gave up on a transfer; the worker thread stops quietly."""
+
+
+def _refuse(member: str, why: str) -> OpError:
+    return OpError("refused", f"{member}: {why}")
+
+
+def _member_path(name: str) -> str:
+    """The member's name as a normalised relative path ('' for the destination itself)."""
+    if "\x00" in name:
+        raise _refuse(_clean(name), "name contains a NUL byte")
+    if name.startswith("/"):
+        raise _refuse(_clean(name), "absolute name")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise _refuse(_clean(name), "'..' in the name leaves the destination")
+    if len(parts) > MAX_DEPTH:
+        raise _refuse(_clean(name[:200]), f"more than {MAX_DEPTH} directories deep")
+    if parts and parts[0].startswith(STAGE_PREFIX):
+        raise _refuse(_clean(name), f"names starting with {STAGE_PREFIX!r} are reserved")
+    return "/".join(parts)
+
+
+class _DirWalker:
+    """Directory descriptors below one base descriptor, opened one component at a time without
+    following links (O_NOFOLLOW), made if asked, cached by relative path; ``close`` releases all.
+
+    The cache is emptied when it holds ``WALKER_FDS`` descriptors: a reopen walks again, without
+    following links, so an archive of many directories never runs out of descriptors.
+    """
+
+    def __init__(self, base_fd: int, what: str, dir_mode: int = 0o777) -> None:
+        self._base = base_fd
+        self._fds: dict[str, int] = {"": base_fd}
+        self._what = what
+        self._dir_mode = dir_mode  # for directories it makes (the umask applies)
+
+    def get(self, rel: str, member: str, create: bool) -> int:
+        fd = self._fds.get(rel)
+        if fd is not None:
+            return fd
+        parts = rel.split("/")
+        prefixes = list(itertools.accumulate(parts, lambda a, b: f"{a}/{b}"))
+        start = len(parts) - 1
+        while start > 0 and prefixes[start - 1] not in self._fds:
+            start -= 1
+        fd = self._fds[prefixes[start - 1]] if start else self._base
+        if len(self._fds) + len(parts) - start > WALKER_FDS:
+            self.close()
+            self._fds = {"": self._base}
+            start, fd = 0, self._base
+        for i in range(start, len(parts)):
+            fd = self._open(fd, parts[i], prefixes[i], member, create)
+            self._fds[prefixes[i]] = fd
+        return fd
+
+    def _open(self, parent: int, name: str, rel: str, member: str, create: bool) -> int:
+        try:
+            try:
+                return os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, self._dir_mode, dir_fd=parent)
+                return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise _refuse(
+                    member, f"{_clean(rel)} in {self._what} is not a directory (a file or a symlink)"
+                ) from None
+            raise
+
+    def close(self) -> None:
+        """Close every descriptor it opened (not the base)."""
+        for rel, fd in self._fds.items():
+            if rel:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fds = {}
+
+
+class _ChunkFeed:
+    """File object over an upload's chunks, read by ``tarfile`` on the extractor thread.
+
+    A chunk is acknowledged when taken, so the host (which keeps a small window of unacknowledged
+    chunks) never sends much more than the extractor has consumed.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self._queue: queue.SimpleQueue[tuple[int | None, bytes]] = queue.SimpleQueue()
+        self._buf = memoryview(b"")
+        self._eof = False
+
+    def put(self, rid: int | None, data: bytes) -> None:
+        self._queue.put((rid, data))
+
+    def drain(self) -> list[int]:
+        """Request ids of chunks still queued (the extractor has stopped)."""
+        rids: list[int] = []
+        while True:
+            try:
+                rid, _ = self._queue.get_nowait()
+            except queue.Empty:
+                return rids
+            if rid is not None:
+                rids.append(rid)
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._buf and not self._eof:
+            rid, data = self._queue.get()
+            if rid is None:
+                self._eof = True
+                break
+            self._agent.send({"id": rid, "type": "result"})
+            self._buf = memoryview(data)
+        if size is None or size < 0:
+            size = len(self._buf)
+        out = bytes(self._buf[:size])
+        self._buf = self._buf[size:]
+        return out
+
+
+class _Upload:
+    """One UploadFiles: chunks -> a tar stream -> files in a staging directory -> into place.
+
+    Every member is checked before anything is written (name, type, mode bits, limits). Files
+    are extracted into a hidden staging directory inside the destination, so a refused member,
+    a breached limit or a full disk leaves the workspace as it was. After the whole archive
+    passed, the destination is checked (no symlink or file where a directory must be, no
+    directory where a file goes) and then each file is renamed into place (atomic per file).
+    """
+
+    def __init__(self, agent: Agent, path: str, max_files: int, max_bytes: int) -> None:
+        ws = agent.ws
+        self.agent = agent
+        self.shown = path
+        self.max_files = max_files
+        self.max_bytes = max_bytes
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        self.stopped = False
+        self.error: OpError | None = None
+        self.feed = _ChunkFeed(agent)
+        self.entries: dict[str, tuple[str, int, float]] = {}  # rel -> (kind, mode, mtime)
+        self.files = self.bytes = 0
+        real = ws._granted(path or ".", "rw")
+        # Directories made for this upload's destination go again if it fails (when still empty).
+        self.made: list[str] = []  # deepest first
+        missing = real
+        while missing != ws.root and not os.path.lexists(missing):
+            self.made.append(missing)
+            missing = os.path.dirname(missing)
+        try:
+            self.dest_fd = ws._make_dirs(real, path or ".", "rw", "")
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise OpError("ENOTDIR", f"{path}: not a directory") from None
+            raise
+        try:
+            self.stage = f"{STAGE_PREFIX}{secrets.token_hex(6)}"
+            os.mkdir(self.stage, 0o700, dir_fd=self.dest_fd)
+            self.stage_fd = os.open(self.stage, _DIR_FLAGS, dir_fd=self.dest_fd)
+        except BaseException:
+            os.close(self.dest_fd)
+            raise
+        self.thread = threading.Thread(target=self._run, daemon=True, name="untar")
+        self.thread.start()
+
+    # -- the extractor thread ------------------------------------------------------------------
+
+    def chunk(self, rid: int, data: bytes) -> None:
+        with self.lock:
+            if not self.stopped:
+                self.feed.put(rid, data)
+                return
+        self._answer_late(rid)
+
+    def _answer_late(self, rid: int) -> None:
+        if self.error is not None:
+            self.agent.send(
+                {"id": rid, "type": "error", "code": self.error.code, "message": self.error.message}
+            )
+        else:
+            self.agent.send({"id": rid, "type": "result"})  # past the end of the archive: ignored
+
+    def _run(self) -> None:
+        member = "(archive)"
+        try:
+            staged = _DirWalker(self.stage_fd, "the upload", 0o700)
+            try:
+                with tarfile.open(fileobj=self.feed, mode="r|") as tar:  # type: ignore[call-overload]
+                    for info in tar:
+                        member = _clean(info.name)
+                        self._extract(tar, info, member, staged)
+            finally:
+                staged.close()
+        except OpError as exc:
+            self.error = exc
+        except tarfile.TarError as exc:
+            self.error = OpError("bad_archive", f"not a valid tar archive at {member}: {exc}")
+        except OSError as exc:
+            self.error = _os_error(exc, member)
+        except _Aborted:
+            self.error = OpError("aborted", "the upload was abandoned")
+        except Exception as exc:
+            print(f"agent: upload failed: {exc!r}", file=sys.stderr)
+            self.error = OpError("internal", type(exc).__name__)
+        finally:
+            with self.lock:
+                self.stopped = True
+            for rid in self.feed.drain():
+                self._answer_late(rid)
+            self.finished.set()
+
+    def _extract(self, tar: tarfile.TarFile, info: tarfile.TarInfo, member: str, staged: _DirWalker) -> None:
+        rel = _member_path(info.name)
+        if info.issym():
+            raise _refuse(member, "is a symbolic link (uploads carry files and directories only)")
+        if info.islnk():
+            raise _refuse(member, "is a hard link (uploads carry files and directories only)")
+        if info.ischr() or info.isblk():
+            raise _refuse(member, "is a device node")
+        if info.isfifo():
+            raise _refuse(member, "is a fifo")
+        if info.issparse():
+            raise _refuse(member, "is a sparse file")
+        if not (info.isreg() or info.isdir()):
+            raise _refuse(member, f"has an unsupported type {info.type!r}")
+        if info.mode & stat.S_ISUID:
+            raise _refuse(member, "has the setuid bit")
+        if info.mode & stat.S_ISGID:
+            raise _refuse(member, "has the setgid bit")
+        if len(self.entries) >= self.max_files and rel not in self.entries:
+            raise OpError("too_large", f"{member}: more than {self.max_files} entries (max_upload_files)")
+        mode = stat.S_IMODE(info.mode) & 0o777
+        if info.isdir():
+            if rel:
+                staged.get(rel, member, create=True)
+            self.entries[rel] = ("dir", mode, float(info.mtime))
+            return
+        if not rel:
+            raise _refuse(member, "a file cannot replace the destination directory")
+        if self.bytes + info.size > self.max_bytes:
+            raise OpError("too_large", f"{member}: the files pass {self.max_bytes} bytes (max_upload_bytes)")
+        previous = self.entries.get(rel)
+        if previous is not None and previous[0] == "dir":
+            raise _refuse(member, "a file with the name of a directory earlier in the archive")
+        head, _, name = rel.rpartition("/")
+        pfd = staged.get(head, member, create=True)
+        if previous is not None:  # the same name twice in one archive: the last one wins
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=pfd)
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd
+        )
+        try:
+            src = tar.extractfile(info)
+            assert src is not None
+            left = info.size
+            while left:
+                data = src.read(min(left, CHUNK))
+                if not data:
+                    raise OpError("bad_archive", f"{member}: the archive ends inside this file")
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                left -= len(data)
+            os.fchmod(fd, mode)
+            os.utime(fd, (info.mtime, info.mtime))
+        finally:
+            os.close(fd)
+        self.bytes += info.size
+        if previous is None:
+            self.files += 1
+        self.entries[rel] = ("file", mode, float(info.mtime))
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def end(self, commit: bool) -> dict[str, Any]:
+        """Wait for the extractor; then move the files into place (``commit``) or drop them."""
+        self.feed.put(None, b"")  # end of the archive
+        self.finished.wait()
+        try:
+            if self.error is not None:
+                raise self.error
+            if not commit:
+                raise OpError("aborted", "the upload was abandoned")
+            self._commit()
+            self.made = []
+            return {
+                "files": self.files,
+                "directories": sum(1 for k, _, _ in self.entries.values() if k == "dir"),
+                "bytes": self.bytes,
+            }
+        finally:
+            self._cleanup()
+
+    def _commit(self) -> None:
+        dest = _DirWalker(self.dest_fd, "the workspace")
+        staged = _DirWalker(self.stage_fd, "the upload")
+        try:
+            self._check_destination(dest)
+            dirs = sorted(
+                (rel for rel, (kind, _, _) in self.entries.items() if kind == "dir"),
+                key=lambda r: r.count("/"),
+            )
+            for rel in dirs:
+                dest.get(rel, rel, create=True)
+            for rel, (kind, _, _) in self.entries.items():
+                if kind == "file":
+                    head, _, name = rel.rpartition("/")
+                    src_dir = staged.get(head, rel, create=False)
+                    os.replace(name, name, src_dir_fd=src_dir, dst_dir_fd=dest.get(head, rel, create=True))
+            for rel in reversed(dirs):  # deepest first: filling a directory changes its mtime
+                if rel:  # the destination itself keeps its mode
+                    _, mode, mtime = self.entries[rel]
+                    fd = dest.get(rel, rel, create=False)
+                    os.fchmod(fd, mode)
+                    os.utime(fd, (mtime, mtime))
+        finally:
+            dest.close()
+            staged.close()
+
+    def _check_destination(self, dest: _DirWalker) -> None:
+        """Refuse before moving anything: a symlink or a file on a member's way, or a kind clash.
+
+        The descriptors opened here (never following a link) are the ones the commit then uses.
+        """
+        kinds: dict[str, str] = {"": "dir"}
+
+        def kind_of(rel: str) -> str:  # rel's parent is known to be a directory
+            if rel not in kinds:
+                head, _, name = rel.rpartition("/")
+                try:
+                    st = os.stat(name, dir_fd=dest.get(head, rel, create=False), follow_symlinks=False)
+                except FileNotFoundError:
+                    kinds[rel] = "missing"
+                else:
+                    mode = st.st_mode
+                    kinds[rel] = "dir" if stat.S_ISDIR(mode) else "link" if stat.S_ISLNK(mode) else "file"
+            return kinds[rel]
+
+        for rel, (kind, _, _) in self.entries.items():
+            if not rel:
+                continue
+            parts = rel.split("/")
+            for i in range(1, len(parts)):
+                above = "/".join(parts[:i])
+                found = kind_of(above)
+                if found == "link":
+                    raise _refuse(
+                        rel, f"{_clean(above)} is a symbolic link in the workspace; not writing through it"
+                    )
+                if found == "file":
+                    raise OpError(
+                        "conflict", f"{rel}: {_clean(above)} is a file in the workspace, not a directory"
+                    )
+                if found == "missing":
+                    break
+            else:
+                found = kind_of(rel)
+                if kind == "file" and found == "dir":
+                    raise OpError("conflict", f"{rel}: is a directory in the workspace")
+                if kind == "dir" and found != "dir" and found != "missing":
+                    what = "a symbolic link" if found == "link" else "a file"
+                    raise OpError("conflict", f"{rel}: is {what} in the workspace, not a directory")
+
+    def _cleanup(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.stage_fd)
+        try:
+            shutil.rmtree(self.stage, dir_fd=self.dest_fd)
+        except OSError as exc:
+            print(f"agent: could not remove the staging directory: {exc!r}", file=sys.stderr)
+        finally:
+            os.close(self.dest_fd)
+        for made in self.made:
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+
+
+class _Exactly:
+    """Reads exactly ``size`` bytes of an open file: zeros if it shrank meanwhile, cut if it grew."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd = fd
+        self._left = size
+
+    def read(self, size: int = -1) -> bytes:
+        want = self._left if size is None or size < 0 else min(size, self._left)
+        data = os.read(self._fd, want) if want else b""
+        if want and not data:
+            data = bytes(want)
+        self._left -= len(data)
+        return data
+
+
+class _Download:
+    """One DownloadFiles: a tar written on its own thread; each ``tar_read`` takes the next chunk.
+
+    The producer blocks until the host asks for more, so a slow client slows the walk instead of
+    filling memory. Links are archived as links (never followed); devices, fifos and sockets are
+    left out; every descriptor is opened without following links from the checked start.
+    """
+
+    def __init__(self, agent: Agent, path: str, max_bytes: int) -> None:
+        ws = agent.ws
+        self.agent = agent
+        self.max_bytes = max_bytes
+        self.lock = threading.Lock()
+        self.reads: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self.buf = bytearray()
+        self.stopped = False
+        self.error: OpError | None = None
+        self.total = 0
+        real = ws._granted(path or ".", "r")
+        fd = os.open(real, os.O_PATH | os.O_CLOEXEC)  # O_PATH follows nothing past the resolved name
+        try:
+            ws._verify_fd(fd, path, "r")
+            mode = os.fstat(fd).st_mode
+        finally:
+            os.close(fd)
+        if stat.S_ISDIR(mode):
+            self.fd = ws._open_dir(real, path, "r")
+            self.name = ""
+        else:
+            self.fd = ws._open_regular(real, path, os.O_RDONLY)
+            self.name = os.path.basename(real)
+        self.thread = threading.Thread(target=self._run, daemon=True, name="tar")
+        self.thread.start()
+
+    def read(self, rid: int) -> None:
+        with self.lock:
+            if not self.stopped:
+                self.reads.put(rid)
+                return
+        self._answer_late(rid)
+
+    def _answer_late(self, rid: int) -> None:
+        if self.error is not None:
+            self.agent.send(
+                {"id": rid, "type": "error", "code": self.error.code, "message": self.error.message}
+            )
+        else:
+            self.agent.send({"id": rid, "type": "result", "eof": True})
+
+    def abort(self) -> None:
+        self.reads.put(None)
+
+    # file object for tarfile
+    def write(self, data: bytes) -> int:
+        self.buf += data
+        while len(self.buf) >= TAR_CHUNK:
+            self._emit(bytes(self.buf[:TAR_CHUNK]))
+            del self.buf[:TAR_CHUNK]
+        return len(data)
+
+    def _emit(self, chunk: bytes) -> None:
+        rid = self.reads.get()
+        if rid is None:
+            raise _Aborted
+        self.agent.send({"id": rid, "type": "result", "eof": False}, chunk)
+
+    def _run(self) -> None:
+        try:
+            with tarfile.open(fileobj=self, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+                tar.copybufsize = TAR_CHUNK  # file contents read in big pieces, not 16 KiB ones
+                if self.name:
+                    self._add_file(tar, self.fd, self.name)
+                else:
+                    self._add_tree(tar)
+            if self.buf:
+                self._emit(bytes(self.buf))
+        except OpError as exc:
+            self.error = exc
+        except _Aborted:
+            self.error = OpError("aborted", "the download was abandoned")
+        except OSError as exc:
+            self.error = _os_error(exc, "download")
+        except Exception as exc:
+            print(f"agent: download failed: {exc!r}", file=sys.stderr)
+            self.error = OpError("internal", type(exc).__name__)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            with self.lock:
+                self.stopped = True
+            while True:
+                try:
+                    rid = self.reads.get_nowait()
+                except queue.Empty:
+                    break
+                if rid is not None:
+                    self._answer_late(rid)
+
+    def _info(self, name: str, st: os.stat_result) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.mode = stat.S_IMODE(st.st_mode)
+        info.mtime = int(st.st_mtime)
+        info.uid, info.gid = st.st_uid, st.st_gid
+        return info
+
+    def _add_file(self, tar: tarfile.TarFile, fd: int, name: str) -> None:
+        st = os.fstat(fd)
+        self.total += st.st_size
+        if self.total > self.max_bytes:
+            raise OpError(
+                "too_large", f"{_clean(name)}: the files pass {self.max_bytes} bytes (max_download_bytes)"
+            )
+        info = self._info(name, st)
+        info.size = st.st_size
+        tar.addfile(info, _Exactly(fd, st.st_size))
+
+    def _add_tree(self, tar: tarfile.TarFile) -> None:
+        """Depth first, names sorted, one open descriptor per level (never recursing)."""
+        stack: list[tuple[int, str, list[str]]] = [(self.fd, "", sorted(os.listdir(self.fd), reverse=True))]
+        try:
+            while stack:
+                dfd, prefix, names = stack[-1]
+                if not names:
+                    stack.pop()
+                    if dfd != self.fd:
+                        os.close(dfd)
+                    continue
+                name = names.pop()
+                rel = prefix + name
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        if len(stack) > MAX_DEPTH:
+                            raise OpError("ENAMETOOLONG", f"{_clean(rel)}: more than {MAX_DEPTH} levels deep")
+                        child = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                        try:
+                            children = sorted(os.listdir(child), reverse=True)
+                            info = self._info(rel, os.fstat(child))
+                            info.type = tarfile.DIRTYPE
+                            tar.addfile(info)
+                        except BaseException:
+                            os.close(child)
+                            raise
+                        stack.append((child, rel + "/", children))
+                    elif stat.S_ISLNK(st.st_mode):
+                        info = self._info(rel, st)
+                        info.type = tarfile.SYMTYPE
+                        info.linkname = os.readlink(name, dir_fd=dfd)
+                        tar.addfile(info)
+                    elif stat.S_ISREG(st.st_mode):
+                        fd = os.open(
+                            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+                        )
+                        try:
+                            if stat.S_ISREG(os.fstat(fd).st_mode):
+                                self._add_file(tar, fd, rel)
+                        finally:
+                            os.close(fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # removed or replaced while walking: what is gone is not archived
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        continue  # became a link between the stat and the open
+                    raise _os_error(exc, _clean(rel)) from None
+        finally:
+            for dfd, _, _ in stack:
+                if dfd != self.fd:
+                    os.close(dfd)
+
+
+class _Transfers:
+    """The agent's running uploads and downloads, by the id of the request that began each."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.lock = threading.Lock()
+        self.uploads: dict[int, _Upload] = {}
+        self.downloads: dict[int, _Download] = {}
+
+    def handle(self, rid: int, header: Mapping[str, Any], payload: bytes) -> None:
+        """Route one transfer op (called on the reader thread for chunks and reads: they never block)."""
+        op = header["op"]
+        if op == "untar_chunk":
+            self._upload(header).chunk(rid, payload)
+        elif op == "tar_read":
+            self._download(header).read(rid)
+        elif op == "tar_end":
+            with self.lock:
+                down = self.downloads.pop(_field(header, "download", int), None)
+            if down is not None:
+                down.abort()
+            self.agent.send({"id": rid, "type": "result"})
+        else:
+            self.agent._pool.submit(self.agent._guarded, rid, self._slow, header)
+
+    def _slow(self, rid: int, header: Mapping[str, Any]) -> None:
+        op = header["op"]
+        path = _field(header, "path", str, ".")
+        try:
+            if op == "untar_begin":
+                up = _Upload(self.agent, path, _count(header, "max_files"), _count(header, "max_bytes"))
+                with self.lock:
+                    self.uploads[rid] = up
+                self.agent.send({"id": rid, "type": "result", "upload": rid})
+            elif op == "untar_end":
+                upload_id = _field(header, "upload", int)
+                with self.lock:
+                    ending = self.uploads.pop(upload_id, None)
+                if ending is None:
+                    raise OpError("bad_request", f"no upload {upload_id}")
+                result = ending.end(_field(header, "commit", bool))
+                self.agent.send({"id": rid, "type": "result", **result})
+            elif op == "tar_begin":
+                down = _Download(self.agent, path, _count(header, "max_bytes"))
+                with self.lock:
+                    self.downloads[rid] = down
+                self.agent.send({"id": rid, "type": "result", "download": rid})
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+
+    def _upload(self, header: Mapping[str, Any]) -> _Upload:
+        upload_id = _field(header, "upload", int)
+        with self.lock:
+            up = self.uploads.get(upload_id)
+        if up is None:
+            raise OpError("bad_request", f"no upload {upload_id}")
+        return up
+
+    def _download(self, header: Mapping[str, Any]) -> _Download:
+        download_id = _field(header, "download", int)
+        with self.lock:
+            down = self.downloads.get(download_id)
+        if down is None:
+            raise OpError("bad_request", f"no download {download_id}")
+        return down
+
+
+_TRANSFER_OPS = frozenset({"untar_begin", "untar_chunk", "untar_end", "tar_begin", "tar_read", "tar_end"})
+
+
+AGENT_ENV_PREFIX = "DISPATCHER_AGENT_"  # reserved for the agent's own settings; never passed on
+_DEFAULT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+}
+
+
+def command_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment every command starts from: the agent's own, which ``docker exec`` took from
+    the container's configuration (the image's ``ENV``), minus the agent's reserved names, with
+    defaults for what a shell expects."""
+    env = {key: value for key, value in environ.items() if not key.startswith(AGENT_ENV_PREFIX)}
+    for key, value in _DEFAULT_ENV.items():
+        env.setdefault(key, value)
+    return env
+
+
 def parse_grants(raw: str | None) -> list[tuple[str, str]] | None:
     """The ``--grants`` JSON as (normalised relative prefix, mode) pairs; None when not given."""
     if raw is None:
@@ -848,6 +1752,9 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: serve the protocol on stdin/stdout for one workspace root."""
     parser = argparse.ArgumentParser(description="dispatcher sandbox agent")
+    parser.add_argument(
+        "--version", action="version", version=f"dispatcher-agent protocol {PROTOCOL_VERSION}"
+    )
     parser.add_argument("--root", required=True, help="workspace root that every path must stay under")
     parser.add_argument("--grants", help='JSON list of {"path": prefix, "mode": "r" | "rw"}; omit: all')
     args = parser.parse_args(argv)
