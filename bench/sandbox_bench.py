@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from typing import Any
@@ -44,7 +45,13 @@ def _context(sandbox: Sandbox, workspace: str) -> ToolContext:
 
 def _session(env: BenchEnv, name: str) -> Session:
     sid = f"{name}-{uuid.uuid4().hex[:6]}"
-    return Session(session_id=sid, workspace_path=str(env.workspace(sid)))
+    workspace = env.workspace(sid)
+    uid, gid = SandboxConfig().uid, SandboxConfig().gid
+    if os.geteuid() == 0 and uid is not None:
+        # The server never re-owns a directory it did not make; a workspace made by hand belongs
+        # to the sandbox user, as a developer's would.
+        os.chown(workspace, uid, gid if gid is not None else -1)
+    return Session(session_id=sid, workspace_path=str(workspace))
 
 
 async def _exec_true(sandbox: Sandbox) -> None:
