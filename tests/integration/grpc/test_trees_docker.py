@@ -7,70 +7,18 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
-import yaml
 
 from dispatcher.client import RequestFailed
-from dispatcher.config import ensure_default_tenant, load_config
-from dispatcher.sandbox.docker_backend import DockerSandboxProvider
-from dispatcher.sandbox.docker_config import SandboxConfig
-from dispatcher.server.app import build_server
-from tests.integration.conftest import ProviderFactory
-from tests.integration.grpc.test_workspace_isolation import unmount_under
-from tests.integration.helpers import runsc_available
-from tests.server.conftest import Harness, base_config, deep_merge
+from tests.integration.grpc.conftest import Start
+from tests.server.conftest import base_config
 from tests.server.helpers import text_of
 from tests.server.test_trees import assert_same_tree, make_tree, member, tar_of
 
 pytestmark = pytest.mark.docker
-
-Start = Callable[..., Awaitable[Harness]]
-
-
-@pytest.fixture
-async def start(make_provider: ProviderFactory, tmp_path: Path) -> AsyncIterator[Start]:
-    """A Docker-backed server (64 MiB workspace quota) with the given config overrides."""
-    harnesses: list[Harness] = []
-
-    async def go(runtime: str = "runc", **overrides: Any) -> Harness:
-        section = {"workspace_quota": "64m", "runtime": runtime}
-        data = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker", **section}, **overrides})
-        path = tmp_path / f"config-{len(harnesses)}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        config, _ = ensure_default_tenant(load_config(path, env={}))
-        provider = DockerSandboxProvider(
-            SandboxConfig.from_mapping(section),
-            instance=make_provider.new_instance(),
-            state_dir=str(config.home),
-        )
-        make_provider.providers.append(provider)
-        server = build_server(config, provider=provider)
-        harness = Harness(server, tmp_path)
-        harnesses.append(harness)
-        await server.start()
-        return harness
-
-    try:
-        yield go
-    finally:
-        for h in harnesses:
-            for client in h.clients:
-                await client.close()
-            await h.server.stop(grace=1)
-        leaked = unmount_under(tmp_path)
-        assert not leaked, f"the server left mounts behind: {leaked}"
-
-
-@pytest.fixture(params=["runc", "runsc"])
-def runtime(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> str:
-    if request.param == "runsc" and not runsc_available(docker_client):
-        pytest.skip("runsc is not registered with dockerd")
-    return str(request.param)
 
 
 def _special(name: str, kind: bytes, **attrs: Any) -> tuple[tarfile.TarInfo, None]:
@@ -99,7 +47,7 @@ HOSTILE: dict[str, tuple[str, list[tuple[tarfile.TarInfo, bytes | None]]]] = {
 async def test_hostile_member_is_refused_and_nothing_is_written(
     start: Start, tmp_path: Path, kind: str, runtime: str
 ) -> None:
-    harness = await start(runtime)
+    harness = await start({"runtime": runtime})
     client = harness.client()
     session = await client.create_session("h")
     sid = session.session_id
@@ -127,7 +75,7 @@ async def test_hostile_member_is_refused_and_nothing_is_written(
 async def test_round_trip_keeps_bytes_modes_mtimes_and_runs(
     start: Start, tmp_path: Path, runtime: str
 ) -> None:
-    harness = await start(runtime)
+    harness = await start({"runtime": runtime})
     client = harness.client()
     session = await client.create_session("rt")
     sid = session.session_id

@@ -5,82 +5,22 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
-import yaml
 
-from dispatcher.config import ensure_default_tenant, load_config
-from dispatcher.sandbox.docker_backend import DockerSandboxProvider
-from dispatcher.sandbox.docker_config import LABEL_SESSION, SandboxConfig
+from dispatcher.sandbox.docker_config import LABEL_SESSION
 from dispatcher.sandbox.workspace_volume import mount_entry
-from dispatcher.server.app import build_server
-from tests.integration.conftest import ProviderFactory
-from tests.integration.helpers import containers_of, runsc_available, wait_until
-from tests.server.conftest import Harness, base_config, deep_merge
+from tests.integration.grpc.conftest import Start
+from tests.integration.helpers import containers_of, wait_until
+from tests.server.conftest import Harness, base_config
 from tests.server.helpers import text_of
 
 pytestmark = pytest.mark.docker
 
 QUOTA = 64 << 20
-Start = Callable[..., Awaitable[Harness]]
-
-
-def unmount_under(path: Path) -> list[str]:
-    """Detach every mount below ``path`` (a safety net: the server unmounts what it mounted)."""
-    left: list[str] = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        for line in fh:
-            point = line.split()[4]
-            if point == str(path) or point.startswith(f"{path}/"):
-                left.append(point)
-    for point in sorted(left, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
-    return left
-
-
-@pytest.fixture(params=["runc", "runsc"])
-def runtime(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> str:
-    if request.param == "runsc" and not runsc_available(docker_client):
-        pytest.skip("runsc is not registered with dockerd")
-    return str(request.param)
-
-
-@pytest.fixture
-async def start(make_provider: ProviderFactory, tmp_path: Path) -> AsyncIterator[Start]:
-    """Start a Docker-backed server whose provider keeps quota images under its home."""
-    harnesses: list[Harness] = []
-
-    async def go(sandbox: dict[str, Any] | None = None, **overrides: Any) -> Harness:
-        section = {"workspace_quota": "64m", **(sandbox or {})}
-        data = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker", **section}, **overrides})
-        path = tmp_path / f"config-{len(harnesses)}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        config, _ = ensure_default_tenant(load_config(path, env={}))
-        provider = DockerSandboxProvider(
-            SandboxConfig.from_mapping(section),
-            instance=make_provider.new_instance(),
-            state_dir=str(config.home),
-        )
-        make_provider.providers.append(provider)
-        server = build_server(config, provider=provider)
-        harness = Harness(server, tmp_path)
-        harnesses.append(harness)
-        await server.start()
-        return harness
-
-    try:
-        yield go
-    finally:
-        for h in harnesses:
-            for client in h.clients:
-                await client.close()
-            await h.server.stop(grace=1)
-        leaked = unmount_under(tmp_path)
-        assert not leaked, f"the server left mounts behind: {leaked}"
 
 
 def host_dir(tmp_path: Path) -> tuple[Path, os.stat_result]:
