@@ -372,14 +372,18 @@ class DockerSandbox:
         except NotDelivered:  # never reached a live agent: once more, in the fresh sandbox
             return await self._file_op_once(what, op)
 
+    def _require_agent(self, live: LiveContainer, what: str) -> None:
+        if live.channel is None:
+            raise AgentUnavailable(
+                f"{what}: the sandbox image {self._provider.config.image!r} cannot run the agent"
+                " (file operations need python3 and the agent in the image)"
+            )
+
     async def _file_op_once(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
         live = await self._acquire()
         try:
-            if live.channel is None:
-                raise AgentUnavailable(
-                    f"{what}: the sandbox image {self._provider.config.image!r} cannot run the agent"
-                    " (file operations need python3 and the agent in the image)"
-                )
+            self._require_agent(live, what)
+            assert live.channel is not None
             try:
                 return await asyncio.wait_for(op(live.channel), self._provider.config.op_timeout_seconds)
             except TimeoutError:
@@ -406,11 +410,8 @@ class DockerSandbox:
         stopped (the next call recreates the sandbox)."""
         live = await self._acquire()
         try:
-            if live.channel is None:
-                raise AgentUnavailable(
-                    f"{what}: the sandbox image {self._provider.config.image!r} cannot run the agent"
-                    " (file operations need python3 and the agent in the image)"
-                )
+            self._require_agent(live, what)
+            assert live.channel is not None
             try:
                 yield live.channel
             except SandboxError as exc:

@@ -1189,6 +1189,14 @@ class _ChunkFeed:
         return out
 
 
+def _answer_late(agent: Agent, rid: int, error: OpError | None, result: dict[str, Any]) -> None:
+    """Answer a transfer request that came after the transfer ended: its error, or ``result``."""
+    if error is not None:
+        agent.send({"id": rid, "type": "error", "code": error.code, "message": error.message})
+    else:
+        agent.send({"id": rid, "type": "result", **result})
+
+
 class _Upload:
     """One UploadFiles: chunks -> a tar stream -> files in a staging directory -> into place.
 
@@ -1245,12 +1253,8 @@ class _Upload:
         self._answer_late(rid)
 
     def _answer_late(self, rid: int) -> None:
-        if self.error is not None:
-            self.agent.send(
-                {"id": rid, "type": "error", "code": self.error.code, "message": self.error.message}
-            )
-        else:
-            self.agent.send({"id": rid, "type": "result"})  # past the end of the archive: ignored
+        # Past the end of the archive: ignored.
+        _answer_late(self.agent, rid, self.error, {})
 
     def _run(self) -> None:
         member = "(archive)"
@@ -1506,12 +1510,7 @@ class _Download:
         self._answer_late(rid)
 
     def _answer_late(self, rid: int) -> None:
-        if self.error is not None:
-            self.agent.send(
-                {"id": rid, "type": "error", "code": self.error.code, "message": self.error.message}
-            )
-        else:
-            self.agent.send({"id": rid, "type": "result", "eof": True})
+        _answer_late(self.agent, rid, self.error, {"eof": True})
 
     def abort(self) -> None:
         self.reads.put(None)
