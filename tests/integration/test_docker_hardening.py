@@ -63,8 +63,11 @@ async def test_classic_fork_bomb_is_killed_and_the_sandbox_recovers(make_provide
     provider = make_provider(SandboxConfig(pids_limit=64))
     sandbox = provider.sandbox_for(make_provider.session())
     ran = await run(sandbox, "bomb() { bomb | bomb & }; bomb; sleep 30", timeout=2, grace=0.5)
-    assert ran.result.exit_code is None
-    assert ran.result.timed_out or ran.result.killed
+    # Either the shell lives until the timeout kills its group, or the bomb has taken every process
+    # slot before the shell can fork `sleep` and it gives up on its own; which one is a race.
+    # Either way the next call must be answered (the leftovers are killed if they are in its way).
+    gave_up = ran.result.exit_code not in (None, 0) and "Cannot fork" in ran.err
+    assert ran.result.timed_out or ran.result.killed or gave_up, ran
     after = await run(sandbox, "echo alive")
     assert after.out == "alive\n"
 
