@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -13,6 +12,8 @@ from pathlib import Path, PurePosixPath
 from dispatcher.config import Quotas, TenantConfig, UidRange
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
+from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 from dispatcher.server.errors import InvalidRequest, Unauthenticated
 from dispatcher.server.uids import allocate
 
@@ -159,29 +160,18 @@ def resolve_workspace(tenant: Tenant, name: str) -> tuple[str, Path]:
     if tenant.uid is not None and os.geteuid() == 0:
         owner = (tenant.uid, tenant.gid if tenant.gid is not None else tenant.uid)
     real_root = Path(os.path.realpath(root))
-    # Sandboxes write inside workspaces, so a component may be a symlink a sandbox planted. Walk
-    # down with directory fds that never follow one: nothing below the root is created or opened
-    # through a link, and nothing can be swapped in between a check and its use.
-    fd = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY)
+    # Sandboxes write inside workspaces, so a component may be a symlink a sandbox planted: the
+    # same walk as every launch's (no link followed, only what it makes handed to the sandbox user).
     try:
-        for part in parts:
-            made = False
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-                made = True
-            try:
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError:
-                raise InvalidRequest(
-                    f"workspace: {name!r} is not a directory under the tenant's workspace root"
-                    " (a symlink or a file is in the way)"
-                ) from None
-            os.close(fd)
-            fd = child
-            if made and owner is not None:
-                # Through the fd of the directory just made: nothing else is ever handed over.
-                os.fchown(fd, *owner)
-    finally:
+        fd = open_pinned(str(real_root), parts, create=True, owner=owner, what=f"workspace {name!r}")
+    except WorkspaceRefused:
+        raise InvalidRequest(
+            f"workspace: {name!r} is not a directory under the tenant's workspace root"
+            " (a symlink or a file is in the way)"
+        ) from None
+    except SandboxError as exc:
+        raise InvalidRequest(f"workspace: {name!r} cannot be made: {exc}") from None
+    if fd is not None:
         os.close(fd)
     real = real_root.joinpath(*parts)
     return "/".join(parts), real
