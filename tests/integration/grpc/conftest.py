@@ -7,6 +7,7 @@ run against both backends.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -27,15 +28,17 @@ from tests.server.conftest import Harness, base_config, deep_merge
 Start = Callable[..., Awaitable[Harness]]
 
 
-@pytest.fixture
-async def docker_harness(make_provider: ProviderFactory, tmp_path: Path) -> AsyncIterator[Harness]:
-    """A started server whose sessions run in Docker containers."""
-    data: dict[str, Any] = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})
+@contextlib.asynccontextmanager
+async def docker_server(
+    make_provider: ProviderFactory, tmp_path: Path, data: dict[str, Any] | None = None
+) -> AsyncIterator[Harness]:
+    """A started server on the Docker backend for the server tests' config (or ``data``)."""
+    if data is None:
+        data = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     config, _ = ensure_default_tenant(load_config(path, env={}))
-    provider = make_provider()
-    server = build_server(config, provider=provider)
+    server = build_server(config, provider=make_provider())
     await server.start()
     harness = Harness(server, tmp_path)
     try:
@@ -44,6 +47,13 @@ async def docker_harness(make_provider: ProviderFactory, tmp_path: Path) -> Asyn
         for client in harness.clients:
             await client.close()
         await server.stop(grace=1)
+
+
+@pytest.fixture
+async def docker_harness(make_provider: ProviderFactory, tmp_path: Path) -> AsyncIterator[Harness]:
+    """A started server whose sessions run in Docker containers."""
+    async with docker_server(make_provider, tmp_path) as harness:
+        yield harness
 
 
 def unmount_under(path: Path) -> list[str]:

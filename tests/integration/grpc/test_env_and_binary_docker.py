@@ -9,12 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from dispatcher.config import ensure_default_tenant, load_config
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
+from tests.integration.grpc.conftest import docker_server
 from tests.server.conftest import Harness, base_config, deep_merge
 from tests.server.helpers import text_of
 
@@ -28,18 +26,8 @@ async def harness(make_provider: ProviderFactory, tmp_path: Path) -> AsyncIterat
     """The server on Docker; tenant alpha runs writes and commands without asking."""
     data: dict[str, Any] = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})
     data["tenants"][0]["tool_confirmation"] = {"default": {"EXECUTE": "auto", "WRITE": "auto"}}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
-    config, _ = ensure_default_tenant(load_config(path, env={}))
-    server = build_server(config, provider=make_provider())
-    await server.start()
-    harness = Harness(server, tmp_path)
-    try:
+    async with docker_server(make_provider, tmp_path, data) as harness:
         yield harness
-    finally:
-        for client in harness.clients:
-            await client.close()
-        await server.stop(grace=1)
 
 
 async def test_binary_write_file_round_trip(harness: Harness) -> None:
