@@ -73,9 +73,9 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.dispatcher import DispatcherConfig
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.policy import ConfirmationPolicy
+from dispatcher.core.settings import DispatcherConfig
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_HOME = "~/.dispatcher"

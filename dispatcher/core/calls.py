@@ -1,0 +1,66 @@
+"""What the dispatcher keeps per open session and per in-flight call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatcher.core.confirmation import ConfirmationBroker
+from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.events import EventBus
+from dispatcher.core.session import Session
+
+__all__ = ["Call", "SessionState"]
+
+
+@dataclass(eq=False)
+class Call:
+    """One in-flight tool call."""
+
+    tool_use_id: str
+    cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_reason: ToolErrorClass | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Callbacks run on cancel: cheaper on the hot path than a task waiting on cancel_event.
+    wakers: list[Callable[[], None]] = field(default_factory=list)
+
+    def cancel(self, reason: ToolErrorClass = ToolErrorClass.CANCELLED) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.cancel_event.set()
+        for wake in tuple(self.wakers):
+            wake()
+
+    async def wait(self, future: asyncio.Future[Any], timeout: float) -> bool:
+        """Wait until ``future`` is done, the call is cancelled, or ``timeout``; True if done."""
+        if future.done() or self.cancel_event.is_set():
+            return future.done()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(*_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        future.add_done_callback(wake)
+        self.wakers.append(wake)
+        timer = loop.call_later(timeout, wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            future.remove_done_callback(wake)
+            self.wakers.remove(wake)
+        return future.done()
+
+
+@dataclass(eq=False)
+class SessionState:
+    session: Session
+    bus: EventBus
+    semaphore: asyncio.Semaphore
+    broker: ConfirmationBroker = field(default_factory=ConfirmationBroker)
+    calls: set[Call] = field(default_factory=set)
+    cleanups: set[asyncio.Future[Any]] = field(default_factory=set)  # strong refs to background stops

@@ -1,0 +1,524 @@
+"""One tool call through the ten steps of spec 000 §4: lookup, validation, scope, policy and
+confirmation, the run under timeout and cancellation, and the canonical result."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from dispatcher.core import events as ev
+from dispatcher.core.audit import DENIED, DISPATCHED, AuditLog
+from dispatcher.core.calls import Call, SessionState
+from dispatcher.core.capabilities import Capabilities
+from dispatcher.core.confirmation import Decision
+from dispatcher.core.display import confirmation_text, summarize
+from dispatcher.core.errors import (
+    ConfirmationTimeout,
+    ToolCancelled,
+    ToolError,
+    ToolErrorClass,
+    ToolExecutionError,
+    ToolNotFound,
+    ToolPermissionDenied,
+    ToolTimeout,
+    ToolUserDenied,
+    ToolValidationError,
+    WorkspaceEscapeError,
+)
+from dispatcher.core.jsonlimits import shape_problem
+from dispatcher.core.paths import resolve_workspace_path
+from dispatcher.core.policy import ConfirmationPolicy, Mode
+from dispatcher.core.registry import RegisteredTool, ToolRegistry
+from dispatcher.core.result_size import fit_result, image_overflow
+from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, collect_notices
+from dispatcher.core.schema import validation_errors
+from dispatcher.core.session import Session
+from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.types import (
+    Role,
+    SideEffect,
+    TextBlock,
+    Tool,
+    ToolContext,
+    ToolDefinition,
+    ToolOutput,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from dispatcher.core.visible import unescape
+
+__all__ = ["CallRun", "PipelineDeps"]
+
+log = logging.getLogger("dispatcher.core")
+_UNRESTRICTED = Capabilities()
+_VALIDATION_ERRORS_SHOWN = 20
+_VALIDATION_ERROR_CHARS = 500  # jsonschema messages quote the offending value whole
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineDeps:
+    """What every call of one dispatcher shares: passed explicitly, not reached through its owner."""
+
+    config: DispatcherConfig
+    registry: ToolRegistry
+    provider: SandboxProvider
+    policy: ConfirmationPolicy
+    audit: AuditLog | None
+
+
+class CallRun:
+    """The steps of one call; holds what they share so each step stays small."""
+
+    def __init__(
+        self,
+        deps: PipelineDeps,
+        state: SessionState,
+        session: Session,
+        tool_use: ToolUseBlock,
+        turn_id: str,
+        call: Call,
+    ) -> None:
+        self.deps = deps
+        self.config = deps.config
+        self.state = state
+        self.session = session
+        self.tool_use = tool_use
+        self.turn_id = turn_id
+        self.call = call
+        self.started = time.monotonic()
+        self.run_started: float | None = None  # set at tool.called: durations exclude confirmation waits
+        self.tool_name = tool_use.name
+        self.decision = "auto"
+        self._summary: Any = None
+        self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
+        self.notices: list[str] = []  # what happened to the sandbox meanwhile (recreated, ...)
+
+    # Events and audit -------------------------------------------------------------------
+
+    def emit(self, type: str, **payload: Any) -> None:
+        self.state.bus.publish(type, turn_id=self.turn_id, tool_use_id=self.tool_use.id, payload=payload)
+
+    def summary(self) -> Any:
+        """The input as events, logs and audit report it: bounded, secrets redacted (computed once).
+
+        Never what a human approves: that is ``confirmation_text``, whole and unredacted.
+        """
+        if self._summary is None:
+            self._summary = summarize(self.tool_use.input)
+        return self._summary
+
+    def audit(self, kind: str, outcome: str) -> None:
+        if self.deps.audit is None:
+            return
+        self.deps.audit.record(
+            kind,
+            tenant=self.session.tenant_id,
+            session=self.session.session_id,
+            turn=self.turn_id,
+            tool_use_id=self.tool_use.id,
+            tool=self.tool_name,
+            input=self.summary(),
+            decision=self.decision,
+            outcome=outcome,
+            duration_ms=round(self.elapsed_ms(), 3),
+        )
+
+    def log_extra(self) -> dict[str, str]:
+        """Fields every log line about this call carries (structured logs)."""
+        return {
+            "session_id": self.session.session_id,
+            "tool_use_id": self.tool_use.id,
+            "tool": self.tool_name,
+        }
+
+    def elapsed_ms(self) -> float:
+        """Time since the call arrived (audit: what the caller waited)."""
+        return (time.monotonic() - self.started) * 1000
+
+    def run_ms(self) -> float:
+        """Time since the tool started (events: what the tool took); 0 if it never started."""
+        return 0.0 if self.run_started is None else (time.monotonic() - self.run_started) * 1000
+
+    # The pipeline ---------------------------------------------------------------------------
+
+    async def execute(self) -> ToolResultBlock:
+        # The sandbox reports what the model must know about it (recreated, processes killed);
+        # the tool's task inherits this context, so its reports land here too.
+        with collect_notices() as self.notices:
+            return await self._execute()
+
+    async def _execute(self) -> ToolResultBlock:
+        try:
+            registered = self.lookup()  # step 1
+            input_ = self.validate(registered)  # step 2
+            sandbox = self.deps.provider.sandbox_for(self.session)
+            self.check_scope(registered.definition, input_, sandbox.workspace_root)  # step 3, lexical
+            mode = self.policy_mode(registered.definition)  # a deny needs no sandbox
+            caps = self.session.capabilities or _UNRESTRICTED
+            if mode is not Mode.AUTO or caps.fs_grants is not None:
+                # Step 3 where the files are. Skipped only when nobody is asked and no grant
+                # narrows the workspace: the agent then refuses an escape at use all the same,
+                # and the round trip (~0.4 ms) stays off the fast path.
+                await self.resolve_scope(registered.definition, input_, sandbox)
+            await self.confirm(registered.definition, input_, mode, sandbox.workspace_root)  # step 4
+        except ToolError as exc:
+            return self.fail(exc, denied=True)
+        if self.call.cancel_event.is_set():
+            return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
+        async with self.state.semaphore:  # the per-session concurrency cap
+            if self.call.cancel_event.is_set():
+                return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
+            self.run_started = time.monotonic()
+            self.emit(
+                ev.TOOL_CALLED,
+                tool_name=self.tool_name,
+                side_effect=registered.definition.side_effect.value,
+                input=self.summary(),
+            )  # step 5
+            try:
+                output = await self.run_tool(registered, input_, sandbox)  # steps 6-7
+            except ToolError as exc:
+                return self.fail(exc)
+        return self.complete(output)  # steps 8-10
+
+    def lookup(self) -> RegisteredTool:
+        registered = self.deps.registry.get(self.tool_use.name)
+        if registered is None or (registered.definition.main_only and self.session.role is not Role.MAIN):
+            raise ToolNotFound(f"Unknown tool {self.tool_use.name!r}")
+        caps = self.session.capabilities or _UNRESTRICTED
+        if not caps.check_tool(self.tool_use.name):
+            self.decision = "capability_denied"
+            raise ToolPermissionDenied(f"Tool {self.tool_use.name!r} is not allowed for this session")
+        return registered
+
+    def validate(self, registered: RegisteredTool) -> dict[str, Any]:
+        # The shape first: jsonschema, and everything after it, recurses and walks every value.
+        problem = shape_problem(self.tool_use.input)
+        errors = [f"$: input is refused: {problem}"] if problem else self._schema_errors(registered)
+        check = registered.definition.check_input
+        if not errors and check is not None:
+            errors = check(self.tool_use.input)[:_VALIDATION_ERRORS_SHOWN]
+        if errors:
+            raise ToolValidationError(
+                "Invalid input for tool " + repr(self.tool_name) + ": " + "; ".join(errors), errors
+            )
+        input_: dict[str, Any] = self.tool_use.input
+        return _unescaped_paths(registered.definition, input_)
+
+    def _schema_errors(self, registered: RegisteredTool) -> list[str]:
+        """The schema violations, bounded: a few, each cut (messages quote the bad value)."""
+        errors = validation_errors(registered.validator, self.tool_use.input)
+        shown = [
+            e if len(e) <= _VALIDATION_ERROR_CHARS else e[:_VALIDATION_ERROR_CHARS] + "..."
+            for e in errors[:_VALIDATION_ERRORS_SHOWN]
+        ]
+        if len(errors) > _VALIDATION_ERRORS_SHOWN:
+            shown.append(f"... and {len(errors) - _VALIDATION_ERRORS_SHOWN:,} more")
+        return shown
+
+    def check_scope(self, definition: ToolDefinition, input_: dict[str, Any], root: str) -> None:
+        caps = self.session.capabilities or _UNRESTRICTED
+        for key, mode in definition.requires_fs:
+            value = input_.get(key)
+            if not isinstance(value, str):
+                continue
+            resolved = resolve_workspace_path(value, root)
+            if not caps.check_fs(resolved, mode, root=root):
+                self.decision = "fs_denied"
+                verb = "write" if mode == "rw" else "read"
+                raise ToolPermissionDenied(f"Path {value!r} is not granted for {verb} access in this session")
+
+    async def resolve_scope(
+        self, definition: ToolDefinition, input_: dict[str, Any], sandbox: Sandbox
+    ) -> None:
+        """Resolve each path in the sandbox and check the grants on where it really is.
+
+        Runs before confirmation: a human is never asked about a call that cannot run, and the
+        question shows the real path. The agent checks the grants again when it opens the file.
+        """
+        caps = self.session.capabilities or _UNRESTRICTED
+        for key, mode in definition.requires_fs:
+            value = input_.get(key)
+            if not isinstance(value, str):
+                continue
+            try:
+                real = await sandbox.resolve(value)
+            except WorkspaceEscapeError:
+                self.decision = "fs_denied"
+                raise
+            except SandboxError as exc:
+                raise ToolExecutionError(
+                    f"The sandbox failed while checking {value!r}; it will be recreated", exc
+                ) from exc
+            if not caps.check_fs(real, mode, relative=True):
+                self.decision = "fs_denied"
+                verb = "write" if mode == "rw" else "read"
+                raise ToolPermissionDenied(
+                    f"Path {value!r} (really {real!r}) is not granted for {verb} access in this session"
+                )
+            self.resolved[key] = real
+
+    def policy_mode(self, definition: ToolDefinition) -> Mode:
+        """The confirmation mode of this call.
+
+        Raises:
+            ToolPermissionDenied: the policy denies the tool.
+        """
+        policy = self.session.policy or self.deps.policy
+        mode = policy.mode_for(
+            definition.name,
+            definition.side_effect,
+            self.session.workspace_path,
+            always_prompt=definition.always_prompt,
+        )
+        if mode is Mode.DENY:
+            self.decision = "policy_denied"
+            raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
+        return mode
+
+    async def confirm(
+        self, definition: ToolDefinition, input_: dict[str, Any], mode: Mode, root: str
+    ) -> None:
+        if mode is Mode.AUTO:
+            return
+        broker = self.state.broker
+        remembered = None if definition.always_prompt else broker.remembered(definition.name)
+        if remembered is not None:
+            self.decision = f"remembered_{remembered.value}"
+            if remembered is Decision.DENY:
+                raise ToolUserDenied("User denied this operation (remembered for this session).")
+            return
+        decision, remember = await self.ask(definition, input_, root)
+        if remember or mode is Mode.PROMPT_ONCE:
+            broker.remember(definition.name, decision)
+        self.decision = decision.value
+        if decision is Decision.DENY:
+            raise ToolUserDenied("User denied this operation.")
+
+    async def ask(
+        self, definition: ToolDefinition, input_: dict[str, Any], root: str
+    ) -> tuple[Decision, bool]:
+        shown = confirmation_text(definition.name, input_, self.config.confirmation_max_chars)
+        if shown.too_long:
+            # Approving part of an input would be approving the rest unseen: refuse instead.
+            self.decision = "too_long_to_confirm"
+            raise ToolPermissionDenied(
+                f"The input of {definition.name!r} is {shown.chars:,} characters; a confirmation request "
+                f"shows at most {self.config.confirmation_max_chars:,}, so the call is refused unseen"
+            )
+        broker = self.state.broker
+        request_id, answer = broker.open()
+        self.emit(
+            ev.TOOL_CONFIRMATION_REQUESTED,
+            request_id=request_id,
+            tool_name=definition.name,
+            input_summary=shown.text,
+            side_effect=definition.side_effect.value,
+            projected_modifications=_projected(definition, self.resolved),
+        )
+        answered = await self.call.wait(cast("asyncio.Future[Any]", answer), self.config.confirmation_timeout)
+        if answered and not answer.cancelled():
+            decision, remember = answer.result()
+            self.emit(
+                ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision=decision.value, reason="client"
+            )
+            return decision, remember
+        broker.expire(request_id)
+        if self.call.cancel_event.is_set():
+            self.emit(
+                ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="cancelled"
+            )
+            raise ToolCancelled("Tool call was cancelled while waiting for confirmation")
+        self.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="timeout")
+        self.decision = "confirmation_timeout"
+        raise ConfirmationTimeout(
+            f"No confirmation for {definition.name!r} within {self.config.confirmation_timeout:g} s"
+        )
+
+    async def run_tool(
+        self, registered: RegisteredTool, input_: dict[str, Any], sandbox: Sandbox
+    ) -> ToolOutput:
+        definition = registered.definition
+        tool = registered.factory()  # step 6: a fresh instance per call
+        context = ToolContext(
+            session_id=self.session.session_id,
+            turn_id=self.turn_id,
+            tool_use_id=self.tool_use.id,
+            workspace_path=self.session.workspace_path,
+            cancel_event=self.call.cancel_event,
+            logger=logging.LoggerAdapter(
+                _tool_logger(definition.name),
+                {"session_id": self.session.session_id, "tool_use_id": self.tool_use.id},
+            ),
+            workspace_files=sandbox,
+            sandbox=sandbox,
+            emit_output=self._emit_output,
+        )
+        timeout = definition.timeout_seconds or (
+            self.config.execute_timeout
+            if definition.side_effect in (SideEffect.EXECUTE, SideEffect.NETWORK)
+            else self.config.default_timeout
+        )
+        task = asyncio.ensure_future(tool.execute(input_, context))
+        try:
+            return await self._supervise(tool, task, timeout)
+        except asyncio.CancelledError:
+            # Our own task was cancelled (server shutdown, client gone): still stop the tool.
+            self.call.cancel()
+            stopper = asyncio.ensure_future(self._stop(tool, task))
+            self.state.cleanups.add(stopper)
+            stopper.add_done_callback(self.state.cleanups.discard)
+            raise
+
+    def _emit_output(self, stream: str, text: str) -> None:
+        self.emit(ev.TOOL_OUTPUT_DELTA, stream=stream, text=text)
+
+    async def _supervise(self, tool: Tool, task: asyncio.Future[ToolOutput], timeout: float) -> ToolOutput:
+        if await self.call.wait(cast("asyncio.Future[Any]", task), timeout):
+            return _tool_result(task, self.tool_name, self.log_extra())
+        if not self.call.cancel_event.is_set():
+            self.call.cancel(ToolErrorClass.TIMEOUT)
+        reason = self.call.cancel_reason
+        partial = await self._stop(tool, task)
+        if reason is ToolErrorClass.TIMEOUT:
+            raise ToolTimeout(f"Tool {self.tool_name!r} timed out after {timeout:g} s", output=partial)
+        raise ToolCancelled(f"Tool {self.tool_name!r} was cancelled", output=partial)
+
+    async def _stop(self, tool: Tool, task: asyncio.Future[ToolOutput]) -> ToolOutput | None:
+        """Ask the tool to stop, wait for it up to abandon_after, and return what it produced."""
+        try:
+            async with asyncio.timeout(self.config.abandon_after):
+                with contextlib.suppress(Exception):
+                    await tool.cancel()
+                await asyncio.wait({task})
+        except TimeoutError:
+            log.warning(
+                "abandoning tool %s after %.0f s: it did not honour cancellation",
+                self.tool_name,
+                self.config.abandon_after,
+                extra=self.log_extra(),
+            )
+            task.cancel()
+            return None
+        if task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is None:
+            return task.result()
+        return exc.output if isinstance(exc, ToolError) else None
+
+    # Results ---------------------------------------------------------------------------------
+
+    def complete(self, output: ToolOutput) -> ToolResultBlock:
+        if not output.success:
+            return self.fail(
+                ToolExecutionError(_first_text(output) or "Tool reported failure", output=output)
+            )
+        overflow = image_overflow(output.content, self.config.result_budget_bytes)
+        if overflow is not None:  # an image the transport could not carry: this call's error only
+            return self.fail(ToolExecutionError(overflow))
+        duration = self.run_ms()
+        self.emit(ev.TOOL_COMPLETED, tool_name=self.tool_name, duration_ms=round(duration, 3))
+        self.audit(DISPATCHED, "ok")
+        return self._block(output, is_error=False, error_class=None)
+
+    def fail(self, exc: ToolError, *, denied: bool = False) -> ToolResultBlock:
+        error_class = exc.error_class
+        message = exc.message
+        if isinstance(exc, ToolValidationError):
+            self.emit(ev.TOOL_INPUT_INVALID, tool_name=self.tool_name, errors=list(exc.validation_errors))
+        else:
+            payload: dict[str, Any] = {
+                "tool_name": self.tool_name,
+                "error_class": error_class.value,
+                "message": message,
+                "duration_ms": round(self.run_ms(), 3),
+            }
+            partial = _first_text(exc.output) if exc.output is not None else ""
+            if partial:
+                payload["partial_output"] = truncate_head_tail(partial, 4_000)
+            self.emit(ev.TOOL_FAILED, **payload)
+        self.audit(DENIED if denied else DISPATCHED, error_class.value)
+        output = exc.output
+        if output is None:
+            return self._block(ToolOutput([TextBlock(message)], success=False), True, error_class)
+        if not _first_text(output).startswith(message) and error_class is not ToolErrorClass.EXECUTION_ERROR:
+            output.content = [TextBlock(message), *output.content]
+        return self._block(output, True, error_class)
+
+    def _block(
+        self, output: ToolOutput, is_error: bool, error_class: ToolErrorClass | None
+    ) -> ToolResultBlock:
+        budget = self.config.result_budget_chars
+        content = tuple(
+            TextBlock(truncate_head_tail(b.text, budget)) if isinstance(b, TextBlock) else b
+            for b in output.content
+        )
+        metadata = dict(output.metadata)
+        if self.notices:  # first, where neither truncation nor a hasty reader misses them
+            content = (*(TextBlock(f"[sandbox: {n}]") for n in self.notices), *content)
+            metadata["sandbox_notices"] = list(self.notices)
+        block = ToolResultBlock(
+            tool_use_id=self.tool_use.id,
+            content=content,
+            is_error=is_error,
+            error_class=error_class,
+            metadata=metadata,
+            files_modified=tuple(output.files_modified or ()),
+            command_executed=output.command_executed,
+        )
+        return fit_result(block, self.config.result_budget_bytes)  # bytes, images, valid UTF-8
+
+
+@functools.cache
+def _tool_logger(name: str) -> logging.Logger:
+    return logging.getLogger(f"dispatcher.tool.{name}")
+
+
+def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str, extra: dict[str, str]) -> ToolOutput:
+    """The tool's output, with any non-ToolError turned into an opaque execution error."""
+    try:
+        output = task.result()
+    except ToolError:
+        raise
+    except SandboxError as exc:
+        log.error("sandbox failure in tool %s: %s", tool_name, exc, extra=extra)
+        raise ToolExecutionError(
+            f"The sandbox failed while running {tool_name!r}; it will be recreated", exc
+        ) from exc
+    except Exception as exc:
+        log.exception("tool %s raised an unexpected exception", tool_name, extra=extra)
+        raise ToolExecutionError(
+            f"Tool {tool_name!r} failed with an internal error", exc, is_user_visible=False
+        ) from exc
+    if not isinstance(output, ToolOutput):
+        log.error("tool %s returned %r instead of a ToolOutput", tool_name, type(output), extra=extra)
+        raise ToolExecutionError(f"Tool {tool_name!r} returned an invalid result", is_user_visible=False)
+    return output
+
+
+def _first_text(output: ToolOutput) -> str:
+    return next((b.text for b in output.content if isinstance(b, TextBlock)), "")
+
+
+def _unescaped_paths(definition: ToolDefinition, input_: dict[str, Any]) -> dict[str, Any]:
+    """Paths as list_dir shows them (``\\udcff`` for a byte that is not UTF-8, ``\\\\`` for a
+    backslash) back to the names themselves, before any check sees them: every name a listing
+    shows is reachable. A copy; the call's input as sent is what events and audit show."""
+    changed = {
+        key: unescape(value)
+        for key, _ in definition.requires_fs
+        if isinstance(value := input_.get(key), str) and "\\" in value
+    }
+    return {**input_, **changed} if changed else input_
+
+
+def _projected(definition: ToolDefinition, resolved: dict[str, str]) -> list[str]:
+    """What a confirmed call will change: the real paths it writes (relative to the workspace)."""
+    return [resolved[key] for key, mode in definition.requires_fs if mode == "rw" and key in resolved]

@@ -1,0 +1,32 @@
+"""The knobs of the dispatch pipeline; defaults are spec 000's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dispatcher.core.display import SHOW_LIMIT
+from dispatcher.core.result_size import RESULT_BUDGET_BYTES
+
+__all__ = ["DispatcherConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherConfig:
+    """Knobs of the pipeline; defaults are spec 000's."""
+
+    concurrency: int = 4
+    default_timeout: float = 60.0
+    execute_timeout: float = 600.0  # EXECUTE and NETWORK
+    abandon_after: float = 30.0
+    confirmation_timeout: float = 300.0
+    result_budget_chars: int = 48_000
+    confirmation_max_chars: int = SHOW_LIMIT
+    """Longest input a confirmation request shows; a longer one needing approval is refused unseen."""
+    result_budget_bytes: int = RESULT_BUDGET_BYTES
+    """Most bytes one result may carry, images included; a bigger one is cut or an error result."""
+    event_history: int = 10_000
+    event_history_bytes: int = 8 << 20
+    """Per session: the oldest events leave the replay history beyond this many (estimated) bytes."""
+    max_write_bytes: int = (4 << 20) - (64 << 10)
+    """Largest file one write_file writes (decoded bytes); stated in its description and errors.
+    The request carrying it must also fit ``server.max_message_bytes`` (base64 adds a third)."""
