@@ -1,7 +1,14 @@
-"""Append-only JSONL audit log of every dispatched and denied call (spec 003 §1.5)."""
+"""Append-only JSONL audit log of every dispatched and denied call (spec 003 §1.5).
+
+A call the policy lets through gets ``tool.call.dispatched`` (with its redacted input) before the
+tool starts, so a call still running when the server dies has left its trace, and
+``tool.call.completed`` (same fields plus outcome and duration) when it ends, however it ends. A
+call refused before it runs gets one ``tool.call.denied``.
+"""
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import threading
@@ -10,9 +17,21 @@ from typing import Any, Final, TextIO
 
 DISPATCHED: Final = "tool.call.dispatched"
 DENIED: Final = "tool.call.denied"
+COMPLETED: Final = "tool.call.completed"
 
 
-class AuditLog:
+class AuditSink(abc.ABC):
+    """Where audit records go; the pipeline and the dispatcher depend on this, not on a file."""
+
+    @abc.abstractmethod
+    def record(self, kind: str, **fields: Any) -> None:
+        """Append one record; ``fields`` must already be redacted."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to release unless a subclass holds a resource
+        """Stop recording; idempotent."""
+
+
+class AuditLog(AuditSink):
     """One JSON object per line; lines are only ever appended, never rewritten.
 
     When the file would pass ``max_bytes`` it is renamed to ``<path>.1`` (older ones shift up to
@@ -69,14 +88,11 @@ class AuditLog:
                 self._file = None
 
 
-class MemoryAuditLog(AuditLog):
+class MemoryAuditLog(AuditSink):
     """Keeps records in memory; for tests and for running without a state directory."""
 
     def __init__(self) -> None:
-        self.path = ""
         self._lock = threading.Lock()
-        self._file = None
-        self._size = 0
         self.records: list[dict[str, Any]] = []
 
     def record(self, kind: str, **fields: Any) -> None:

@@ -21,6 +21,7 @@ closed starts them all at once, so that the core cancels them like any other cal
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -131,7 +132,8 @@ class DispatchCall:
             self._dispatcher.dispatch(tu, self._session, turn_id=self._turn_id),
             name=f"dispatch:{self._session.session_id}:{tu.id}",
         )
-        task.add_done_callback(self._result_ready)
+        # The id travels with the callback: a task name is for humans, and ids may contain ":".
+        task.add_done_callback(functools.partial(self._result_ready, tu.id))
         self._tasks[tu.id] = task
         self._running += 1
 
@@ -177,7 +179,7 @@ class DispatchCall:
                 extra={"session_id": self._session.session_id, "dropped": self._queue.dropped},
             )
 
-    def _result_ready(self, task: asyncio.Task[ToolResultBlock]) -> None:
+    def _result_ready(self, tool_use_id: str, task: asyncio.Task[ToolResultBlock]) -> None:
         self._running -= 1
         if task.cancelled():
             return
@@ -188,7 +190,6 @@ class DispatchCall:
             return
         # The core turns every tool failure into a result; an exception here is a core bug. The
         # caller still gets exactly one result for the tool_use.
-        tool_use_id = task.get_name().rsplit(":", 1)[-1]
         log.error("dispatch raised", exc_info=exc, extra={"session_id": self._session.session_id})
         self._queue.put(
             ToolResultBlock(

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import docker
-import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, Sandbox
 from dispatcher.core.types import ToolContext
@@ -72,22 +71,6 @@ async def run(
     )
     ran.stdout, ran.stderr = b"".join(chunks["stdout"]), b"".join(chunks["stderr"])
     return ran
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0, interval: float = 0.05
-) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if not isinstance(value, bool):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)
 
 
 def tool_context(

@@ -12,7 +12,8 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.docker_config import SandboxConfig
 from dispatcher.sandbox.docker_sandbox import DockerSandbox
 from tests.integration.conftest import ProviderFactory
-from tests.integration.helpers import run, wait_until
+from tests.integration.helpers import run
+from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
@@ -93,11 +94,11 @@ async def test_killed_agent_is_recovered_on_the_next_call(
     first = sandbox.container_id
     assert first is not None
     agent_signal(docker_client, first, "9")
-    await wait_until(lambda: sandbox._live is None or sandbox._live.broken)
+    await until(lambda: sandbox._live is None or sandbox._live.broken)
     ran = await run(sandbox, "echo two")
     assert ran.out == "two\n"
     assert sandbox.container_id not in (None, first)
-    await wait_until(lambda: not _exists(docker_client, first))
+    await until(lambda: not _exists(docker_client, first))
 
 
 async def test_agent_dying_mid_command_fails_the_call_then_recovers(

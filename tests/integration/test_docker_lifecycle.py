@@ -11,7 +11,8 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.docker_config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
 from dispatcher.sandbox.docker_sandbox import AgentUnavailable
 from tests.integration.conftest import BUSYBOX_IMAGE, ProviderFactory
-from tests.integration.helpers import containers_of, run, runsc_available, wait_until
+from tests.integration.helpers import containers_of, run, runsc_available
+from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
@@ -46,7 +47,7 @@ async def test_idle_container_is_removed_and_recreated(
     sandbox = provider.sandbox_for(make_provider.session())
     await sandbox.write("kept.txt", "still here")
     first = sandbox.container_id
-    await wait_until(lambda: not containers_of(docker_client, provider.instance), timeout=10)
+    await until(lambda: not containers_of(docker_client, provider.instance), timeout=10)
     assert sandbox.container_id is None
     assert await sandbox.read("kept.txt") == "still here"  # the workspace outlives the container
     assert sandbox.container_id not in (None, first)

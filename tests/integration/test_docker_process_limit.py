@@ -17,7 +17,8 @@ from dispatcher.core.sandbox_api import ProcessLimitExhausted, SandboxError, col
 from dispatcher.sandbox.docker_config import SandboxConfig
 from dispatcher.sandbox.docker_sandbox import DockerSandbox, LiveContainer
 from tests.integration.conftest import ProviderFactory
-from tests.integration.helpers import Ran, run, runsc_available, wait_until
+from tests.integration.helpers import Ran, run, runsc_available
+from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
@@ -125,7 +126,7 @@ async def test_a_call_that_finds_the_agent_dead_is_retried_and_told(
     docker_client.containers.get(first).exec_run(["sh", "-c", "kill -9 $(cat /tmp/agent)"], user="1000")
     live = sandbox._live
     assert live is not None and live.channel is not None
-    await wait_until(lambda: live.broken, timeout=10)
+    await until(lambda: live.broken, timeout=10)
     # Hide the death from the pre-call check: the request itself meets the broken channel, as when
     # the agent dies between the check and the send. Nothing of it ran, so it runs again.
     monkeypatch.setattr(LiveContainer, "broken", property(lambda self: False))
@@ -156,11 +157,11 @@ async def test_idle_reaper_spares_a_sandbox_with_processes_then_says_it_reaped(
     assert ran.result.exit_code == 0
     first = sandbox.container_id
     # Several reaper rounds find it past its idle time, and each time processes still running.
-    await wait_until(lambda: asked.count(True) >= 3, timeout=20)
+    await until(lambda: asked.count(True) >= 3, timeout=20)
     assert sandbox.container_id == first and sandbox.recreations == 0
     ran = await run(sandbox, "kill $(cat /tmp/bg)")
     assert ran.result.exit_code == 0
-    await wait_until(lambda: sandbox.container_id is None, timeout=20)  # idle now: reaped
+    await until(lambda: sandbox.container_id is None, timeout=20)  # idle now: reaped
     assert asked[-1] is False
     ran, notices, _ = await _noted(sandbox, "ls /tmp; echo fresh")
     assert ran is not None and ran.out == "fresh\n"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.events import Event
+from tests.polling import until
+
+__all__ = ["next_event", "text_of", "until"]
 
 
 async def next_event(
@@ -26,16 +28,6 @@ async def next_event(
         raise AssertionError(f"session closed before a {event_type} event")
 
     return await asyncio.wait_for(find(), timeout)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll a condition with a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def text_of(result: object) -> str:

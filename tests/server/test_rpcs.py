@@ -13,6 +13,7 @@ from dispatcher.client import RequestFailed
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.types import Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
+from tests.polling import until
 from tests.server.conftest import Harness
 
 
@@ -139,7 +140,7 @@ async def test_watch_session_replays_from_after_seq_then_follows_live(harness: H
                 return
 
     watcher = asyncio.create_task(follow())
-    await _until(lambda: len(seen) >= 1)
+    await until(lambda: len(seen) >= 1, "the first event")
     await client.call(session.session_id, "echo", {"text": "second"}, tool_use_id="t2")
     await asyncio.wait_for(watcher, 10)
     assert [(e.seq, e.tool_use_id, e.type) for e in seen] == [
@@ -181,13 +182,3 @@ async def _next_confirmation(client: object, session_id: str, after_seq: int = 0
         if event.type == "tool.confirmation_requested":
             return str(event.payload["request_id"])
     raise AssertionError("session closed before a confirmation was requested")
-
-
-async def _until(predicate: object, timeout: float = 10.0) -> None:
-    """Poll a condition with a deadline (no fixed sleeps)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():  # type: ignore[operator]
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)

@@ -7,7 +7,6 @@ grant is refused before the call runs, with nothing dispatched.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from dispatcher.core.types import ToolErrorClass
 from dispatcher.sandbox.docker_config import SandboxConfig
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
+from tests.polling import until
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, base_config, deep_merge
 from tests.server.helpers import text_of
 
@@ -112,12 +112,14 @@ async def test_one_tenant_cannot_exhaust_anothers_inotify_instances(
     assert uid_a == harness.server.tenants.get("alpha").uid
 
     await _shell(alpha, a.session_id, f"python3 -c '{HOLD}' >/dev/null 2>&1 &")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
     held = "waiting"
-    while held == "waiting":  # poll with a deadline until the holder reports
-        assert loop.time() < deadline, "the inotify holder never reported"
+
+    async def reported() -> bool:
+        nonlocal held
         held = (await _shell(alpha, a.session_id, "cat /tmp/held 2>/dev/null || echo waiting")).strip()
+        return held != "waiting"
+
+    await until(reported, "the inotify holder to report", timeout=30)
     count, limit = map(int, held.split())
     assert count == limit  # alpha holds every instance its uid may have
 

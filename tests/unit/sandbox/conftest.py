@@ -1,4 +1,5 @@
-"""Fixtures: a local agent sandbox over the workspace (workspace and outside: tests/unit/conftest.py)."""
+"""Fixtures: a local agent sandbox over the workspace (workspace and outside: tests/unit/conftest.py);
+``rig``: the Docker backend over a fake daemon."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from dispatcher.sandbox.local import LocalSandbox
+from tests.unit.sandbox.docker_rig import rig
+
+__all__ = ["rig"]  # the Docker backend over a fake daemon (tests/unit/sandbox/fake_docker.py)
 
 
 @pytest.fixture

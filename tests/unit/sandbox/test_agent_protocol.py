@@ -26,6 +26,7 @@ from dispatcher.sandbox.agent.agent import (
     encode_frame,
 )
 from dispatcher.sandbox.local import AGENT_PATH
+from tests.polling import until_sync
 
 DEADLINE = 5.0
 
@@ -284,10 +285,7 @@ def test_eof_kills_running_commands(agent: AgentProcess) -> None:
     _, payload = agent.recv()
     pid = int(payload)
     assert agent.close() == 0
-    deadline = time.monotonic() + DEADLINE
-    while _alive(pid):
-        assert time.monotonic() < deadline, "command outlived the agent"
-        time.sleep(0.01)
+    until_sync(lambda: not _alive(pid), "the command to die with the agent", timeout=DEADLINE)
 
 
 def _alive(pid: int) -> bool:
@@ -305,10 +303,7 @@ def test_eof_kills_background_children_of_finished_commands(agent: AgentProcess)
     child = int(b"".join(data for _, data in chunks))
     assert _alive(child)
     assert agent.close() == 0
-    deadline = time.monotonic() + DEADLINE
-    while _alive(child):
-        assert time.monotonic() < deadline, "background child outlived the agent"
-        time.sleep(0.01)
+    until_sync(lambda: not _alive(child), "the background child to die with the agent", timeout=DEADLINE)
 
 
 def test_post_open_check_catches_a_path_swapped_after_resolution(

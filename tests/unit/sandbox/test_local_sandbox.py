@@ -15,6 +15,7 @@ from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, FileOpError, SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.local import LocalSandbox, LocalSandboxProvider
+from tests.polling import until
 
 DEADLINE = 5.0
 
@@ -28,14 +29,6 @@ async def run(sb: LocalSandbox, command: str, **kw: object) -> tuple[ExecResult,
         asyncio.Event(),
     )
     return result, bytes(out["stdout"]), bytes(out["stderr"])
-
-
-async def until(predicate: object, what: str) -> None:
-    """Poll ``predicate`` (a zero-arg callable) until true or the deadline."""
-    deadline = time.monotonic() + DEADLINE
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 # -- files ------------------------------------------------------------------------------------

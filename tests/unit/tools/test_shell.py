@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,16 +11,10 @@ import pytest
 from dispatcher.core.errors import ToolCancelled, ToolExecutionError, ToolTimeout
 from dispatcher.core.types import ToolOutput
 from dispatcher.tools.shell import HEAD_BYTES, TAIL_BYTES, ShellTool
+from tests.polling import until
 from tests.unit.tools.conftest import Harness, text_of
 
 DEADLINE = 5.0
-
-
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def error_output(exc: pytest.ExceptionInfo[Exception]) -> ToolOutput:

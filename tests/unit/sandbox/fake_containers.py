@@ -1,0 +1,206 @@
+"""What runs inside a fake container (see ``fake_docker.py``): execs as scripted programs.
+
+Each attached exec is the far end of a socket pair, written in docker's multiplexed stream
+format: the agent (speaking the real protocol, with frames from ``agent.py``) or the
+``docker exec`` fallback wrapper. A command's behaviour is chosen by its text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatcher.sandbox.agent.agent import (
+    PREFIX,
+    PROTOCOL_VERSION,
+    decode_header,
+    decode_prefix,
+    encode_frame,
+)
+
+STDOUT, STDERR = 1, 2
+HANG = "hang"
+"""The command never ends and the agent never answers about it (signals included)."""
+IGNORE_TERM = "ignore-term"
+"""The command ignores SIGTERM; SIGKILL ends it."""
+DIE = "die"
+"""The container dies under the command before it printed anything."""
+PROC_LIMIT = "proc-limit"
+"""The agent refuses the command: no process left (until leftovers are killed)."""
+BACKGROUND = "background"
+"""The command leaves one process running in the background (the agent counts it)."""
+AGENT_COMMANDS = (HANG, IGNORE_TERM, DIE, PROC_LIMIT, BACKGROUND)
+
+
+def _frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream, len(data)) + data
+
+
+@dataclass(eq=False)
+class FakeExec:
+    id: str
+    container: FakeContainer
+    cmd: list[str]
+    options: dict[str, Any]
+    running: bool = False
+    exit_code: int | None = None
+    sock: socket.socket | None = None
+    """The container's end of an attached exec."""
+    signals: queue.Queue[str] = field(default_factory=queue.Queue)
+    thread: threading.Thread | None = None
+
+    def finish(self, code: int) -> None:
+        self.exit_code, self.running = code, False
+        self.signals.put("GONE")  # wakes a program waiting for signals
+        self.close()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+
+    def send(self, stream: int, data: bytes) -> bool:
+        try:
+            assert self.sock is not None
+            self.sock.sendall(_frame(stream, data))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass(eq=False)
+class FakeContainer:
+    id: str
+    name: str
+    spec: dict[str, Any]
+    state: str = "created"
+    processes: int = 0
+    """Processes left running by commands (what the agent's ``procs`` reports)."""
+    procs_asked: int = 0
+    execs: list[FakeExec] = field(default_factory=list)
+    die: Callable[[], bool] | None = None
+    """The ``DIE`` command's death (set by the client that made it); False: not this time."""
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels: dict[str, str] = self.spec.get("labels") or {}
+        return labels
+
+    def summary(self) -> dict[str, Any]:
+        """The form ``containers(all=True)`` lists."""
+        return {"Id": self.id, "Names": [f"/{self.name}"], "Labels": dict(self.labels), "State": self.state}
+
+
+def pidfile_of(ex: FakeExec) -> str | None:
+    return ex.cmd[4] if ex.cmd[:2] == ["sh", "-c"] and len(ex.cmd) == 7 else None
+
+
+class FakeAgent:
+    """The in-container agent's side of the protocol, with scripted commands."""
+
+    def __init__(self, ex: FakeExec) -> None:
+        self.ex = ex
+        self.sock = ex.sock
+        assert self.sock is not None
+        self.refused_once = False
+
+    def _read(self, n: int) -> bytes:
+        assert self.sock is not None
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return buf
+
+    def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
+        self.ex.send(STDOUT, encode_frame(header, payload))
+
+    def run(self) -> None:
+        execs: dict[int, str] = {}
+        try:
+            while True:
+                size, body = decode_prefix(self._read(PREFIX.size), max_header=1 << 20, max_payload=1 << 26)
+                header = decode_header(self._read(size))
+                if body:
+                    self._read(body)
+                rid, op = header["id"], header.get("op")
+                if op == "ping":
+                    self.send({"id": rid, "type": "result", "version": PROTOCOL_VERSION})
+                elif op == "procs":
+                    container = self.ex.container
+                    container.procs_asked += 1
+                    killed = container.processes if header.get("kill") else 0
+                    container.processes -= killed
+                    self.send(
+                        {"id": rid, "type": "result", "processes": killed or container.processes}
+                        | {"killed": killed, "left": container.processes}
+                    )
+                elif op == "exec":
+                    execs[rid] = header["command"]
+                    self._exec(rid, header["command"])
+                elif op == "signal":
+                    self._signal(execs.get(header["exec_id"]), header["exec_id"], header["signal"])
+                    self.send({"id": rid, "type": "result", "delivered": True})
+                elif op == "exists" and header.get("path") == HANG:
+                    pass  # a file operation the agent never answers
+                elif op == "exists":
+                    self.send({"id": rid, "type": "result", "exists": False})
+                else:
+                    self.send(
+                        {"id": rid, "type": "error", "code": "bad_request", "message": f"unknown op {op}"}
+                    )
+        except EOFError:
+            pass
+
+    def _exec(self, rid: int, command: str) -> None:
+        container = self.ex.container
+        if command in (HANG, IGNORE_TERM):
+            self.send({"id": rid, "type": "output", "stream": "stdout"}, b"started\n")
+        elif command == DIE and container.die is not None and container.die():
+            pass  # silent until the container is gone
+        elif command == PROC_LIMIT and container.processes:
+            self.send(
+                {"id": rid, "type": "error", "code": "proc_limit", "message": "no process left"}
+                | {"processes": container.processes}
+            )
+        else:
+            if command == BACKGROUND:
+                container.processes += 1
+            self.send({"id": rid, "type": "output", "stream": "stdout"}, f"ran: {command}\n".encode())
+            self.send({"id": rid, "type": "exit", "exit_code": 0, "signal": None})
+
+    def _signal(self, command: str | None, rid: int, sig: str) -> None:
+        if command == IGNORE_TERM and sig == "KILL":
+            self.send({"id": rid, "type": "exit", "exit_code": None, "signal": 9})
+        # HANG: the command and the agent both ignore it (what only the container's removal ends)
+
+
+class FallbackCommand:
+    """``docker exec sh -c WRAPPER`` for an image without the agent: scripted like the agent's."""
+
+    def __init__(self, ex: FakeExec) -> None:
+        self.ex = ex
+
+    def run(self) -> None:
+        command = self.ex.cmd[6]
+        if command in (IGNORE_TERM, HANG):
+            self.ex.send(STDOUT, b"started\n")
+            while True:
+                sig = self.ex.signals.get()
+                if sig == "KILL" and command == IGNORE_TERM:
+                    self.ex.finish(137)
+                    return
+                if not self.ex.running:
+                    return
+        self.ex.send(STDOUT, f"ran: {command}\n".encode())
+        self.ex.send(STDERR, b"note\n")
+        self.ex.finish(0)

@@ -1,0 +1,66 @@
+"""Idle containers and orphans are removed; busy ones are spared (fake daemon)."""
+
+from __future__ import annotations
+
+import time
+
+from dispatcher.sandbox.docker_config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
+from tests.polling import until
+from tests.unit.sandbox.docker_rig import INSTANCE, Rig, run
+from tests.unit.sandbox.fake_containers import BACKGROUND
+
+
+async def test_an_idle_container_is_removed_and_the_next_call_says_so(rig: Rig) -> None:
+    sandbox = rig.sandbox()
+    await run(sandbox, "echo hi")
+    assert not await sandbox.retire_if_idle(time.monotonic(), ttl=60)  # not idle yet
+    assert await sandbox.retire_if_idle(time.monotonic() + 120, ttl=60)
+    assert sandbox.container_id is None and rig.fake.containers_alive == []
+    ran = await run(sandbox, "echo again")
+    assert ran.result.exit_code == 0
+    assert any("it had been idle for" in n for n in ran.notices)
+    assert sandbox.recreations == 0  # idleness is not a failure
+
+
+async def test_a_container_with_background_processes_is_not_idle(rig: Rig) -> None:
+    sandbox = rig.sandbox()
+    await run(sandbox, BACKGROUND)
+    container = sandbox.container_id
+    assert not await sandbox.retire_if_idle(time.monotonic() + 120, ttl=60)
+    assert sandbox.container_id == container and len(rig.fake.containers_alive) == 1
+
+
+async def test_the_reaper_removes_idle_containers_on_its_own(rig: Rig) -> None:
+    idle, busy = rig.provider(idle_ttl_seconds=0.2), rig.provider(idle_ttl_seconds=0.2)
+    quiet, working = idle.sandbox_for(rig.session("quiet")), busy.sandbox_for(rig.session("working"))
+    await run(quiet, "echo hi")
+    await run(working, BACKGROUND)
+    kept = working.container_id
+    await until(lambda: quiet.container_id is None, "the idle container to be reaped")
+    assert kept is not None
+    container = rig.fake.containers_by_id[kept]
+    # The busy one is looked at by its reaper (the agent counts its processes) and kept.
+    await until(lambda: container.procs_asked >= 2, "the reaper to ask about the busy one twice")
+    assert working.container_id == kept and container.state == "running"
+
+
+async def test_orphans_of_this_instance_are_removed_at_start(rig: Rig) -> None:
+    ours = {LABEL_INSTANCE: INSTANCE, LABEL_TENANT: "t"}
+    orphan = rig.fake.add_container({**ours, LABEL_SESSION: "gone"})
+    stopped = rig.fake.add_container({**ours, LABEL_SESSION: "gone-too"}, state="exited")
+    other = rig.fake.add_container({LABEL_INSTANCE: "another-server", LABEL_SESSION: "gone"})
+    unlabelled = rig.fake.add_container({})
+    provider = rig.provider()
+    removed = await provider.remove_orphans()
+    assert removed == 2
+    assert set(rig.fake.containers_by_id) == {other, unlabelled}
+    assert orphan not in rig.fake.containers_by_id and stopped not in rig.fake.containers_by_id
+
+
+async def test_orphan_removal_spares_live_sessions(rig: Rig) -> None:
+    provider = rig.provider()
+    sandbox = provider.sandbox_for(rig.session())
+    await run(sandbox, "echo hi")
+    leftover = rig.fake.add_container({LABEL_INSTANCE: INSTANCE, LABEL_SESSION: "gone"})
+    assert await provider.remove_orphans() == 1
+    assert sandbox.container_id in rig.fake.containers_by_id and leftover not in rig.fake.containers_by_id
