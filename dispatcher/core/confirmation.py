@@ -62,6 +62,14 @@ class ConfirmationBroker:
     def remembered(self, tool_name: str) -> Decision | None:
         return self._remembered.get(tool_name)
 
+    def remembered_answers(self) -> dict[str, Decision]:
+        """Every remembered answer, tool name -> decision (persisted with the session)."""
+        return dict(self._remembered)
+
+    def restore_remembered(self, answers: dict[str, Decision]) -> None:
+        """Put back the answers a previous life of the session remembered."""
+        self._remembered.update(answers)
+
     def pending_ids(self) -> list[str]:
         return list(self._pending)
 

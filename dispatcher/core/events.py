@@ -6,8 +6,8 @@ import asyncio
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Final
 
@@ -18,6 +18,8 @@ TOOL_FAILED: Final = "tool.failed"
 TOOL_INPUT_INVALID: Final = "tool.input_invalid"
 TOOL_CONFIRMATION_REQUESTED: Final = "tool.confirmation_requested"
 TOOL_CONFIRMATION_RESOLVED: Final = "tool.confirmation_resolved"
+TOOL_STEP_PROPOSED: Final = "tool.step_proposed"
+"""A ``plan`` session held back a call with side effects as a step of its plan (spec 004)."""
 
 EVENT_TYPES: Final = frozenset(
     {
@@ -28,6 +30,7 @@ EVENT_TYPES: Final = frozenset(
         TOOL_INPUT_INVALID,
         TOOL_CONFIRMATION_REQUESTED,
         TOOL_CONFIRMATION_RESOLVED,
+        TOOL_STEP_PROPOSED,
     }
 )
 
@@ -148,7 +151,10 @@ class EventBus:
         history: int = 10_000,
         history_bytes: int = 8 << 20,
         max_pending: int = 4096,
+        start_seq: int = 0,
     ) -> None:
+        """``start_seq``: the last seq a previous life of the session gave (a restarted server
+        goes on from there, so a client's cursor stays valid)."""
         self.session_id = session_id
         self._history: deque[Event] = deque()
         self._history_cap = history
@@ -157,8 +163,10 @@ class EventBus:
         """Estimated bytes the replay history holds now (never more than ``history_bytes``)."""
         self._subscribers: list[Subscription] = []
         self._max_pending = max_pending
-        self._seq = 0
+        self._seq = start_seq
         self._closed = False
+        self.sink: Callable[[Event], None] | None = None
+        """Called with every published event, inside ``publish`` (persistence); must be quick."""
 
     @property
     def last_seq(self) -> int:
@@ -170,9 +178,23 @@ class EventBus:
         size = _EVENT_OVERHEAD + estimate_bytes((turn_id, tool_use_id, payload))
         event = Event(self._seq, time.time(), self.session_id, turn_id, tool_use_id, type, payload, size)
         self._remember(event)
+        if self.sink is not None:
+            self.sink(event)
         for sub in tuple(self._subscribers):
             sub._offer(event)
         return event
+
+    def restore(self, events: Iterable[Event]) -> None:
+        """Put a previous life's retained events back into the replay history (oldest first,
+        before anything is published); the seq goes on after the highest one."""
+        for event in events:
+            if event.session_id != self.session_id:
+                continue
+            if event.size <= 0:
+                size = _EVENT_OVERHEAD + estimate_bytes((event.turn_id, event.tool_use_id, event.payload))
+                event = replace(event, size=size)
+            self._remember(event)
+            self._seq = max(self._seq, event.seq)
 
     def subscribe(
         self, after_seq: int | None = None, event_filter: EventFilter | None = None

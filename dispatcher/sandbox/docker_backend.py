@@ -20,13 +20,15 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
+from dispatcher.sandbox.docker_adopt import GONE, LABEL_SPEC, adoption_problem, spec_fingerprint
 from dispatcher.sandbox.docker_client import DockerAPI
 from dispatcher.sandbox.docker_config import (
     LABEL_INSTANCE,
@@ -99,6 +101,11 @@ class DockerSandboxProvider:
         # miss its start deadline; a few at a time makes each one fast.
         self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
         self._cpu_turn = itertools.count()
+        self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
+        """Told each launch's duration and each launch that failed (metrics)."""
+        self.on_container: Callable[[str, str | None], None] | None = None
+        """Told (session id, container id or None) whenever a session's container changes, so
+        the server's stored state names the container a restart re-adopts."""
 
     # -- SandboxProvider -----------------------------------------------------------------
 
@@ -136,6 +143,8 @@ class DockerSandboxProvider:
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("closing a sandbox failed: %s", result)
+        # Kept containers hold their own mounts of a volume; the next start mounts the same loop
+        # device again (``attached_loop``), never a second one.
         await asyncio.get_running_loop().run_in_executor(None, self.volumes.release)
         for empty in (self._run_dir, os.path.dirname(self._run_dir)):
             with contextlib.suppress(OSError):
@@ -190,20 +199,65 @@ class DockerSandboxProvider:
         return f"the tenant's workspace quota of {format_size(quota)} (sandbox.workspace_quota) is full"
 
     async def remove_orphans(self, live_session_ids: Iterable[str] = ()) -> int:
-        """Remove this instance's containers that no live session owns; returns how many."""
-        # Every session with a handle counts as live, even one whose container is being created.
-        live = set(live_session_ids) | set(self._sandboxes)
+        """Remove this instance's containers that no live session owns; returns how many.
+
+        A session expecting to re-adopt a container (``expect_container``) keeps exactly that
+        one, if its labels match and it runs; otherwise it learns why it will get a fresh one.
+        """
+        expected = {s.adopting: s for s in self._sandboxes.values() if s.adopting}
+        adopting = {s.session.session_id for s in expected.values()}
+        # Every other session with a handle counts as live, even one whose container is being created.
+        live = (set(live_session_ids) | set(self._sandboxes)) - adopting
         owned = {s.container_id for s in self._sandboxes.values() if s.container_id}
         removed = 0
         for container in await self.api.list_by_labels({LABEL_INSTANCE: self.instance}):
             labels = container.get("Labels") or {}
-            if container["Id"] in owned or labels.get(LABEL_SESSION) in live:
+            sandbox = expected.pop(container["Id"], None)
+            if sandbox is not None:
+                problem = adoption_problem(container, sandbox.session, self.instance, self.config)
+                if problem is None:
+                    continue
+                sandbox.adoption_failed(problem)
+            elif container["Id"] in owned or labels.get(LABEL_SESSION) in live:
                 continue
             if await self.api.remove(container["Id"]):
                 removed += 1
+        for sandbox in expected.values():
+            sandbox.adoption_failed(GONE)
         if removed:
             log.info("removed %d orphaned sandbox container(s) of instance %s", removed, self.instance)
         return removed
+
+    # -- after a restart ------------------------------------------------------------------
+
+    def expect_container(self, session: Session, container_id: str) -> None:
+        """A restarted server gives ``session`` back: ``container_id`` (its stored container) is
+        kept by ``remove_orphans`` and re-adopted by ``adopt_all`` or the session's first call."""
+        self.sandbox_for(session).expect(container_id)
+
+    async def adopt_all(self) -> None:
+        """Re-attach every expected container now (a few at a time), so that idle expiry and
+        process counts work on them as on any other; the first call of a session still waiting
+        for its turn re-attaches it itself."""
+        waiting = [s for s in self._sandboxes.values() if s.adopting]
+
+        async def one(sandbox: DockerSandbox) -> None:
+            # The slot first, then the sandbox's lock: a call of a session still waiting here
+            # re-attaches its own container at once instead of queueing behind the others.
+            async with self._launch_slots:
+                await sandbox.adopt()
+
+        await asyncio.gather(*(one(s) for s in waiting), return_exceptions=True)
+
+    async def detach_all(self) -> None:
+        """Let go of every container without removing it (a graceful stop that keeps sessions):
+        the agents exit as their streams close; what commands left running keeps running."""
+        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        await asyncio.gather(*(s.detach() for s in sandboxes), return_exceptions=True)
+
+    def container_changed(self, session_id: str, container_id: str | None) -> None:
+        if self.on_container is not None:
+            self.on_container(session_id, container_id)
 
     # -- used by DockerSandbox -----------------------------------------------------------
 
@@ -215,14 +269,20 @@ class DockerSandboxProvider:
         """
         self.volumes.check(session.tenant_id)
         async with self._launch_slots:
+            started = time.monotonic()
             try:
-                link, container_id = await self._launch_once(session)
-            except (AgentVersionMismatch, ImageUnusable):
-                raise  # another try meets the same image
-            except SandboxError as exc:
-                # Nothing has run in the sandbox yet, so one more try is safe.
-                log.warning("sandbox launch failed, retrying once: %s", exc)
-                link, container_id = await self._launch_once(session)
+                try:
+                    link, container_id = await self._launch_once(session)
+                except (AgentVersionMismatch, ImageUnusable):
+                    raise  # another try meets the same image
+                except SandboxError as exc:
+                    # Nothing has run in the sandbox yet, so one more try is safe.
+                    log.warning("sandbox launch failed, retrying once: %s", exc)
+                    link, container_id = await self._launch_once(session)
+            except Exception as exc:
+                self.observer.sandbox_failed(launch_failure(exc))
+                raise
+            self.observer.sandbox_launched(time.monotonic() - started)
         if link is None:
             return LiveContainer(container_id, None, None)
         return LiveContainer(container_id, link[0], link[1])
@@ -276,6 +336,7 @@ class DockerSandboxProvider:
         labels = {**cfg.extra_labels, LABEL_INSTANCE: self.instance}
         labels[LABEL_SESSION] = session.session_id
         labels[LABEL_TENANT] = session.tenant_id
+        labels[LABEL_SPEC] = spec_fingerprint(cfg, session)
         exec_flag = "exec" if cfg.tmp_exec else "noexec"
         host_config: dict[str, Any] = {
             "mounts": mounts,
@@ -527,3 +588,12 @@ class DockerSandboxProvider:
                     await sandbox.retire_if_idle(now, ttl)
                 except Exception as exc:  # one failing removal must not stop the reaper
                     log.warning("idle removal of session %s failed: %s", sandbox.session.session_id, exc)
+
+
+def launch_failure(exc: BaseException) -> SandboxFailure:
+    """The metrics' reason for a launch that failed (a closed set: never the message)."""
+    if isinstance(exc, AgentVersionMismatch):
+        return SandboxFailure.AGENT_VERSION
+    if isinstance(exc, ImageUnusable):
+        return SandboxFailure.IMAGE
+    return SandboxFailure.LAUNCH

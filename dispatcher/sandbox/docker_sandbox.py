@@ -87,6 +87,8 @@ class DockerSandbox:
         """Containers removed by enforcement or idleness (tests and metrics read it)."""
         self._lost: str | None = None
         """Why the last container was removed, until a call's result has said so."""
+        self._adopt: str | None = None
+        """A container a previous server life started for this session, to re-attach (not launch)."""
 
     @property
     def workspace_root(self) -> str:
@@ -111,8 +113,12 @@ class DockerSandbox:
                 if live is not None and live.broken:
                     await self._discard(live, "its agent or its container had died")
                     live = None
+                if live is None and self._adopt is not None:
+                    await self._adopt_locked()
+                    live = self._live
                 if live is None:
                     live = self._live = await self._provider.launch(self.session)
+                    self._provider.container_changed(self.session.session_id, live.container_id)
                 if self._lost is not None and report_notice(
                     f"the sandbox was recreated for this call: the previous one was removed ({self._lost});"
                     " its /tmp files and the processes left running in it are gone"
@@ -135,6 +141,7 @@ class DockerSandbox:
         self._live = None
         self._lost = reason
         self.recreations += 1
+        self._provider.container_changed(self.session.session_id, None)
         log.warning(
             "removing sandbox container %s of session %s: %s",
             live.container_id[:12],
@@ -195,6 +202,54 @@ class DockerSandbox:
         live = self._live
         if live is not None and live.container_id == container_id and live.channel is not None:
             live.channel.abort("the sandbox's container stopped")
+
+    # -- after a restart -----------------------------------------------------------------
+
+    @property
+    def adopting(self) -> str | None:
+        """The container id this sandbox is to re-adopt, until it has (or has given up)."""
+        return self._adopt
+
+    def expect(self, container_id: str) -> None:
+        self._adopt = container_id
+
+    def adoption_failed(self, reason: str) -> None:
+        """The expected container cannot be re-adopted: the next call starts a fresh one and says why."""
+        if self._adopt is not None:
+            self._adopt = None
+            self._lost = reason
+            self._provider.container_changed(self.session.session_id, None)
+
+    async def adopt(self) -> None:
+        """Re-attach the expected container now (a no-op once done)."""
+        async with self._lock:
+            await self._adopt_locked()
+
+    async def _adopt_locked(self) -> None:
+        from dispatcher.sandbox.docker_adopt import reattach
+
+        container_id, self._adopt = self._adopt, None
+        if container_id is None or self._live is not None or self._closed:
+            return
+        result = await reattach(self._provider, self.session, container_id)
+        if isinstance(result, str):
+            self._lost = result
+            self._provider.container_changed(self.session.session_id, None)
+        else:
+            self._live = result
+            self.last_used = time.monotonic()
+
+    async def detach(self) -> None:
+        """Close the agent channel but leave the container running (the session is kept)."""
+        async with self._lock:
+            self._closed = True
+            live, self._live = self._live, None
+            if live is not None:
+                if live.channel is not None:
+                    with contextlib.suppress(Exception):
+                        await live.channel.close()
+                if live.stream is not None:
+                    live.stream.close()
 
     async def close(self) -> None:
         """Remove the container (session closed or server stopping)."""
@@ -425,17 +480,21 @@ class DockerSandbox:
         """What to say when the workspace's disk is full (the tenant's quota), if anything."""
         return self._provider.quota_note(self.session.tenant_id)
 
-    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        return await self._file_op("read", lambda ch: ch.read_bytes(path, max_bytes=max_bytes))
+    async def read_bytes(
+        self, path: str, *, max_bytes: int | None = None, approved: str | None = None
+    ) -> bytes:
+        return await self._file_op(
+            "read", lambda ch: ch.read_bytes(path, max_bytes=max_bytes, approved=approved)
+        )
 
     async def read(self, path: str) -> str:
         return await self._file_op("read", lambda ch: ch.read(path))
 
-    async def write_bytes(self, path: str, data: bytes) -> None:
-        await self._file_op("write", lambda ch: ch.write_bytes(path, data))
+    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
+        await self._file_op("write", lambda ch: ch.write_bytes(path, data, approved=approved))
 
-    async def write(self, path: str, content: str) -> None:
-        await self._file_op("write", lambda ch: ch.write(path, content))
+    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
+        await self._file_op("write", lambda ch: ch.write(path, content, approved=approved))
 
     async def append(self, path: str, content: str) -> None:
         await self._file_op("append", lambda ch: ch.append(path, content))
@@ -443,17 +502,17 @@ class DockerSandbox:
     async def exists(self, path: str) -> bool:
         return await self._file_op("exists", lambda ch: ch.exists(path))
 
-    async def stat(self, path: str) -> FileStat:
-        return await self._file_op("stat", lambda ch: ch.stat(path))
+    async def stat(self, path: str, *, approved: str | None = None) -> FileStat:
+        return await self._file_op("stat", lambda ch: ch.stat(path, approved=approved))
 
-    async def list(self, path: str, *, limit: int = 1000) -> DirListing:
-        return await self._file_op("list", lambda ch: ch.list(path, limit=limit))
+    async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing:
+        return await self._file_op("list", lambda ch: ch.list(path, limit=limit, approved=approved))
 
     async def delete(self, path: str) -> None:
         await self._file_op("delete", lambda ch: ch.delete(path))
 
-    async def patch(self, path: str, old: str, new: str) -> None:
-        await self._file_op("patch", lambda ch: ch.patch(path, old, new))
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+        await self._file_op("patch", lambda ch: ch.patch(path, old, new, approved=approved))
 
     async def resolve(self, path: str) -> str:
         return await self._file_op("resolve", lambda ch: ch.resolve(path))

@@ -94,6 +94,20 @@ def loop_backing_file(device: str) -> str | None:
         return None
 
 
+def attached_loop(image: str) -> str | None:
+    """The loop device the image is still attached to, if any: a previous run's containers kept
+    using it after that server stopped (sessions survive restarts)."""
+    try:
+        names = os.listdir("/sys/block")
+    except OSError:
+        return None
+    real = os.path.realpath(image)
+    for name in sorted(names):
+        if name.startswith("loop") and loop_backing_file(name) == real:
+            return f"/dev/{name}"
+    return None
+
+
 def kernel_quota_unavailable() -> str | None:
     """Why loop-mounted images cannot be used here, or None when they can."""
     if os.geteuid() != 0:
@@ -197,7 +211,13 @@ class WorkspaceVolumes:
             )
         # discard: blocks a sandbox frees are punched out of the sparse image, so the host gets its
         # disk back when files are deleted, not only when the tenant goes away.
-        _run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,discard", image, volume.root])
+        attached = attached_loop(image)
+        if attached is not None:
+            # Mount that same device: a second loop device on the image would be a second, unaware
+            # ext4 over the same blocks (the kept containers still write through the first).
+            _run(["mount", "-t", "ext4", "-o", "nosuid,nodev,noatime,discard", attached, volume.root])
+        else:
+            _run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,discard", image, volume.root])
         volume.enforcement, volume.mounted = "kernel", True
         # What an earlier run freed but did not discard before it stopped (a kill, a lazy unmount).
         with contextlib.suppress(SandboxError, OSError, subprocess.TimeoutExpired):

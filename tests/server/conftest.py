@@ -31,6 +31,9 @@ def base_config(tmp: Path) -> dict[str, Any]:
         "home": str(tmp / "home"),
         "log": {"format": "text", "level": "warning"},
         "server": {"grace_seconds": 3},
+        # A stop removes every session, container and quota mount (tests check they cleaned up);
+        # sessions surviving a restart are tests/server/test_restart.py's.
+        "shutdown": {"remove_sessions": True},
         "dispatcher": {"confirmation_timeout": 20},
         "sandbox": {"backend": "local"},
         "tools": ["tests.server.tools:make_echo_tool", "tests.server.tools:make_block_tool"],

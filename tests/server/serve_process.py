@@ -47,13 +47,19 @@ def start_serve(
     grace: float = 10.0,
     confirmation: dict[str, Any] | None = None,
     extra_env: dict[str, str] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> ServeProcess:
-    """Start ``python -m dispatcher.cli serve`` on a free port; return once it says it serves."""
+    """Start ``python -m dispatcher.cli serve`` on a free port; return once it says it serves.
+
+    ``data``: the whole config file instead of the default one (local backend, EXECUTE auto).
+    """
     home = tmp / "home"
     config = tmp / "serve.yaml"
     config.write_text(
         yaml.safe_dump(
-            {
+            data
+            if data is not None
+            else {
                 "sandbox": {"backend": "local"},
                 "server": {"grace_seconds": grace},
                 "log": {"format": "json", "level": "info"},

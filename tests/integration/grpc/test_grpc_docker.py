@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import docker
 import pytest
 
 from dispatcher.core.types import ToolUseBlock
+from tests.integration.conftest import ProviderFactory
+from tests.integration.grpc.conftest import docker_server, unmount_under
 from tests.integration.helpers import containers_of
 from tests.server import test_disconnect, test_spec_examples
-from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness
+from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, base_config, deep_merge
 from tests.server.helpers import text_of
 
 pytestmark = pytest.mark.docker
@@ -74,20 +78,33 @@ async def test_tenants_get_separate_containers_and_workspaces(
     assert tenants == ["alpha", "beta"]  # one container per session, labelled with its tenant
 
 
-async def test_stop_removes_every_container(
-    docker_harness: Harness, docker_client: docker.DockerClient
+@pytest.mark.parametrize("remove_sessions", [True, False])
+async def test_stop_removes_every_container_only_with_remove_sessions(
+    make_provider: ProviderFactory,
+    tmp_path: Path,
+    docker_client: docker.DockerClient,
+    remove_sessions: bool,
 ) -> None:
-    client = docker_harness.client()
-    for name in ("one", "two"):
-        session = await client.create_session(name)
-        items = [
-            i
-            async for i in client.dispatch(
-                session.session_id, [ToolUseBlock("t", "shell", {"command": "true"})]
-            )
-        ]
-        assert items
-    instance = docker_harness.server.provider.instance  # type: ignore[attr-defined]
-    assert len(containers_of(docker_client, instance)) == 2
-    await docker_harness.server.stop(grace=2)
-    assert containers_of(docker_client, instance) == []
+    data = deep_merge(
+        base_config(tmp_path),
+        {"sandbox": {"backend": "docker"}, "shutdown": {"remove_sessions": remove_sessions}},
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        # Kept containers keep the quota volumes mounted (for the next start): unmount them here.
+        stack.callback(unmount_under, tmp_path)
+        harness = await stack.enter_async_context(docker_server(make_provider, tmp_path, data))
+        client = harness.client()
+        for name in ("one", "two"):
+            session = await client.create_session(name)
+            items = [
+                i
+                async for i in client.dispatch(
+                    session.session_id, [ToolUseBlock("t", "shell", {"command": "true"})]
+                )
+            ]
+            assert items
+        instance = harness.server.provider.instance  # type: ignore[attr-defined]
+        assert len(containers_of(docker_client, instance)) == 2
+        await harness.server.stop(grace=2)
+        # By default the sessions and their containers are kept for the next start.
+        assert len(containers_of(docker_client, instance)) == (0 if remove_sessions else 2)

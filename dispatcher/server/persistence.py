@@ -1,0 +1,244 @@
+"""Sessions that survive a restart: what the server stores as they change, and gives back at start.
+
+``SessionManager`` calls ``created`` (the row is committed before CreateSession answers) and
+``closed``; every event of a session goes to the background writer through its bus's sink; a
+remembered confirmation answer and a change of container are queued the same way. At start,
+``restore`` re-opens every stored session whose tenant and workspace still exist, with its event
+history and seq, its remembered answers, a ``tool.failed`` "server restarted" event for each call
+that was running, and returns the containers the sandbox provider is to re-adopt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from dispatcher.core import events as ev
+from dispatcher.core.approval import parse_mode
+from dispatcher.core.confirmation import Decision
+from dispatcher.core.dispatcher import ToolDispatcher
+from dispatcher.core.errors import ToolErrorClass, UnknownSessionError
+from dispatcher.core.events import Event
+from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.session import Session
+from dispatcher.core.types import Role
+from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
+from dispatcher.server.store import (
+    STATE_FILE,
+    SessionStore,
+    StateError,
+    StoredSession,
+    mode_in_force_from_json,
+    policy_to_json,
+    remembered_from_json,
+    session_fields_from_json,
+)
+from dispatcher.server.store_writer import StateWriter
+
+if TYPE_CHECKING:
+    from dispatcher.server.sessions import ServerSession, SessionManager
+    from dispatcher.server.tenants import Tenant, TenantDirectory
+
+log = logging.getLogger("dispatcher.server.persistence")
+
+RESTARTED = "server restarted"
+RESTARTED_MESSAGE = (
+    "server restarted: the call was running when the server stopped, and its result was never delivered"
+)
+
+
+class SessionPersistence:
+    """The link between the open sessions and ``<home>/state.db``."""
+
+    def __init__(self, store: SessionStore, writer: StateWriter, dispatcher: ToolDispatcher) -> None:
+        self.store = store
+        self.writer = writer
+        self.dispatcher = dispatcher
+
+    @classmethod
+    def open(cls, home: Path, dispatcher: ToolDispatcher) -> SessionPersistence:
+        """Open ``<home>/state.db`` and start its writer.
+
+        Raises:
+            StateError: the file is damaged or of a newer schema (naming it).
+        """
+        store = SessionStore.open(home / STATE_FILE)
+        cfg = dispatcher.config
+        writer = StateWriter(store, history=cfg.event_history, history_bytes=cfg.event_history_bytes)
+        return cls(store, writer, dispatcher)
+
+    def close(self) -> None:
+        """Commit what is queued and close the file (graceful stop)."""
+        self.writer.close()
+
+    # -- as sessions change ---------------------------------------------------------------
+
+    def created(self, entry: ServerSession) -> None:
+        """Store a new session (synchronously: it must exist before it is acknowledged)."""
+        s = entry.session
+        self.store.put_session(
+            StoredSession(
+                session_id=s.session_id,
+                tenant_id=s.tenant_id,
+                workspace=entry.workspace,
+                workspace_path=s.workspace_path,
+                role=s.role.value,
+                labels=dict(s.labels),
+                create_time=entry.create_time,
+                policy=policy_to_json({}, s),
+            )
+        )
+
+    def attach(self, entry: ServerSession, stored_events: list[Event] | None = None) -> None:
+        """Persist the session's events from now on (its bus is open in the dispatcher)."""
+        sid = entry.session.session_id
+        self.writer.track(sid, stored_events or ())
+        self.dispatcher.events(sid).sink = self._sink(sid)
+
+    def closed(self, session_ids: list[str]) -> None:
+        """Forget closed sessions: rows, events, running calls."""
+        self.writer.forget(session_ids)
+
+    def container_changed(self, session_id: str, container_id: str | None) -> None:
+        self.writer.update(session_id, "container_id", container_id)
+
+    def _sink(self, session_id: str) -> Callable[[Event], None]:
+        on_event = self.writer.on_event
+        loop = asyncio.get_running_loop()
+
+        def sink(event: Event) -> None:
+            on_event(event)
+            if event.type == ev.TOOL_CONFIRMATION_RESOLVED:
+                # The call remembers the answer right after this event: read it afterwards.
+                loop.call_soon(self.save_policy, session_id)
+
+        return sink
+
+    def save_policy(self, session_id: str) -> None:
+        """Queue the session's policy state as it is now (remembered answers, mode in force)."""
+        try:
+            state = self.dispatcher.session_state(session_id)
+        except UnknownSessionError:
+            return
+        answers = state.broker.remembered_answers()
+        remembered = {tool: decision.value for tool, decision in answers.items()}
+        self.writer.update(session_id, "policy", policy_to_json(remembered, state.session, state.mode))
+
+    def save_policies(self) -> None:
+        """Every open session's policy state (a graceful stop: what no event announced)."""
+        for session_id in self.writer.live_ids():
+            self.save_policy(session_id)
+
+    # -- at start -------------------------------------------------------------------------
+
+    def restore(self, manager: SessionManager, tenants: TenantDirectory) -> list[tuple[Session, str]]:
+        """Re-open the stored sessions; returns (session, container id) pairs to re-adopt.
+
+        Sessions whose tenant is no longer configured, or whose workspace is gone or is no longer
+        a plain directory, are closed (their rows deleted, their containers left to the orphan
+        sweep) with a log line each.
+
+        Raises:
+            StateError: the file cannot be read.
+        """
+        adopt: list[tuple[Session, str]] = []
+        dropped: list[str] = []
+        for row in self.store.load():
+            try:
+                tenant = tenants.get(row.tenant_id)
+            except KeyError:
+                tenant = None
+            problem = "its tenant is no longer configured" if tenant is None else None
+            path = None
+            if tenant is not None:
+                path, problem = _check_workspace(tenant, row.workspace)
+            if problem is not None or tenant is None or path is None:
+                log.warning(
+                    "stored session closed: %s",
+                    problem,
+                    extra={
+                        "session_id": row.session_id,
+                        "tenant_id": row.tenant_id,
+                        "workspace": row.workspace,
+                    },
+                )
+                dropped.append(row.session_id)
+                continue
+            session = self._reopen(manager, tenant, row, path)
+            if row.container_id:
+                adopt.append((session, row.container_id))
+        self.writer.forget(dropped)
+        return adopt
+
+    def _reopen(self, manager: SessionManager, tenant: Tenant, row: StoredSession, path: str) -> Session:
+        from dispatcher.server.sessions import ServerSession
+
+        try:
+            role = Role(row.role)
+            fields = session_fields_from_json(row.policy)
+            if "approval_mode" in fields:
+                fields["approval_mode"] = parse_mode(fields["approval_mode"])
+        except ValueError as exc:
+            raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
+        session = manager.build_session(
+            tenant, row.session_id, row.workspace, path, role, row.labels, **fields
+        )
+        bus = self.dispatcher.open_session(session, start_seq=row.last_seq)
+        bus.restore(row.events)
+        remembered = remembered_from_json(row.policy)
+        state = self.dispatcher.session_state(row.session_id)
+        state.broker.restore_remembered({tool: Decision(value) for tool, value in remembered.items()})
+        in_force = mode_in_force_from_json(row.policy)
+        if in_force is not None:
+            try:
+                state.mode = parse_mode(in_force)
+            except ValueError as exc:
+                raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
+        entry = ServerSession(session, row.workspace, row.create_time)
+        manager.restored(tenant, entry)
+        self.attach(entry, row.events)
+        for call in row.running:
+            bus.publish(
+                ev.TOOL_FAILED,
+                turn_id=call.turn_id,
+                tool_use_id=call.tool_use_id,
+                payload={
+                    "tool_name": call.tool_name,
+                    "error_class": ToolErrorClass.EXECUTION_ERROR.value,
+                    "message": RESTARTED_MESSAGE,
+                    "reason": RESTARTED,
+                    "duration_ms": 0.0,
+                },
+            )
+        log.info(
+            "stored session given back",
+            extra={
+                "session_id": row.session_id,
+                "tenant_id": row.tenant_id,
+                "running_calls": len(row.running),
+            },
+        )
+        return session
+
+
+def _check_workspace(tenant: Tenant, name: str) -> tuple[str | None, str | None]:
+    """(real path, None) when the workspace is still a plain directory under the tenant's root,
+    reached without following a link; (None, why) otherwise."""
+    parts = [p for p in PurePosixPath(name).parts if p != "."]
+    if not parts or any(p in ("..", "/") for p in parts):
+        return None, f"its stored workspace name {name!r} is not valid"
+    real_root = os.path.realpath(tenant.workspace_root)
+    try:
+        fd = open_pinned(real_root, parts, create=False, owner=None, what=f"workspace {name!r}")
+    except WorkspaceRefused:
+        return None, f"its workspace {name!r} is no longer a directory (a symlink or a file is in the way)"
+    except SandboxError as exc:
+        return None, f"its workspace {name!r} cannot be opened: {exc}"
+    if fd is None:
+        return None, f"its workspace {name!r} is gone"
+    os.close(fd)
+    return os.path.join(real_root, *parts), None

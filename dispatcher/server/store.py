@@ -1,0 +1,384 @@
+"""Durable session state in ``<home>/state.db``: SQLite (stdlib), WAL, schema versioned by migrations.
+
+What one row keeps is what a restarted server needs to give a session back: identity, tenant,
+workspace, role, labels, create time, the per-session policy state (remembered confirmation
+answers; see ``policy_to_json``), the container it owns, its last event seq, its bounded event
+history, and the tool calls that were running. The file is the server's own, but it may be stale
+or damaged: anything unreadable refuses the start (``StateError``, exit 2) rather than dropping
+state silently.
+
+Writes: session rows are written before CreateSession answers (``put_session``); events, running
+calls and container ids go through ``StateWriter`` (``store_writer.py``), a background thread that
+commits in batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dispatcher.core.capabilities import Capabilities, FsGrant
+from dispatcher.core.errors import ConfigError
+from dispatcher.core.events import Event
+from dispatcher.core.session import Session
+
+STATE_FILE = "state.db"
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: sessions, their event history and the calls running in them.
+    """
+    CREATE TABLE sessions (
+        session_id     TEXT PRIMARY KEY,
+        tenant_id      TEXT NOT NULL,
+        workspace      TEXT NOT NULL,
+        workspace_path TEXT NOT NULL,
+        role           TEXT NOT NULL,
+        labels         TEXT NOT NULL,
+        create_time    REAL NOT NULL,
+        policy         TEXT NOT NULL DEFAULT '{}',
+        container_id   TEXT,
+        last_seq       INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE events (
+        session_id  TEXT NOT NULL,
+        seq         INTEGER NOT NULL,
+        time        REAL NOT NULL,
+        turn_id     TEXT NOT NULL,
+        tool_use_id TEXT NOT NULL,
+        type        TEXT NOT NULL,
+        payload     TEXT NOT NULL,
+        size        INTEGER NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE running_calls (
+        session_id  TEXT NOT NULL,
+        tool_use_id TEXT NOT NULL,
+        turn_id     TEXT NOT NULL,
+        tool_name   TEXT NOT NULL,
+        PRIMARY KEY (session_id, tool_use_id)
+    ) WITHOUT ROWID;
+    """,
+)
+"""Schema version N is ``MIGRATIONS[:N]`` applied in order; append, never edit."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StateError(ConfigError):
+    """The state under ``<home>`` cannot be used (damaged, newer, or held by another server)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunningCall:
+    tool_use_id: str
+    turn_id: str
+    tool_name: str
+
+
+@dataclass(slots=True)
+class StoredSession:
+    """One session as the store keeps it."""
+
+    session_id: str
+    tenant_id: str
+    workspace: str
+    workspace_path: str
+    role: str
+    labels: dict[str, str]
+    create_time: float
+    policy: dict[str, Any] = field(default_factory=dict)
+    """Per-session policy state (``policy_to_json``): remembered answers and what else a session
+    carries of its own."""
+    container_id: str | None = None
+    last_seq: int = 0
+    events: list[Event] = field(default_factory=list)
+    running: list[RunningCall] = field(default_factory=list)
+
+
+def policy_to_json(
+    remembered: Mapping[str, str], session: Session | None = None, mode_in_force: str | None = None
+) -> dict[str, Any]:
+    """The per-session policy state as stored: ``remembered`` (tool -> "allow"/"deny"), the
+    session's own policy fields (its approval mode, its capabilities) and the mode in force when
+    it differs (an approved plan made it ``autonomous``). One place to extend."""
+    policy: dict[str, Any] = {"remembered": dict(remembered)}
+    if session is not None:
+        policy["approval_mode"] = session.approval_mode
+        if mode_in_force and mode_in_force != session.approval_mode:
+            policy["mode_in_force"] = str(mode_in_force)
+        caps = session.capabilities
+        if caps is not None:
+            tools = sorted(caps.allowed_tools) if caps.allowed_tools is not None else None
+            fs = [[g.prefix, g.mode] for g in caps.fs_grants] if caps.fs_grants is not None else None
+            policy["capabilities"] = {"tools": tools, "fs": fs}
+    return policy
+
+
+def remembered_from_json(policy: Mapping[str, Any]) -> dict[str, str]:
+    """The remembered answers of a stored policy; anything malformed is dropped, not trusted."""
+    raw = policy.get("remembered")
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): v for k, v in raw.items() if isinstance(k, str) and v in ("allow", "deny")}
+
+
+def mode_in_force_from_json(policy: Mapping[str, Any]) -> str | None:
+    """The approval mode in force when it differed from the session's own; None otherwise."""
+    mode = policy.get("mode_in_force")
+    return mode if isinstance(mode, str) and mode else None
+
+
+def session_fields_from_json(policy: Mapping[str, Any]) -> dict[str, Any]:
+    """``build_session`` keywords from a stored policy: ``approval_mode`` and ``capabilities`` (the
+    session's, to be intersected again with its tenant's as they are now).
+
+    Raises:
+        ValueError: a field is malformed (a damaged row).
+    """
+    fields: dict[str, Any] = {}
+    mode = policy.get("approval_mode")
+    if mode is not None:
+        if not isinstance(mode, str):
+            raise ValueError("approval_mode must be a string")
+        fields["approval_mode"] = mode
+    caps = policy.get("capabilities")
+    if caps is not None:
+        if not isinstance(caps, dict):
+            raise ValueError("capabilities must be an object")
+        tools, fs = caps.get("tools"), caps.get("fs")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, str) for t in tools)):
+            raise ValueError("capabilities.tools must be a list of names")
+        grants = None
+        if fs is not None:
+            if not isinstance(fs, list) or not all(
+                isinstance(g, list) and len(g) == 2 and isinstance(g[0], str) and g[1] in ("r", "rw")
+                for g in fs
+            ):
+                raise ValueError("capabilities.fs must be a list of [prefix, mode]")
+            grants = tuple(FsGrant(prefix, mode) for prefix, mode in fs)
+        fields["capabilities"] = Capabilities(frozenset(tools) if tools is not None else None, grants)
+    return fields
+
+
+class SessionStore:
+    """The open ``state.db``: one connection shared by the event loop and the writer thread."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self.path = path
+        self._conn = conn
+        self.lock = threading.Lock()
+        """Held around every statement batch (the loop and the writer thread share ``_conn``)."""
+
+    @classmethod
+    def open(cls, path: Path) -> SessionStore:
+        """Open (or create) the store and bring its schema up to date.
+
+        Raises:
+            StateError: naming the file: not a regular file, damaged, or written by a newer
+                dispatcher (an unknown schema version).
+        """
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise StateError(f"{path}: session state is not a regular file; refusing to use it")
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: cannot open the session state: {exc}") from exc
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL: a committed transaction survives the process being killed; only an OS
+            # crash may lose the last ones. Events are batched anyway.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=OFF")
+            _migrate(conn, path)
+            _check_tables(conn, path)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StateError(
+                f"{path}: the session state is damaged ({exc}); move it away to start without the"
+                " stored sessions (their containers are then removed as orphans)"
+            ) from exc
+        except StateError:
+            conn.close()
+            raise
+        os.chmod(path, 0o600)
+        return cls(conn, path)
+
+    def close(self) -> None:
+        with self.lock:
+            self._conn.close()
+
+    # -- rows -----------------------------------------------------------------------------
+
+    def put_session(self, row: StoredSession) -> None:
+        """Insert (or replace) a session row and commit (before CreateSession answers)."""
+        with self.lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO sessions (session_id, tenant_id, workspace, workspace_path, role,"
+                " labels, create_time, policy, container_id, last_seq) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    row.session_id,
+                    row.tenant_id,
+                    row.workspace,
+                    row.workspace_path,
+                    row.role,
+                    json.dumps(row.labels),
+                    row.create_time,
+                    json.dumps(row.policy),
+                    row.container_id,
+                    row.last_seq,
+                ),
+            )
+
+    def delete_sessions(self, session_ids: Iterable[str]) -> None:
+        """Forget sessions: their rows, events and running calls."""
+        ids = [(sid,) for sid in session_ids]
+        if not ids:
+            return
+        with self.lock:
+            self._conn.execute("BEGIN")
+            try:
+                for table in ("sessions", "events", "running_calls"):
+                    self._conn.executemany(f"DELETE FROM {table} WHERE session_id = ?", ids)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def load(self) -> list[StoredSession]:
+        """Every stored session with its event history and running calls, oldest first.
+
+        Raises:
+            StateError: a row cannot be read (damaged file or values).
+        """
+        try:
+            with self.lock:
+                rows = self._conn.execute(
+                    "SELECT session_id, tenant_id, workspace, workspace_path, role, labels, create_time,"
+                    " policy, container_id, last_seq FROM sessions ORDER BY create_time"
+                ).fetchall()
+                sessions = {r[0]: _session_from_row(r) for r in rows}
+                for r in self._conn.execute(
+                    "SELECT session_id, seq, time, turn_id, tool_use_id, type, payload, size FROM events"
+                    " ORDER BY session_id, seq"
+                ):
+                    s = sessions.get(r[0])
+                    if s is not None:
+                        payload = json.loads(r[6])
+                        s.events.append(Event(r[1], r[2], r[0], r[3], r[4], r[5], payload, r[7]))
+                for r in self._conn.execute(
+                    "SELECT session_id, tool_use_id, turn_id, tool_name FROM running_calls"
+                ):
+                    s = sessions.get(r[0])
+                    if s is not None:
+                        s.running.append(RunningCall(r[1], r[2], r[3]))
+        except (sqlite3.DatabaseError, ValueError, TypeError, KeyError) as exc:
+            raise StateError(f"{self.path}: the session state is damaged ({exc})") from exc
+        for s in sessions.values():
+            # The seq goes on from the highest one ever given, whichever was written last.
+            if s.events:
+                s.last_seq = max(s.last_seq, s.events[-1].seq)
+        return list(sessions.values())
+
+    # -- used by the writer thread (under ``lock``) ----------------------------------------
+
+    def write_batch(
+        self,
+        events: Sequence[tuple[Any, ...]],
+        pruned: Mapping[str, int],
+        started: Sequence[tuple[str, str, str, str]],
+        ended: Sequence[tuple[str, str]],
+        last_seqs: Mapping[str, int],
+        updates: Sequence[tuple[str, str, Any]],
+    ) -> None:
+        """One transaction: new events, history pruned below a seq, running calls started and
+        ended, last seqs, and single-column session updates ``(session_id, column, value)``."""
+        conn = self._conn
+        conn.execute("BEGIN")
+        try:
+            if events:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO events (session_id, seq, time, turn_id, tool_use_id, type,"
+                    " payload, size) VALUES (?,?,?,?,?,?,?,?)",
+                    events,
+                )
+            if pruned:
+                conn.executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", list(pruned.items()))
+            if started:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO running_calls (session_id, tool_use_id, turn_id, tool_name)"
+                    " VALUES (?,?,?,?)",
+                    started,
+                )
+            if ended:
+                conn.executemany("DELETE FROM running_calls WHERE session_id = ? AND tool_use_id = ?", ended)
+            if last_seqs:
+                conn.executemany(
+                    "UPDATE sessions SET last_seq = MAX(last_seq, ?) WHERE session_id = ?",
+                    [(seq, sid) for sid, seq in last_seqs.items()],
+                )
+            for sid, column, value in updates:
+                if column not in ("container_id", "policy"):
+                    raise ValueError(f"not an updatable column: {column}")
+                conn.execute(f"UPDATE sessions SET {column} = ? WHERE session_id = ?", (value, sid))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StateError(
+            f"{path}: the session state has schema version {version}, newer than this dispatcher knows"
+            f" ({SCHEMA_VERSION}): it was written by a newer release; run that one, or move the file away"
+        )
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN")
+        try:
+            for statement in MIGRATIONS[target - 1].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {target}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+
+def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    missing = {"sessions", "events", "running_calls"} - names
+    if missing:
+        raise StateError(
+            f"{path}: the session state is damaged (missing tables: {', '.join(sorted(missing))})"
+        )
+
+
+def _session_from_row(r: Sequence[Any]) -> StoredSession:
+    labels = json.loads(r[5])
+    policy = json.loads(r[7])
+    if not isinstance(labels, dict) or not isinstance(policy, dict):
+        raise ValueError(f"session {r[0]!r}: labels and policy must be objects")
+    return StoredSession(
+        session_id=str(r[0]),
+        tenant_id=str(r[1]),
+        workspace=str(r[2]),
+        workspace_path=str(r[3]),
+        role=str(r[4]),
+        labels={str(k): str(v) for k, v in labels.items()},
+        create_time=float(r[6]),
+        policy=policy,
+        container_id=str(r[8]) if r[8] else None,
+        last_seq=int(r[9]),
+    )

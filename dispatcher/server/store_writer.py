@@ -1,0 +1,174 @@
+"""The background writer of ``state.db``: events, running calls and container ids, in batches.
+
+The event loop only appends to a queue (``on_event`` is a bus sink, called inside ``publish``);
+a thread turns what accumulated into one transaction every few milliseconds. On ``kill -9`` what
+was still queued is lost: the last few milliseconds of events (and, with them, maybe the news that
+a call started or ended). A graceful stop drains the queue first (``close``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from dispatcher.core import events as ev
+from dispatcher.core.events import Event
+from dispatcher.server.store import SessionStore
+
+log = logging.getLogger("dispatcher.server.store")
+
+BATCH_SECONDS = 0.005
+"""How long the writer lets events gather after the first one before it commits them."""
+_TERMINAL = frozenset({ev.TOOL_COMPLETED, ev.TOOL_FAILED, ev.TOOL_INPUT_INVALID})
+_STARTS = frozenset({ev.TOOL_CALLED, ev.TOOL_CONFIRMATION_REQUESTED})
+
+
+class StateWriter:
+    """One thread that owns every write but the session rows' own insert and delete."""
+
+    def __init__(self, store: SessionStore, *, history: int, history_bytes: int) -> None:
+        self._store = store
+        self._history = history
+        self._history_bytes = history_bytes
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stopping = False
+        self._live: set[str] = set()
+        # Per session, what the stored history holds: (seq, size) oldest first, and its bytes;
+        # it mirrors the bus's own bounds so the file keeps what memory keeps.
+        self._kept: dict[str, deque[tuple[int, int]]] = {}
+        self._kept_bytes: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, name="state-writer", daemon=True)
+        self._thread.start()
+
+    # -- called on the event loop -------------------------------------------------------------
+
+    def track(self, session_id: str, events: Iterable[Event] = ()) -> None:
+        """Start writing for a session (its row exists) whose stored history is ``events``."""
+        with self._store.lock:
+            self._live.add(session_id)
+            kept = self._kept[session_id] = deque((e.seq, e.size) for e in events)
+            self._kept_bytes[session_id] = sum(size for _, size in kept)
+
+    def forget(self, session_ids: Iterable[str]) -> None:
+        """Stop writing for these sessions and delete their rows (CloseSession)."""
+        ids = list(session_ids)
+        with self._store.lock:
+            for sid in ids:
+                self._live.discard(sid)
+                self._kept.pop(sid, None)
+                self._kept_bytes.pop(sid, None)
+        self._store.delete_sessions(ids)
+
+    def live_ids(self) -> list[str]:
+        """The sessions written for."""
+        with self._store.lock:
+            return list(self._live)
+
+    def on_event(self, event: Event) -> None:
+        """The bus sink: queue the event (cheap; the thread serialises it)."""
+        self._queue.append(("event", event))
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def update(self, session_id: str, column: str, value: Any) -> None:
+        """Queue a change of the session's ``container_id`` or ``policy`` (a JSON-able dict)."""
+        if column == "policy":
+            value = json.dumps(value)
+        self._queue.append(("update", session_id, column, value))
+        self._wake.set()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Block until everything queued so far is committed (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._queue or not self._idle.is_set():
+            self._wake.set()
+            if time.monotonic() > deadline:
+                return False
+            self._idle.wait(0.01)
+        return True
+
+    def close(self) -> None:
+        """Write what is queued, stop the thread and close the store."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self._store.close()
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._idle.clear()
+            if not self._stopping:
+                time.sleep(BATCH_SECONDS)  # let a burst gather into one transaction
+            self._wake.clear()
+            items: list[tuple[Any, ...]] = []
+            while self._queue:
+                items.append(self._queue.popleft())
+            if items:
+                try:
+                    self._write(items)
+                except Exception:
+                    log.exception("writing session state failed; %d changes lost", len(items))
+            self._idle.set()
+            if self._stopping and not self._queue:
+                return
+
+    def _write(self, items: list[tuple[Any, ...]]) -> None:
+        with self._store.lock:
+            rows: list[tuple[Any, ...]] = []
+            pruned: dict[str, int] = {}
+            calls: dict[tuple[str, str], tuple[str, str, str, str] | None] = {}
+            last: dict[str, int] = {}
+            updates: list[tuple[str, str, Any]] = []
+            for item in items:
+                if item[0] == "update":
+                    if item[1] in self._live:
+                        updates.append((item[1], item[2], item[3]))
+                    continue
+                event: Event = item[1]
+                sid = event.session_id
+                if sid not in self._live:
+                    continue  # closed meanwhile: its rows are gone
+                rows.append(
+                    (
+                        sid,
+                        event.seq,
+                        event.time,
+                        event.turn_id,
+                        event.tool_use_id,
+                        event.type,
+                        json.dumps(event.payload, default=str),
+                        event.size,
+                    )
+                )
+                last[sid] = event.seq
+                self._keep(sid, event, pruned)
+                key = (sid, event.tool_use_id)
+                if event.type in _TERMINAL:
+                    calls[key] = None
+                elif event.type in _STARTS and calls.get(key) is None:
+                    tool_name = str(event.payload.get("tool_name", ""))
+                    calls[key] = (sid, event.tool_use_id, event.turn_id, tool_name)
+            started = [row for row in calls.values() if row is not None]
+            ended = [key for key, row in calls.items() if row is None]
+            self._store.write_batch(rows, pruned, started, ended, last, updates)
+
+    def _keep(self, sid: str, event: Event, pruned: dict[str, int]) -> None:
+        kept = self._kept.setdefault(sid, deque())
+        kept.append((event.seq, event.size))
+        total = self._kept_bytes.get(sid, 0) + event.size
+        while kept and (len(kept) > self._history or total > self._history_bytes):
+            seq, size = kept.popleft()
+            total -= size
+            pruned[sid] = max(pruned.get(sid, 0), seq)
+        self._kept_bytes[sid] = total

@@ -1,0 +1,72 @@
+"""Re-adopting a session's container in a new provider (a restarted server), below the gRPC layer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from dispatcher.core.sandbox_api import collect_notices
+from dispatcher.sandbox.docker_config import SandboxConfig
+from tests.integration.conftest import ProviderFactory
+from tests.integration.helpers import run
+
+pytestmark = pytest.mark.docker
+
+BACKGROUND = "sleep 1000 >/dev/null 2>&1 &"
+KILL_SLEEP = (
+    "for p in /proc/[0-9]*; do"
+    " [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep 1000 ' ] && kill ${p#/proc/}; done; true"
+)
+
+
+async def test_a_readopted_sandbox_counts_the_old_agents_background_work(
+    make_provider: ProviderFactory,
+) -> None:
+    first = make_provider()
+    session = make_provider.session()
+    sandbox = first.sandbox_for(session)
+    assert (await run(sandbox, BACKGROUND)).result.exit_code == 0
+    container = sandbox.container_id
+    assert container is not None
+    await first.detach_all()  # a graceful stop that keeps the session: its agent exits, sleep stays
+
+    second = make_provider(SandboxConfig(), instance=first.instance)
+    second.expect_container(session, container)
+    assert await second.remove_orphans() == 0
+    await second.adopt_all()
+    again = second.sandbox_for(session)
+    assert again.container_id == container and again.adopting is None
+    # The idle reaper spares a sandbox while something commands started still runs in it, even
+    # when an earlier agent started it...
+    assert not await again.retire_if_idle(time.monotonic() + 3600, ttl=1)
+    killed = await run(again, KILL_SLEEP)
+    assert killed.result.exit_code == 0
+    # ... and removes it, as any other, once nothing runs (the killed process may take a moment).
+    deadline = time.monotonic() + 10
+    while not await again.retire_if_idle(time.monotonic() + 3600, ttl=1):
+        assert time.monotonic() < deadline, "the idle sandbox was never removed"
+        await asyncio.sleep(0.05)
+    assert again.container_id is None
+
+
+async def test_an_expected_container_with_other_labels_is_removed_not_adopted(
+    make_provider: ProviderFactory,
+) -> None:
+    first = make_provider()
+    session = make_provider.session()
+    sandbox = first.sandbox_for(session)
+    assert (await run(sandbox, "echo hi > /tmp/x")).result.exit_code == 0
+    container = sandbox.container_id
+    assert container is not None
+    await first.detach_all()
+
+    other = make_provider.session("other")  # a different session claims that container
+    second = make_provider(SandboxConfig(), instance=first.instance)
+    second.expect_container(other, container)
+    assert await second.remove_orphans() == 1
+    with collect_notices() as notices:
+        result = await run(second.sandbox_for(other), "ls /tmp/x")
+    assert result.result.exit_code != 0
+    assert any("recreated" in n and "labels no longer matched" in n for n in notices)

@@ -1,0 +1,308 @@
+"""Sessions survive a restart of a real ``dispatcher serve`` (kill -9 and SIGTERM); local backend.
+
+The Docker side (the same container, /tmp and processes after a restart) is in
+``tests/integration/grpc/test_restart_docker.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dispatcher.client import DispatcherClient, RequestFailed
+from dispatcher.core.events import Event
+from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.server.serve_process import REPO, ServeProcess, start_serve
+
+
+def local_config(**overrides: Any) -> dict[str, Any]:
+    return {
+        "sandbox": {"backend": "local"},
+        "server": {"grace_seconds": 3},
+        "log": {"format": "json", "level": "info"},
+        "tool_confirmation": {"default": {"EXECUTE": "auto"}},
+        "tools": ["tests.server.tools:make_block_tool"],
+        **overrides,
+    }
+
+
+def wait_stored(
+    home: Path, query: str, args: tuple[Any, ...], ok: Callable[[Any], bool], timeout: float = 20
+) -> None:
+    """Poll ``state.db`` until ``ok(first row)``: the writer commits in the background."""
+    deadline = time.monotonic() + timeout
+    row = None
+    while time.monotonic() < deadline:
+        conn = sqlite3.connect(home / "state.db", timeout=5)
+        try:
+            row = conn.execute(query, args).fetchone()
+        finally:
+            conn.close()
+        if ok(row):
+            return
+        time.sleep(0.02)
+    pytest.fail(f"state.db never showed it: {query} {args} -> {row}")
+
+
+def wait_seq(home: Path, session_id: str, seq: int) -> None:
+    wait_stored(
+        home,
+        "SELECT last_seq FROM sessions WHERE session_id = ?",
+        (session_id,),
+        lambda row: row is not None and row[0] >= seq,
+    )
+
+
+def watch_until(client: DispatcherClient, session_id: str, found: Callable[[Event], bool]) -> list[Event]:
+    """WatchSession from the start until an event matches; every event seen."""
+    seen: list[Event] = []
+    stream = client.watch(session_id, after_seq=0)
+    assert isinstance(stream, Iterator)
+    try:
+        for event in stream:
+            seen.append(event)
+            if found(event):
+                return seen
+    finally:
+        stream.close()  # type: ignore[attr-defined]
+    pytest.fail(f"no such event; saw {[(e.seq, e.type) for e in seen]}")
+
+
+def kill9(server: ServeProcess) -> None:
+    server.proc.kill()
+    server.close()
+
+
+def sigterm(server: ServeProcess) -> None:
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=60) == 0
+    server.close()
+
+
+@pytest.mark.parametrize("stop", [kill9, sigterm], ids=["kill-9", "sigterm"])
+def test_a_session_answers_after_a_restart(tmp_path: Path, stop: Callable[[ServeProcess], None]) -> None:
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            info = client.create_session(
+                "proj",
+                labels={"team": "a"},
+                mode="autonomous",
+                tools=["shell", "read_file"],
+                fs=[(".", "rw")],
+            )
+            result = client.call(info.session_id, "shell", {"command": "echo hi > note.txt"})
+            assert not result.is_error
+            last = client.get_session(info.session_id).last_event_seq
+        wait_seq(server.home, info.session_id, last)
+    finally:
+        stop(server)
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            again = client.get_session(info.session_id)
+            assert (again.workspace, again.labels, again.role) == ("proj", {"team": "a"}, info.role)
+            assert again.create_time == pytest.approx(info.create_time)
+            assert (again.approval_mode, again.capabilities) == ("autonomous", info.capabilities)
+            assert again.capabilities.allowed_tools == frozenset({"shell", "read_file"})
+            assert again.last_event_seq == last
+            assert [s.session_id for s in client.list_sessions()] == [info.session_id]
+            replayed = watch_until(client, info.session_id, lambda e: e.seq == last)
+            assert [e.seq for e in replayed] == list(range(1, last + 1))  # the history was kept
+            result = client.call(info.session_id, "read_file", {"path": "note.txt"})
+            assert "hi" in str(result.content)
+            assert client.get_session(info.session_id).last_event_seq > last  # seqs go on
+            client.close_session(info.session_id)  # CloseSession still ends it, row included
+        wait_stored(server.home, "SELECT count(*) FROM sessions", (), lambda row: row[0] == 0)
+    finally:
+        server.close()
+
+
+def test_a_call_running_at_kill_9_is_failed_with_server_restarted(tmp_path: Path) -> None:
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            info = client.create_session("proj")
+            called = threading.Event()
+            items: list[Any] = []
+
+            def run() -> None:
+                try:
+                    for item in client.dispatch(info.session_id, [ToolUseBlock("blocked", "block", {})]):
+                        items.append(item)
+                        if isinstance(item, Event) and item.type == "tool.called":
+                            called.set()
+                except Exception as exc:  # the stream breaks with the server
+                    items.append(exc)
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            assert called.wait(30)
+            wait_stored(
+                server.home,
+                "SELECT tool_name FROM running_calls WHERE session_id = ? AND tool_use_id = ?",
+                (info.session_id, "blocked"),
+                lambda row: row is not None and row[0] == "block",
+            )
+            kill9(server)
+            thread.join(30)
+            assert not any(isinstance(i, ToolResultBlock) for i in items)  # no result ever came
+    finally:
+        server.close()
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            seen = watch_until(
+                client, info.session_id, lambda e: e.type == "tool.failed" and e.tool_use_id == "blocked"
+            )
+            failed = seen[-1]
+            assert "server restarted" in failed.payload["message"]
+            assert [e.type for e in seen[:1]] == ["tool.called"]  # replayed from the stored history
+        wait_stored(server.home, "SELECT count(*) FROM running_calls", (), lambda row: row[0] == 0)
+    finally:
+        server.close()
+
+
+def test_a_remembered_answer_survives_a_restart(tmp_path: Path) -> None:
+    config = local_config(tool_confirmation={"default": {"EXECUTE": "prompt"}})
+    server = start_serve(tmp_path, data=config)
+    try:
+        with server.client() as client, server.client() as approver:
+            info = client.create_session("proj")
+
+            def answer(event: Event) -> None:
+                if event.type == "tool.confirmation_requested":
+                    approver.resolve_confirmation(
+                        info.session_id, event.payload["request_id"], "allow", remember=True
+                    )
+
+            result = client.call(info.session_id, "shell", {"command": "true"}, on_event=answer)
+            assert not result.is_error
+        wait_stored(
+            server.home,
+            "SELECT policy FROM sessions WHERE session_id = ?",
+            (info.session_id,),
+            lambda row: row is not None and '"shell": "allow"' in row[0],
+        )
+    finally:
+        kill9(server)
+    server = start_serve(tmp_path, data=config)
+    try:
+        with server.client() as client:
+            types: list[str] = []
+            result = client.call(
+                info.session_id, "shell", {"command": "true"}, on_event=lambda e: types.append(e.type)
+            )
+            assert not result.is_error
+            assert "tool.confirmation_requested" not in types  # remembered, not asked again
+    finally:
+        server.close()
+
+
+def test_two_servers_on_one_home_refuse(tmp_path: Path) -> None:
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "dispatcher.cli", "serve", "--config", str(tmp_path / "serve.yaml")],
+            env={"DISPATCHER_HOME": str(server.home), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert second.returncode == 2
+        assert str(server.home) in second.stderr and f"pid {server.proc.pid}" in second.stderr
+        with server.client() as client:  # the first one is unharmed
+            client.create_session("proj")
+    finally:
+        server.close()
+
+
+def test_a_session_whose_workspace_became_a_link_is_closed_at_start(tmp_path: Path) -> None:
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            info = client.create_session("proj")
+    finally:
+        kill9(server)
+    workspace = Path(info.workspace_path)
+    workspace.rename(workspace.with_name("moved"))
+    workspace.symlink_to("/etc")
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            assert client.list_sessions() == []
+        assert any("stored session closed" in line and "symlink" in line for line in server.stderr)
+        wait_stored(server.home, "SELECT count(*) FROM sessions", (), lambda row: row[0] == 0)
+    finally:
+        server.close()
+
+
+def test_a_session_of_a_tenant_no_longer_configured_is_closed_at_start(tmp_path: Path) -> None:
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            client.create_session("proj")
+    finally:
+        sigterm(server)
+    other = local_config(
+        tenants=[{"id": "other", "token_sha256": ["0" * 64], "workspace_root": str(tmp_path / "other")}]
+    )
+    server = start_serve(tmp_path, data=other)
+    try:
+        assert any("stored session closed" in line and "tenant" in line for line in server.stderr)
+        wait_stored(server.home, "SELECT count(*) FROM sessions", (), lambda row: row[0] == 0)
+    finally:
+        server.close()
+
+
+def test_a_damaged_state_file_stops_the_start_naming_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "state.db").write_bytes(b"garbage" * 1000)
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(local_config()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli", "serve", "--config", str(tmp_path / "serve.yaml")],
+        env={"DISPATCHER_HOME": str(home), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert str(home / "state.db") in proc.stderr and "damaged" in proc.stderr
+    assert (home / "state.db").read_bytes() == b"garbage" * 1000
+
+
+def test_an_approved_plan_stays_approved_after_a_restart(tmp_path: Path) -> None:
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            info = client.create_session("proj", mode="plan")
+            _, mode = client.approve_plan(info.session_id, True)
+            assert mode == "autonomous"
+        wait_stored(
+            server.home,
+            "SELECT policy FROM sessions WHERE session_id = ?",
+            (info.session_id,),
+            lambda row: row is not None and '"mode_in_force": "autonomous"' in row[0],
+        )
+    finally:
+        kill9(server)
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client, pytest.raises(RequestFailed) as failed:
+            client.approve_plan(info.session_id, True)  # it is no longer in plan mode
+        assert "autonomous" in failed.value.details
+    finally:
+        server.close()

@@ -1,0 +1,220 @@
+"""``state.db``: schema migrations, refusal of damaged or newer files, round trips, the writer."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dispatcher.core.events import Event
+from dispatcher.server.home_lock import HomeLock
+from dispatcher.server.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SessionStore,
+    StateError,
+    StoredSession,
+    policy_to_json,
+    remembered_from_json,
+)
+from dispatcher.server.store_writer import StateWriter
+
+
+def _row(session_id: str = "ses_1", **kw: object) -> StoredSession:
+    fields: dict[str, object] = {
+        "session_id": session_id,
+        "tenant_id": "alpha",
+        "workspace": "a/b",
+        "workspace_path": "/srv/alpha/a/b",
+        "role": "main",
+        "labels": {"k": "v"},
+        "create_time": 1700000000.5,
+        "policy": policy_to_json({"shell": "allow", "write_file": "deny"}),
+        **kw,
+    }
+    return StoredSession(**fields)  # type: ignore[arg-type]
+
+
+def _event(
+    session_id: str, seq: int, type: str = "tool.called", tool_use_id: str = "t1", **payload: object
+) -> Event:
+    return Event(
+        seq, 1.0 + seq, session_id, "turn", tool_use_id, type, payload or {"tool_name": "shell"}, 300
+    )
+
+
+def test_a_new_file_gets_the_current_schema_in_wal_mode(tmp_path: Path) -> None:
+    store = SessionStore.open(tmp_path / "state.db")
+    store.close()
+    conn = sqlite3.connect(tmp_path / "state.db")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == len(MIGRATIONS)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    assert (tmp_path / "state.db").stat().st_mode & 0o777 == 0o600
+
+
+def test_session_rows_round_trip(tmp_path: Path) -> None:
+    store = SessionStore.open(tmp_path / "state.db")
+    store.put_session(_row("ses_1", container_id="c1", last_seq=7))
+    store.put_session(_row("ses_2", create_time=1700000001.0))
+    store.close()
+    loaded = SessionStore.open(tmp_path / "state.db").load()
+    assert [s.session_id for s in loaded] == ["ses_1", "ses_2"]
+    first = loaded[0]
+    assert (first.tenant_id, first.workspace, first.role, first.labels) == (
+        "alpha",
+        "a/b",
+        "main",
+        {"k": "v"},
+    )
+    assert (first.container_id, first.last_seq, first.create_time) == ("c1", 7, 1700000000.5)
+    assert remembered_from_json(first.policy) == {"shell": "allow", "write_file": "deny"}
+
+
+def test_the_writer_keeps_events_running_calls_and_updates(tmp_path: Path) -> None:
+    store = SessionStore.open(tmp_path / "state.db")
+    store.put_session(_row("ses_1"))
+    writer = StateWriter(store, history=3, history_bytes=1 << 20)
+    writer.track("ses_1")
+    writer.on_event(_event("ses_1", 1, tool_use_id="done"))
+    writer.on_event(_event("ses_1", 2, "tool.completed", tool_use_id="done"))
+    writer.on_event(_event("ses_1", 3, tool_use_id="running"))
+    writer.on_event(
+        _event("ses_1", 4, "tool.confirmation_requested", tool_use_id="asking", tool_name="write_file")
+    )
+    writer.on_event(_event("ses_other", 1))  # not tracked (closed): never written
+    writer.update("ses_1", "container_id", "abc")
+    writer.close()  # drains the queue
+    [stored] = SessionStore.open(tmp_path / "state.db").load()
+    assert [e.seq for e in stored.events] == [2, 3, 4]  # history bound 3: the oldest left
+    assert stored.last_seq == 4 and stored.container_id == "abc"
+    assert stored.events[-1].payload == {"tool_name": "write_file"}
+    assert sorted((c.tool_use_id, c.tool_name) for c in stored.running) == [
+        ("asking", "write_file"),
+        ("running", "shell"),
+    ]
+
+
+def test_forget_deletes_a_session_and_what_it_had(tmp_path: Path) -> None:
+    store = SessionStore.open(tmp_path / "state.db")
+    store.put_session(_row("ses_1"))
+    writer = StateWriter(store, history=10, history_bytes=1 << 20)
+    writer.track("ses_1")
+    writer.on_event(_event("ses_1", 1))
+    assert writer.flush()
+    writer.forget(["ses_1"])
+    writer.on_event(_event("ses_1", 2))  # a late event of the closed session
+    writer.close()
+    assert SessionStore.open(tmp_path / "state.db").load() == []
+    conn = sqlite3.connect(tmp_path / "state.db")
+    assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM running_calls").fetchone()[0] == 0
+
+
+def test_a_newer_schema_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    SessionStore.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StateError, match=rf"{path}.*schema version {SCHEMA_VERSION + 1}.*newer"):
+        SessionStore.open(path)
+
+
+def test_a_damaged_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    path.write_bytes(b"this is not a database at all" * 200)
+    before = path.read_bytes()
+    with pytest.raises(StateError, match=rf"{path}.*damaged"):
+        SessionStore.open(path)
+    assert path.read_bytes() == before  # nothing dropped silently
+
+
+def test_a_file_missing_its_tables_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    SessionStore.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE running_calls")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StateError, match="missing tables: running_calls"):
+        SessionStore.open(path)
+
+
+def test_a_damaged_row_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SessionStore.open(path)
+    store.put_session(_row())
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE sessions SET labels = '[not json'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StateError, match="damaged"):
+        SessionStore.open(path).load()
+
+
+def test_a_symlink_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.db"
+    SessionStore.open(target).close()
+    (tmp_path / "state.db").symlink_to(target)
+    with pytest.raises(StateError, match="not a regular file"):
+        SessionStore.open(tmp_path / "state.db")
+
+
+def test_an_older_schema_is_migrated_keeping_its_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatcher.server import store as store_module
+
+    path = tmp_path / "state.db"
+    store = SessionStore.open(path)
+    store.put_session(_row())
+    store.close()
+    extra = "CREATE TABLE notes (session_id TEXT PRIMARY KEY, note TEXT)"
+    monkeypatch.setattr(store_module, "MIGRATIONS", (*MIGRATIONS, extra))
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    migrated = SessionStore.open(path)
+    assert [s.session_id for s in migrated.load()] == ["ses_1"]
+    migrated.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+    assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 0
+
+
+def test_a_second_lock_on_a_home_names_the_holder(tmp_path: Path) -> None:
+    first = HomeLock(tmp_path)
+    first.acquire()
+    # Another process: flock conflicts between open file descriptions, as between two servers.
+    code = (
+        "import sys; from pathlib import Path; from dispatcher.server.home_lock import HomeLock;"
+        f"HomeLock(Path({str(tmp_path)!r})).acquire()"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode != 0
+    assert f"pid {os.getpid()}" in proc.stderr and str(tmp_path) in proc.stderr
+    first.release()
+    again = HomeLock(tmp_path)
+    again.acquire()  # released: free again
+    again.release()
+
+
+def test_a_sessions_own_policy_fields_round_trip() -> None:
+    from dispatcher.core.capabilities import Capabilities, FsGrant
+    from dispatcher.core.session import Session
+    from dispatcher.server.store import mode_in_force_from_json, session_fields_from_json
+
+    caps = Capabilities(frozenset({"shell"}), (FsGrant("src", "rw"), FsGrant(".", "r")))
+    session = Session("ses_1", "/w", approval_mode="plan", capabilities=caps)
+    stored = policy_to_json({"shell": "deny"}, session)
+    assert remembered_from_json(stored) == {"shell": "deny"}
+    assert session_fields_from_json(stored) == {"approval_mode": "plan", "capabilities": caps}
+    assert mode_in_force_from_json(stored) is None
+    approved = policy_to_json({}, session, "autonomous")  # an approved plan runs as autonomous
+    assert mode_in_force_from_json(approved) == "autonomous"
+    with pytest.raises(ValueError, match=r"capabilities\.fs"):
+        session_fields_from_json({"capabilities": {"tools": None, "fs": [["src", "wx"]]}})
