@@ -99,8 +99,13 @@ def _docker_answers() -> bool:
     return True
 
 
-def _start_server(env: BenchEnv, token: str, backend: str) -> tuple[subprocess.Popen[str], str]:
-    """``dispatcher serve`` with the NONE tool, or (backend "floor") the empty servicer."""
+def _start_server(
+    env: BenchEnv, token: str, backend: str, extra: dict[str, Any] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """``dispatcher serve`` with the NONE tool, or (backend "floor") the empty servicer.
+
+    ``extra``: more top-level config keys (the metrics row turns ``metrics:`` on).
+    """
     repo = str(Path(__file__).resolve().parents[1])
     if backend == "floor":
         return _spawn([sys.executable, "-m", "bench.grpc_bench", "floor"], repo)
@@ -127,6 +132,7 @@ def _start_server(env: BenchEnv, token: str, backend: str) -> tuple[subprocess.P
                 },
             }
         ],
+        **(extra or {}),
     }
     path = home / "config.yaml"
     path.write_text(yaml.safe_dump(config))

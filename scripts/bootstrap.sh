@@ -7,14 +7,28 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 
 stamp=.bootstrap-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! "$PY" -c "import dispatcher, grpc, docker" 2>/dev/null; then
-  "$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! "$PY" -c "import dispatcher, grpc, docker, mcp, prometheus_client, opentelemetry.sdk" 2>/dev/null; then
+  # otel: the tracing extra is tested too.
+  "$PY" -m pip install -q --disable-pip-version-check -e '.[dev,otel]'
   touch "$stamp"
 fi
 # Per-tenant disk quotas are loop-mounted ext4 images (sandbox.workspace_quota): mkfs.ext4 and mount.
 if [ "$(id -u)" = 0 ] && ! { command -v mkfs.ext4 && command -v mount && command -v losetup; } >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs mount >/dev/null
+fi
+# The metrics test scrapes with a real Prometheus. Installed only (never started as a service:
+# policy-rc.d refuses the package's start, and the test runs its own on loopback).
+if [ "$(id -u)" = 0 ] && ! command -v prometheus >/dev/null 2>&1; then
+  made_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && made_policy=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [ -n "$made_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  # On a systemd machine the unit is enabled for the next boot: keep it from binding :9090 then.
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
 fi
 bash scripts/ensure-docker.sh
 if [ -f scripts/ensure-runsc.sh ]; then bash scripts/ensure-runsc.sh; fi

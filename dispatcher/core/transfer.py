@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dispatcher.core.audit import DENIED, DISPATCHED
+from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import DispatcherError, ToolError, ToolPermissionDenied
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
@@ -114,6 +114,7 @@ class TreeTransfers:
         try:
             sandbox = self._dispatcher.sandbox_for(session)
             await self._check_grant(session, sandbox, path, "rw", audit)
+            self._dispatched(session, UPLOAD_TOOL, audit)
             summary = await self._transport.upload(sandbox, path, chunks, self.limits)
         except BaseException as exc:
             self._audit(session, UPLOAD_TOOL, audit, started, exc)
@@ -135,6 +136,7 @@ class TreeTransfers:
         try:
             sandbox = self._dispatcher.sandbox_for(session)
             await self._check_grant(session, sandbox, path, "r", audit)
+            self._dispatched(session, DOWNLOAD_TOOL, audit)
             async with self._transport.download(sandbox, path, self.limits) as chunks:
                 yield _counted(chunks, audit)
         except BaseException as exc:
@@ -159,13 +161,25 @@ class TreeTransfers:
             verb = "write" if mode == "rw" else "read"
             raise ToolPermissionDenied(f"Path {path!r} is not granted for {verb} access in this session")
 
+    def _dispatched(self, session: Session, tool: str, fields: dict[str, Any]) -> None:
+        """The transfer is about to start: on record before it touches the workspace."""
+        self._dispatcher.audit_record(
+            DISPATCHED,
+            tenant=session.tenant_id,
+            session=session.session_id,
+            tool=tool,
+            decision="client",  # the client asked for it: no confirmation
+            input=fields["input"],
+        )
+        fields["dispatched"] = True
+
     def _audit(
         self, session: Session, tool: str, fields: dict[str, Any], started: float, exc: BaseException | None
     ) -> None:
-        denied = fields.get("decision") == "fs_denied"
+        ran = fields.pop("dispatched", False)
         fields.setdefault("decision", "client")  # the client asked for it: no confirmation
         self._dispatcher.audit_record(
-            DENIED if denied else DISPATCHED,
+            COMPLETED if ran else DENIED,
             tenant=session.tenant_id,
             session=session.session_id,
             tool=tool,

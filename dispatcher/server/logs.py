@@ -1,7 +1,10 @@
 """Structured logging: one JSON object per line in production, readable lines for people.
 
-Ids travel as ``extra=`` fields (``session_id``, ``tool_use_id``, ``tenant_id``, ...); both formats
-print every extra field, so a log line can always be tied to its session and call.
+Every line carries the ids of what was being done when it was written, where known: ``tenant``,
+``session``, ``tool_use_id``, ``tool`` and ``trace_id``. They come from the task's log context
+(core/observe.py: set for each tool call, and per RPC when tracing is on) and from ``extra=``
+fields (``session_id`` and ``tenant_id`` there are printed as ``session`` and ``tenant``); both
+formats print every such field, so a log line can always be tied to its session and call.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import sys
 import time
 from typing import Any, Literal
 
+from dispatcher.core.observe import log_context
+
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
     "asctime",
@@ -19,8 +24,15 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
 }
 
 
+_RENAMED = {"session_id": "session", "tenant_id": "tenant"}
+
+
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+    out: dict[str, Any] = dict(log_context.get())
+    for k, v in vars(record).items():
+        if k not in _STANDARD and not k.startswith("_"):
+            out[_RENAMED.get(k, k)] = v
+    return out
 
 
 class JsonFormatter(logging.Formatter):

@@ -20,7 +20,7 @@ def test_json_lines_carry_ids() -> None:
     line = JsonFormatter().format(_record(session_id="ses_1", tool_use_id="tu_1"))
     obj = json.loads(line)
     assert obj["message"] == "hello world" and obj["level"] == "info" and obj["logger"] == "dispatcher.test"
-    assert (obj["session_id"], obj["tool_use_id"]) == ("ses_1", "tu_1")
+    assert (obj["session"], obj["tool_use_id"]) == ("ses_1", "tu_1")
     assert "\n" not in line
 
 
@@ -40,4 +40,4 @@ def test_text_format_for_people() -> None:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(TextFormatter())
     handler.emit(_record(session_id="ses_1"))
-    assert "dispatcher.test: hello world session_id=ses_1" in stream.getvalue()
+    assert "dispatcher.test: hello world session=ses_1" in stream.getvalue()

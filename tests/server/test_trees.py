@@ -92,10 +92,10 @@ async def test_async_client_round_trip_keeps_bytes_modes_and_mtimes(harness: Har
     kinds = [
         (r["tool"], r["outcome"])
         for r in audit_records(harness)
-        if r["tool"] in ("UploadFiles", "DownloadFiles")
+        if r["tool"] in ("UploadFiles", "DownloadFiles") and r["kind"] == "tool.call.completed"
     ]
     assert kinds == [("UploadFiles", "ok"), ("DownloadFiles", "ok"), ("DownloadFiles", "ok")]
-    upload = next(r for r in audit_records(harness) if r["tool"] == "UploadFiles")
+    upload = next(r for r in audit_records(harness) if r["tool"] == "UploadFiles" and "files" in r)
     assert upload["input"] == {"path": "proj"} and upload["files"] == 4 and upload["decision"] == "client"
 
 

@@ -1,0 +1,248 @@
+"""Prometheus metrics (``metrics: {listen: HOST:PORT}``): what core, the sandbox backend and the
+transport report, served as text at ``/metrics`` from a thread of its own.
+
+Label values come from closed sets only (core/observe.py): registered tool names, outcomes and
+failure reasons from enums, tenants from the config, gRPC methods that exist and their status
+codes. A request-controlled string never becomes a label, so a client cannot grow the series.
+Each server has its own registry, so several servers in one process (tests) do not collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+import grpc
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dispatcher.core.observe import FinishedCall, SandboxFailure
+
+__all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
+
+log = logging.getLogger("dispatcher.server.metrics")
+
+_CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+_WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_LAUNCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_COLLECT_TIMEOUT = 5.0  # a scrape does not wait longer than this for the event loop
+
+
+class Metrics:
+    """The dispatcher's metrics in one registry; implements ``CallObserver`` and ``SandboxObserver``."""
+
+    def __init__(self, tenants: Iterable[str]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.tool_calls = Counter(
+            "dispatcher_tool_calls", "Tool calls by outcome", ["tool", "outcome"], registry=r
+        )
+        self.tool_call_duration = Histogram(
+            "dispatcher_tool_call_duration_seconds",
+            "From a call's arrival to its result, confirmation waits included",
+            ["tool"],
+            buckets=_CALL_BUCKETS,
+            registry=r,
+        )
+        self.confirmation_wait = Histogram(
+            "dispatcher_confirmation_wait_seconds",
+            "How long confirmation requests waited for an answer (or their timeout)",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.sandbox_launch = Histogram(
+            "dispatcher_sandbox_launch_seconds",
+            "Creating and starting a sandbox until its agent answers",
+            buckets=_LAUNCH_BUCKETS,
+            registry=r,
+        )
+        self.sandbox_failures = Counter(
+            "dispatcher_sandbox_failures", "Sandboxes that could not be launched", ["reason"], registry=r
+        )
+        self.rpc_requests = Counter(
+            "dispatcher_rpc_requests",
+            "gRPC requests by method and status code",
+            ["method", "code"],
+            registry=r,
+        )
+        self._sessions = _SessionsCollector(tuple(tenants))
+        r.register(self._sessions)
+
+    def bind_sessions(
+        self, open_sessions: Callable[[], Mapping[str, int]], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Where open sessions are counted, and the loop that owns them: a scrape (on the HTTP
+        thread) counts them there."""
+        self._sessions.open_sessions = open_sessions
+        self._sessions.loop = loop
+
+    # CallObserver
+    def call_finished(self, call: FinishedCall) -> None:
+        self.tool_calls.labels(call.tool, call.outcome).inc()
+        self.tool_call_duration.labels(call.tool).observe(call.seconds)
+
+    def confirmation_waited(self, seconds: float) -> None:
+        self.confirmation_wait.observe(seconds)
+
+    # SandboxObserver
+    def sandbox_launched(self, seconds: float) -> None:
+        self.sandbox_launch.observe(seconds)
+
+    def sandbox_failed(self, reason: SandboxFailure) -> None:
+        self.sandbox_failures.labels(SandboxFailure(reason).value).inc()
+
+    def rpc_finished(self, method: str, code: grpc.StatusCode) -> None:
+        self.rpc_requests.labels(method, code.name).inc()
+
+
+class _SessionsCollector(Collector):
+    """``dispatcher_sessions_open{tenant}``, read at scrape time: no bookkeeping on the hot path."""
+
+    def __init__(self, tenants: tuple[str, ...]) -> None:
+        self.tenants = tenants
+        self.open_sessions: Callable[[], Mapping[str, int]] = dict
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("dispatcher_sessions_open", "Open sessions per tenant", labels=["tenant"])
+        counts = self._read()
+        for tenant in self.tenants:  # configured tenants only: every series exists from the start
+            family.add_metric([tenant], counts.get(tenant, 0))
+        yield family
+
+    def _read(self) -> Mapping[str, int]:
+        loop = self.loop
+        if loop is None:
+            return {}
+        done: concurrent.futures.Future[Mapping[str, int]] = concurrent.futures.Future()
+
+        def read() -> None:
+            try:
+                done.set_result(dict(self.open_sessions()))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(read)
+            return done.result(timeout=_COLLECT_TIMEOUT)
+        except Exception as exc:  # the loop is closed or busy: report zeros rather than fail the scrape
+            log.warning("sessions_open not read: %r", exc)
+            return {}
+
+
+class MetricsServer:
+    """The ``/metrics`` HTTP endpoint on its own thread (never on the event loop)."""
+
+    def __init__(self, metrics: Metrics, listen: str) -> None:
+        self.metrics = metrics
+        self.listen = listen
+        self.port = 0
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        """Bind and serve; returns the bound port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        host, _, port = self.listen.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        self._server, self._thread = start_http_server(int(port), addr=host, registry=self.metrics.registry)
+        self.port = int(self._server.server_address[1])
+        return self.port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Counts each RPC by method and final status code (outermost: refusals count too)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:  # no such method: its name is the caller's, not a label
+            return handler
+        method: str = details.method
+        done = self.metrics.rpc_finished
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_counted_unary(handler.unary_unary, method, done))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=_counted_unary(handler.stream_unary, method, done))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=_counted_stream(handler.unary_stream, method, done))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=_counted_stream(handler.stream_stream, method, done))
+        return handler
+
+
+Done = Callable[[str, grpc.StatusCode], None]
+
+
+def _code(context: grpc.aio.ServicerContext, exc: BaseException | None) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the client went away
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    if exc is not None and not isinstance(exc, grpc.aio.AbortError):
+        return grpc.StatusCode.UNKNOWN
+    return grpc.StatusCode.OK
+
+
+def _counted_unary(behavior: Callable[..., Awaitable[Any]], method: str, done: Done) -> Callable[..., Any]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            response = await behavior(request, context)
+        except BaseException as exc:
+            done(method, _code(context, exc))
+            raise
+        done(method, _code(context, None))
+        return response
+
+    return unary
+
+
+def _counted_stream(
+    behavior: Callable[..., AsyncIterator[Any]], method: str, done: Done
+) -> Callable[..., AsyncIterator[Any]]:
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in behavior(request, context):
+                yield item
+        except BaseException as exc:
+            done(method, _code(context, exc))
+            raise
+        done(method, _code(context, None))
+
+    return stream
