@@ -1,0 +1,216 @@
+"""Newline-delimited JSON-RPC over a process's stdin/stdout, as the MCP SDK's stream pair.
+
+The SDK's own ``stdio_client`` reads lines without a bound and hides the process. Here the process
+is ours (so a call can kill it when it ignores a cancellation) and every message from it is bounded:
+a line longer than ``MAX_MESSAGE_BYTES`` is a protocol violation that ends the process. What an MCP
+server sends is untrusted input either way; lines that are not JSON-RPC are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+import anyio
+import mcp_types
+from mcp.shared.message import SessionMessage
+
+log = logging.getLogger("dispatcher.mcp")
+
+MAX_MESSAGE_BYTES = 16 << 20
+"""Longest JSON-RPC line an MCP server on the host may send (a result with images, base64-encoded)."""
+SANDBOX_MAX_MESSAGE_BYTES = 8 << 20
+"""The same for a server in a sandbox, which a tenant controls: one per session, so kept smaller."""
+STDERR_TAIL_LINES = 20
+_STDERR_LINE_CHARS = 500
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM")
+"""The server's own environment variables an MCP server process gets; never its tokens or keys."""
+_CLOSE_WAIT_SECONDS = 1.0
+
+
+class McpProcess(Protocol):
+    """A running MCP server process: its stdout, its stdin, and the means to end it."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    violation: str | None
+
+    def stderr_tail(self) -> str: ...
+
+    async def wait(self) -> None:
+        """Return once the process has exited (or its stream is gone)."""
+
+    async def kill(self) -> None:
+        """End the process and everything it started, now."""
+
+    async def close(self) -> None:
+        """End it politely: stdin closed, a short wait, then ``kill``."""
+
+
+class StderrTail:
+    """The last lines a server wrote to stderr, escaped and bounded, for error messages."""
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+
+    def add(self, data: bytes) -> None:
+        for raw in data.decode("utf-8", "replace").splitlines():
+            line = raw.strip()
+            if line:
+                self.lines.append(line[:_STDERR_LINE_CHARS].encode("unicode_escape").decode("ascii"))
+
+    def text(self) -> str:
+        return " | ".join(self.lines)
+
+
+class HostProcess:
+    """An MCP server run on the server host, as the server's user, in its own process group."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+        self._proc = proc
+        self.reader = proc.stdout
+        self.writer = proc.stdin
+        self.violation: str | None = None
+        self._tail = StderrTail()
+        self._stderr_pump = asyncio.ensure_future(self._pump_stderr(proc.stderr, name))
+
+    @classmethod
+    async def start(
+        cls, name: str, command: str, args: tuple[str, ...], env: Mapping[str, str], cwd: str | None = None
+    ) -> HostProcess:
+        """Spawn ``command args`` with a minimal environment plus ``env``, in ``cwd`` if given.
+
+        Raises:
+            OSError: the executable cannot be started.
+        """
+        environment = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        environment.update(env)
+        proc = await asyncio.create_subprocess_exec(
+            command,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=environment,
+            cwd=cwd,
+            start_new_session=True,  # its own process group: a kill ends whatever it started too
+            limit=MAX_MESSAGE_BYTES,
+        )
+        return cls(proc, name)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    async def _pump_stderr(self, stderr: asyncio.StreamReader, name: str) -> None:
+        with contextlib.suppress(ValueError, ConnectionError):
+            while chunk := await stderr.read(64 << 10):
+                self._tail.add(chunk)
+                log.debug("mcp server %s stderr: %r", name, chunk[:1000])
+
+    def stderr_tail(self) -> str:
+        return self._tail.text()
+
+    async def wait(self) -> None:
+        await self._proc.wait()
+
+    async def kill(self) -> None:
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+        await self._proc.wait()
+        # The group may outlive its leader (a child that ignored nothing: SIGKILL cannot be ignored).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._stderr_pump), 1.0)
+        self._stderr_pump.cancel()
+
+    async def close(self) -> None:
+        if self._proc.returncode is None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self.writer.close()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), _CLOSE_WAIT_SECONDS)
+        await self.kill()
+
+
+@contextlib.asynccontextmanager
+async def message_streams(
+    process: McpProcess, name: str, ended: asyncio.Event
+) -> AsyncIterator[
+    tuple[
+        anyio.abc.ObjectReceiveStream[SessionMessage | Exception],
+        anyio.abc.ObjectSendStream[SessionMessage],
+    ]
+]:
+    """The (read, write) stream pair an MCP ``ClientSession`` runs on, pumped to and from ``process``.
+
+    ``ended`` is set when the process's stdout ends (it exited, closed it, or broke the protocol).
+    """
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def pump_in() -> None:
+        try:
+            await read_lines()
+        finally:
+            ended.set()
+
+    async def read_lines() -> None:
+        async with read_send:
+            while True:
+                try:
+                    line = await process.reader.readline()
+                except ValueError:  # longer than the reader's limit
+                    process.violation = "sent a message longer than its limit (16 MiB, 8 MiB from a sandbox)"
+                    log.warning("mcp server %s %s; stopping it", name, process.violation)
+                    await process.kill()
+                    return
+                except ConnectionError:
+                    return
+                if not line:
+                    return
+                try:
+                    message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                except ValueError:
+                    log.debug("mcp server %s: dropped a line that is not JSON-RPC", name)
+                    continue
+                try:
+                    await read_send.send(SessionMessage(message))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+
+    async def pump_out() -> None:
+        try:
+            async with write_recv:
+                async for item in write_recv:
+                    data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    process.writer.write(data.encode("utf-8") + b"\n")
+                    await process.writer.drain()
+        except (ConnectionError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        finally:
+            # The session must see the end instead of a request waiting forever.
+            await read_send.aclose()
+
+    tasks = [asyncio.ensure_future(pump_in()), asyncio.ensure_future(pump_out())]
+    try:
+        yield read_recv, write_send
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for stream in (read_send, read_recv, write_send, write_recv):
+            await stream.aclose()
