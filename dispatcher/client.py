@@ -28,12 +28,13 @@ from typing import Any, TypeVar
 import grpc
 
 from dispatcher.config import ENV_TLS_CA, client_token, default_target
+from dispatcher.core.approval import PlanStep, parse_mode
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import DispatcherError
 from dispatcher.core.events import Event
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
-from dispatcher.server import convert
+from dispatcher.server import convert, convert_policy
 from dispatcher.server.convert import SessionInfo, ToolInfo
 from dispatcher.trees import Extracted, LocalTreeError, extract_chunks, tar_chunks
 from dispatcher.v1 import dispatcher_pb2 as pb
@@ -119,6 +120,30 @@ def _item(resp: pb.DispatchResponse) -> DispatchItem:
     if resp.WhichOneof("item") == "result":
         return convert.result_from_pb(resp.result)
     return convert.event_from_pb(resp.event)
+
+
+def _create_request(
+    workspace: str,
+    role: Role,
+    labels: Mapping[str, str] | None,
+    mode: str | None,
+    tools: Sequence[str] | None,
+    fs: Sequence[tuple[str, str]] | None,
+) -> pb.CreateSessionRequest:
+    req = pb.CreateSessionRequest(
+        workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {})
+    )
+    if mode:
+        req.approval_mode = convert_policy.mode_to_pb(parse_mode(mode))
+    caps = convert_policy.session_capabilities_to_pb(tools, fs)
+    if caps is not None:
+        req.capabilities.CopyFrom(caps)
+    return req
+
+
+def _plan(resp: pb.ApprovePlanResponse) -> tuple[list[PlanStep], str]:
+    steps = [convert_policy.plan_step_from_pb(s) for s in resp.steps]
+    return steps, str(convert_policy.mode_from_pb(resp.approval_mode) or "cautious")
 
 
 def _resolved(resp: pb.ResolveConfirmationResponse) -> tuple[bool, Decision]:
@@ -212,12 +237,20 @@ class DispatcherClient(_Base):
             raise RequestFailed.from_rpc_error(err) from None
 
     def create_session(
-        self, workspace: str = "", *, role: Role = Role.MAIN, labels: Mapping[str, str] | None = None
+        self,
+        workspace: str = "",
+        *,
+        role: Role = Role.MAIN,
+        labels: Mapping[str, str] | None = None,
+        mode: str | None = None,
+        tools: Sequence[str] | None = None,
+        fs: Sequence[tuple[str, str]] | None = None,
     ) -> SessionInfo:
-        """Open a session on ``workspace`` (a name under the tenant's root; created if missing)."""
-        req = pb.CreateSessionRequest(
-            workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {})
-        )
+        """Open a session on ``workspace`` (a name under the tenant's root; created if missing).
+
+        ``mode``: the approval mode (cautious, autonomous, manual, plan, review, audit); ``tools``
+        and ``fs`` (``[(path, "r"|"rw")]``) narrow the tenant's capabilities for this session."""
+        req = _create_request(workspace, role, labels, mode, tools, fs)
         return convert.session_from_pb(self._unary(self._stub.CreateSession, req).session)
 
     def get_session(self, session_id: str) -> SessionInfo:
@@ -276,6 +309,22 @@ class DispatcherClient(_Base):
             session_id=session_id, request_id=request_id, decision=_decision(decision), remember=remember
         )
         return _resolved(self._unary(self._stub.ResolveConfirmation, req))
+
+    def resolve_confirmations(
+        self, session_id: str, decision: Decision | bool | str, request_ids: Sequence[str] = ()
+    ) -> list[str]:
+        """Answer a batch (none listed: every pending request); returns the ids this answer decided."""
+        req = pb.ResolveConfirmationsRequest(
+            session_id=session_id, decision=_decision(decision), request_ids=list(request_ids)
+        )
+        return list(self._unary(self._stub.ResolveConfirmations, req).applied_request_ids)
+
+    def approve_plan(
+        self, session_id: str, decision: Decision | bool | str = True
+    ) -> tuple[list[PlanStep], str]:
+        """Approve (or deny) a plan-mode session's proposed steps: (the steps, the mode now)."""
+        req = pb.ApprovePlanRequest(session_id=session_id, decision=_decision(decision))
+        return _plan(self._unary(self._stub.ApprovePlan, req))
 
     def cancel(self, session_id: str) -> None:
         """Cancel every in-flight tool call of the session."""
@@ -382,11 +431,16 @@ class AsyncDispatcherClient(_Base):
             raise RequestFailed.from_rpc_error(err) from None
 
     async def create_session(
-        self, workspace: str = "", *, role: Role = Role.MAIN, labels: Mapping[str, str] | None = None
+        self,
+        workspace: str = "",
+        *,
+        role: Role = Role.MAIN,
+        labels: Mapping[str, str] | None = None,
+        mode: str | None = None,
+        tools: Sequence[str] | None = None,
+        fs: Sequence[tuple[str, str]] | None = None,
     ) -> SessionInfo:
-        req = pb.CreateSessionRequest(
-            workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {})
-        )
+        req = _create_request(workspace, role, labels, mode, tools, fs)
         return convert.session_from_pb((await self._unary(self._stub.CreateSession, req)).session)
 
     async def get_session(self, session_id: str) -> SessionInfo:
@@ -449,6 +503,20 @@ class AsyncDispatcherClient(_Base):
             session_id=session_id, request_id=request_id, decision=_decision(decision), remember=remember
         )
         return _resolved(await self._unary(self._stub.ResolveConfirmation, req))
+
+    async def resolve_confirmations(
+        self, session_id: str, decision: Decision | bool | str, request_ids: Sequence[str] = ()
+    ) -> list[str]:
+        req = pb.ResolveConfirmationsRequest(
+            session_id=session_id, decision=_decision(decision), request_ids=list(request_ids)
+        )
+        return list((await self._unary(self._stub.ResolveConfirmations, req)).applied_request_ids)
+
+    async def approve_plan(
+        self, session_id: str, decision: Decision | bool | str = True
+    ) -> tuple[list[PlanStep], str]:
+        req = pb.ApprovePlanRequest(session_id=session_id, decision=_decision(decision))
+        return _plan(await self._unary(self._stub.ApprovePlan, req))
 
     async def cancel(self, session_id: str) -> None:
         await self._unary(self._stub.CancelSessionTools, pb.CancelSessionToolsRequest(session_id=session_id))

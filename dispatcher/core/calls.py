@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatcher.core.approval import PlanStep
 from dispatcher.core.confirmation import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
@@ -64,3 +65,12 @@ class SessionState:
     broker: ConfirmationBroker = field(default_factory=ConfirmationBroker)
     calls: set[Call] = field(default_factory=set)
     cleanups: set[asyncio.Future[Any]] = field(default_factory=set)  # strong refs to background stops
+    mode: str = ""
+    """The approval mode in force (``core/approval.py``): the session's, until an approved plan
+    turns ``plan`` into ``autonomous``."""
+    plan: list[PlanStep] = field(default_factory=list)
+    """The steps a ``plan`` session proposed, in order, until the plan is approved or rejected."""
+
+    def __post_init__(self) -> None:
+        if not self.mode:
+            self.mode = self.session.approval_mode

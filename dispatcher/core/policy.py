@@ -33,8 +33,8 @@ _CAUTIOUS: Mapping[SideEffect, Mode] = {
 PRESETS: Mapping[str, Mapping[SideEffect, Mode]] = {
     "cautious": _CAUTIOUS,
     "autonomous": {effect: Mode.AUTO for effect in SideEffect},
-    # "user approves every step, even read-only ones"; pure computation still runs.
-    "manual": {effect: (Mode.AUTO if effect is SideEffect.NONE else Mode.PROMPT) for effect in SideEffect},
+    # "user approves every step, even read-only ones": NONE tools too (issue 10).
+    "manual": {effect: Mode.PROMPT for effect in SideEffect},
 }
 _ALLOWED_KEYS = frozenset(
     {"default", "per_tool", "trusted_workspaces", "trusted_workspace_overrides", "preset"}

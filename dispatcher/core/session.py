@@ -26,7 +26,11 @@ class Session:
     policy: ConfirmationPolicy | None = None
     """None: the dispatcher's policy."""
     capabilities: Capabilities | None = None
-    """None: every tool, the whole workspace read-write."""
+    """None: every tool, the whole workspace read-write. A session's own narrower request is
+    already intersected in (``Capabilities.intersect``)."""
+    approval_mode: str = "cautious"
+    """Spec 004's approval mode (``core/approval.py``): cautious, autonomous, manual, plan, review
+    or audit; applied over ``policy``."""
     workspace_root: str | None = None
     """The tenant's workspace root on the host (from the config, trusted). When set, the workspace
     is ``workspace_name`` below it, and a sandbox provider must reach it by walking down from this

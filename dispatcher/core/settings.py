@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from dispatcher.core.display import SHOW_LIMIT
 from dispatcher.core.result_size import RESULT_BUDGET_BYTES
@@ -17,6 +18,8 @@ class DispatcherConfig:
     concurrency: int = 4
     default_timeout: float = 60.0
     execute_timeout: float = 600.0  # EXECUTE and NETWORK
+    timeouts: Mapping[str, float] = field(default_factory=dict)
+    """Per tool name: its limit in seconds (the ``timeouts:`` map of the config), over the above."""
     abandon_after: float = 30.0
     confirmation_timeout: float = 300.0
     result_budget_chars: int = 48_000

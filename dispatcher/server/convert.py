@@ -13,6 +13,8 @@ from typing import Any
 
 from dispatcher.core import events as ev
 from dispatcher.core import jsonlimits
+from dispatcher.core.approval import PlanStep
+from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import Event
@@ -27,6 +29,7 @@ from dispatcher.core.types import (
     ToolUseBlock,
     UnparsedInput,
 )
+from dispatcher.server import convert_policy as cp
 from dispatcher.v1 import dispatcher_pb2 as pb
 
 
@@ -41,6 +44,12 @@ class SessionInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     create_time: float = 0.0
     last_event_seq: int = 0
+    approval_mode: str = "cautious"
+    """The approval mode in force (spec 004)."""
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    """What the session may use (None parts: unrestricted)."""
+    plan: tuple[PlanStep, ...] = ()
+    """Steps a plan-mode session proposed, awaiting ApprovePlan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +261,17 @@ def event_to_pb(event: Event) -> pb.Event:
                 input_summary=str(p.get("input_summary", "")),
                 side_effect=side_effect_to_pb(p.get("side_effect")),
                 projected_modifications=[str(m) for m in p.get("projected_modifications", ())],
+                diff=str(p.get("diff", "")),
+            )
+        )
+    elif event.type == ev.TOOL_STEP_PROPOSED:
+        msg.step_proposed.CopyFrom(
+            pb.ToolStepProposed(
+                step=int(p.get("step", 0)),
+                tool_name=str(p.get("tool_name", "")),
+                input_summary=str(p.get("input_summary", "")),
+                side_effect=side_effect_to_pb(p.get("side_effect")),
+                projected_modifications=[str(m) for m in p.get("projected_modifications", ())],
             )
         )
     elif event.type == ev.TOOL_CONFIRMATION_RESOLVED:
@@ -302,6 +322,17 @@ def event_from_pb(msg: pb.Event) -> Event:
             "side_effect": side_effect_from_pb(r.side_effect),
             "projected_modifications": list(r.projected_modifications),
         }
+        if r.diff:
+            payload["diff"] = r.diff
+    elif kind == "step_proposed":
+        sp = msg.step_proposed
+        payload = {
+            "step": sp.step,
+            "tool_name": sp.tool_name,
+            "input_summary": sp.input_summary,
+            "side_effect": side_effect_from_pb(sp.side_effect),
+            "projected_modifications": list(sp.projected_modifications),
+        }
     elif kind == "confirmation_resolved":
         s = msg.confirmation_resolved
         payload = {
@@ -331,6 +362,9 @@ def session_to_pb(info: SessionInfo) -> pb.Session:
         role=role_to_pb(info.role),
         labels=dict(info.labels),
         last_event_seq=info.last_event_seq,
+        approval_mode=cp.mode_to_pb(info.approval_mode),
+        capabilities=cp.capabilities_to_pb(info.capabilities),
+        plan=[cp.plan_step_to_pb(step) for step in info.plan],
     )
     msg.create_time.FromNanoseconds(int(info.create_time * 1e9))
     return msg
@@ -345,6 +379,9 @@ def session_from_pb(msg: pb.Session) -> SessionInfo:
         labels=dict(msg.labels),
         create_time=msg.create_time.ToNanoseconds() / 1e9,
         last_event_seq=msg.last_event_seq,
+        approval_mode=str(cp.mode_from_pb(msg.approval_mode) or "cautious"),
+        capabilities=cp.capabilities_from_pb(msg.capabilities, True, check=False) or Capabilities(),
+        plan=tuple(cp.plan_step_from_pb(step) for step in msg.plan),
     )
 
 

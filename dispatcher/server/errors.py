@@ -27,6 +27,10 @@ class InvalidRequest(RequestError, ValueError):
     """The request is malformed (no tool_uses, duplicate ids, a workspace escaping the root, ...)."""
 
 
+class FailedPrecondition(RequestError):
+    """The session is not in the state the request needs (ApprovePlan outside plan mode)."""
+
+
 class QuotaExceeded(RequestError):
     """A tenant quota (sessions, concurrent dispatches) is used up."""
 
@@ -41,6 +45,7 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (UnknownConfirmationError, grpc.StatusCode.NOT_FOUND),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
 )

@@ -11,7 +11,7 @@ import grpc
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
-from dispatcher.server import convert
+from dispatcher.server import convert, convert_policy, session_policy
 from dispatcher.server.auth import current_tenant
 from dispatcher.server.errors import InvalidRequest, status_for
 from dispatcher.server.inputs import InputParser
@@ -79,7 +79,21 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         role = convert.role_from_pb(request.role)
         if role is None:
             raise InvalidRequest(f"role: unknown value {request.role}")
-        entry = self._sessions.create(current_tenant(), request.workspace, role, dict(request.labels))
+        mode = convert_policy.mode_from_pb(request.approval_mode)
+        if mode is None:
+            raise InvalidRequest(f"approval_mode: unknown value {request.approval_mode}")
+        try:
+            caps = convert_policy.capabilities_from_pb(request.capabilities, request.HasField("capabilities"))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        entry = self._sessions.create(
+            current_tenant(),
+            request.workspace,
+            role,
+            dict(request.labels),
+            approval_mode=mode,
+            capabilities=caps,
+        )
         return pb.CreateSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
 
     @_unary
@@ -137,6 +151,31 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             current_tenant(), request.session_id, request.request_id, decision, request.remember
         )
         return pb.ResolveConfirmationResponse(applied=applied, decision=convert.decision_to_pb(winner))
+
+    @_unary
+    async def ResolveConfirmations(
+        self, request: pb.ResolveConfirmationsRequest, context: Ctx
+    ) -> pb.ResolveConfirmationsResponse:
+        decision = convert.decision_from_pb(request.decision)
+        if decision is None:
+            raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
+        applied = session_policy.resolve_many(
+            self._sessions, current_tenant(), request.session_id, decision, list(request.request_ids)
+        )
+        return pb.ResolveConfirmationsResponse(applied_request_ids=applied)
+
+    @_unary
+    async def ApprovePlan(self, request: pb.ApprovePlanRequest, context: Ctx) -> pb.ApprovePlanResponse:
+        decision = convert.decision_from_pb(request.decision)
+        if decision is None:
+            raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
+        steps, mode = session_policy.decide_plan(
+            self._sessions, current_tenant(), request.session_id, decision
+        )
+        return pb.ApprovePlanResponse(
+            steps=[convert_policy.plan_step_to_pb(s) for s in steps],
+            approval_mode=convert_policy.mode_to_pb(mode),
+        )
 
     @_stream
     async def WatchSession(

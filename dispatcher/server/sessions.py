@@ -10,17 +10,23 @@ import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dispatcher.core.approval import parse_mode
+from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
 from dispatcher.core.session import Session
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.server.convert import SessionInfo
+from dispatcher.server.convert_policy import narrow_capabilities
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
 from dispatcher.server.tenants import Tenant, resolve_workspace
+
+if TYPE_CHECKING:
+    from dispatcher.server.persistence import SessionPersistence
 
 log = logging.getLogger("dispatcher.server.sessions")
 
@@ -62,14 +68,26 @@ class SessionManager:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.persistence: SessionPersistence | None = None
+        """Where sessions are stored to survive a restart (None: they do not)."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def create(self, tenant: Tenant, workspace: str, role: Role, labels: Mapping[str, str]) -> ServerSession:
-        """Open a session in ``workspace`` (made if missing) under the tenant's root.
+    def create(
+        self,
+        tenant: Tenant,
+        workspace: str,
+        role: Role,
+        labels: Mapping[str, str],
+        *,
+        approval_mode: str = "cautious",
+        capabilities: Capabilities | None = None,
+    ) -> ServerSession:
+        """Open a session in ``workspace`` (made if missing) under the tenant's root, in
+        ``approval_mode``, with ``capabilities`` narrowing the tenant's (never widening them).
 
         Raises:
-            InvalidRequest: bad workspace name or labels.
+            InvalidRequest: bad workspace name, labels or mode; capabilities wider than the tenant's.
             QuotaExceeded: the tenant already has ``max_sessions`` open.
             ShuttingDown: the server is draining.
         """
@@ -81,28 +99,70 @@ class SessionManager:
             raise QuotaExceeded(
                 f"tenant {tenant.tenant_id!r} already has {limit} open sessions (max_sessions)"
             )
+        try:
+            mode = parse_mode(approval_mode)
+            known = (d.name for d in self.dispatcher.registry.definitions(role))
+            narrowed = narrow_capabilities(tenant.capabilities, capabilities, known)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         name, path = resolve_workspace(tenant, workspace)
-        session = Session(
-            session_id=f"ses_{secrets.token_hex(12)}",
-            workspace_path=str(path),
-            tenant_id=tenant.tenant_id,
-            role=role,
-            labels=dict(labels),
-            policy=tenant.policy,
-            capabilities=tenant.capabilities,
-            workspace_root=os.path.realpath(tenant.workspace_root),
-            workspace_name=name,
-            sandbox_uid=tenant.uid,
-            sandbox_gid=tenant.gid,
+        session = self.build_session(
+            tenant,
+            f"ses_{secrets.token_hex(12)}",
+            name,
+            str(path),
+            role,
+            labels,
+            approval_mode=mode,
+            capabilities=narrowed,
         )
-        self.dispatcher.open_session(session)
         entry = ServerSession(session, name, time.time())
+        if self.persistence is not None:  # stored before the session is acknowledged
+            self.persistence.created(entry)
+        self.dispatcher.open_session(session)
+        if self.persistence is not None:
+            self.persistence.attach(entry)
         state.sessions[session.session_id] = entry
         log.info(
             "session created",
             extra={"tenant_id": tenant.tenant_id, "session_id": session.session_id, "workspace": name},
         )
         return entry
+
+    @staticmethod
+    def build_session(
+        tenant: Tenant,
+        session_id: str,
+        name: str,
+        path: str,
+        role: Role,
+        labels: Mapping[str, str],
+        *,
+        approval_mode: str = "cautious",
+        capabilities: Capabilities | None = None,
+    ) -> Session:
+        """The core's Session for a workspace of the tenant (new, or given back after a restart).
+
+        ``capabilities`` (the session's own, as stored) are intersected with the tenant's as they
+        are now: a session given back never holds more than its tenant."""
+        return Session(
+            session_id=session_id,
+            workspace_path=path,
+            tenant_id=tenant.tenant_id,
+            role=role,
+            labels=dict(labels),
+            policy=tenant.policy,
+            capabilities=tenant.capabilities.intersect(capabilities),
+            approval_mode=approval_mode,
+            workspace_root=os.path.realpath(tenant.workspace_root),
+            workspace_name=name,
+            sandbox_uid=tenant.uid,
+            sandbox_gid=tenant.gid,
+        )
+
+    def restored(self, tenant: Tenant, entry: ServerSession) -> None:
+        """Register a session a restarted server gives back (already open in the dispatcher)."""
+        self._state(tenant).sessions[entry.session.session_id] = entry
 
     def get(self, tenant: Tenant, session_id: str) -> ServerSession:
         """The tenant's open session.
@@ -116,6 +176,14 @@ class SessionManager:
         if entry is None or entry.closing:
             raise UnknownSessionError(f"no session {session_id!r}")
         return entry
+
+    def count(self) -> int:
+        """Open sessions, every tenant's."""
+        return sum(len(state.sessions) for state in self._tenants.values())
+
+    def open_by_tenant(self) -> dict[str, int]:
+        """Open sessions per tenant id (the metrics' sessions_open)."""
+        return {tenant_id: len(state.sessions) for tenant_id, state in self._tenants.items()}
 
     def list_for(self, tenant: Tenant) -> list[ServerSession]:
         return sorted(
@@ -131,14 +199,18 @@ class SessionManager:
             await self.dispatcher.close_session(session_id)
         finally:
             self._state(tenant).sessions.pop(session_id, None)
+            if self.persistence is not None:
+                self.persistence.closed([session_id])
         log.info("session closed", extra={"tenant_id": tenant.tenant_id, "session_id": session_id})
 
     def info(self, entry: ServerSession) -> SessionInfo:
         s = entry.session
         try:
             last_seq = self.dispatcher.events(s.session_id).last_seq
+            runtime = self.dispatcher.session_state(s.session_id)
+            mode, plan = runtime.mode, tuple(runtime.plan)
         except UnknownSessionError:
-            last_seq = 0
+            last_seq, mode, plan = 0, s.approval_mode, ()
         return SessionInfo(
             session_id=s.session_id,
             workspace=entry.workspace,
@@ -147,6 +219,9 @@ class SessionManager:
             labels=dict(s.labels),
             create_time=entry.create_time,
             last_event_seq=last_seq,
+            approval_mode=mode,
+            capabilities=s.capabilities or Capabilities(),
+            plan=plan,
         )
 
     # --- calls ---------------------------------------------------------------------------------
@@ -305,11 +380,16 @@ class SessionManager:
             *(self.dispatcher.cancel_session_tools(sid) for sid in ids), return_exceptions=True
         )
 
-    async def aclose(self, timeout: float = 30.0) -> None:
-        """Close every session (stopping its sandbox), tolerating failures of single sessions."""
+    async def aclose(self, timeout: float = 30.0, *, keep_sessions: bool = False) -> None:
+        """Close every session (stopping its sandbox), tolerating failures of single sessions.
+
+        ``keep_sessions``: leave them open and stored, for the next start to give back.
+        """
         self.start_draining()
         if self._background:
             await asyncio.wait(tuple(self._background), timeout=timeout)
+        if keep_sessions:
+            return
         for tenant_id, state in self._tenants.items():
             for session_id in list(state.sessions):
                 try:
@@ -319,6 +399,8 @@ class SessionManager:
                         "closing session failed", extra={"tenant_id": tenant_id, "session_id": session_id}
                     )
                 state.sessions.pop(session_id, None)
+                if self.persistence is not None:
+                    self.persistence.closed([session_id])
 
     def _check_open(self) -> None:
         if self._draining:

@@ -8,8 +8,10 @@ Two error channels, kept apart: a tool that fails still produces a ToolResult (i
 gRPC status codes are only for the request itself:
   UNAUTHENTICATED    no or bad `authorization: Bearer <token>` metadata
   NOT_FOUND          unknown session, or a session of another tenant
-  INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value
+  INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value,
+                     session capabilities wider than the tenant's
   RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches) or a message size limit
+  FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
   UNAVAILABLE        the server is shutting down
 """
 
@@ -218,6 +220,232 @@ RESOLUTION_REASON_CANCELLED: ResolutionReason.ValueType  # 4
 """The call was cancelled while it waited for an answer."""
 Global___ResolutionReason: _TypeAlias = ResolutionReason  # noqa: Y015
 
+class _ApprovalMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ApprovalModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ApprovalMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    APPROVAL_MODE_UNSPECIFIED: _ApprovalMode.ValueType  # 0
+    """Not set; CreateSession takes it as APPROVAL_MODE_CAUTIOUS."""
+    APPROVAL_MODE_CAUTIOUS: _ApprovalMode.ValueType  # 1
+    """The tenant's tool_confirmation policy as configured (default: writes, execute, network ask)."""
+    APPROVAL_MODE_AUTONOMOUS: _ApprovalMode.ValueType  # 2
+    """Nothing asks (always_prompt tools and the policy's denies still apply)."""
+    APPROVAL_MODE_MANUAL: _ApprovalMode.ValueType  # 3
+    """Every call asks, NONE and READ tools included."""
+    APPROVAL_MODE_PLAN: _ApprovalMode.ValueType  # 4
+    """Reads run; a call with side effects does not run, it becomes a proposed step (event
+    tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous.
+    """
+    APPROVAL_MODE_REVIEW: _ApprovalMode.ValueType  # 5
+    """write_file/patch_file are staged: the confirmation request carries the diff; an accepted change
+    is applied atomically, a rejected one dropped. Other calls as cautious.
+    """
+    APPROVAL_MODE_AUDIT: _ApprovalMode.ValueType  # 6
+    """Nothing asks; every call is recorded for later review (audit log decision "audit", events)."""
+
+class ApprovalMode(_ApprovalMode, metaclass=_ApprovalModeEnumTypeWrapper):
+    """How a session asks before it runs a call (spec 004); the README's Policy section has the table."""
+
+APPROVAL_MODE_UNSPECIFIED: ApprovalMode.ValueType  # 0
+"""Not set; CreateSession takes it as APPROVAL_MODE_CAUTIOUS."""
+APPROVAL_MODE_CAUTIOUS: ApprovalMode.ValueType  # 1
+"""The tenant's tool_confirmation policy as configured (default: writes, execute, network ask)."""
+APPROVAL_MODE_AUTONOMOUS: ApprovalMode.ValueType  # 2
+"""Nothing asks (always_prompt tools and the policy's denies still apply)."""
+APPROVAL_MODE_MANUAL: ApprovalMode.ValueType  # 3
+"""Every call asks, NONE and READ tools included."""
+APPROVAL_MODE_PLAN: ApprovalMode.ValueType  # 4
+"""Reads run; a call with side effects does not run, it becomes a proposed step (event
+tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous.
+"""
+APPROVAL_MODE_REVIEW: ApprovalMode.ValueType  # 5
+"""write_file/patch_file are staged: the confirmation request carries the diff; an accepted change
+is applied atomically, a rejected one dropped. Other calls as cautious.
+"""
+APPROVAL_MODE_AUDIT: ApprovalMode.ValueType  # 6
+"""Nothing asks; every call is recorded for later review (audit log decision "audit", events)."""
+Global___ApprovalMode: _TypeAlias = ApprovalMode  # noqa: Y015
+
+class _FsAccess:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FsAccessEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FsAccess.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FS_ACCESS_UNSPECIFIED: _FsAccess.ValueType  # 0
+    """Not set; rejected with INVALID_ARGUMENT."""
+    FS_ACCESS_READ: _FsAccess.ValueType  # 1
+    """Read only."""
+    FS_ACCESS_READ_WRITE: _FsAccess.ValueType  # 2
+    """Read and write."""
+
+class FsAccess(_FsAccess, metaclass=_FsAccessEnumTypeWrapper):
+    """Read or read-write access to a path prefix of the workspace."""
+
+FS_ACCESS_UNSPECIFIED: FsAccess.ValueType  # 0
+"""Not set; rejected with INVALID_ARGUMENT."""
+FS_ACCESS_READ: FsAccess.ValueType  # 1
+"""Read only."""
+FS_ACCESS_READ_WRITE: FsAccess.ValueType  # 2
+"""Read and write."""
+Global___FsAccess: _TypeAlias = FsAccess  # noqa: Y015
+
+@_typing.final
+class FsGrant(_message.Message):
+    """Access to a workspace path prefix ("." is the whole workspace)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    ACCESS_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Workspace-relative path prefix."""
+    access: Global___FsAccess.ValueType
+    """The access granted."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        access: Global___FsAccess.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FsGrant: _TypeAlias = FsGrant  # noqa: Y015
+
+@_typing.final
+class ToolNames(_message.Message):
+    """A list of tool names (a message, so that "not set" and "empty" differ)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Exact-case tool names."""
+
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolNames: _TypeAlias = ToolNames  # noqa: Y015
+
+@_typing.final
+class FsGrants(_message.Message):
+    """A list of filesystem grants (a message, so that "not set" and "empty" differ)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___FsGrant]:
+        """The grants."""
+
+    def __init__(
+        self,
+        *,
+        grants: _abc.Iterable[Global___FsGrant] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FsGrants: _TypeAlias = FsGrants  # noqa: Y015
+
+@_typing.final
+class SessionCapabilities(_message.Message):
+    """What a session may use: only ever narrower than its tenant's capabilities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOLS_FIELD_NUMBER: _builtins.int
+    FS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tools(self) -> Global___ToolNames:
+        """Not set: the tenant's tools. Set: only these; each must be a tool the tenant may use."""
+
+    @_builtins.property
+    def fs(self) -> Global___FsGrants:
+        """Not set: the tenant's grants. Set: only these; each must be inside a tenant grant of at least
+        that access.
+        """
+
+    def __init__(
+        self,
+        *,
+        tools: Global___ToolNames | None = ...,
+        fs: Global___FsGrants | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fs", b"fs", "tools", b"tools"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fs", b"fs", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionCapabilities: _TypeAlias = SessionCapabilities  # noqa: Y015
+
+@_typing.final
+class PlanStep(_message.Message):
+    """A call a plan-mode session proposed instead of running it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    TOOL_USE_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    SIDE_EFFECT_FIELD_NUMBER: _builtins.int
+    INPUT_SUMMARY_FIELD_NUMBER: _builtins.int
+    PROJECTED_MODIFICATIONS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """1-based position in the plan."""
+    turn_id: _builtins.str
+    """The turn of the call."""
+    tool_use_id: _builtins.str
+    """The ToolUse.id of the call."""
+    tool_name: _builtins.str
+    """Name of the tool."""
+    side_effect: Global___SideEffect.ValueType
+    """The tool's side-effect class."""
+    input_summary: _builtins.str
+    """The input as a confirmation request shows it (whole, escaped)."""
+    @_builtins.property
+    def projected_modifications(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Workspace-relative paths the call would modify."""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        turn_id: _builtins.str = ...,
+        tool_use_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        side_effect: Global___SideEffect.ValueType = ...,
+        input_summary: _builtins.str = ...,
+        projected_modifications: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_summary", b"input_summary", "projected_modifications", b"projected_modifications", "side_effect", b"side_effect", "step", b"step", "tool_name", b"tool_name", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanStep: _TypeAlias = PlanStep  # noqa: Y015
+
 @_typing.final
 class Session(_message.Message):
     """A session: one agent conversation bound to one workspace and one sandbox."""
@@ -251,6 +479,9 @@ class Session(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     LAST_EVENT_SEQ_FIELD_NUMBER: _builtins.int
+    APPROVAL_MODE_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Server-assigned id."""
     workspace: _builtins.str
@@ -263,6 +494,8 @@ class Session(_message.Message):
     """Seq of the last event published in the session (0 if none); pass it to WatchSession to follow
     only new events.
     """
+    approval_mode: Global___ApprovalMode.ValueType
+    """The approval mode in force (a plan-mode session whose plan was approved reports AUTONOMOUS)."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels given at creation."""
@@ -270,6 +503,14 @@ class Session(_message.Message):
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the session was created."""
+
+    @_builtins.property
+    def capabilities(self) -> Global___SessionCapabilities:
+        """What the session may use (the tenant's, narrowed by CreateSession); unset parts are unrestricted."""
+
+    @_builtins.property
+    def plan(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanStep]:
+        """The steps a plan-mode session proposed and that await ApprovePlan."""
 
     def __init__(
         self,
@@ -281,10 +522,13 @@ class Session(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         last_event_seq: _builtins.int = ...,
+        approval_mode: Global___ApprovalMode.ValueType = ...,
+        capabilities: Global___SessionCapabilities | None = ...,
+        plan: _abc.Iterable[Global___PlanStep] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "labels", b"labels", "last_event_seq", b"last_event_seq", "role", b"role", "session_id", b"session_id", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "labels", b"labels", "last_event_seq", b"last_event_seq", "plan", b"plan", "role", b"role", "session_id", b"session_id", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -465,7 +709,9 @@ class ToolResult(_message.Message):
 
     @_builtins.property
     def files_modified(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Workspace paths the call modified."""
+        """Workspace paths the call modified, relative to the workspace root ("src/auth.ts"): the same form
+        as ToolConfirmationRequested.projected_modifications.
+        """
 
     def __init__(
         self,
@@ -647,6 +893,7 @@ class ToolConfirmationRequested(_message.Message):
     INPUT_SUMMARY_FIELD_NUMBER: _builtins.int
     SIDE_EFFECT_FIELD_NUMBER: _builtins.int
     PROJECTED_MODIFICATIONS_FIELD_NUMBER: _builtins.int
+    DIFF_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Id to pass to ResolveConfirmation."""
     tool_name: _builtins.str
@@ -659,9 +906,13 @@ class ToolConfirmationRequested(_message.Message):
     """
     side_effect: Global___SideEffect.ValueType
     """The tool's side-effect class."""
+    diff: _builtins.str
+    """Review mode: the staged change as a unified diff (empty otherwise). Allowing applies exactly this."""
     @_builtins.property
     def projected_modifications(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Workspace paths the call would modify (e.g. "src/auth.ts")."""
+        """Workspace paths the call would modify, relative to the workspace root (e.g. "src/auth.ts");
+        a name that is not UTF-8 or holds a backslash is escaped as list_dir shows it.
+        """
 
     def __init__(
         self,
@@ -671,10 +922,11 @@ class ToolConfirmationRequested(_message.Message):
         input_summary: _builtins.str = ...,
         side_effect: Global___SideEffect.ValueType = ...,
         projected_modifications: _abc.Iterable[_builtins.str] | None = ...,
+        diff: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_summary", b"input_summary", "projected_modifications", b"projected_modifications", "request_id", b"request_id", "side_effect", b"side_effect", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diff", b"diff", "input_summary", b"input_summary", "projected_modifications", b"projected_modifications", "request_id", b"request_id", "side_effect", b"side_effect", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -690,7 +942,9 @@ class ToolConfirmationResolved(_message.Message):
     DECISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
-    """Id of the request."""
+    """Id of the request; empty when reason is REMEMBERED (no request was opened: the remembered
+    answer applied to this call, which the event's tool_use_id names).
+    """
     decision: Global___Decision.ValueType
     """The winning decision."""
     reason: Global___ResolutionReason.ValueType
@@ -711,6 +965,46 @@ class ToolConfirmationResolved(_message.Message):
 Global___ToolConfirmationResolved: _TypeAlias = ToolConfirmationResolved  # noqa: Y015
 
 @_typing.final
+class ToolStepProposed(_message.Message):
+    """Payload of `tool.step_proposed`: a plan-mode session held the call back as a step of its plan."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    INPUT_SUMMARY_FIELD_NUMBER: _builtins.int
+    SIDE_EFFECT_FIELD_NUMBER: _builtins.int
+    PROJECTED_MODIFICATIONS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """1-based position in the plan."""
+    tool_name: _builtins.str
+    """Name of the tool."""
+    input_summary: _builtins.str
+    """The input as a confirmation request shows it."""
+    side_effect: Global___SideEffect.ValueType
+    """The tool's side-effect class."""
+    @_builtins.property
+    def projected_modifications(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Workspace-relative paths the call would modify."""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        tool_name: _builtins.str = ...,
+        input_summary: _builtins.str = ...,
+        side_effect: Global___SideEffect.ValueType = ...,
+        projected_modifications: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_summary", b"input_summary", "projected_modifications", b"projected_modifications", "side_effect", b"side_effect", "step", b"step", "tool_name", b"tool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolStepProposed: _TypeAlias = ToolStepProposed  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
     """One step of one tool call, as published on the session's event bus."""
 
@@ -729,6 +1023,7 @@ class Event(_message.Message):
     INPUT_INVALID_FIELD_NUMBER: _builtins.int
     CONFIRMATION_REQUESTED_FIELD_NUMBER: _builtins.int
     CONFIRMATION_RESOLVED_FIELD_NUMBER: _builtins.int
+    STEP_PROPOSED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Per-session sequence number, strictly increasing."""
     session_id: _builtins.str
@@ -771,6 +1066,10 @@ class Event(_message.Message):
     def confirmation_resolved(self) -> Global___ToolConfirmationResolved:
         """Set for tool.confirmation_resolved."""
 
+    @_builtins.property
+    def step_proposed(self) -> Global___ToolStepProposed:
+        """Set for tool.step_proposed."""
+
     def __init__(
         self,
         *,
@@ -787,12 +1086,13 @@ class Event(_message.Message):
         input_invalid: Global___ToolInputInvalid | None = ...,
         confirmation_requested: Global___ToolConfirmationRequested | None = ...,
         confirmation_resolved: Global___ToolConfirmationResolved | None = ...,
+        step_proposed: Global___ToolStepProposed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "step_proposed", b"step_proposed", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "seq", b"seq", "session_id", b"session_id", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "seq", b"seq", "session_id", b"session_id", "step_proposed", b"step_proposed", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved", "step_proposed"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
@@ -827,15 +1127,25 @@ class CreateSessionRequest(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    APPROVAL_MODE_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
     workspace: _builtins.str
     """Workspace name or relative path under the tenant's workspace root; created if missing. Empty means
     "default". Absolute paths and paths that escape the root are INVALID_ARGUMENT.
     """
     role: Global___Role.ValueType
     """The session's role."""
+    approval_mode: Global___ApprovalMode.ValueType
+    """How the session asks before running calls (UNSPECIFIED: cautious)."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels, echoed back in Session."""
+
+    @_builtins.property
+    def capabilities(self) -> Global___SessionCapabilities:
+        """Narrower capabilities than the tenant's, e.g. a CI agent's read-only tools. A request that
+        would widen them (a tool or a grant the tenant lacks) is INVALID_ARGUMENT naming it.
+        """
 
     def __init__(
         self,
@@ -843,10 +1153,12 @@ class CreateSessionRequest(_message.Message):
         workspace: _builtins.str = ...,
         role: Global___Role.ValueType = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        approval_mode: Global___ApprovalMode.ValueType = ...,
+        capabilities: Global___SessionCapabilities | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "role", b"role", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "labels", b"labels", "role", b"role", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1168,7 +1480,11 @@ class ResolveConfirmationRequest(_message.Message):
     decision: Global___Decision.ValueType
     """Allow or deny."""
     remember: _builtins.bool
-    """With DECISION_ALLOW: approve this tool for the rest of the session."""
+    """Remember this answer for this tool for the rest of the session: a remembered allow runs later
+    calls without asking, a remembered deny refuses them without asking; each time one applies, a
+    tool.confirmation_resolved event with reason REMEMBERED says so. Ignored for tools that always
+    prompt.
+    """
     def __init__(
         self,
         *,
@@ -1210,6 +1526,116 @@ class ResolveConfirmationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveConfirmationResponse: _TypeAlias = ResolveConfirmationResponse  # noqa: Y015
+
+@_typing.final
+class ResolveConfirmationsRequest(_message.Message):
+    """Request of ResolveConfirmations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session of the requests."""
+    decision: Global___Decision.ValueType
+    """Allow or deny, for all of them."""
+    @_builtins.property
+    def request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The requests to answer; empty: every request of the session pending now."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        decision: Global___Decision.ValueType = ...,
+        request_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "request_ids", b"request_ids", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveConfirmationsRequest: _TypeAlias = ResolveConfirmationsRequest  # noqa: Y015
+
+@_typing.final
+class ResolveConfirmationsResponse(_message.Message):
+    """Response of ResolveConfirmations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLIED_REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def applied_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The requests this answer decided (others were already answered)."""
+
+    def __init__(
+        self,
+        *,
+        applied_request_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_request_ids", b"applied_request_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveConfirmationsResponse: _TypeAlias = ResolveConfirmationsResponse  # noqa: Y015
+
+@_typing.final
+class ApprovePlanRequest(_message.Message):
+    """Request of ApprovePlan."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The plan-mode session."""
+    decision: Global___Decision.ValueType
+    """DECISION_ALLOW: run as autonomous from now on; DECISION_DENY: drop the steps, stay in plan mode."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        decision: Global___Decision.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovePlanRequest: _TypeAlias = ApprovePlanRequest  # noqa: Y015
+
+@_typing.final
+class ApprovePlanResponse(_message.Message):
+    """Response of ApprovePlan."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    APPROVAL_MODE_FIELD_NUMBER: _builtins.int
+    approval_mode: Global___ApprovalMode.ValueType
+    """The mode the session is in now."""
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanStep]:
+        """The steps that were proposed (now cleared)."""
+
+    def __init__(
+        self,
+        *,
+        steps: _abc.Iterable[Global___PlanStep] | None = ...,
+        approval_mode: Global___ApprovalMode.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovePlanResponse: _TypeAlias = ApprovePlanResponse  # noqa: Y015
 
 @_typing.final
 class WatchSessionRequest(_message.Message):

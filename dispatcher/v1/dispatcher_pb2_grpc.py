@@ -75,6 +75,16 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationResponse.FromString,
                 _registered_method=True)
+        self.ResolveConfirmations = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ResolveConfirmations',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationsRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationsResponse.FromString,
+                _registered_method=True)
+        self.ApprovePlan = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ApprovePlan',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApprovePlanRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApprovePlanResponse.FromString,
+                _registered_method=True)
         self.WatchSession = channel.unary_stream(
                 '/dispatcher.v1.ToolDispatcher/WatchSession',
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchSessionRequest.SerializeToString,
@@ -153,6 +163,23 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveConfirmations(self, request, context):
+        """Answers several pending confirmation requests of the session at once (a batch of staged writes
+        in review mode, say): the listed ones, or every pending one when none is listed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApprovePlan(self, request, context):
+        """Approves (the session then runs as autonomous) or rejects (it stays in plan mode) the steps a
+        plan-mode session proposed. Either way the proposed steps are cleared and returned; the model
+        calls them again to run them. FAILED_PRECONDITION when the session is not in plan mode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchSession(self, request, context):
         """Streams every event of the session with seq > after_seq: retained history first, then live,
         until the session closes or the client goes away.
@@ -225,6 +252,16 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.ResolveConfirmation,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationResponse.SerializeToString,
+            ),
+            'ResolveConfirmations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveConfirmations,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationsRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationsResponse.SerializeToString,
+            ),
+            'ApprovePlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApprovePlan,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApprovePlanRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApprovePlanResponse.SerializeToString,
             ),
             'WatchSession': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchSession,
@@ -459,6 +496,60 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/ResolveConfirmation',
             dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveConfirmations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ResolveConfirmations',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationsRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ResolveConfirmationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApprovePlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ApprovePlan',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ApprovePlanRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ApprovePlanResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,8 +8,10 @@ Two error channels, kept apart: a tool that fails still produces a ToolResult (i
 gRPC status codes are only for the request itself:
   UNAUTHENTICATED    no or bad `authorization: Bearer <token>` metadata
   NOT_FOUND          unknown session, or a session of another tenant
-  INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value
+  INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value,
+                     session capabilities wider than the tenant's
   RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches) or a message size limit
+  FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
   UNAVAILABLE        the server is shutting down
 """
 
@@ -61,6 +63,15 @@ class ToolDispatcherStub:
     """Cancels every in-flight tool call of the session; their results say `cancelled`."""
     ResolveConfirmation: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationRequest, _dispatcher_pb2.ResolveConfirmationResponse]
     """Answers a pending confirmation request. The first answer wins; later ones get applied=false."""
+    ResolveConfirmations: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationsRequest, _dispatcher_pb2.ResolveConfirmationsResponse]
+    """Answers several pending confirmation requests of the session at once (a batch of staged writes
+    in review mode, say): the listed ones, or every pending one when none is listed.
+    """
+    ApprovePlan: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ApprovePlanRequest, _dispatcher_pb2.ApprovePlanResponse]
+    """Approves (the session then runs as autonomous) or rejects (it stays in plan mode) the steps a
+    plan-mode session proposed. Either way the proposed steps are cleared and returned; the model
+    calls them again to run them. FAILED_PRECONDITION when the session is not in plan mode.
+    """
     WatchSession: _grpc.UnaryStreamMultiCallable[_dispatcher_pb2.WatchSessionRequest, _dispatcher_pb2.WatchSessionResponse]
     """Streams every event of the session with seq > after_seq: retained history first, then live,
     until the session closes or the client goes away.
@@ -103,6 +114,15 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     """Cancels every in-flight tool call of the session; their results say `cancelled`."""
     ResolveConfirmation: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationRequest, _dispatcher_pb2.ResolveConfirmationResponse]  # type: ignore[assignment]
     """Answers a pending confirmation request. The first answer wins; later ones get applied=false."""
+    ResolveConfirmations: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationsRequest, _dispatcher_pb2.ResolveConfirmationsResponse]  # type: ignore[assignment]
+    """Answers several pending confirmation requests of the session at once (a batch of staged writes
+    in review mode, say): the listed ones, or every pending one when none is listed.
+    """
+    ApprovePlan: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ApprovePlanRequest, _dispatcher_pb2.ApprovePlanResponse]  # type: ignore[assignment]
+    """Approves (the session then runs as autonomous) or rejects (it stays in plan mode) the steps a
+    plan-mode session proposed. Either way the proposed steps are cleared and returned; the model
+    calls them again to run them. FAILED_PRECONDITION when the session is not in plan mode.
+    """
     WatchSession: _aio.UnaryStreamMultiCallable[_dispatcher_pb2.WatchSessionRequest, _dispatcher_pb2.WatchSessionResponse]  # type: ignore[assignment]
     """Streams every event of the session with seq > after_seq: retained history first, then live,
     until the session closes or the client goes away.
@@ -190,6 +210,27 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_pb2.ResolveConfirmationResponse, _abc.Awaitable[_dispatcher_pb2.ResolveConfirmationResponse]]:
         """Answers a pending confirmation request. The first answer wins; later ones get applied=false."""
+
+    @_abc_1.abstractmethod
+    def ResolveConfirmations(
+        self,
+        request: _dispatcher_pb2.ResolveConfirmationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ResolveConfirmationsResponse, _abc.Awaitable[_dispatcher_pb2.ResolveConfirmationsResponse]]:
+        """Answers several pending confirmation requests of the session at once (a batch of staged writes
+        in review mode, say): the listed ones, or every pending one when none is listed.
+        """
+
+    @_abc_1.abstractmethod
+    def ApprovePlan(
+        self,
+        request: _dispatcher_pb2.ApprovePlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ApprovePlanResponse, _abc.Awaitable[_dispatcher_pb2.ApprovePlanResponse]]:
+        """Approves (the session then runs as autonomous) or rejects (it stays in plan mode) the steps a
+        plan-mode session proposed. Either way the proposed steps are cleared and returned; the model
+        calls them again to run them. FAILED_PRECONDITION when the session is not in plan mode.
+        """
 
     @_abc_1.abstractmethod
     def WatchSession(

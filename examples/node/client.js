@@ -208,6 +208,26 @@ async function main() {
   expect(refused && refused.code === grpc.status.INVALID_ARGUMENT && refused.details.includes("../escape.txt"), "hostile member refused");
 
   await unary("CloseSession", { session_id: session.session_id });
+
+  // A second session of the same tenant in plan mode, with fewer tools: side effects wait for a human.
+  const { session: planned } = await unary("CreateSession", {
+    workspace: "node-plan",
+    approval_mode: "APPROVAL_MODE_PLAN",
+    capabilities: { tools: { names: ["read_file", "list_dir", "write_file"] } },
+  });
+  expect(planned.approval_mode === "APPROVAL_MODE_PLAN", "the session is in plan mode");
+  const [held] = await dispatch(planned.session_id, [
+    { id: "node-plan-write", name: "write_file", input_json: JSON.stringify({ path: "plan.txt", content: "x" }) },
+  ]);
+  expect(held.is_error && held.content[0].text.text.includes("step 1"), "the write became step 1 of the plan");
+  const approved = await unary("ApprovePlan", { session_id: planned.session_id, decision: "DECISION_ALLOW" });
+  console.log(`plan approved: ${approved.steps.length} step(s), now ${approved.approval_mode}`);
+  expect(approved.approval_mode === "APPROVAL_MODE_AUTONOMOUS", "an approved plan runs as autonomous");
+  const [wrote] = await dispatch(planned.session_id, [
+    { id: "node-plan-write-2", name: "write_file", input_json: JSON.stringify({ path: "plan.txt", content: "x" }) },
+  ]);
+  expect(!wrote.is_error && wrote.files_modified[0] === "plan.txt", "the step runs after approval");
+  await unary("CloseSession", { session_id: planned.session_id });
   client.close();
   console.log(process.exitCode ? "FAILED" : "OK");
 }

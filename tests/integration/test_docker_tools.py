@@ -39,7 +39,7 @@ def text(output: ToolOutput) -> str:
 async def test_write_then_read_with_offset_and_limit(sandbox: Sandbox, session: Session) -> None:
     body = "".join(f"line {i}\n" for i in range(1, 11))
     written = await call(WriteFileTool(), sandbox, session, path="src/notes.txt", content=body)
-    assert written.files_modified == ["/workspace/src/notes.txt"]
+    assert written.files_modified == ["src/notes.txt"]
     with open(os.path.join(session.workspace_path, "src/notes.txt")) as f:
         assert f.read() == body
     out = await call(ReadFileTool(), sandbox, session, path="src/notes.txt", offset=3, limit=2)
@@ -69,7 +69,7 @@ async def test_read_image_and_refuse_binary(sandbox: Sandbox, session: Session) 
 async def test_patch_exactly_once_or_change_nothing(sandbox: Sandbox, session: Session) -> None:
     await sandbox.write("p.py", "a = 1\nb = 1\n")
     out = await call(PatchFileTool(), sandbox, session, path="p.py", old="a = 1", new="a = 2")
-    assert out.files_modified == ["/workspace/p.py"]
+    assert out.files_modified == ["p.py"]
     assert await sandbox.read("p.py") == "a = 2\nb = 1\n"
     for old, code in (("zzz", "no_match"), (" = ", "multiple_matches")):
         with pytest.raises(FileOpError) as excinfo:

@@ -7,10 +7,14 @@ from pathlib import Path
 
 import yaml
 
+from dispatcher.core.approval import ApprovalMode, mode_policy
 from dispatcher.core.policy import _ALLOWED_KEYS, PRESETS, ConfirmationPolicy, Mode
+from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS, parse_timeouts
 from dispatcher.core.types import SideEffect
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+PROTO = (README.parent / "proto" / "dispatcher" / "v1" / "dispatcher.proto").read_text()
 
 
 def _policy_section() -> str:
@@ -38,3 +42,44 @@ def test_the_documented_example_is_a_valid_policy() -> None:
     assert policy.default[SideEffect.WRITE] is Mode.PROMPT  # `default:` adjusts the preset
     assert policy.default[SideEffect.READ] is Mode.AUTO
     assert policy.per_tool["shell"] is Mode.PROMPT_ONCE
+
+
+def test_every_approval_mode_has_its_row_and_the_session_keys_are_documented() -> None:
+    section = _policy_section()
+    for mode in ApprovalMode:
+        assert re.search(rf"^\| `{mode.value}`( \(default\))? \|", section, re.M), mode
+        assert f"APPROVAL_MODE_{mode.name}" in PROTO, mode
+    for needle in (
+        "approval_mode",
+        "capabilities",
+        "ApprovePlan",
+        "ResolveConfirmations",
+        "tool.step_proposed",
+        "INVALID_ARGUMENT",
+        "FAILED_PRECONDITION",
+        "remembered deny refuses later calls of that tool",
+        "reason `remembered`",
+        "**`timeouts:`**",
+        "**`dispatcher.default_timeout`** (60 s)",
+        "**`dispatcher.execute_timeout`** (600 s)",
+    ):
+        assert needle in section, needle
+    defaults = DispatcherConfig()
+    assert (defaults.default_timeout, defaults.execute_timeout) == (60.0, 600.0)
+    assert f"(0, {MAX_TIMEOUT_SECONDS:g}]" in section
+
+
+def test_the_documented_timeouts_example_is_valid() -> None:
+    (example,) = re.findall(r"```yaml\n(timeouts:.*?)```", _policy_section(), re.S)
+    assert parse_timeouts(yaml.safe_load(example)["timeouts"])["shell"] == 1800.0
+
+
+def test_the_mode_table_matches_the_policy_it_applies() -> None:
+    base = ConfirmationPolicy()
+    for name, expected in (("autonomous", Mode.AUTO), ("audit", Mode.AUTO), ("manual", Mode.PROMPT)):
+        policy = mode_policy(base, name)
+        assert all(policy.mode_for("t", e, "/w") is expected for e in SideEffect), name
+    for name in ("cautious", "plan", "review"):
+        assert mode_policy(base, name) == base, name
+    denying = ConfirmationPolicy.from_config({"default": {"EXECUTE": "deny"}})
+    assert mode_policy(denying, "autonomous").mode_for("shell", SideEffect.EXECUTE, "/w") is Mode.DENY

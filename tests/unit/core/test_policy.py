@@ -54,7 +54,7 @@ def test_presets() -> None:
     assert ConfirmationPolicy.preset("autonomous").mode_for("t", SideEffect.NETWORK, "/w") is Mode.AUTO
     manual = ConfirmationPolicy.preset("manual")
     assert manual.mode_for("t", SideEffect.READ, "/w") is Mode.PROMPT
-    assert manual.mode_for("t", SideEffect.NONE, "/w") is Mode.AUTO
+    assert manual.mode_for("t", SideEffect.NONE, "/w") is Mode.PROMPT  # issue 10: NONE asks too
     assert ConfirmationPolicy.preset("cautious") == ConfirmationPolicy()
     assert (
         ConfirmationPolicy.from_config({"preset": "autonomous", "default": {"write": "deny"}}).mode_for(

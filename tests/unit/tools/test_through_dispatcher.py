@@ -39,7 +39,7 @@ async def test_write_patch_read_shell_round_trip(dispatcher: ToolDispatcher, wor
         for i, (name, tool_input) in enumerate(calls)
     ]
     write, patch, read, shell, escape = results
-    assert not write.is_error and write.files_modified == (str(workspace / "src/a.py"),)
+    assert not write.is_error and write.files_modified == ("src/a.py",)
     assert not patch.is_error and (workspace / "src/a.py").read_text() == "x = 2\n"
     assert read.content[0].type == "text" and read.content[0].text == "x = 2\n"
     assert shell.is_error and shell.error_class is ToolErrorClass.EXECUTION_ERROR

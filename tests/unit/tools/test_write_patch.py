@@ -18,7 +18,7 @@ async def test_write_creates_parents_and_reports(harness: Harness, workspace: Pa
     output = await harness.run(WriteFileTool(), path="src/pkg/mod.py", content="a = 1\nb = 2\n")
     assert (workspace / "src/pkg/mod.py").read_text() == "a = 1\nb = 2\n"
     assert text_of(output) == "Wrote 2 lines (12 bytes) to src/pkg/mod.py"
-    assert output.files_modified == [str(workspace / "src/pkg/mod.py")]
+    assert output.files_modified == ["src/pkg/mod.py"]
 
 
 async def test_write_keeps_mode_and_leaves_no_temp_files(harness: Harness, workspace: Path) -> None:
@@ -57,7 +57,7 @@ async def test_patch_replaces_the_single_occurrence(harness: Harness, workspace:
     )
     assert target.read_text() == "def f():\n    x = 1\n    return x\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
-    assert output.files_modified == [str(target)] and "Patched m.py" in text_of(output)
+    assert output.files_modified == ["m.py"] and "Patched m.py" in text_of(output)
 
 
 async def test_patch_without_match_explains_and_changes_nothing(harness: Harness, workspace: Path) -> None:

@@ -1,0 +1,302 @@
+"""Step 4 of a call (spec 000 §4): the session's approval mode (spec 004), the confirmation policy,
+remembered answers, and asking a human.
+
+Modes (``Session.approval_mode``; the README's Policy section has the table):
+
+- ``cautious``: the tenant's ``tool_confirmation`` policy as configured (default: WRITE, EXECUTE
+  and NETWORK prompt).
+- ``autonomous``: nothing asks; ``manual``: everything asks, NONE and READ included.
+- ``plan``: NONE/READ calls run as in cautious; a call with side effects does not run: it becomes a
+  proposed step of the session's plan (``tool.step_proposed``) and its result says so. Once a human
+  approves the plan (``ApprovePlan``) the session behaves as ``autonomous``.
+- ``review``: writes of ``write_file``/``patch_file`` are staged: the request carries the diff, and
+  an accepted change is applied atomically in the sandbox (``core/review.py``); the rest as cautious.
+- ``audit``: nothing asks, every call is recorded (audit log decision ``audit``).
+
+In every mode a ``deny`` of the tenant's policy (per tool or per class) stays a deny, a per-tool
+mode of the policy wins over the mode's class defaults, and ``always_prompt`` tools always ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, cast
+
+from dispatcher.core import events as ev
+from dispatcher.core import review
+from dispatcher.core.confirmation import Decision
+from dispatcher.core.display import confirmation_text
+from dispatcher.core.errors import (
+    ConfirmationTimeout,
+    ToolCancelled,
+    ToolPermissionDenied,
+    ToolUserDenied,
+)
+from dispatcher.core.policy import ConfirmationPolicy, Mode
+from dispatcher.core.review import REVIEWED_TOOLS
+from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.types import SideEffect, ToolDefinition
+from dispatcher.core.visible import visible
+
+if TYPE_CHECKING:
+    from dispatcher.core.calls import SessionState
+    from dispatcher.core.pipeline import CallRun
+
+__all__ = [
+    "ApprovalMode",
+    "PlanStep",
+    "approve_plan",
+    "confirm",
+    "mode_policy",
+    "parse_mode",
+    "policy_mode",
+    "projected",
+]
+
+SIDE_EFFECTS_THAT_CHANGE = frozenset({SideEffect.WRITE, SideEffect.EXECUTE, SideEffect.NETWORK})
+MAX_PLAN_STEPS = 200
+"""Steps one plan holds; a call beyond is refused unrecorded (the session's memory stays bounded)."""
+PLAN_SUMMARY_CHARS = 2_000
+"""A step keeps its input this long (head and tail): approving a plan switches the mode, it does not
+approve these exact calls, which the model makes again."""
+
+
+class ApprovalMode(StrEnum):
+    """Spec 004's approval modes; one vocabulary with ``tool_confirmation.preset``."""
+
+    CAUTIOUS = "cautious"
+    AUTONOMOUS = "autonomous"
+    MANUAL = "manual"
+    PLAN = "plan"
+    REVIEW = "review"
+    AUDIT = "audit"
+
+
+def parse_mode(name: str | None) -> ApprovalMode:
+    """The mode named ``name`` ("" or None: cautious).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    if not name:
+        return ApprovalMode.CAUTIOUS
+    try:
+        return ApprovalMode(name.lower())
+    except ValueError:
+        raise ValueError(
+            f"unknown approval mode {name!r} (one of {[m.value for m in ApprovalMode]})"
+        ) from None
+
+
+def mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:
+    """``base`` (the tenant's policy) as ``mode`` applies it: the mode sets the class defaults,
+    except where ``base`` denies; trusted workspaces only lower the bar of ``cautious``."""
+    if mode in (ApprovalMode.AUTONOMOUS, ApprovalMode.AUDIT):
+        floor = Mode.AUTO
+    elif mode == ApprovalMode.MANUAL:
+        floor = Mode.PROMPT
+    else:
+        return base
+    default = {e: Mode.DENY if base.default.get(e) is Mode.DENY else floor for e in SideEffect}
+    return replace(base, default=default, trusted_workspaces=(), trusted_workspace_overrides={})
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """A call a ``plan`` session proposed instead of running."""
+
+    step: int
+    turn_id: str
+    tool_use_id: str
+    tool_name: str
+    side_effect: str
+    input_summary: str
+    projected_modifications: tuple[str, ...]
+
+
+def policy_mode(run: CallRun, definition: ToolDefinition) -> Mode:
+    """The confirmation mode of this call under the session's current approval mode.
+
+    Raises:
+        ToolPermissionDenied: the policy denies the tool.
+    """
+    policy = mode_policy(run.session.policy or run.deps.policy, run.state.mode)
+    mode = policy.mode_for(
+        definition.name,
+        definition.side_effect,
+        run.session.workspace_path,
+        always_prompt=definition.always_prompt,
+    )
+    if mode is Mode.DENY:
+        run.decision = "policy_denied"
+        raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
+    if run.state.mode == ApprovalMode.REVIEW and definition.name in REVIEWED_TOOLS:
+        return Mode.PROMPT  # every write is reviewed; the path is resolved first, to be shown
+    if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
+        return Mode.PROMPT  # held back as a step; resolved first, so the step shows its real paths
+    if run.state.mode == ApprovalMode.AUDIT and mode is Mode.AUTO:
+        run.decision = "audit"  # the audit log's record of the call says it ran unasked, for review
+    return mode
+
+
+async def confirm(run: CallRun, definition: ToolDefinition, input_: dict[str, Any], mode: Mode) -> None:
+    """Step 4: propose (plan), or ask unless the policy says auto or an answer is remembered.
+
+    Raises:
+        ToolUserDenied: denied now, by a remembered answer, or held back by plan mode.
+        ConfirmationTimeout, ToolCancelled, ToolPermissionDenied: see ``ask``.
+    """
+    if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
+        propose(run, definition, input_)
+    if run.state.mode == ApprovalMode.REVIEW and definition.name in REVIEWED_TOOLS:
+        await _review(run, definition, input_)
+        return
+    if mode is Mode.AUTO:
+        return
+    broker = run.state.broker
+    remembered = None if definition.always_prompt else broker.remembered(definition.name)
+    if remembered is not None:
+        run.decision = f"remembered_{remembered.value}"
+        # Watchers see why the call ran (or was refused) without a question.
+        run.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id="", decision=remembered.value, reason="remembered")
+        if remembered is Decision.DENY:
+            raise ToolUserDenied(
+                f"User denied {definition.name!r} earlier and asked to remember it: refused for the rest "
+                "of this session without asking."
+            )
+        return
+    decision, remember = await ask(run, definition, input_)
+    if (remember or mode is Mode.PROMPT_ONCE) and not definition.always_prompt:
+        broker.remember(definition.name, decision)  # an always-prompt tool is never remembered
+    run.decision = decision.value
+    if decision is Decision.DENY:
+        raise ToolUserDenied("User denied this operation.")
+
+
+async def _review(run: CallRun, definition: ToolDefinition, input_: dict[str, Any]) -> None:
+    """Stage the write, ask with its diff, and let it run only if accepted and still current.
+    Remembered answers do not apply: in review mode every change is seen."""
+    staged = await review.stage(run, input_)
+    decision, _ = await ask(run, definition, input_, diff=staged.diff)
+    run.decision = f"review_{decision.value}"
+    if decision is Decision.DENY:
+        raise ToolUserDenied(f"The reviewer rejected the change to {staged.path}; the file was not changed.")
+    await review.check_unchanged(run, staged, input_)
+
+
+def propose(run: CallRun, definition: ToolDefinition, input_: dict[str, Any]) -> None:
+    """Record the call as the next step of the session's plan, publish it, and refuse to run it."""
+    if len(run.state.plan) >= MAX_PLAN_STEPS:
+        run.decision = "plan_full"
+        raise ToolUserDenied(
+            f"The session is in plan mode and its plan already has {MAX_PLAN_STEPS} steps: "
+            f"{definition.name!r} was not run nor recorded. Stop and wait for the plan's approval."
+        )
+    shown = confirmation_text(definition.name, input_, run.config.confirmation_max_chars)
+    step = PlanStep(
+        step=len(run.state.plan) + 1,
+        turn_id=run.turn_id,
+        tool_use_id=run.tool_use.id,
+        tool_name=definition.name,
+        side_effect=definition.side_effect.value,
+        input_summary=truncate_head_tail(shown.text, PLAN_SUMMARY_CHARS),
+        projected_modifications=tuple(projected(definition, run.resolved)),
+    )
+    run.state.plan.append(step)
+    run.decision = "plan_proposed"
+    run.emit(
+        ev.TOOL_STEP_PROPOSED,
+        step=step.step,
+        tool_name=step.tool_name,
+        input_summary=step.input_summary,
+        side_effect=step.side_effect,
+        projected_modifications=list(step.projected_modifications),
+    )
+    raise ToolUserDenied(
+        f"The session is in plan mode: {definition.name!r} was not run. It is recorded as step "
+        f"{step.step} of the proposed plan; calls with side effects run once a human approves the "
+        "plan. Reads still run: go on planning, then stop and wait for the approval."
+    )
+
+
+async def ask(
+    run: CallRun, definition: ToolDefinition, input_: dict[str, Any], *, diff: str | None = None
+) -> tuple[Decision, bool]:
+    """Publish a confirmation request and wait for its answer (``diff``: a staged write's).
+
+    Raises:
+        ToolPermissionDenied: the input is too long to show whole.
+        ToolCancelled: the call was cancelled while waiting.
+        ConfirmationTimeout: nobody answered in time.
+    """
+    config = run.config
+    shown = confirmation_text(definition.name, input_, config.confirmation_max_chars)
+    if shown.too_long:
+        # Approving part of an input would be approving the rest unseen: refuse instead.
+        run.decision = "too_long_to_confirm"
+        raise ToolPermissionDenied(
+            f"The input of {definition.name!r} is {shown.chars:,} characters; a confirmation request "
+            f"shows at most {config.confirmation_max_chars:,}, so the call is refused unseen"
+        )
+    broker = run.state.broker
+    request_id, answer = broker.open()
+    payload: dict[str, Any] = {
+        "request_id": request_id,
+        "tool_name": definition.name,
+        "input_summary": shown.text,
+        "side_effect": definition.side_effect.value,
+        "projected_modifications": projected(definition, run.resolved),
+    }
+    if diff is not None:
+        payload["diff"] = diff
+    run.emit(ev.TOOL_CONFIRMATION_REQUESTED, **payload)
+    asked = time.monotonic()
+    answered = await run.call.wait(cast("asyncio.Future[Any]", answer), config.confirmation_timeout)
+    run.deps.observer.confirmation_waited(time.monotonic() - asked)
+    if answered and not answer.cancelled():
+        decision, remember = answer.result()
+        run.emit(
+            ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision=decision.value, reason="client"
+        )
+        return decision, remember
+    broker.expire(request_id)
+    if run.call.cancel_event.is_set():
+        run.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="cancelled")
+        raise ToolCancelled("Tool call was cancelled while waiting for confirmation")
+    run.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="timeout")
+    run.decision = "confirmation_timeout"
+    raise ConfirmationTimeout(
+        f"No confirmation for {definition.name!r} within {config.confirmation_timeout:g} s"
+    )
+
+
+def projected(definition: ToolDefinition, resolved: dict[str, str]) -> list[str]:
+    """What a confirmed call will change: the real paths it writes (relative to the workspace).
+
+    Escaped as list_dir shows names (a byte that is not UTF-8 as ``\\udcNN``, a backslash doubled):
+    one path is one line a human can read, and the model can give it back. ``files_modified`` in
+    results uses the same form."""
+    return [
+        visible(resolved[key], escape_backslash=True)
+        for key, mode in definition.requires_fs
+        if mode == "rw" and key in resolved
+    ]
+
+
+def approve_plan(state: SessionState, allow: bool) -> tuple[list[PlanStep], ApprovalMode]:
+    """Approve (the session runs as autonomous from now on) or reject (it stays in plan mode) the
+    proposed steps; either way they are cleared and returned with the mode now in force.
+
+    Raises:
+        ValueError: the session is not in plan mode.
+    """
+    if state.mode != ApprovalMode.PLAN:
+        raise ValueError(f"the session is not in plan mode (it is {state.mode})")
+    steps = list(state.plan)
+    state.plan.clear()
+    if allow:
+        state.mode = ApprovalMode.AUTONOMOUS
+    return steps, ApprovalMode(state.mode)

@@ -1,0 +1,145 @@
+"""Review mode (spec 004): a write is staged and shown as a diff; it is applied only once a human
+accepts it, per file (``ResolveConfirmation``) or per batch (``ResolveConfirmations``).
+
+Staging reads the file where the call will write it (the path resolved in the sandbox), computes
+the change the call would make and publishes it as the ``diff`` of a ``tool.confirmation_requested``
+event. Nothing is written before the answer. On accept the call runs as usual, at the path that was
+resolved and shown, and only if the file is still what the diff was made from (otherwise it is
+refused unchanged and the model is told to call again); ``write_file`` and ``patch_file`` replace the
+file atomically (temp file + rename in the sandbox). On reject nothing is written and the result
+says so. A patch that would not apply is refused at staging: no question is asked about a change
+that cannot happen.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import difflib
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dispatcher.core.errors import ToolExecutionError, ToolUserDenied
+from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
+from dispatcher.core.truncate import truncate_head_tail
+
+if TYPE_CHECKING:
+    from dispatcher.core.pipeline import CallRun
+
+__all__ = ["REVIEWED_TOOLS", "Staged", "check_unchanged", "stage"]
+
+REVIEWED_TOOLS = frozenset({"write_file", "patch_file"})
+"""The writes review mode stages; other calls with side effects ask as in cautious mode."""
+READ_LIMIT = 8 << 20
+"""Most bytes of the current file staging reads to diff against."""
+DIFF_CHARS = 64_000
+"""A longer diff is shown head and tail (the input itself is shown whole in ``input_summary``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A write waiting for its review: where, what it would change, and what the file was."""
+
+    path: str  # as resolved in the sandbox, workspace-relative
+    before_sha256: str
+    diff: str
+
+
+async def stage(run: CallRun, input_: dict[str, Any]) -> Staged:
+    """The change ``input_`` (a write_file or patch_file call) would make, without making it.
+
+    Raises:
+        ToolExecutionError: the patch would not apply, or the file cannot be read.
+    """
+    sandbox = run.deps.provider.sandbox_for(run.session)
+    path = run.resolved.get("path") or str(input_["path"])
+    before = await _current(sandbox, str(input_["path"]), path)
+    if run.tool_name == "patch_file":
+        after = _patched(before or b"", str(input_["old"]), str(input_["new"]), path)
+    elif input_.get("encoding") == "base64":
+        try:
+            after = base64.b64decode(str(input_["content"]), validate=True)
+        except (binascii.Error, ValueError):
+            raise ToolExecutionError("content is not valid base64; nothing was written") from None
+    else:
+        after = str(input_["content"]).encode("utf-8", "surrogatepass")
+    return Staged(path, _sha(before), truncate_head_tail(_diff(path, before, after), DIFF_CHARS))
+
+
+async def check_unchanged(run: CallRun, staged: Staged, input_: dict[str, Any]) -> None:
+    """After the accept: refuse if the file changed since it was diffed (what was reviewed is not
+    what would be written).
+
+    Raises:
+        ToolUserDenied: the file changed.
+    """
+    sandbox = run.deps.provider.sandbox_for(run.session)
+    if _sha(await _current(sandbox, str(input_["path"]), staged.path)) != staged.before_sha256:
+        raise ToolUserDenied(
+            f"{staged.path} changed after the change to it was reviewed; nothing was written. "
+            "Read the file again and repeat the call to have it reviewed again."
+        )
+
+
+async def _current(sandbox: Sandbox, given: str, real: str) -> bytes | None:
+    try:
+        data = await sandbox.read_bytes(given, max_bytes=READ_LIMIT + 1, approved=real)
+    except FileOpError as exc:
+        if exc.code == "ENOENT":
+            return None
+        raise ToolExecutionError(f"cannot read {real} to stage the change: {exc.message}") from exc
+    except SandboxError as exc:
+        raise ToolExecutionError(
+            f"The sandbox failed while staging {real!r}; it will be recreated", exc
+        ) from exc
+    return data
+
+
+def _patched(before: bytes, old: str, new: str, path: str) -> bytes:
+    text = before.decode("utf-8", "surrogateescape")
+    candidates = [(old, new)]
+    if "\n" in old and "\r\n" not in old:  # the tool's other line ending, as patch_file tries
+        candidates.append((old.replace("\n", "\r\n"), new.replace("\r\n", "\n").replace("\n", "\r\n")))
+    for o, n in candidates:
+        count = text.count(o)
+        if count == 1:
+            return text.replace(o, n, 1).encode("utf-8", "surrogateescape")
+        if count > 1:
+            raise ToolExecutionError(
+                f"`old` occurs {count} times in {path}; it must occur exactly once. Include more "
+                "surrounding lines to make it unique. The file was not changed."
+            )
+    raise ToolExecutionError(
+        f"`old` was not found in {path}. It must match the file exactly; read the file again and copy "
+        "the text. The file was not changed."
+    )
+
+
+def _diff(path: str, before: bytes | None, after: bytes) -> str:
+    old_name = f"a/{path}" if before is not None else "/dev/null"
+    old = before or b""
+    if b"\x00" in old or b"\x00" in after or not (_is_text(old) and _is_text(after)):
+        return f"Binary file {path}: {len(old):,} bytes -> {len(after):,} bytes\n"
+    lines = difflib.unified_diff(
+        old.decode("utf-8").splitlines(keepends=True),
+        after.decode("utf-8").splitlines(keepends=True),
+        fromfile=old_name,
+        tofile=f"b/{path}",
+    )
+    out = "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
+    return out or f"No change to {path}\n"
+
+
+def _is_text(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _sha(data: bytes | None) -> str:
+    return "absent" if data is None else hashlib.sha256(data).hexdigest()

@@ -1,0 +1,70 @@
+"""The RPCs about a session's approvals beyond one answer: the plan of a plan-mode session, and
+answering a batch of confirmation requests (review mode's staged writes) at once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from dispatcher.core.approval import ApprovalMode, PlanStep, approve_plan
+from dispatcher.core.confirmation import Decision
+from dispatcher.core.errors import UnknownConfirmationError
+from dispatcher.server.errors import FailedPrecondition, InvalidRequest
+from dispatcher.server.sessions import MAX_ID_CHARS, SessionManager
+from dispatcher.server.tenants import Tenant
+
+log = logging.getLogger("dispatcher.server.sessions")
+
+MAX_BATCH = 4096
+
+
+def decide_plan(
+    sessions: SessionManager, tenant: Tenant, session_id: str, decision: Decision
+) -> tuple[list[PlanStep], ApprovalMode]:
+    """ApprovePlan: the proposed steps (cleared) and the mode now in force.
+
+    Raises:
+        UnknownSessionError: no such session for this tenant.
+        FailedPrecondition: the session is not in plan mode.
+    """
+    sessions.get(tenant, session_id)
+    try:
+        steps, mode = approve_plan(sessions.dispatcher.session_state(session_id), decision is Decision.ALLOW)
+    except ValueError as exc:
+        raise FailedPrecondition(str(exc)) from None
+    if sessions.persistence is not None:  # the mode in force survives a restart
+        sessions.persistence.save_policy(session_id)
+    log.info(
+        "plan %s",
+        "approved" if decision is Decision.ALLOW else "rejected",
+        extra={"tenant_id": tenant.tenant_id, "session_id": session_id, "steps": len(steps)},
+    )
+    return steps, mode
+
+
+def resolve_many(
+    sessions: SessionManager,
+    tenant: Tenant,
+    session_id: str,
+    decision: Decision,
+    request_ids: Sequence[str],
+) -> list[str]:
+    """ResolveConfirmations: answer the listed requests (none listed: every pending one); returns
+    the ids this answer decided. Unknown or already answered ids are skipped."""
+    sessions.get(tenant, session_id)
+    if len(request_ids) > MAX_BATCH or any(len(r) > MAX_ID_CHARS for r in request_ids):
+        raise InvalidRequest(f"request_ids: at most {MAX_BATCH} ids of at most {MAX_ID_CHARS} characters")
+    broker = sessions.dispatcher.broker(session_id)
+    applied = []
+    for request_id in list(request_ids) or broker.pending_ids():
+        try:
+            done, _ = broker.resolve(request_id, decision)
+        except UnknownConfirmationError:
+            continue
+        if done:
+            applied.append(request_id)
+    log.info(
+        "confirmations answered as a batch",
+        extra={"tenant_id": tenant.tenant_id, "session_id": session_id, "decision": str(decision)},
+    )
+    return applied
