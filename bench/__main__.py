@@ -26,8 +26,10 @@ MODULES = (
     "bench.baselines",
     "bench.sandbox_bench",
     "bench.grpc_bench",
+    "bench.metrics_bench",
     "bench.isolation_bench",
     "bench.trees_bench",
+    "bench.restart_bench",
 )
 
 

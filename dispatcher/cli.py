@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from dispatcher import cli_session
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
 from dispatcher.core.dispatcher import Decision
@@ -32,12 +34,14 @@ from dispatcher.core.events import (
     TOOL_FAILED,
     TOOL_INPUT_INVALID,
     TOOL_OUTPUT_DELTA,
+    TOOL_STEP_PROPOSED,
     Event,
 )
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.core.visible import visible
 from dispatcher.server.convert import SessionInfo
+from dispatcher.server.store import StateError
 from dispatcher.trees import LocalTreeError
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -60,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.func(args)
         return result
+    except StateError as exc:  # the home is held by another server, or its state.db is unusable
+        print(f"dispatcher: cannot start: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except ConfigError as exc:
         print(f"dispatcher: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -83,6 +90,13 @@ def _serve(args: argparse.Namespace) -> int:
     from dispatcher.server.logs import configure_logging
 
     config = load_config(args.config, listen=args.listen, home=args.home)
+    if args.metrics_listen is not None:
+        from dispatcher.observe_config import check_metrics_listen
+
+        listen = check_metrics_listen(args.metrics_listen, "--metrics-listen")
+        config = dataclasses.replace(
+            config, observe=dataclasses.replace(config.observe, metrics_listen=listen)
+        )
     config, generated = ensure_default_tenant(config)
     configure_logging(args.log_format or config.log_format, config.log_level)
 
@@ -95,7 +109,20 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         # grpc.aio binds the server to the running loop: build it inside.
-        await serve_until_signalled(build_server(config), on_ready=ready)
+        server = build_server(config)
+
+        def on_ready(port: int) -> None:
+            ready(port)
+            metrics_port = server.observability.metrics_port
+            if metrics_port and config.observe.metrics_listen:
+                host = config.observe.metrics_listen.rpartition(":")[0]
+                print(
+                    f"dispatcher: metrics on http://{host}:{metrics_port}/metrics",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        await serve_until_signalled(server, on_ready=on_ready)
 
     asyncio.run(run())
     return EXIT_OK
@@ -192,7 +219,10 @@ def _sessions(args: argparse.Namespace) -> int:
             _json_line(_session_dict(s))
         else:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            print(f"{s.session_id}  {s.workspace:<20}  {s.role!s:<6}  events={s.last_event_seq}  {labels}")
+            print(
+                f"{s.session_id}  {s.workspace:<20}  {s.role!s:<6}  mode={s.approval_mode}"
+                f"  events={s.last_event_seq}  {labels}"
+            )
     return EXIT_OK
 
 
@@ -253,6 +283,15 @@ def _watch(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace) -> int:
     decision = Decision.ALLOW if args.verb == "approve" else Decision.DENY
+    if args.request_id == "all":  # a batch: every pending request of the session (review mode)
+        with _client(args) as client:
+            ids = client.resolve_confirmations(args.session_id, decision)
+        print(
+            json.dumps({"applied": ids, "decision": str(decision)})
+            if args.json
+            else f"{decision}: {len(ids)}"
+        )
+        return EXIT_OK
     with _client(args) as client:
         applied, winner = client.resolve_confirmation(
             args.session_id, args.request_id, decision, remember=getattr(args, "remember", False)
@@ -280,7 +319,11 @@ def _confirmation_lines(p: Mapping[str, Any], prefix: str) -> str:
         + ":"
     )
     shown = visible(str(p.get("input_summary", "")), keep_newlines=True)
-    return head + "".join(f"\n{prefix}  | {line}" for line in shown.split("\n"))
+    text = head + "".join(f"\n{prefix}  | {line}" for line in shown.split("\n"))
+    if p.get("diff"):  # review mode: the staged change
+        diff = visible(str(p["diff"]), keep_newlines=True).rstrip("\n")
+        text += f"\n{prefix}  the change:" + "".join(f"\n{prefix}  | {line}" for line in diff.split("\n"))
+    return text
 
 
 class _CallPrinter:
@@ -316,7 +359,11 @@ class _CallPrinter:
             ),
             TOOL_CONFIRMATION_REQUESTED: lambda: _confirmation_lines(p, prefix),
             TOOL_CONFIRMATION_RESOLVED: lambda: (
-                f"confirmation {p.get('request_id')}: {p.get('decision')} ({p.get('reason')})"
+                f"confirmation {p.get('request_id') or '(remembered answer)'}: {p.get('decision')}"
+                f" ({p.get('reason')})"
+            ),
+            TOOL_STEP_PROPOSED: lambda: (
+                f"{p.get('tool_name')} ({p.get('side_effect')}) held back as plan step {p.get('step')}"
             ),
         }.get(event.type, lambda: event.type)()
         print(prefix + line, file=self._out if watching else self._err, flush=True)
@@ -385,6 +432,7 @@ def _session_dict(s: SessionInfo) -> dict[str, Any]:
         "labels": dict(s.labels),
         "create_time": s.create_time,
         "last_event_seq": s.last_event_seq,
+        **cli_session.session_policy_dict(s),
     }
 
 
@@ -405,6 +453,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", metavar="HOST:PORT", help=f"overrides ${ENV_LISTEN} and the config")
     serve.add_argument("--home", metavar="DIR", help=f"state directory; overrides ${ENV_HOME} and the config")
     serve.add_argument("--log-format", choices=("json", "text"), help="overrides log.format")
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics here; overrides metrics.listen",
+    )
     serve.set_defaults(func=_serve)
 
     client_opts = argparse.ArgumentParser(add_help=False)
@@ -472,12 +525,13 @@ def _parser() -> argparse.ArgumentParser:
     for verb, text in (("approve", "allow"), ("deny", "deny")):
         p = verbs.add_parser(verb, parents=[client_opts], help=f"{text} a pending confirmation request")
         p.add_argument("session_id", metavar="SESSION")
-        p.add_argument("request_id", metavar="REQUEST")
+        p.add_argument("request_id", metavar="REQUEST", help="a request id, or all: every pending one")
         if verb == "approve":
             p.add_argument(
                 "--remember", action="store_true", help="approve this tool for the rest of the session"
             )
         p.set_defaults(func=_resolve)
+    cli_session.add_verbs(verbs, client_opts, _client)
     return parser
 
 

@@ -15,12 +15,19 @@ Example::
     # UploadFiles / DownloadFiles per request: archive bytes, entries, downloaded content bytes
     # server: {max_upload_bytes: 1073741824, max_upload_files: 100000, max_download_bytes: 1073741824}
     tls: {cert_file: server.pem, key_file: server.key}   # optional; client_ca_file for mutual TLS
+    shutdown: {remove_sessions: false}   # true: a graceful stop closes every session (default: kept)
+    metrics: {listen: 127.0.0.1:9464}    # Prometheus /metrics (off by default; --metrics-listen)
+    tracing: {otlp_endpoint: http://127.0.0.1:4317}   # OTLP spans; needs dispatcher[otel]
     dispatcher: {concurrency: 4, confirmation_timeout: 300, max_write_bytes: 4128768}
+    # default_timeout: 60 (NONE/READ/WRITE tools), execute_timeout: 600 (EXECUTE/NETWORK, shell)
+    timeouts: {shell: 1800, read_file: 10}         # per tool, seconds (0 < t <= 86400)
     tool_confirmation:            # exactly spec 000's structure
       default: {WRITE: prompt, EXECUTE: prompt}
       per_tool: {git_status: auto}
     sandbox: {backend: docker, image: dispatcher-sandbox:latest}
     tools: ["mypkg.tools:make_grep_tool"]          # custom tool factories, module:callable
+    mcp_servers:                                   # stdio MCP servers: tools mcp_<server>_<tool>
+      notes: {command: notes-mcp, run: host, side_effect: read}   # see dispatcher/mcp/config.py
     tenants:
       - id: acme
         token_sha256: [9f86d0...]                  # sha256 hex of each bearer token
@@ -76,6 +83,9 @@ from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.timeouts import parse_timeouts
+from dispatcher.mcp.config import McpServerConfig, parse_mcp_servers
+from dispatcher.observe_config import ObserveConfig, parse_observe
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_HOME = "~/.dispatcher"
@@ -100,6 +110,11 @@ _TOP_KEYS = frozenset(
         "tenants",
         "tenant_uids",
         "audit_log",
+        "shutdown",
+        "mcp_servers",
+        "timeouts",
+        "metrics",
+        "tracing",
     }
 )
 _TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -199,14 +214,21 @@ class Config:
     sandbox: Mapping[str, Any] = field(default_factory=dict)
     """The ``sandbox:`` section less ``backend``, for the backend's own config class."""
     custom_tools: tuple[str, ...] = ()
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>`` (see dispatcher.mcp.config)."""
     tenants: tuple[TenantConfig, ...] = ()
     """Empty until ``ensure_default_tenant``; the file's tenants otherwise."""
     tenant_uids: UidRange | None = None
     """Set with a ``tenants:`` list: each tenant without ``uid:`` gets its own from this range.
     None (the single default tenant): sandboxes run as ``sandbox.user``."""
     audit_log: Path | None = None
+    shutdown_remove_sessions: bool = False
+    """``shutdown: {remove_sessions: true}``: a graceful stop closes every session (removing its
+    container and its stored state) instead of keeping them for the next start."""
     tls: TlsFiles | None = None
     """None: plaintext (fine on loopback; use TLS for anything else)."""
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
+    """``metrics:`` and ``tracing:`` (dispatcher/observe_config.py)."""
     source: Path | None = None
 
     @property
@@ -294,10 +316,13 @@ def _build(
         sandbox_backend=backend,
         sandbox=sandbox,
         custom_tools=tuple(tools),
+        mcp_servers=parse_mcp_servers(data.get("mcp_servers")),
         tenants=tenants,
         tenant_uids=uid_range if tenants else None,
         audit_log=audit_path,
         tls=_tls(data.get("tls")),
+        shutdown_remove_sessions=_shutdown(data),
+        observe=parse_observe(data),
         source=source,
     )
 
@@ -438,7 +463,7 @@ def _uid_range(data: Mapping[str, Any]) -> UidRange:
     return UidRange(**section)
 
 
-HOME_STATE = ("run", "volumes", TOKEN_FILE, "state.db", "audit.jsonl", "uids.json")
+HOME_STATE = ("run", "volumes", TOKEN_FILE, "state.db", "audit.jsonl", "uids.json", "server.lock")
 """What the server keeps in its home besides workspaces; no tenant root may hold or be inside it."""
 
 
@@ -494,7 +519,19 @@ def _dispatcher_config(data: Mapping[str, Any]) -> DispatcherConfig:
         )
     if config.max_write_bytes > room:  # as for the result budget: follow a smaller message limit
         config = dataclasses.replace(config, max_write_bytes=max(room, 1))
+    if data.get("timeouts") is not None:  # top-level ``timeouts:`` map, tool name -> seconds
+        config = dataclasses.replace(config, timeouts=parse_timeouts(data["timeouts"]))
     return config
+
+
+def _shutdown(data: Mapping[str, Any]) -> bool:
+    """``shutdown: {remove_sessions: bool}`` (default false: sessions survive a restart)."""
+    section = _section(data, "shutdown", "")
+    _no_unknown(section, {"remove_sessions"}, "shutdown")
+    value = section.get("remove_sessions", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"shutdown.remove_sessions: must be true or false, got {value!r}")
+    return value
 
 
 def _tls(value: Any) -> TlsFiles | None:

@@ -1,6 +1,6 @@
 """The dispatch core: a pure library (no grpc, no docker) implementing spec 000's pipeline."""
 
-from dispatcher.core.audit import AuditLog, MemoryAuditLog
+from dispatcher.core.audit import AuditLog, AuditSink, MemoryAuditLog
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.dispatcher import DispatcherConfig, ToolDispatcher
@@ -45,6 +45,7 @@ from dispatcher.core.types import (
 
 __all__ = [
     "AuditLog",
+    "AuditSink",
     "Capabilities",
     "ConfigError",
     "ConfirmationPolicy",

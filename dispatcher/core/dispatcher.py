@@ -11,18 +11,20 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from dispatcher.core.audit import AuditLog
+from dispatcher.core.audit import AuditSink
 from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import EventBus
+from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.pipeline import CallRun, PipelineDeps
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
 from dispatcher.core.session import Session
 from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.timeouts import check_timeout_names
 from dispatcher.core.types import ToolDefinition, ToolFactory, ToolResultBlock, ToolUseBlock
 
 __all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
@@ -40,14 +42,15 @@ class ToolDispatcher:
         *,
         config: DispatcherConfig | None = None,
         policy: ConfirmationPolicy | None = None,
-        audit: AuditLog | None = None,
+        audit: AuditSink | None = None,
+        observer: CallObserver = NO_OBSERVER,
     ) -> None:
         self.config = config or DispatcherConfig()
         self.policy = policy or ConfirmationPolicy()
         self.registry = ToolRegistry()
         self._provider = sandbox_provider
         self._audit = audit
-        self._deps = PipelineDeps(self.config, self.registry, sandbox_provider, self.policy, audit)
+        self._deps = PipelineDeps(self.config, self.registry, sandbox_provider, self.policy, audit, observer)
         self._sessions: dict[str, SessionState] = {}
         # Recently closed ids (bounded): a late dispatch must not silently bring a session back.
         self._closed: OrderedDict[str, None] = OrderedDict()
@@ -62,6 +65,12 @@ class ToolDispatcher:
         self.registry.unregister(tool_name)
 
     def seal(self) -> None:
+        """Freeze the registry; a ``timeouts:`` entry naming no registered tool is then an error.
+
+        Raises:
+            ConfigError: naming the ``timeouts.<name>`` entry.
+        """
+        check_timeout_names(self.config.timeouts, self.registry.list())
         self.registry.seal()
 
     def get_definitions_for_session(self, session: Session) -> list[ToolDefinition]:
@@ -71,18 +80,46 @@ class ToolDispatcher:
 
     # -- sessions -------------------------------------------------------------------------
 
-    def open_session(self, session: Session) -> EventBus:
-        """Start tracking a session (idempotent) and return its event bus."""
+    def open_session(self, session: Session, *, start_seq: int = 0) -> EventBus:
+        """Start tracking a session (idempotent) and return its event bus.
+
+        ``start_seq``: a session a restarted server gives back goes on from its last event seq.
+        """
         state = self._sessions.get(session.session_id)
         if state is None:
             bus = EventBus(
                 session.session_id,
                 history=self.config.event_history,
                 history_bytes=self.config.event_history_bytes,
+                start_seq=start_seq,
             )
             state = SessionState(session, bus, asyncio.Semaphore(self.config.concurrency))
             self._sessions[session.session_id] = state
         return state.bus
+
+    def session(self, session_id: str) -> Session:
+        """The open session's description.
+
+        Raises:
+            UnknownSessionError: the session is not open.
+        """
+        return self._state(session_id).session
+
+    def broker(self, session_id: str) -> ConfirmationBroker:
+        """The session's confirmation broker (its remembered answers are session state).
+
+        Raises:
+            UnknownSessionError: the session is not open.
+        """
+        return self._state(session_id).broker
+
+    def session_state(self, session_id: str) -> SessionState:
+        """The session's runtime state: approval mode in force, proposed plan (``core/approval.py``).
+
+        Raises:
+            UnknownSessionError: the session is not open.
+        """
+        return self._state(session_id)
 
     def events(self, session_id: str) -> EventBus:
         """The session's event bus.
@@ -106,8 +143,16 @@ class ToolDispatcher:
         finally:
             state.bus.close()
 
-    async def aclose(self) -> None:
-        """Close every session and the sandbox provider."""
+    async def aclose(self, *, keep_sessions: bool = False) -> None:
+        """Close every session and the sandbox provider.
+
+        ``keep_sessions``: only end the sessions' event streams and leave their sandboxes to the
+        provider (which must have been detached from them first), so a restart can give them back.
+        """
+        if keep_sessions:
+            for state in self._sessions.values():
+                state.bus.close()
+            self._sessions.clear()
         for session_id in list(self._sessions):
             await self.close_session(session_id)
         await self._provider.aclose()

@@ -11,14 +11,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
+from dispatcher.core import approval, call_record
 from dispatcher.core import events as ev
-from dispatcher.core.audit import DENIED, DISPATCHED, AuditLog
+from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditSink
 from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.confirmation import Decision
-from dispatcher.core.display import confirmation_text, summarize
+from dispatcher.core.display import summarize
 from dispatcher.core.errors import (
-    ConfirmationTimeout,
     ToolCancelled,
     ToolError,
     ToolErrorClass,
@@ -26,11 +25,11 @@ from dispatcher.core.errors import (
     ToolNotFound,
     ToolPermissionDenied,
     ToolTimeout,
-    ToolUserDenied,
     ToolValidationError,
     WorkspaceEscapeError,
 )
 from dispatcher.core.jsonlimits import shape_problem
+from dispatcher.core.observe import NO_OBSERVER, CallObserver, log_fields
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.policy import ConfirmationPolicy, Mode
 from dispatcher.core.registry import RegisteredTool, ToolRegistry
@@ -39,10 +38,10 @@ from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, 
 from dispatcher.core.schema import validation_errors
 from dispatcher.core.session import Session
 from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.timeouts import call_timeout
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import (
     Role,
-    SideEffect,
     TextBlock,
     Tool,
     ToolContext,
@@ -69,7 +68,8 @@ class PipelineDeps:
     registry: ToolRegistry
     provider: SandboxProvider
     policy: ConfirmationPolicy
-    audit: AuditLog | None
+    audit: AuditSink | None
+    observer: CallObserver = NO_OBSERVER  # metrics and traces (core/observe.py)
 
 
 class CallRun:
@@ -92,6 +92,8 @@ class CallRun:
         self.turn_id = turn_id
         self.call = call
         self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.ended = False  # the call's last audit record is written (exactly one per call)
         self.run_started: float | None = None  # set at tool.called: durations exclude confirmation waits
         self.tool_name = tool_use.name
         self.decision = "auto"
@@ -113,21 +115,10 @@ class CallRun:
             self._summary = summarize(self.tool_use.input)
         return self._summary
 
-    def audit(self, kind: str, outcome: str) -> None:
-        if self.deps.audit is None:
-            return
-        self.deps.audit.record(
-            kind,
-            tenant=self.session.tenant_id,
-            session=self.session.session_id,
-            turn=self.turn_id,
-            tool_use_id=self.tool_use.id,
-            tool=self.tool_name,
-            input=self.summary(),
-            decision=self.decision,
-            outcome=outcome,
-            duration_ms=round(self.elapsed_ms(), 3),
-        )
+    def audit(self, kind: str, outcome: str | None = None) -> None:
+        """One audit record; ``outcome`` None: the call is about to run (``tool.call.dispatched``).
+        With an outcome, the call's one final record, and the observer told (call_record.py)."""
+        call_record.record(self, kind, outcome)
 
     def log_extra(self) -> dict[str, str]:
         """Fields every log line about this call carries (structured logs)."""
@@ -150,8 +141,20 @@ class CallRun:
     async def execute(self) -> ToolResultBlock:
         # The sandbox reports what the model must know about it (recreated, processes killed);
         # the tool's task inherits this context, so its reports land here too.
-        with collect_notices() as self.notices:
-            return await self._execute()
+        with (
+            collect_notices() as self.notices,
+            log_fields(
+                tenant=self.session.tenant_id,
+                session=self.session.session_id,
+                tool_use_id=self.tool_use.id,
+                tool=self.tool_name,
+            ),
+        ):
+            try:
+                return await self._execute()
+            except asyncio.CancelledError:
+                call_record.abandoned(self)
+                raise
 
     async def _execute(self) -> ToolResultBlock:
         try:
@@ -181,6 +184,7 @@ class CallRun:
                 side_effect=registered.definition.side_effect.value,
                 input=self.summary(),
             )  # step 5
+            self.audit(DISPATCHED)  # before the tool starts: a call the server dies in is on record
             try:
                 output = await self.run_tool(registered, input_, sandbox)  # steps 6-7
             except ToolError as exc:
@@ -265,86 +269,20 @@ class CallRun:
             self.resolved[key] = real
 
     def policy_mode(self, definition: ToolDefinition) -> Mode:
-        """The confirmation mode of this call.
-
-        Raises:
-            ToolPermissionDenied: the policy denies the tool.
-        """
-        policy = self.session.policy or self.deps.policy
-        mode = policy.mode_for(
-            definition.name,
-            definition.side_effect,
-            self.session.workspace_path,
-            always_prompt=definition.always_prompt,
-        )
-        if mode is Mode.DENY:
-            self.decision = "policy_denied"
-            raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
-        return mode
+        """The confirmation mode of this call (``core/approval.py``); raises on a policy deny."""
+        return approval.policy_mode(self, definition)
 
     async def confirm(
         self, definition: ToolDefinition, input_: dict[str, Any], mode: Mode, root: str
     ) -> None:
-        if mode is Mode.AUTO:
-            return
-        broker = self.state.broker
-        remembered = None if definition.always_prompt else broker.remembered(definition.name)
-        if remembered is not None:
-            self.decision = f"remembered_{remembered.value}"
-            if remembered is Decision.DENY:
-                raise ToolUserDenied("User denied this operation (remembered for this session).")
-            return
-        decision, remember = await self.ask(definition, input_, root)
-        if remember or mode is Mode.PROMPT_ONCE:
-            broker.remember(definition.name, decision)
-        self.decision = decision.value
-        if decision is Decision.DENY:
-            raise ToolUserDenied("User denied this operation.")
-
-    async def ask(
-        self, definition: ToolDefinition, input_: dict[str, Any], root: str
-    ) -> tuple[Decision, bool]:
-        shown = confirmation_text(definition.name, input_, self.config.confirmation_max_chars)
-        if shown.too_long:
-            # Approving part of an input would be approving the rest unseen: refuse instead.
-            self.decision = "too_long_to_confirm"
-            raise ToolPermissionDenied(
-                f"The input of {definition.name!r} is {shown.chars:,} characters; a confirmation request "
-                f"shows at most {self.config.confirmation_max_chars:,}, so the call is refused unseen"
-            )
-        broker = self.state.broker
-        request_id, answer = broker.open()
-        self.emit(
-            ev.TOOL_CONFIRMATION_REQUESTED,
-            request_id=request_id,
-            tool_name=definition.name,
-            input_summary=shown.text,
-            side_effect=definition.side_effect.value,
-            projected_modifications=_projected(definition, self.resolved),
-        )
-        answered = await self.call.wait(cast("asyncio.Future[Any]", answer), self.config.confirmation_timeout)
-        if answered and not answer.cancelled():
-            decision, remember = answer.result()
-            self.emit(
-                ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision=decision.value, reason="client"
-            )
-            return decision, remember
-        broker.expire(request_id)
-        if self.call.cancel_event.is_set():
-            self.emit(
-                ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="cancelled"
-            )
-            raise ToolCancelled("Tool call was cancelled while waiting for confirmation")
-        self.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="timeout")
-        self.decision = "confirmation_timeout"
-        raise ConfirmationTimeout(
-            f"No confirmation for {definition.name!r} within {self.config.confirmation_timeout:g} s"
-        )
+        """Step 4 (``core/approval.py``): plan, remembered answers, asking a human."""
+        await approval.confirm(self, definition, input_, mode)
 
     async def run_tool(
         self, registered: RegisteredTool, input_: dict[str, Any], sandbox: Sandbox
     ) -> ToolOutput:
         definition = registered.definition
+        limit, timeout = call_timeout(definition, input_, self.config)
         tool = registered.factory()  # step 6: a fresh instance per call
         context = ToolContext(
             session_id=self.session.session_id,
@@ -359,11 +297,8 @@ class CallRun:
             workspace_files=sandbox,
             sandbox=sandbox,
             emit_output=self._emit_output,
-        )
-        timeout = definition.timeout_seconds or (
-            self.config.execute_timeout
-            if definition.side_effect in (SideEffect.EXECUTE, SideEffect.NETWORK)
-            else self.config.default_timeout
+            timeout_seconds=limit,
+            resolved=dict(self.resolved),  # the tool uses exactly what was checked and approved
         )
         task = asyncio.ensure_future(tool.execute(input_, context))
         try:
@@ -425,7 +360,7 @@ class CallRun:
             return self.fail(ToolExecutionError(overflow))
         duration = self.run_ms()
         self.emit(ev.TOOL_COMPLETED, tool_name=self.tool_name, duration_ms=round(duration, 3))
-        self.audit(DISPATCHED, "ok")
+        self.audit(COMPLETED, "ok")
         return self._block(output, is_error=False, error_class=None)
 
     def fail(self, exc: ToolError, *, denied: bool = False) -> ToolResultBlock:
@@ -444,7 +379,7 @@ class CallRun:
             if partial:
                 payload["partial_output"] = truncate_head_tail(partial, 4_000)
             self.emit(ev.TOOL_FAILED, **payload)
-        self.audit(DENIED if denied else DISPATCHED, error_class.value)
+        self.audit(DENIED if denied else COMPLETED, error_class.value)
         output = exc.output
         if output is None:
             return self._block(ToolOutput([TextBlock(message)], success=False), True, error_class)
@@ -517,8 +452,3 @@ def _unescaped_paths(definition: ToolDefinition, input_: dict[str, Any]) -> dict
         if isinstance(value := input_.get(key), str) and "\\" in value
     }
     return {**input_, **changed} if changed else input_
-
-
-def _projected(definition: ToolDefinition, resolved: dict[str, str]) -> list[str]:
-    """What a confirmed call will change: the real paths it writes (relative to the workspace)."""
-    return [resolved[key] for key, mode in definition.requires_fs if mode == "rw" and key in resolved]

@@ -7,6 +7,11 @@ those implementations.
 Paths given to these methods are as the model wrote them: relative to ``workspace_root`` or
 absolute inside it. Implementations resolve them where the files are (inside the container),
 following symlinks there, and raise ``WorkspaceEscapeError`` for anything that lands outside.
+
+``approved`` (on the methods tools use, and ``ExecRequest.approved_cwd``): what ``resolve`` said
+the path was when a human approved the call. The sandbox then uses exactly that path, walked
+from the root without following any link, and fails with ``FileOpError("changed")`` (nothing
+done) if a link or another directory stands there now: what a human approves is what runs.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ class FileOpError(ToolExecutionError):
     """A file operation failed for an ordinary reason; ``code`` is an errno name or slug.
 
     Codes: ``ENOENT``, ``EISDIR``, ``ENOTDIR``, ``EEXIST``, ``EACCES``, ``ENOTEMPTY``,
-    ``too_large``, ``binary``, ``no_match``, ``multiple_matches``, ``decode``.
+    ``too_large``, ``binary``, ``no_match``, ``multiple_matches``, ``decode``, ``changed`` (an
+    approved path has a link or another directory on it now; nothing was done).
     """
 
     def __init__(self, code: str, message: str, **kw: object) -> None:
@@ -110,6 +116,7 @@ class ExecRequest:
     command: str
     timeout: float
     cwd: str = "."  # relative to workspace_root
+    approved_cwd: str | None = None  # see the module docstring: cwd as resolved and approved
     env: Mapping[str, str] = field(default_factory=dict)
     stdin: bytes | None = None
     grace_seconds: float = 3.0  # between SIGTERM and SIGKILL
@@ -134,29 +141,31 @@ class WorkspaceFileAPI(Protocol):
     @property
     def workspace_root(self) -> str: ...
 
-    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+    async def read_bytes(
+        self, path: str, *, max_bytes: int | None = None, approved: str | None = None
+    ) -> bytes:
         """Read at most ``max_bytes`` (``too_large`` if the file is bigger and no cap was asked)."""
         ...
 
     async def read(self, path: str) -> str: ...
 
-    async def write_bytes(self, path: str, data: bytes) -> None:
+    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
         """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents."""
         ...
 
-    async def write(self, path: str, content: str) -> None: ...
+    async def write(self, path: str, content: str, *, approved: str | None = None) -> None: ...
 
     async def append(self, path: str, content: str) -> None: ...
 
     async def exists(self, path: str) -> bool: ...
 
-    async def stat(self, path: str) -> FileStat: ...
+    async def stat(self, path: str, *, approved: str | None = None) -> FileStat: ...
 
-    async def list(self, path: str, *, limit: int = 1000) -> DirListing: ...
+    async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing: ...
 
     async def delete(self, path: str) -> None: ...
 
-    async def patch(self, path: str, old: str, new: str) -> None:
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
         """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
         ...
 
@@ -164,8 +173,9 @@ class WorkspaceFileAPI(Protocol):
         """Where ``path`` really is: normalised, relative to the workspace root ('.' for the root).
 
         Symlinks are followed in the sandbox as they are now; the parts that do not exist yet are
-        taken as written. The answer is advice for checks made before a call runs (grants,
-        confirmation); the sandbox enforces the session's grants again when the path is used.
+        taken as written. Names are exact (a byte that is not UTF-8 is a lone surrogate). The
+        answer is what checks made before a call runs see (grants, confirmation); passed back as
+        ``approved``, it is the path used. The sandbox enforces the session's grants again at use.
 
         Raises:
             WorkspaceEscapeError: the path resolves outside the workspace.

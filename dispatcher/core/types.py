@@ -63,7 +63,11 @@ class ToolDefinition:
     """Checks beyond the schema subset (e.g. a string map's values), run with the schema's at step 2:
     each problem as ``"$.path: message"``; any makes the call a validation error before confirmation."""
     timeout_seconds: float | None = None
-    """Overrides the dispatcher's default timeout for this tool."""
+    """Overrides the dispatcher's default timeout for this tool (the ``timeouts:`` map wins)."""
+    kill_slack_seconds: float = 0.0
+    """For a tool that enforces its limit itself (``ToolContext.timeout_seconds``, shortened by a
+    ``timeout_seconds`` input) and then stops what it runs: how much longer the dispatcher waits for
+    it (and its partial output) before cancelling. 0: the dispatcher enforces the limit."""
     always_prompt: bool = False
     """Ask on every call, whatever the policy, preset or trust says (spec 004)."""
     main_only: bool = False
@@ -133,6 +137,12 @@ class ToolContext:
     workspace_files: WorkspaceFileAPI
     sandbox: Sandbox
     emit_output: OutputSink
+    resolved: Mapping[str, str] = field(default_factory=dict)
+    """``requires_fs`` input key -> where that path really was (workspace-relative) when the call
+    was checked and confirmed; pass it on as ``approved=`` so exactly that path is used. Empty when
+    nothing was resolved (no question, no grants: the sandbox checks the path at use alone)."""
+    timeout_seconds: float | None = None
+    """The limit this call runs under (see ``core/timeouts.py``); None outside the dispatcher."""
 
 
 @runtime_checkable

@@ -212,6 +212,10 @@ class AgentChannel:
             reply, body = await future
         finally:
             self._pending.pop(rid, None)
+            if future.done() and not future.cancelled():
+                # A failed send failed this future too (``_fail``); its error is the one raised.
+                # Marked as seen, or the garbage collector logs it later, from any thread.
+                future.exception()
         if reply["type"] == "error":
             raise replies.error_for(reply)
         return reply, body
@@ -241,11 +245,14 @@ class AgentChannel:
 
     # -- WorkspaceFileAPI -------------------------------------------------------------------
 
-    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+    async def read_bytes(
+        self, path: str, *, max_bytes: int | None = None, approved: str | None = None
+    ) -> bytes:
         """Read at most ``max_bytes`` (``too_large`` if the file is bigger and no cap was asked)."""
         strict = max_bytes is None or max_bytes > self._max_frame
         cap = self._max_frame if max_bytes is None or strict else max(max_bytes, 0)
-        reply, body = await self._call({"op": "read", "path": path, "max_bytes": cap, "strict": strict})
+        header = {"op": "read", "path": path, "max_bytes": cap, "strict": strict}
+        reply, body = await self._call(_pinned(header, approved))
         size = self._parse(replies.require, reply, "size", int)
         if len(body) > cap or size < 0:
             raise self._violation("read returned more than was asked")
@@ -264,13 +271,13 @@ class AgentChannel:
             raise FileOpError("too_large", f"{path}: {len(data)} bytes is more than {self._max_frame}")
         return data
 
-    async def write_bytes(self, path: str, data: bytes) -> None:
+    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
         """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents."""
-        await self._call({"op": "write", "path": path}, self._payload(path, data))
+        await self._call(_pinned({"op": "write", "path": path}, approved), self._payload(path, data))
 
-    async def write(self, path: str, content: str) -> None:
+    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
         """Write text as UTF-8, atomically."""
-        await self.write_bytes(path, _encode(path, content))
+        await self.write_bytes(path, _encode(path, content), approved=approved)
 
     async def append(self, path: str, content: str) -> None:
         """Append text as UTF-8, creating the file if needed."""
@@ -281,14 +288,15 @@ class AgentChannel:
         reply, _ = await self._call({"op": "exists", "path": path})
         return bool(self._parse(replies.require, reply, "exists", bool))
 
-    async def stat(self, path: str) -> FileStat:
+    async def stat(self, path: str, *, approved: str | None = None) -> FileStat:
         """Kind, size, mode and mtime; symlinks are followed (inside the workspace)."""
-        reply, _ = await self._call({"op": "stat", "path": path})
+        reply, _ = await self._call(_pinned({"op": "stat", "path": path}, approved))
         return self._parse(replies.stat_result, reply, self._root)
 
-    async def list(self, path: str, *, limit: int = 1000) -> DirListing:
+    async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing:
         """Up to ``limit`` entries sorted by name; ``truncated`` when more existed."""
-        reply, body = await self._call({"op": "list", "path": path, "limit": max(limit, 0)})
+        header = {"op": "list", "path": path, "limit": max(limit, 0)}
+        reply, body = await self._call(_pinned(header, approved))
         return self._parse(replies.listing, reply, body, max(limit, 0))
 
     async def delete(self, path: str) -> None:
@@ -300,12 +308,11 @@ class AgentChannel:
         reply, _ = await self._call({"op": "resolve", "path": path})
         return self._parse(replies.relative_path, reply)
 
-    async def patch(self, path: str, old: str, new: str) -> None:
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
         """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
         old_b, new_b = _encode(path, old), _encode(path, new)
-        await self._call(
-            {"op": "patch", "path": path, "old_len": len(old_b)}, self._payload(path, old_b + new_b)
-        )
+        header = {"op": "patch", "path": path, "old_len": len(old_b)}
+        await self._call(_pinned(header, approved), self._payload(path, old_b + new_b))
 
     # -- processes --------------------------------------------------------------------------
 
@@ -336,6 +343,8 @@ class AgentChannel:
             "env": dict(request.env),
             "stdin": stdin is not None,
         }
+        if request.approved_cwd is not None:
+            header["approved_cwd"] = request.approved_cwd
         timed_out = cancelled = killed = False
         try:
             await self._send(header, stdin or b"")
@@ -353,6 +362,8 @@ class AgentChannel:
         finally:
             if self._pending.pop(rid, None) is not None:
                 self._post({"op": "signal", "exec_id": rid, "signal": "KILL"})  # abandoned: leave nothing
+            if call.done.done() and not call.done.cancelled():
+                call.done.exception()  # as in _call: a failed send must not leave it unretrieved
         if call.callback_error is not None:
             raise call.callback_error
         if reply["type"] == "error":
@@ -435,6 +446,13 @@ async def _settled(future: asyncio.Future[Any], timeout: float) -> bool:
     if not future.done():
         await asyncio.wait([future], timeout=max(timeout, 0.0))
     return future.done()
+
+
+def _pinned(header: dict[str, Any], approved: str | None) -> dict[str, Any]:
+    """The request with the approved path, when there is one (the agent then uses exactly it)."""
+    if approved is not None:
+        header["approved"] = approved
+    return header
 
 
 def _encode(path: str, text: str) -> bytes:

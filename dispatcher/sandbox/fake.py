@@ -3,6 +3,8 @@
 Files live in a dict keyed by absolute path under ``/workspace``; ``exec`` runs a Python
 callable the test supplies. File operations check paths lexically only; ``resolve`` also follows
 the symlinks a test declares in ``links`` (workspace-relative link -> target, as ``ln -s`` stores it).
+Given an ``approved`` path (what ``resolve`` said at confirmation), an operation uses it instead
+of the path as written, and records it in ``approved``.
 """
 
 from __future__ import annotations
@@ -42,17 +44,23 @@ class FakeSandbox:
     calls: list[tuple[str, str]] = field(default_factory=list)
     root: str = "/workspace"
     links: dict[str, str] = field(default_factory=dict)
+    approved: list[tuple[str, str]] = field(default_factory=list)  # (op, approved path) per use
 
     @property
     def workspace_root(self) -> str:
         return self.root
 
-    def _path(self, op: str, path: str) -> str:
+    def _path(self, op: str, path: str, approved: str | None = None) -> str:
         self.calls.append((op, path))
-        return resolve_workspace_path(path, self.root)
+        if approved is None:
+            return resolve_workspace_path(path, self.root)
+        self.approved.append((op, approved))
+        return self.root if approved == "." else f"{self.root}/{approved}"
 
-    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        full = self._path("read", path)
+    async def read_bytes(
+        self, path: str, *, max_bytes: int | None = None, approved: str | None = None
+    ) -> bytes:
+        full = self._path("read", path, approved)
         if full not in self.files:
             raise FileOpError("ENOENT", f"No such file: {path!r}")
         data = self.files[full]
@@ -61,11 +69,11 @@ class FakeSandbox:
     async def read(self, path: str) -> str:
         return (await self.read_bytes(path)).decode()
 
-    async def write_bytes(self, path: str, data: bytes) -> None:
-        self.files[self._path("write", path)] = data
+    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
+        self.files[self._path("write", path, approved)] = data
 
-    async def write(self, path: str, content: str) -> None:
-        await self.write_bytes(path, content.encode())
+    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
+        await self.write_bytes(path, content.encode(), approved=approved)
 
     async def append(self, path: str, content: str) -> None:
         full = self._path("append", path)
@@ -74,14 +82,14 @@ class FakeSandbox:
     async def exists(self, path: str) -> bool:
         return self._path("exists", path) in self.files
 
-    async def stat(self, path: str) -> FileStat:
-        full = self._path("stat", path)
+    async def stat(self, path: str, *, approved: str | None = None) -> FileStat:
+        full = self._path("stat", path, approved)
         if full not in self.files:
             raise FileOpError("ENOENT", f"No such file: {path!r}")
         return FileStat(full, "file", len(self.files[full]), 0o644, 0.0)
 
-    async def list(self, path: str, *, limit: int = 1000) -> DirListing:
-        prefix = self._path("list", path).rstrip("/") + "/"
+    async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing:
+        prefix = self._path("list", path, approved).rstrip("/") + "/"
         names = sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)})
         entries = tuple(DirEntry(n, "file") for n in names[:limit])
         return DirListing(entries, truncated=len(names) > limit)
@@ -89,14 +97,14 @@ class FakeSandbox:
     async def delete(self, path: str) -> None:
         self.files.pop(self._path("delete", path), None)
 
-    async def patch(self, path: str, old: str, new: str) -> None:
-        text = await self.read(path)
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+        text = (await self.read_bytes(path, approved=approved)).decode()
         count = text.count(old)
         if count != 1:
             raise FileOpError(
                 "no_match" if count == 0 else "multiple_matches", f"{count} matches in {path!r}"
             )
-        await self.write(path, text.replace(old, new))
+        await self.write(path, text.replace(old, new), approved=approved)
 
     async def resolve(self, path: str) -> str:
         pending = resolve_workspace_path(path, self.root)[len(self.root) :].strip("/").split("/")

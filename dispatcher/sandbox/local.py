@@ -124,21 +124,23 @@ class LocalSandbox:
         """The live agent channel for one long operation (a tree transfer)."""
         yield await self.channel()
 
-    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+    async def read_bytes(
+        self, path: str, *, max_bytes: int | None = None, approved: str | None = None
+    ) -> bytes:
         """See ``WorkspaceFileAPI.read_bytes``."""
-        return await (await self.channel()).read_bytes(path, max_bytes=max_bytes)
+        return await (await self.channel()).read_bytes(path, max_bytes=max_bytes, approved=approved)
 
     async def read(self, path: str) -> str:
         """See ``WorkspaceFileAPI.read``."""
         return await (await self.channel()).read(path)
 
-    async def write_bytes(self, path: str, data: bytes) -> None:
+    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
         """See ``WorkspaceFileAPI.write_bytes``."""
-        await (await self.channel()).write_bytes(path, data)
+        await (await self.channel()).write_bytes(path, data, approved=approved)
 
-    async def write(self, path: str, content: str) -> None:
+    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
         """See ``WorkspaceFileAPI.write``."""
-        await (await self.channel()).write(path, content)
+        await (await self.channel()).write(path, content, approved=approved)
 
     async def append(self, path: str, content: str) -> None:
         """See ``WorkspaceFileAPI.append``."""
@@ -148,21 +150,21 @@ class LocalSandbox:
         """See ``WorkspaceFileAPI.exists``."""
         return await (await self.channel()).exists(path)
 
-    async def stat(self, path: str) -> FileStat:
+    async def stat(self, path: str, *, approved: str | None = None) -> FileStat:
         """See ``WorkspaceFileAPI.stat``."""
-        return await (await self.channel()).stat(path)
+        return await (await self.channel()).stat(path, approved=approved)
 
-    async def list(self, path: str, *, limit: int = 1000) -> DirListing:
+    async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing:
         """See ``WorkspaceFileAPI.list``."""
-        return await (await self.channel()).list(path, limit=limit)
+        return await (await self.channel()).list(path, limit=limit, approved=approved)
 
     async def delete(self, path: str) -> None:
         """See ``WorkspaceFileAPI.delete``."""
         await (await self.channel()).delete(path)
 
-    async def patch(self, path: str, old: str, new: str) -> None:
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
         """See ``WorkspaceFileAPI.patch``."""
-        await (await self.channel()).patch(path, old, new)
+        await (await self.channel()).patch(path, old, new, approved=approved)
 
     async def resolve(self, path: str) -> str:
         """See ``WorkspaceFileAPI.resolve``."""

@@ -65,11 +65,13 @@ def error_for(header: Mapping[str, Any]) -> Exception:
 
 def relative_path(reply: Mapping[str, Any]) -> str:
     """A ``resolve`` result: a normalised relative path inside the workspace ('.' for the root)."""
-    rel = require(reply, "path", str)
+    rel: str = require(reply, "path", str)
     bad = not rel or posixpath.isabs(rel) or "\x00" in rel or posixpath.normpath(rel) != rel
     if bad or rel.split("/")[0] == "..":
         raise ProtocolError("resolved path is not a normalised relative path inside the workspace")
-    return _text(rel)
+    # Exact: a name's undecodable bytes stay lone surrogates, so the path can be handed back as
+    # the approved one; whoever shows it escapes them (``visible``).
+    return rel
 
 
 def check_exit(header: Mapping[str, Any]) -> None:

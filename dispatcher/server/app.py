@@ -11,19 +11,24 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from dispatcher.config import Config, ServerOptions, TlsFiles
 from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
-from dispatcher.core.errors import ConfigError
+from dispatcher.core.errors import ConfigError, ToolRegistrationError
+from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.core.types import ToolFactory
+from dispatcher.mcp.servers import McpServers
 from dispatcher.sandbox.transfer import AgentTreeTransport
 from dispatcher.server.auth import AuthInterceptor
 from dispatcher.server.decode import DecodeGuardInterceptor
+from dispatcher.server.home_lock import HomeLock
+from dispatcher.server.observability import Observability
+from dispatcher.server.persistence import SessionPersistence
 from dispatcher.server.servicer import DispatcherServicer
 from dispatcher.server.sessions import SessionManager
 from dispatcher.server.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
@@ -61,35 +66,43 @@ def make_provider(config: Config) -> SandboxProvider:
     )
 
 
-def load_tool_factory(spec: str) -> ToolFactory:
+def load_tool_factory(spec: str, where: str = "tools") -> ToolFactory:
     """Import ``module:factory`` (the factory makes one fresh Tool per call).
 
     Raises:
-        ConfigError: naming the entry, when it cannot be imported or is not callable.
+        ConfigError: naming the entry (``where``), when it cannot be imported or is not callable.
     """
     module_name, _, attr = spec.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"tools: cannot load {spec!r}: {exc}") from exc
+    except Exception as exc:  # ImportError, AttributeError, or whatever the module raised on import
+        raise ConfigError(f"{where}: cannot load {spec!r}: {exc!r}") from exc
     if not callable(target):
-        raise ConfigError(f"tools: {spec!r} is not callable")
+        raise ConfigError(f"{where}: {spec!r} is not callable")
     factory: ToolFactory = target
     return factory
 
 
-def build_dispatcher(config: Config, provider: SandboxProvider) -> ToolDispatcher:
+def build_dispatcher(
+    config: Config, provider: SandboxProvider, observer: CallObserver = NO_OBSERVER
+) -> ToolDispatcher:
     """The core dispatcher with the built-in tools and the config's custom tools registered."""
     from dispatcher.tools import builtin_factories
 
     audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
-    dispatcher = ToolDispatcher(provider, config=config.dispatcher, policy=config.policy, audit=audit)
+    dispatcher = ToolDispatcher(
+        provider, config=config.dispatcher, policy=config.policy, audit=audit, observer=observer
+    )
     for factory in builtin_factories(max_write_bytes=config.dispatcher.max_write_bytes):
         dispatcher.register(factory, builtin=True)
-    for spec in config.custom_tools:
-        dispatcher.register(load_tool_factory(spec))
+    for i, spec in enumerate(config.custom_tools):
+        where = f"tools[{i}]"
+        try:
+            dispatcher.register(load_tool_factory(spec, where))
+        except ToolRegistrationError as exc:  # duplicate or built-in name, schema outside the subset
+            raise ConfigError(f"{where}: {spec!r}: {exc}") from None
     return dispatcher
 
 
@@ -102,14 +115,24 @@ def build_server(config: Config, provider: SandboxProvider | None = None) -> Dis
         ConfigError: a custom tool or the sandbox section is invalid.
     """
     provider = provider if provider is not None else make_provider(config)
-    return DispatcherServer(config, build_dispatcher(config, provider), provider)
+    observability = Observability(config)
+    observability.attach_sandbox(provider)
+    dispatcher = build_dispatcher(config, provider, observability.calls)
+    return DispatcherServer(config, dispatcher, provider, observability)
 
 
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
-    def __init__(self, config: Config, dispatcher: ToolDispatcher, provider: SandboxProvider) -> None:
+    def __init__(
+        self,
+        config: Config,
+        dispatcher: ToolDispatcher,
+        provider: SandboxProvider,
+        observability: Observability | None = None,
+    ) -> None:
         self.config = config
+        self.observability = observability or Observability(config)
         self.dispatcher = dispatcher
         self.provider = provider
         self.tenants = TenantDirectory(
@@ -120,10 +143,16 @@ class DispatcherServer:
             default_ids=_default_ids(config),
         )
         self.sessions = SessionManager(dispatcher)
-        self.health = HealthServicer()
+        self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        self.health = health_aio.HealthServicer()
         opts = config.server
         self._server = grpc.aio.server(
-            interceptors=[AuthInterceptor(self.tenants), DecodeGuardInterceptor()],
+            # Metrics and traces outermost: refused requests count too.
+            interceptors=[
+                *self.observability.interceptors,
+                AuthInterceptor(self.tenants),
+                DecodeGuardInterceptor(),
+            ],
             options=[
                 ("grpc.max_receive_message_length", opts.max_message_bytes),
                 ("grpc.max_send_message_length", opts.max_message_bytes),
@@ -149,13 +178,28 @@ class DispatcherServer:
         )
         self.port = 0
         self._stopped = asyncio.Event()
+        self._home_lock = HomeLock(config.home)
+        self.persistence: SessionPersistence | None = None
+        self._adopting: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        """Bind, seal the tool registry and start serving; returns the bound port.
+        """Lock the home, bind, seal the tool registry, give back the stored sessions and start
+        serving; returns the bound port.
 
         Raises:
             ConfigError: the listen address cannot be bound.
+            StateError: another server holds the home, or its ``state.db`` is unusable.
         """
+        self._home_lock.acquire()
+        try:
+            self.persistence = SessionPersistence.open(self.config.home, self.dispatcher)
+            return await self._start()
+        except BaseException:
+            self.observability.stop()
+            self._close_state()
+            raise
+
+    async def _start(self) -> int:
         try:
             tls = self.config.tls
             if tls is None:
@@ -166,6 +210,7 @@ class DispatcherServer:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {exc}") from exc
         if self.port == 0:
             raise ConfigError(f"listen: cannot bind {self.config.listen}")
+        await self.mcp.register(self.dispatcher)  # MCP servers' tools, before the seal
         self.dispatcher.seal()
         check_ready = getattr(self.provider, "check_ready", None)
         if check_ready is not None:  # fail at start, clearly, not on the first tool call
@@ -173,9 +218,14 @@ class DispatcherServer:
         prepare_tenants = getattr(self.provider, "prepare_tenants", None)
         if prepare_tenants is not None:  # disk quotas, before CreateSession makes any workspace
             await prepare_tenants({t.tenant_id: str(t.workspace_root) for t in self.config.tenants})
+        self._restore_sessions()  # after the quota volumes are mounted: workspaces live there
         remove_orphans = getattr(self.provider, "remove_orphans", None)
-        if remove_orphans is not None:  # containers left by a previous run of this installation
+        if remove_orphans is not None:  # containers left by a previous run, but those re-adopted
             await remove_orphans()
+        adopt_all = getattr(self.provider, "adopt_all", None)
+        if adopt_all is not None:  # re-attach the agents in the background; a first call waits for its own
+            self._adopting = asyncio.create_task(adopt_all(), name="adopt-containers")
+        self.observability.start(self.sessions.open_by_tenant)
         await self._server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -201,10 +251,42 @@ class DispatcherServer:
             await self.sessions.wait_idle(ahead)
             cancelling.cancel()
         await self._server.stop(FINAL_GRACE)
-        await self.sessions.aclose()
-        await self.dispatcher.aclose()
+        if self._adopting is not None:
+            self._adopting.cancel()
+            await asyncio.gather(self._adopting, return_exceptions=True)
+        keep = self.persistence is not None and not self.config.shutdown_remove_sessions
+        if keep and self.persistence is not None:
+            self.persistence.save_policies()
+        await self.sessions.aclose(keep_sessions=keep)
+        detach_all = getattr(self.provider, "detach_all", None)
+        if keep and detach_all is not None:  # the containers stay for the next start to re-adopt
+            await detach_all()
+        await self.dispatcher.aclose(keep_sessions=keep)
+        await self.mcp.aclose()
+        await self.observability.aclose()
+        self._close_state()  # commits the queued events, then lets the next server in
         self._stopped.set()
         log.info("stopped")
+
+    def _restore_sessions(self) -> None:
+        """Give back the sessions stored by the previous run; their containers are expected."""
+        assert self.persistence is not None
+        self.sessions.persistence = self.persistence
+        if hasattr(self.provider, "on_container"):
+            self.provider.on_container = self.persistence.container_changed
+        adopt = self.persistence.restore(self.sessions, self.tenants)
+        expect = getattr(self.provider, "expect_container", None)
+        if expect is not None:
+            for session, container_id in adopt:
+                expect(session, container_id)
+        if adopt or self.sessions.count():
+            log.info("stored sessions given back", extra={"sessions": self.sessions.count()})
+
+    def _close_state(self) -> None:
+        if self.persistence is not None:
+            self.persistence.close()
+            self.persistence = None
+        self._home_lock.release()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from dispatcher.core.errors import ToolCancelled
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.types import ToolContext
+from dispatcher.core.visible import visible
 
 PATH_SCHEMA: dict[str, Any] = {
     "type": "string",
@@ -23,8 +25,11 @@ def start(context: ToolContext) -> None:
 
 
 def workspace_path(context: ToolContext, path: str) -> str:
-    """The normalised absolute path reported in ``files_modified``."""
-    return resolve_workspace_path(path, context.workspace_files.workspace_root)
+    """The path reported in ``files_modified``: normalised, relative to the workspace root, the same
+    form as ``projected_modifications`` in a confirmation request (``src/auth.ts``)."""
+    root = context.workspace_files.workspace_root
+    relative = posixpath.relpath(resolve_workspace_path(path, root), posixpath.normpath(root))
+    return visible(relative, escape_backslash=True)
 
 
 def explain(exc: FileOpError, path: str) -> FileOpError:

@@ -54,7 +54,9 @@ class ListDirTool(FileTool):
         start(context)
         path: str = input.get("path", ".")
         try:
-            listing = await context.workspace_files.list(path, limit=MAX_ENTRIES)
+            listing = await context.workspace_files.list(
+                path, limit=MAX_ENTRIES, approved=context.resolved.get("path")
+            )
         except FileOpError as exc:
             raise explain(exc, path) from exc
         lines = [format_entry(entry) for entry in listing.entries]

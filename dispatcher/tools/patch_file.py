@@ -41,15 +41,16 @@ class PatchFileTool(FileTool):
         path: str = input["path"]
         old: str = input["old"]
         new: str = input["new"]
+        approved = context.resolved.get("path")  # where it really was when confirmed: used exactly
         try:
-            await _patch_any_newline(context, path, old, new)
+            await _patch_any_newline(context, path, old, new, approved)
         except FileOpError as exc:
             if exc.code == "no_match":
                 raise FileOpError(
                     "no_match",
                     f"`old` was not found in {path}. It must match the file exactly, including "
                     "whitespace and indentation; read the file again and copy the text. "
-                    f"{await _newline_note(context, path, old)}The file was not changed.",
+                    f"{await _newline_note(context, path, old, approved)}The file was not changed.",
                 ) from exc
             if exc.code == "multiple_matches":
                 raise FileOpError(
@@ -62,7 +63,7 @@ class PatchFileTool(FileTool):
         return ToolOutput(
             content=[TextBlock(f"Patched {path}: replaced {removed} line(s) with {added} line(s)")],
             metadata={"replacements": 1},
-            files_modified=[workspace_path(context, path)],
+            files_modified=[workspace_path(context, approved or path)],
         )
 
 
@@ -70,7 +71,9 @@ def _lf(text: str) -> str:
     return text.replace("\r\n", "\n")
 
 
-async def _patch_any_newline(context: ToolContext, path: str, old: str, new: str) -> None:
+async def _patch_any_newline(
+    context: ToolContext, path: str, old: str, new: str, approved: str | None
+) -> None:
     """Patch as given; when that finds nothing and ``old`` spans lines, try the other line ending.
 
     Models send ``\n``: in a CRLF file, ``old`` then matches with ``\r\n`` and ``new`` is
@@ -81,7 +84,7 @@ async def _patch_any_newline(context: ToolContext, path: str, old: str, new: str
         FileOpError: no attempt matched exactly once (the first attempt's error), or another failure.
     """
     try:
-        await context.workspace_files.patch(path, old, new)
+        await context.workspace_files.patch(path, old, new, approved=approved)
         return
     except FileOpError as exc:
         if exc.code != "no_match" or "\n" not in old:
@@ -91,15 +94,15 @@ async def _patch_any_newline(context: ToolContext, path: str, old: str, new: str
     other_old = _lf(old) if crlf else old.replace("\n", "\r\n")
     other_new = _lf(new) if crlf else _lf(new).replace("\n", "\r\n")
     try:
-        await context.workspace_files.patch(path, other_old, other_new)
+        await context.workspace_files.patch(path, other_old, other_new, approved=approved)
     except FileOpError as exc:
         raise (first if exc.code == "no_match" else exc) from None
 
 
-async def _newline_note(context: ToolContext, path: str, old: str) -> str:
+async def _newline_note(context: ToolContext, path: str, old: str, approved: str | None) -> str:
     """Why the line endings may be the reason ``old`` did not match ('' when they are not)."""
     try:
-        head = await context.workspace_files.read_bytes(path, max_bytes=1 << 20)
+        head = await context.workspace_files.read_bytes(path, max_bytes=1 << 20, approved=approved)
     except FileOpError:
         return ""
     file_crlf, file_lf = b"\r\n" in head, b"\n" in head.replace(b"\r\n", b"")

@@ -62,11 +62,12 @@ class ReadFileTool(FileTool):
         start(context)
         path: str = input["path"]
         files = context.workspace_files
+        approved = context.resolved.get("path")  # where it really was when confirmed: used exactly
         try:
-            data = await files.read_bytes(path, max_bytes=READ_CAP + 1)
+            data = await files.read_bytes(path, max_bytes=READ_CAP + 1, approved=approved)
             media_type = image_type(data)
             if media_type is not None and len(data) > READ_CAP:
-                data = await files.read_bytes(path, max_bytes=IMAGE_CAP + 1)
+                data = await files.read_bytes(path, max_bytes=IMAGE_CAP + 1, approved=approved)
         except FileOpError as exc:
             raise explain(exc, path) from exc
         if media_type is not None:
@@ -77,7 +78,7 @@ class ReadFileTool(FileTool):
                 metadata={"media_type": media_type, "bytes": len(data)},
             )
         if b"\x00" in data[:SNIFF]:
-            size = await _size(files, path, data)
+            size = await _size(files, path, data, approved)
             raise FileOpError(
                 "binary",
                 f"{path} is a binary file ({size:,} bytes); read_file shows text files and "
@@ -85,16 +86,16 @@ class ReadFileTool(FileTool):
                 "head`; its bytes as text: shell `base64 PATH` (small files). A client fetches files "
                 "whole with DownloadFiles (CLI: dispatcher download SESSION PATH DIR).",
             )
-        size = await _size(files, path, data)
+        size = await _size(files, path, data, approved)
         return _text_output(path, data, size, input.get("offset", 1), input.get("limit"))
 
 
-async def _size(files: WorkspaceFileAPI, path: str, data: bytes) -> int:
+async def _size(files: WorkspaceFileAPI, path: str, data: bytes, approved: str | None) -> int:
     """The file's size: known when all of it was read, else asked (one more round trip)."""
     if len(data) <= READ_CAP:
         return len(data)
     try:
-        return (await files.stat(path)).size
+        return (await files.stat(path, approved=approved)).size
     except FileOpError as exc:
         raise explain(exc, path) from exc
 

@@ -13,7 +13,9 @@ from dispatcher.core.sandbox_api import ExecRequest, ExecResult, SandboxError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.tools.text import DeltaEmitter, HeadTailBuffer
 
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT = 600.0
+"""Without the dispatcher (``ToolContext.timeout_seconds`` unset); through it, the call's limit
+applies: ``timeouts.shell`` or ``dispatcher.execute_timeout`` (600 s)."""
 MAX_TIMEOUT = 600.0
 # Head + tail kept for the result; together under the dispatcher's 48,000-character result budget,
 # so the result is not truncated a second time.
@@ -57,7 +59,8 @@ class ShellTool:
         description=(
             "Run a shell command (sh -c) in the workspace directory and return its combined "
             "stdout and stderr. A non-zero exit status is reported as an error with the output. "
-            f"Default timeout {DEFAULT_TIMEOUT:g} s, at most {MAX_TIMEOUT:g} s; long output keeps its "
+            "Default timeout: the server's limit for shell (600 s unless configured); "
+            "timeout_seconds can only shorten it. Long output keeps its "
             "beginning and end. The command sees the sandbox image's environment (e.g. PATH, HOME, "
             "LANG, PYTHONUNBUFFERED); cwd runs it in a subdirectory of the workspace instead of "
             "its root (it must exist and stay inside the workspace); env adds or overrides "
@@ -80,7 +83,7 @@ class ShellTool:
                     "type": "number",
                     "exclusiveMinimum": 0,
                     "maximum": MAX_TIMEOUT,
-                    "description": f"Kill the command after this many seconds (default {DEFAULT_TIMEOUT:g}).",
+                    "description": "Kill the command after this many seconds (default: the server's limit).",
                 },
                 "cwd": {
                     "type": "string",
@@ -102,7 +105,7 @@ class ShellTool:
         },
         side_effect=SideEffect.EXECUTE,
         requires_fs=(("cwd", "cwd"),),
-        timeout_seconds=MAX_TIMEOUT + KILL_SEQUENCE_SLACK,
+        kill_slack_seconds=KILL_SEQUENCE_SLACK,
         check_input=check_env,
     )
 
@@ -123,7 +126,8 @@ class ShellTool:
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
         """Run the command; non-zero exit, timeout and cancel raise with the output attached."""
         command: str = input["command"]
-        timeout = float(input.get("timeout_seconds", DEFAULT_TIMEOUT))
+        limit = context.timeout_seconds or DEFAULT_TIMEOUT
+        timeout = min(float(input.get("timeout_seconds", limit)), limit)
         if context.cancel_event.is_set() or self._cancel.is_set():
             raise ToolCancelled("cancelled before the command started")
         buffer = HeadTailBuffer(HEAD_BYTES, TAIL_BYTES)
@@ -142,6 +146,7 @@ class ShellTool:
                     command=command,
                     timeout=timeout,
                     cwd=input.get("cwd", "."),
+                    approved_cwd=context.resolved.get("cwd"),  # as confirmed: used exactly
                     env=input.get("env", {}),
                     grace_seconds=self.grace_seconds,
                 ),

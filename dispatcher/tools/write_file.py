@@ -122,6 +122,7 @@ class WriteFileTool(FileTool):
         path: str = input["path"]
         content: str = input["content"]
         binary = input.get("encoding") == "base64"
+        approved = context.resolved.get("path")  # where it really was when confirmed: used exactly
         size = _size(input)
         if size is not None and size > self.max_bytes:  # called without the dispatcher's check
             raise ToolValidationError(f"content is {size:,} bytes, more than {self.max_bytes:,}")
@@ -131,9 +132,9 @@ class WriteFileTool(FileTool):
                     data = decode_base64(content)
                 except ValueError as exc:
                     raise ToolValidationError(str(exc)) from None
-                await context.workspace_files.write_bytes(path, data)
+                await context.workspace_files.write_bytes(path, data, approved=approved)
             else:
-                await context.workspace_files.write(path, content)
+                await context.workspace_files.write(path, content, approved=approved)
         except FileOpError as exc:
             raise explain(exc, path) from exc
         if binary:
@@ -148,5 +149,5 @@ class WriteFileTool(FileTool):
         return ToolOutput(
             content=[TextBlock(f"Wrote {what} to {path}")],
             metadata=metadata,
-            files_modified=[workspace_path(context, path)],
+            files_modified=[workspace_path(context, approved or path)],
         )

@@ -22,11 +22,16 @@ exists path                                             exists
 stat   path                                             path (relative), kind, size, mode, mtime
 list   path, limit                                      truncated (JSON array of name/kind/size/target)
 delete path                                             -
-resolve path                                            path (real path, relative to the root)
-exec   command, cwd, env, stdin (stdin bytes)           output* then exit: exit_code | signal
+resolve path                                            path (real path, relative to the root, exact)
+exec   command, cwd, env, stdin, approved_cwd (stdin)   output* then exit: exit_code | signal
 signal exec_id, signal (TERM | KILL | INT)              delivered
 procs  kill (bool)                                      processes, killed, left
 ====== ================================================ ==========================================
+
+``approved`` (read, write, patch, stat, list; ``approved_cwd`` for exec): the path ``resolve`` gave
+when a human approved the call. The op then uses exactly it, walked from the root one component at
+a time without following any link, and fails with ``changed`` (nothing done) if a link, or a
+directory moved meanwhile, stands on it: what a human approves is what runs.
 
 A command starts with the agent's own environment (``docker exec`` gives it the container's
 configured one: the image's ``ENV``), minus names starting ``DISPATCHER_AGENT_``, plus ``env``; in
@@ -38,7 +43,7 @@ answered once the extractor took it; ``untar_end`` {upload, commit} answers file
 bytes. ``tar_begin`` {path, max_bytes} answers ``download``; each ``tar_read`` {download} answers
 ``eof`` with the next chunk of the archive as payload; ``tar_end`` {download} stops it.
 
-Error codes: errno names (``ENOENT``, ``EISDIR``, ...), ``too_large``, ``no_match``,
+Error codes: errno names (``ENOENT``, ``EISDIR``, ...), ``too_large``, ``no_match``, ``changed``,
 ``multiple_matches``, ``refused`` (an archive member that may not be extracted), ``conflict``,
 ``bad_archive``, ``escape`` (resolves outside the root), ``denied`` (outside the fs grants),
 ``proc_limit`` (no process or thread for a command: the pids limit is full; ``processes`` counts
@@ -81,8 +86,10 @@ from collections import deque
 from collections.abc import Mapping
 from typing import IO, Any, NoReturn
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
+3: file ops take ``approved`` and exec ``approved_cwd`` (a path used exactly, never through a link),
+and ``resolve`` answers the path itself (undecodable bytes as lone surrogates, not U+FFFD).
 `agent.py --version` prints ``dispatcher-agent protocol N`` (the start-up image check)."""
 PREFIX = struct.Struct(">II")
 MAX_HEADER = 1 << 20
@@ -282,8 +289,10 @@ class Workspace:
         self.check_grant(real, path, mode)
         return real
 
-    def _locate(self, path: str) -> tuple[str, os.stat_result]:
+    def _locate(self, path: str, approved: str | None = None) -> tuple[str, os.stat_result]:
         """Real path and stat of an existing path, taken from one descriptor checked for reading."""
+        if approved is not None:
+            return self._locate_approved(path, approved)
         real = self._granted(path, "r")
         fd = os.open(real, os.O_PATH | os.O_CLOEXEC)
         try:
@@ -292,10 +301,13 @@ class Workspace:
         finally:
             os.close(fd)
 
-    def open_cwd(self, path: str) -> tuple[int, str]:
+    def open_cwd(self, path: str, approved: str | None = None) -> tuple[int, str]:
         """A verified descriptor of a command's working directory (see ``check_grant``), and its path."""
-        real = self._granted(path, "cwd")
         try:
+            if approved is not None:
+                real = self.approved(approved, path, "cwd")
+                return self._make_dirs(real, path, "cwd", None, create=False, pinned="run"), real
+            real = self._granted(path, "cwd")
             return self._open_dir(real, path, "cwd"), real
         except NotADirectoryError:
             raise OpError("ENOTDIR", f"{path}: working directory is not a directory") from None
@@ -322,9 +334,17 @@ class Workspace:
             raise
         return fd
 
-    def read(self, path: str, max_bytes: int, strict: bool) -> tuple[bytes, int]:
+    def read(self, path: str, max_bytes: int, strict: bool, approved: str | None = None) -> tuple[bytes, int]:
         """Return (at most ``max_bytes`` of the file, its size); ``too_large`` if strict and bigger."""
-        fd = self._open_regular(self._granted(path, "r"), path, os.O_RDONLY)
+        if approved is None:
+            fd = self._open_regular(self._granted(path, "r"), path, os.O_RDONLY)
+        else:
+            real = self.approved(approved, path, "r")
+            dfd, name = self._parent_fd(path, real, "read", "r", create=False)
+            try:
+                fd = self._open_pinned(dfd, name, path, os.O_RDONLY, "r", "read")
+            finally:
+                os.close(dfd)
         with os.fdopen(fd, "rb") as f:
             size = os.fstat(fd).st_size
             if strict and size > max_bytes:
@@ -332,18 +352,31 @@ class Workspace:
             data = f.read(max_bytes)
         return data, size
 
-    def _parent_fd(self, path: str, real: str) -> tuple[int, str]:
+    def _parent_fd(
+        self, path: str, real: str, pinned: str | None = None, mode: str = "rw", create: bool = True
+    ) -> tuple[int, str]:
         if real == self.root:
             raise OpError("EISDIR", f"{path}: is the workspace root")
         parent, name = os.path.split(real)
-        return self._make_dirs(parent, path, "rw", name), name
+        return self._make_dirs(parent, path, mode, name, create=create, pinned=pinned), name
 
-    def _make_dirs(self, real_dir: str, shown: str, mode: str, leaf: str) -> int:
+    def _make_dirs(
+        self,
+        real_dir: str,
+        shown: str,
+        mode: str,
+        leaf: str | None,
+        *,
+        create: bool = True,
+        pinned: str | None = None,
+    ) -> int:
         """A verified descriptor of ``real_dir`` (inside the root), making missing directories.
 
         One component at a time from the root through directory descriptors, never recursing (a
         deep path cannot exhaust the stack) and never following a link (one planted after
-        ``resolve`` is refused, not followed).
+        ``resolve`` is refused, not followed). ``pinned`` (what the operation does, for the
+        message): ``real_dir`` was approved, so a link on the way, or a descriptor that is not
+        at ``real_dir``, means the path changed since (``changed``).
         """
         rel = os.path.relpath(real_dir, self.root)
         parts = [] if rel == "." else rel.split("/")
@@ -357,28 +390,37 @@ class Workspace:
                 try:
                     child = os.open(part, flags, dir_fd=fd)
                 except FileNotFoundError:
+                    if not create:
+                        raise
                     with contextlib.suppress(FileExistsError):  # made meanwhile: fine
                         os.mkdir(part, 0o777, dir_fd=fd)
                     child = os.open(part, flags, dir_fd=fd)
+                except OSError as exc:
+                    if pinned is not None and _is_link(exc, fd, part):
+                        raise _changed(shown, pinned) from None
+                    raise
                 fd, parent_fd = child, fd
                 os.close(parent_fd)
             self._verify_fd(fd, shown, mode, leaf)
+            if pinned is not None and _moved(fd, real_dir):
+                raise _changed(shown, pinned)
         except BaseException:
             os.close(fd)
             raise
         return fd
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes, approved: str | None = None) -> None:
         """Atomically replace the file: temp file in the same directory, fsync, rename."""
-        real = self._granted(path, "rw")
+        real = self._granted(path, "rw") if approved is None else self.approved(approved, path, "rw")
+        pinned = None if approved is None else "written"
         with self._lock(real):
-            dfd, name = self._parent_fd(path, real)
+            dfd, name = self._parent_fd(path, real, pinned)
             try:
-                self._replace(dfd, name, data, path)
+                self._replace(dfd, name, data, path, pinned)
             finally:
                 os.close(dfd)
 
-    def _replace(self, dfd: int, name: str, data: bytes, shown: str) -> None:
+    def _replace(self, dfd: int, name: str, data: bytes, shown: str, pinned: str | None = None) -> None:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -386,6 +428,8 @@ class Workspace:
         else:
             if stat.S_ISDIR(st.st_mode):
                 raise OpError("EISDIR", f"{shown}: is a directory")
+            if pinned is not None and stat.S_ISLNK(st.st_mode):
+                raise _changed(shown, pinned)  # approved as a file (or nothing), now a link
             mode = stat.S_IMODE(st.st_mode)
         tmp = f".~{secrets.token_hex(6)}.tmp"  # short: a long leaf name plus a suffix could overflow
         fd = os.open(
@@ -424,21 +468,36 @@ class Workspace:
             finally:
                 os.close(fd)
 
-    def patch(self, path: str, old: bytes, new: bytes) -> None:
+    def patch(self, path: str, old: bytes, new: bytes, approved: str | None = None) -> None:
         """Replace the single occurrence of ``old``; the file is untouched on any failure."""
         if not old:
             raise OpError("no_match", f"{path}: the text to replace is empty")
+        if approved is not None:
+            self._patch_approved(path, old, new, approved)
+            return
         real = self._granted(path, "rw")
         with self._lock(real):
             data, _ = self.read(path, MAX_PAYLOAD, True)
-            count = data.count(old)  # UTF-8 is self-synchronising, so byte matches are char matches
-            if count == 0:
-                raise OpError("no_match", f"{path}: the text to replace was not found")
-            if count > 1:
-                raise OpError("multiple_matches", f"{path}: the text to replace occurs {count} times")
+            patched = _patched(data, old, new, path)
             dfd, name = self._parent_fd(path, real)
             try:
-                self._replace(dfd, name, data.replace(old, new, 1), path)
+                self._replace(dfd, name, patched, path)
+            finally:
+                os.close(dfd)
+
+    def _patch_approved(self, path: str, old: bytes, new: bytes, approved: str) -> None:
+        """``patch`` of exactly the approved file: read and replaced through one directory descriptor."""
+        real = self.approved(approved, path, "rw")
+        with self._lock(real):
+            dfd, name = self._parent_fd(path, real, "written", create=False)
+            try:
+                fd = self._open_pinned(dfd, name, path, os.O_RDONLY, "rw", "written")
+                with os.fdopen(fd, "rb") as f:
+                    size = os.fstat(fd).st_size
+                    if size > MAX_PAYLOAD:
+                        raise OpError("too_large", f"{path}: file is {size} bytes, more than {MAX_PAYLOAD}")
+                    data = f.read(MAX_PAYLOAD)
+                self._replace(dfd, name, _patched(data, old, new, path), path, "written")
             finally:
                 os.close(dfd)
 
@@ -450,9 +509,9 @@ class Workspace:
             return False
         return True
 
-    def stat(self, path: str) -> dict[str, Any]:
+    def stat(self, path: str, approved: str | None = None) -> dict[str, Any]:
         """Kind, size, mode and mtime of the resolved path."""
-        real, st = self._locate(path)
+        real, st = self._locate(path, approved)
         return {
             "path": self.relative(real),
             "kind": _kind(st.st_mode),
@@ -461,9 +520,13 @@ class Workspace:
             "mtime": st.st_mtime,
         }
 
-    def list(self, path: str, limit: int) -> tuple[list[dict[str, Any]], bool]:
+    def list(self, path: str, limit: int, approved: str | None = None) -> tuple[list[dict[str, Any]], bool]:
         """Up to ``limit`` entries sorted by name, and whether more existed."""
-        dfd = self._open_dir(self._granted(path, "r"), path)  # listed through the checked fd
+        if approved is None:
+            dfd = self._open_dir(self._granted(path, "r"), path)  # listed through the checked fd
+        else:
+            real = self.approved(approved, path, "r")
+            dfd = self._make_dirs(real, path, "r", None, create=False, pinned="listed")
         try:
             names: list[str] = []
             complete = True
@@ -494,6 +557,51 @@ class Workspace:
             os.close(dfd)
         return entries, not complete or len(names) > limit
 
+    # -- approved paths: used exactly as a human approved them, never through a link ----------
+
+    def resolve_exact(self, path: str) -> str:
+        """``resolve``, relative to the root, with the names as they are (lone surrogates for
+        bytes that are not UTF-8): what the host shows for approval and hands back as ``approved``."""
+        return os.path.relpath(self.resolve(path), self.root)
+
+    def approved(self, rel: str, shown: str, mode: str) -> str:
+        """The absolute path of an approved path (normalised, relative to the root, as
+        ``resolve_exact`` gave it), checked against the grants for ``mode``."""
+        parts = [] if rel == "." else rel.split("/")
+        if not rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
+            raise OpError("bad_request", "field 'approved' must be a normalised path inside the workspace")
+        if len(parts) > MAX_DEPTH:
+            raise OpError("ENAMETOOLONG", f"path is {len(parts)} directories deep, more than {MAX_DEPTH}")
+        real = os.path.join(self.root, rel) if parts else self.root
+        self.check_grant(real, shown, mode)
+        return real
+
+    def _open_pinned(self, dfd: int, name: str, shown: str, flags: int, mode: str, pinned: str) -> int:
+        """``_open_regular`` of ``name`` in ``dfd``; a link there now means the path changed."""
+        try:
+            return self._open_regular(name, shown, flags, dir_fd=dfd, mode=mode)
+        except OSError as exc:
+            if _is_link(exc, dfd, name):
+                raise _changed(shown, pinned) from None
+            raise
+
+    def _locate_approved(self, path: str, approved: str) -> tuple[str, os.stat_result]:
+        real = self.approved(approved, path, "r")
+        if real == self.root:
+            fd = self._make_dirs(real, path, "r", None, create=False, pinned="read")
+            try:
+                return real, os.fstat(fd)
+            finally:
+                os.close(fd)
+        dfd, name = self._parent_fd(path, real, "read", "r", create=False)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        finally:
+            os.close(dfd)
+        if stat.S_ISLNK(st.st_mode):
+            raise _changed(path, "read")
+        return real, st
+
     def delete(self, path: str) -> None:
         """Remove a file, a symlink (not its target) or an empty directory."""
         if "\x00" in path:
@@ -515,6 +623,42 @@ class Workspace:
                 os.unlink(name, dir_fd=dfd)
         finally:
             os.close(dfd)
+
+
+def _patched(data: bytes, old: bytes, new: bytes, shown: str) -> bytes:
+    count = data.count(old)  # UTF-8 is self-synchronising, so byte matches are char matches
+    if count == 0:
+        raise OpError("no_match", f"{shown}: the text to replace was not found")
+    if count > 1:
+        raise OpError("multiple_matches", f"{shown}: the text to replace occurs {count} times")
+    return data.replace(old, new, 1)
+
+
+def _changed(shown: str, done: str) -> OpError:
+    return OpError(
+        "changed",
+        f"{shown}: the path changed after it was approved (a symbolic link or another directory "
+        f"now stands where the approved one was); nothing was {done}",
+    )
+
+
+def _is_link(exc: OSError, dfd: int, name: str) -> bool:
+    """Whether an open of ``name`` in ``dfd`` failed because it is a symbolic link now."""
+    if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return False
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _moved(fd: int, expected: str) -> bool:
+    """Whether the directory ``fd`` holds is no longer at ``expected`` (renamed while walked)."""
+    try:
+        where = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False  # no /proc: the link-free walk stands alone
+    return where.startswith("/") and where != expected
 
 
 def _kind(mode: int) -> str:
@@ -654,17 +798,62 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+KEEPALIVE_CMDLINE = b"sleep\x002147483647\x00"
+"""The container's own command (see the sandbox provider): it keeps the container up."""
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(64)
+    except OSError:
+        return b""
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rfind(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _container_own(found: list[tuple[int, str, int]]) -> set[tuple[int, int]] | None:
+    """(pid, start) of the container's own processes: init and the keep-alive it started first,
+    or the keep-alive as pid 1; None when this is not a sandbox container."""
+    starts = {pid: start for pid, _, start in found}
+    if 1 not in starts:
+        return None
+    if _cmdline(1) == KEEPALIVE_CMDLINE:
+        return {(1, starts[1])}
+    # Nothing a command starts can come before the keep-alive, so no command can pass for it.
+    others = sorted((start, pid) for pid, start in starts.items() if pid != 1)
+    if others:
+        start, pid = others[0]
+        if _ppid(pid) == 1 and _cmdline(pid) == KEEPALIVE_CMDLINE:
+            return {(1, starts[1]), (pid, start)}
+    return None
+
+
 class _Strays:
     """The processes that the sandbox's commands started, found through ``/proc``.
 
-    Everything but the agent and what ran before it (init and the container's keep-alive
-    process). Each process is known by pid and start time, so a recycled pid is never taken for
-    another process: not for one of those spared, not for one about to be signalled.
+    Everything but the agent and the container's own processes: init (pid 1) and the keep-alive
+    process it started first. Processes an earlier agent's commands left running count too (a
+    restarted server starts a new agent in the same container). Each process is known by pid and
+    start time, so a recycled pid is never taken for another process: not for one of those
+    spared, not for one about to be signalled.
     """
 
     def __init__(self) -> None:
         self._own = os.getpid()
-        self._before = {(pid, start) for pid, _, start in self._scan()}
+        found = self._scan()
+        own = _container_own(found)
+        self.in_container = own is not None
+        """In a sandbox container (not the local backend, which runs the agent on the host)."""
+        # Outside a sandbox container: everything that ran before is spared.
+        self._before = own or {(pid, start) for pid, _, start in found}
 
     def _scan(self) -> list[tuple[int, str, int]]:
         try:
@@ -760,10 +949,12 @@ class Agent:
 
     def serve(self, inp: IO[bytes]) -> int:
         """Handle requests until stdin closes; returns the exit status."""
+        clean_eof = False
         try:
             while True:
                 prefix = inp.read(PREFIX.size)
                 if not prefix:
+                    clean_eof = True
                     return 0
                 try:
                     header_len, payload_len = decode_prefix(
@@ -789,16 +980,23 @@ class Agent:
                     rid = rid if type(rid) is int else None
                     self.send({"id": rid, "type": "error", "code": "internal", "message": type(exc).__name__})
         finally:
-            self.shutdown()
+            # In a container, the container bounds what is left; on a host, nothing may outlive us.
+            self.shutdown(keep_background=clean_eof and self._strays.in_container)
 
-    def shutdown(self) -> None:
-        """Kill every running command; nothing may outlive the agent."""
+    def shutdown(self, keep_background: bool = False) -> None:
+        """Kill every running command (its answer has nowhere to go).
+
+        ``keep_background``: spare what finished commands left running in the background
+        (``cmd &``). So it is on a clean end of stdin in a sandbox container: the server went away
+        (restarted) and a new agent will take over the container, or the server is removing the
+        container anyway.
+        """
         with self._execs_lock:
             running = list(self._execs.values())
-            lingering = list(self._lingering)
+            lingering = [] if keep_background else list(self._lingering)
         for ex in running:
             ex.signal(signal.SIGKILL)
-        for pgid in lingering:  # background children (`cmd &`) outlive their command, not the agent
+        for pgid in lingering:
             _killpg(pgid, signal.SIGKILL)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -847,34 +1045,37 @@ class Agent:
     def _file_op(self, rid: int, header: Mapping[str, Any], payload: bytes) -> None:
         op = header["op"]
         path = _field(header, "path", str)
+        approved = header.get("approved")  # the real path a human approved: used exactly
+        if approved is not None and (type(approved) is not str or op not in _APPROVED_OPS):
+            raise OpError("bad_request", f"field 'approved' is a str, for {sorted(_APPROVED_OPS)}")
         ws = self.ws
         result: dict[str, Any] = {}
         body = b""
         try:
             if op == "read":
                 body, result["size"] = ws.read(
-                    path, _count(header, "max_bytes"), _field(header, "strict", bool)
+                    path, _count(header, "max_bytes"), _field(header, "strict", bool), approved
                 )
             elif op == "write":
-                ws.write(path, payload)
+                ws.write(path, payload, approved)
             elif op == "append":
                 ws.append(path, payload)
             elif op == "patch":
                 split = _field(header, "old_len", int)
                 if not 0 <= split <= len(payload):
                     raise OpError("bad_request", "old_len out of range")
-                ws.patch(path, payload[:split], payload[split:])
+                ws.patch(path, payload[:split], payload[split:], approved)
             elif op == "exists":
                 result["exists"] = ws.exists(path)
             elif op == "stat":
-                result.update(ws.stat(path))
+                result.update(ws.stat(path, approved))
             elif op == "list":
-                entries, result["truncated"] = ws.list(path, _count(header, "limit"))
+                entries, result["truncated"] = ws.list(path, _count(header, "limit"), approved)
                 body = json.dumps(entries).encode("ascii")  # ASCII: lone surrogates survive
             elif op == "delete":
                 ws.delete(path)
             elif op == "resolve":
-                result["path"] = ws.relative(ws.resolve(path))
+                result["path"] = ws.resolve_exact(path)
         except OSError as exc:
             raise _os_error(exc, path) from None
         self.send({"id": rid, "type": "result", **result}, body)
@@ -882,6 +1083,9 @@ class Agent:
     def _exec(self, rid: int, header: Mapping[str, Any], payload: bytes) -> None:
         command = _field(header, "command", str)
         cwd_arg = _field(header, "cwd", str, ".")
+        approved_cwd = header.get("approved_cwd")
+        if approved_cwd is not None and type(approved_cwd) is not str:
+            raise OpError("bad_request", "field 'approved_cwd' must be str")
         env_arg = _field(header, "env", dict, {})
         use_stdin = _field(header, "stdin", bool, False)
         env = dict(self._env)
@@ -892,7 +1096,7 @@ class Agent:
         if "\x00" in command:
             raise OpError("bad_request", "command contains a NUL byte")
         try:
-            cwd_fd, cwd = self.ws.open_cwd(cwd_arg)
+            cwd_fd, cwd = self.ws.open_cwd(cwd_arg, approved_cwd)
         except OSError as exc:
             raise _os_error(exc, cwd_arg) from None
         try:
@@ -904,7 +1108,12 @@ class Agent:
             try:
                 # The child changes into the checked descriptor, not a name that could be swapped.
                 fd_path = f"/proc/self/fd/{cwd_fd}"
-                cwd = fd_path if os.path.isdir(fd_path) else cwd
+                if os.path.isdir(fd_path):
+                    cwd = fd_path
+                elif approved_cwd is not None:  # the name could be swapped: no approved start by it
+                    raise OpError(
+                        "ENOTSUP", f"{cwd_arg}: no /proc to start a command in an approved directory"
+                    )
                 self._run(rid, ex, command, cwd, env, payload if use_stdin else None)
             finally:
                 with self._execs_lock:
@@ -1054,6 +1263,7 @@ def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
 
 
 _FILE_OPS = frozenset({"read", "write", "append", "patch", "exists", "stat", "list", "delete", "resolve"})
+_APPROVED_OPS = frozenset({"read", "write", "patch", "stat", "list"})
 
 
 # -- trees in and out: tar extract (UploadFiles) and create (DownloadFiles) ---------------------

@@ -14,7 +14,8 @@ import pytest
 from dispatcher.sandbox.docker_config import LABEL_SESSION
 from dispatcher.sandbox.workspace_volume import mount_entry
 from tests.integration.grpc.conftest import Start
-from tests.integration.helpers import containers_of, wait_until
+from tests.integration.helpers import containers_of
+from tests.polling import until
 from tests.server.conftest import Harness, base_config
 from tests.server.helpers import text_of
 
@@ -71,7 +72,7 @@ async def test_recreated_container_does_not_follow_a_swapped_workspace(
     swap = await client.call(one.session_id, "shell", {"command": f"rm -r x && ln -s {target} x"})
     assert not swap.is_error, text_of(swap)
     # The idle reaper removes the container; the next call launches a new one.
-    await wait_until(lambda: not session_containers(docker_client, harness, two.session_id), timeout=30)
+    await until(lambda: not session_containers(docker_client, harness, two.session_id), timeout=30)
 
     result = await client.call(two.session_id, "shell", {"command": "cat /workspace/secret.txt"})
 
