@@ -24,6 +24,10 @@ log = logging.getLogger("dispatcher.server.store")
 
 BATCH_SECONDS = 0.005
 """How long the writer lets events gather after the first one before it commits them."""
+MAX_QUEUED_BYTES = 64 << 20
+"""Most (estimated) event bytes waiting for the thread. Beyond it output deltas are not stored
+(their replay after a restart has a gap); every other event still is, so which calls ran and how
+they ended stays true. A tenant printing faster than the disk writes cannot grow server memory."""
 _TERMINAL = frozenset({ev.TOOL_COMPLETED, ev.TOOL_FAILED, ev.TOOL_INPUT_INVALID})
 _STARTS = frozenset({ev.TOOL_CALLED, ev.TOOL_CONFIRMATION_REQUESTED})
 
@@ -31,8 +35,20 @@ _STARTS = frozenset({ev.TOOL_CALLED, ev.TOOL_CONFIRMATION_REQUESTED})
 class StateWriter:
     """One thread that owns every write but the session rows' own insert and delete."""
 
-    def __init__(self, store: SessionStore, *, history: int, history_bytes: int) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        history: int,
+        history_bytes: int,
+        max_queued_bytes: int = MAX_QUEUED_BYTES,
+    ) -> None:
         self._store = store
+        self._max_queued_bytes = max_queued_bytes
+        self._queued_bytes = 0  # events queued or being written (the thread subtracts when done)
+        self._count_lock = threading.Lock()
+        self._dropped = 0
+        self._dropped_last: dict[str, int] = {}  # session -> seq of its latest unstored delta
         self._history = history
         self._history_bytes = history_bytes
         self._queue: deque[tuple[Any, ...]] = deque()
@@ -74,6 +90,17 @@ class StateWriter:
 
     def on_event(self, event: Event) -> None:
         """The bus sink: queue the event (cheap; the thread serialises it)."""
+        with self._count_lock:
+            if (
+                event.type == ev.TOOL_OUTPUT_DELTA
+                and self._queued_bytes + event.size > self._max_queued_bytes
+            ):
+                self._dropped += 1
+                self._dropped_last[event.session_id] = event.seq  # seqs never go back after a restart
+                if not self._wake.is_set():
+                    self._wake.set()
+                return
+            self._queued_bytes += event.size
         self._queue.append(("event", event))
         if not self._wake.is_set():
             self._wake.set()
@@ -119,9 +146,22 @@ class StateWriter:
                     self._write(items)
                 except Exception:
                     log.exception("writing session state failed; %d changes lost", len(items))
+                self._written(items)
             self._idle.set()
             if self._stopping and not self._queue:
                 return
+
+    def _written(self, items: list[tuple[Any, ...]]) -> None:
+        done = sum(item[1].size for item in items if item[0] == "event")
+        with self._count_lock:
+            self._queued_bytes -= done
+            dropped, self._dropped = self._dropped, 0
+        if dropped:
+            log.warning(
+                "state writer behind by %d MiB: %d output deltas not stored (replay after a restart has a gap)",
+                self._max_queued_bytes >> 20,
+                dropped,
+            )
 
     def _write(self, items: list[tuple[Any, ...]]) -> None:
         with self._store.lock:
@@ -130,6 +170,11 @@ class StateWriter:
             calls: dict[tuple[str, str], tuple[str, str, str, str] | None] = {}
             last: dict[str, int] = {}
             updates: list[tuple[str, str, Any]] = []
+            with self._count_lock:
+                skipped, self._dropped_last = self._dropped_last, {}
+            for sid, seq in skipped.items():
+                if sid in self._live:
+                    last[sid] = seq
             for item in items:
                 if item[0] == "update":
                     if item[1] in self._live:
@@ -151,7 +196,7 @@ class StateWriter:
                         event.size,
                     )
                 )
-                last[sid] = event.seq
+                last[sid] = max(event.seq, last.get(sid, 0))
                 self._keep(sid, event, pruned)
                 key = (sid, event.tool_use_id)
                 if event.type in _TERMINAL:

@@ -99,6 +99,37 @@ def test_the_writer_keeps_events_running_calls_and_updates(tmp_path: Path) -> No
     ]
 
 
+def test_output_past_the_queue_bound_is_not_stored_but_calls_still_end(tmp_path: Path) -> None:
+    store = SessionStore.open(tmp_path / "state.db")
+    store.put_session(_row("ses_1"))
+    writer = StateWriter(store, history=100, history_bytes=1 << 20, max_queued_bytes=1_000)
+    writer.track("ses_1")
+    with store.lock:  # the thread cannot write meanwhile: everything stays queued
+        writer.on_event(_event("ses_1", 1, tool_use_id="t1"))
+        for seq in range(2, 12):
+            writer.on_event(_event("ses_1", seq, "tool.output_delta", tool_use_id="t1", text="x"))
+        writer.on_event(_event("ses_1", 12, "tool.completed", tool_use_id="t1"))
+    writer.close()
+    [stored] = SessionStore.open(tmp_path / "state.db").load()
+    # 300 bytes each: the call start and two deltas fit 1,000; later deltas wait for nobody
+    assert [e.seq for e in stored.events] == [1, 2, 3, 12]
+    assert stored.last_seq == 12 and stored.running == []
+
+
+def test_a_session_whose_last_events_were_not_stored_still_continues_after_them(tmp_path: Path) -> None:
+    store = SessionStore.open(tmp_path / "state.db")
+    store.put_session(_row("ses_1"))
+    writer = StateWriter(store, history=100, history_bytes=1 << 20, max_queued_bytes=400)
+    writer.track("ses_1")
+    with store.lock:
+        for seq in range(1, 6):
+            writer.on_event(_event("ses_1", seq, "tool.output_delta", tool_use_id="t1", text="x"))
+    writer.close()
+    [stored] = SessionStore.open(tmp_path / "state.db").load()
+    assert [e.seq for e in stored.events] == [1]
+    assert stored.last_seq == 5  # a restarted bus starts at 6: no seq a watcher saw is reused
+
+
 def test_forget_deletes_a_session_and_what_it_had(tmp_path: Path) -> None:
     store = SessionStore.open(tmp_path / "state.db")
     store.put_session(_row("ses_1"))
