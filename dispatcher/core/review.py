@@ -13,6 +13,7 @@ that cannot happen.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import difflib
@@ -33,6 +34,10 @@ REVIEWED_TOOLS = frozenset({"write_file", "patch_file"})
 """The writes review mode stages; other calls with side effects ask as in cautious mode."""
 READ_LIMIT = 8 << 20
 """Most bytes of the current file staging reads to diff against."""
+DIFF_MAX_LINES = 5_000
+"""Most lines per side difflib is given: its matching grows far faster than linearly (two
+crafted 20,000-line sides took 74 s), so beyond this the request names the sizes instead and the
+input itself, shown whole, is what is reviewed."""
 DIFF_CHARS = 64_000
 """A longer diff is shown head and tail (the input itself is shown whole in ``input_summary``)."""
 
@@ -64,7 +69,9 @@ async def stage(run: CallRun, input_: dict[str, Any]) -> Staged:
             raise ToolExecutionError("content is not valid base64; nothing was written") from None
     else:
         after = str(input_["content"]).encode("utf-8", "surrogatepass")
-    return Staged(path, _sha(before), truncate_head_tail(_diff(path, before, after), DIFF_CHARS))
+    # Off the event loop: even bounded, a diff of thousands of lines takes a noticeable while.
+    diff = await asyncio.to_thread(_diff, path, before, after)
+    return Staged(path, _sha(before), truncate_head_tail(diff, DIFF_CHARS))
 
 
 async def check_unchanged(run: CallRun, staged: Staged, input_: dict[str, Any]) -> None:
@@ -93,6 +100,11 @@ async def _current(sandbox: Sandbox, given: str, real: str) -> bytes | None:
         raise ToolExecutionError(
             f"The sandbox failed while staging {real!r}; it will be recreated", exc
         ) from exc
+    if len(data) > READ_LIMIT:  # a cut file would be diffed and hashed wrongly: refuse
+        raise ToolExecutionError(
+            f"{real} is larger than {READ_LIMIT >> 20} MiB: review mode cannot show a change to it; "
+            "nothing was written"
+        )
     return data
 
 
@@ -121,9 +133,16 @@ def _diff(path: str, before: bytes | None, after: bytes) -> str:
     old = before or b""
     if b"\x00" in old or b"\x00" in after or not (_is_text(old) and _is_text(after)):
         return f"Binary file {path}: {len(old):,} bytes -> {len(after):,} bytes\n"
+    old_lines = old.decode("utf-8").splitlines(keepends=True)
+    new_lines = after.decode("utf-8").splitlines(keepends=True)
+    if max(len(old_lines), len(new_lines)) > DIFF_MAX_LINES:
+        return (
+            f"File {path}: {len(old_lines):,} lines -> {len(new_lines):,} lines; too long to diff "
+            f"(over {DIFF_MAX_LINES:,} lines): review the input, shown whole\n"
+        )
     lines = difflib.unified_diff(
-        old.decode("utf-8").splitlines(keepends=True),
-        after.decode("utf-8").splitlines(keepends=True),
+        old_lines,
+        new_lines,
         fromfile=old_name,
         tofile=f"b/{path}",
     )
