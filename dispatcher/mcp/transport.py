@@ -4,6 +4,11 @@ The SDK's own ``stdio_client`` reads lines without a bound and hides the process
 is ours (so a call can kill it when it ignores a cancellation) and every message from it is bounded:
 a line longer than ``MAX_MESSAGE_BYTES`` is a protocol violation that ends the process. What an MCP
 server sends is untrusted input either way; lines that are not JSON-RPC are dropped.
+
+Parsing a message costs time linear in its size: milliseconds for a large one. A server in a sandbox
+is a tenant's program, and one that sent megabyte lines back to back would otherwise hold the event
+loop (every tenant's RPCs) for as long as it liked. So a line over ``INLINE_BYTES`` is parsed on a
+worker thread, and each process's large lines are paced to ``BIG_BYTES_PER_SECOND``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ MAX_MESSAGE_BYTES = 16 << 20
 """Longest JSON-RPC line an MCP server on the host may send (a result with images, base64-encoded)."""
 SANDBOX_MAX_MESSAGE_BYTES = 8 << 20
 """The same for a server in a sandbox, which a tenant controls: one per session, so kept smaller."""
+INLINE_BYTES = 64 << 10
+"""A message up to this size is parsed on the event loop (microseconds); a larger one on a thread."""
+BIG_BYTES_PER_SECOND = 64 << 20
+"""Per process: large messages beyond this rate wait their turn (smaller ones are never delayed)."""
 STDERR_TAIL_LINES = 20
 _STDERR_LINE_CHARS = 500
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM")
@@ -167,6 +176,8 @@ async def message_streams(
             ended.set()
 
     async def read_lines() -> None:
+        loop = asyncio.get_running_loop()
+        next_big_at = 0.0  # loop time before which the next large message waits
         async with read_send:
             while True:
                 try:
@@ -181,7 +192,14 @@ async def message_streams(
                 if not line:
                     return
                 try:
-                    message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                    if len(line) <= INLINE_BYTES:
+                        message = _parse(line)
+                    else:
+                        delay = next_big_at - loop.time()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        message = await asyncio.to_thread(_parse, line)
+                        next_big_at = loop.time() + len(line) / BIG_BYTES_PER_SECOND
                 except ValueError:
                     log.debug("mcp server %s: dropped a line that is not JSON-RPC", name)
                     continue
@@ -214,3 +232,12 @@ async def message_streams(
                 await task
         for stream in (read_send, read_recv, write_send, write_recv):
             await stream.aclose()
+
+
+def _parse(line: bytes) -> mcp_types.JSONRPCMessage:
+    """One JSON-RPC message of the MCP protocol.
+
+    Raises:
+        ValueError: not JSON, or not a JSON-RPC message.
+    """
+    return mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
