@@ -38,6 +38,7 @@ Example::
         quotas: {max_sessions: 20, max_concurrent_dispatches: 8, max_watch_streams: 8}
         uid: 200500                                # host uid of its sandboxes (omit: allocated)
         gid: 200500                                # host gid (omit: the uid)
+        approval_modes: [cautious, review, manual] # modes its sessions may choose (omit: all)
     tenant_uids: {start: 200000, count: 100000}    # where tenants without a uid get theirs
 
 Memory is bounded per session and per tenant, in bytes. Defaults: ``quotas: {max_sessions: 100,
@@ -79,6 +80,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from dispatcher.core.approval import ApprovalMode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.policy import ConfirmationPolicy
@@ -197,6 +199,8 @@ class TenantConfig:
     """Host uid of the tenant's sandboxes; None: allocated from ``Config.tenant_uids`` (if set)."""
     gid: int | None = None
     """Host gid; None: the uid."""
+    approval_modes: tuple[ApprovalMode, ...] = tuple(ApprovalMode)
+    """The approval modes its sessions may choose; the first is what a session that names none gets."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +397,7 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
                 "quotas",
                 "uid",
                 "gid",
+                "approval_modes",
             },
             where,
         )
@@ -440,9 +445,27 @@ def _tenants(value: Any, home: Path) -> tuple[TenantConfig, ...]:
                 quotas=_dataclass_section(Quotas, quotas, f"{where}.quotas"),
                 uid=uid,
                 gid=gid if gid is not None else uid,
+                approval_modes=_approval_modes(item.get("approval_modes"), f"{where}.approval_modes"),
             )
         )
     return tuple(out)
+
+
+def _approval_modes(value: Any, where: str) -> tuple[ApprovalMode, ...]:
+    """A tenant's ``approval_modes:`` list (absent: every mode, cautious first)."""
+    if value is None:
+        return tuple(ApprovalMode)
+    names = [m.value for m in ApprovalMode]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: must be a non-empty list of modes from {names}")
+    modes: list[ApprovalMode] = []
+    for v in value:
+        if v not in names:
+            raise ConfigError(f"{where}: unknown approval mode {v!r} (one of {names})")
+        if ApprovalMode(v) in modes:
+            raise ConfigError(f"{where}: {v!r} is listed twice")
+        modes.append(ApprovalMode(v))
+    return tuple(modes)
 
 
 def _id(item: Mapping[str, Any], key: str, where: str) -> int | None:

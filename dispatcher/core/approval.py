@@ -286,9 +286,12 @@ def projected(definition: ToolDefinition, resolved: dict[str, str]) -> list[str]
     ]
 
 
-def approve_plan(state: SessionState, allow: bool) -> tuple[list[PlanStep], ApprovalMode]:
-    """Approve (the session runs as autonomous from now on) or reject (it stays in plan mode) the
-    proposed steps; either way they are cleared and returned with the mode now in force.
+def approve_plan(
+    state: SessionState, allow: bool, approved: ApprovalMode = ApprovalMode.AUTONOMOUS
+) -> tuple[list[PlanStep], ApprovalMode]:
+    """Approve (the session runs in ``approved`` mode from now on: autonomous unless its tenant
+    does not allow that) or reject (it stays in plan mode) the proposed steps; either way they are
+    cleared and returned with the mode now in force.
 
     Raises:
         ValueError: the session is not in plan mode.
@@ -298,5 +301,5 @@ def approve_plan(state: SessionState, allow: bool) -> tuple[list[PlanStep], Appr
     steps = list(state.plan)
     state.plan.clear()
     if allow:
-        state.mode = ApprovalMode.AUTONOMOUS
+        state.mode = approved
     return steps, ApprovalMode(state.mode)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.core import events as ev
 from dispatcher.core.approval import parse_mode
@@ -156,6 +156,7 @@ class SessionPersistence:
             path = None
             if tenant is not None:
                 path, problem = _check_workspace(tenant, row.workspace)
+                problem = problem or _mode_problem(tenant, row.policy)
             if problem is not None or tenant is None or path is None:
                 log.warning(
                     "stored session closed: %s",
@@ -223,6 +224,16 @@ class SessionPersistence:
             },
         )
         return session
+
+
+def _mode_problem(tenant: Tenant, policy: Mapping[str, Any]) -> str | None:
+    """Why a stored session may not run again under its tenant's ``approval_modes`` as they are now
+    (a mode no longer allowed is never kept on); None: it may."""
+    for key in ("approval_mode", "mode_in_force"):
+        name = policy.get(key)
+        if isinstance(name, str) and name and name.lower() not in tenant.approval_modes:
+            return f"its approval mode {name!r} is no longer allowed for its tenant"
+    return None
 
 
 def _check_workspace(tenant: Tenant, name: str) -> tuple[str | None, str | None]:

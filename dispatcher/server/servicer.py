@@ -82,6 +82,8 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         mode = convert_policy.mode_from_pb(request.approval_mode)
         if mode is None:
             raise InvalidRequest(f"approval_mode: unknown value {request.approval_mode}")
+        # Not set: the first of the tenant's approval_modes (cautious unless its config says).
+        chosen = mode.value if request.approval_mode != pb.APPROVAL_MODE_UNSPECIFIED else None
         try:
             caps = convert_policy.capabilities_from_pb(request.capabilities, request.HasField("capabilities"))
         except ValueError as exc:
@@ -91,7 +93,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             request.workspace,
             role,
             dict(request.labels),
-            approval_mode=mode,
+            approval_mode=chosen,
             capabilities=caps,
         )
         return pb.CreateSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))

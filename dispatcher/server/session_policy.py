@@ -11,7 +11,7 @@ from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownConfirmationError
 from dispatcher.server.errors import FailedPrecondition, InvalidRequest
 from dispatcher.server.sessions import MAX_ID_CHARS, SessionManager
-from dispatcher.server.tenants import Tenant
+from dispatcher.server.tenants import Tenant, plan_approved_mode
 
 log = logging.getLogger("dispatcher.server.sessions")
 
@@ -28,8 +28,18 @@ def decide_plan(
         FailedPrecondition: the session is not in plan mode.
     """
     sessions.get(tenant, session_id)
+    approved = plan_approved_mode(tenant)
+    if approved is None and decision is Decision.ALLOW:
+        raise FailedPrecondition(
+            f"tenant {tenant.tenant_id!r} allows neither autonomous nor cautious sessions, so a plan "
+            "cannot be approved as a whole; answer each call instead"
+        )
     try:
-        steps, mode = approve_plan(sessions.dispatcher.session_state(session_id), decision is Decision.ALLOW)
+        steps, mode = approve_plan(
+            sessions.dispatcher.session_state(session_id),
+            decision is Decision.ALLOW,
+            approved or ApprovalMode.AUTONOMOUS,
+        )
     except ValueError as exc:
         raise FailedPrecondition(str(exc)) from None
     if sessions.persistence is not None:  # the mode in force survives a restart

@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.approval import parse_mode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
@@ -23,7 +22,7 @@ from dispatcher.server.convert import SessionInfo
 from dispatcher.server.convert_policy import narrow_capabilities
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
-from dispatcher.server.tenants import Tenant, resolve_workspace
+from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
 
 if TYPE_CHECKING:
     from dispatcher.server.persistence import SessionPersistence
@@ -80,14 +79,16 @@ class SessionManager:
         role: Role,
         labels: Mapping[str, str],
         *,
-        approval_mode: str = "cautious",
+        approval_mode: str | None = None,
         capabilities: Capabilities | None = None,
     ) -> ServerSession:
         """Open a session in ``workspace`` (made if missing) under the tenant's root, in
-        ``approval_mode``, with ``capabilities`` narrowing the tenant's (never widening them).
+        ``approval_mode`` (None: the first of the tenant's ``approval_modes``), with ``capabilities``
+        narrowing the tenant's (never widening them).
 
         Raises:
-            InvalidRequest: bad workspace name, labels or mode; capabilities wider than the tenant's.
+            InvalidRequest: bad workspace name, labels or mode; a mode the tenant does not allow;
+                capabilities wider than the tenant's.
             QuotaExceeded: the tenant already has ``max_sessions`` open.
             ShuttingDown: the server is draining.
         """
@@ -100,7 +101,7 @@ class SessionManager:
                 f"tenant {tenant.tenant_id!r} already has {limit} open sessions (max_sessions)"
             )
         try:
-            mode = parse_mode(approval_mode)
+            mode = allowed_mode(tenant, approval_mode)
             known = (d.name for d in self.dispatcher.registry.definitions(role))
             narrowed = narrow_capabilities(tenant.capabilities, capabilities, known)
         except ValueError as exc:

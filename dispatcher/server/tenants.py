@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dispatcher.config import Quotas, TenantConfig, UidRange
+from dispatcher.core.approval import ApprovalMode, parse_mode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.sandbox_api import SandboxError
@@ -34,6 +35,35 @@ class Tenant:
     uid: int | None = None
     """Host uid of the tenant's sandboxes (None: the sandbox backend's configured user)."""
     gid: int | None = None
+    approval_modes: tuple[ApprovalMode, ...] = tuple(ApprovalMode)
+    """The modes its sessions may choose (``tenants[].approval_modes``); the first is the default."""
+
+
+def allowed_mode(tenant: Tenant, name: str | None) -> ApprovalMode:
+    """The approval mode a new session of ``tenant`` runs in: ``name``, or (None or "") the first
+    of the tenant's ``approval_modes``.
+
+    Raises:
+        ValueError: an unknown mode, or one the tenant's ``approval_modes`` does not list.
+    """
+    if not name:
+        return tenant.approval_modes[0]
+    mode = parse_mode(name)
+    if mode not in tenant.approval_modes:
+        allowed = ", ".join(m.value for m in tenant.approval_modes)
+        raise ValueError(
+            f"approval_mode: tenant {tenant.tenant_id!r} does not allow {mode.value!r} (allowed: {allowed})"
+        )
+    return mode
+
+
+def plan_approved_mode(tenant: Tenant) -> ApprovalMode | None:
+    """What an approved plan switches its session to: autonomous, or cautious where the tenant does
+    not allow autonomous (its calls then still ask as its policy says); None: neither is allowed."""
+    for mode in (ApprovalMode.AUTONOMOUS, ApprovalMode.CAUTIOUS):
+        if mode in tenant.approval_modes:
+            return mode
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +136,7 @@ class TenantDirectory:
                 quotas=cfg.quotas,
                 uid=uid,
                 gid=gid,
+                approval_modes=cfg.approval_modes,
             )
             self._by_id[tenant.tenant_id] = tenant
             for digest in cfg.token_sha256:
