@@ -40,9 +40,8 @@ from dispatcher.core.events import (
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.core.visible import visible
-from dispatcher.server.convert import SessionInfo
-from dispatcher.server.store import StateError
 from dispatcher.trees import LocalTreeError
+from dispatcher.wire.convert import SessionInfo
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_BY_CODE = {
@@ -64,9 +63,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.func(args)
         return result
-    except StateError as exc:  # the home is held by another server, or its state.db is unusable
-        print(f"dispatcher: cannot start: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except ConfigError as exc:
         print(f"dispatcher: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -85,6 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from dispatcher.server.store import StateError
+
+    try:
+        return _run_server(args)
+    except StateError as exc:  # the home is held by another server, or its state.db is unusable
+        print(f"dispatcher: cannot start: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_server(args: argparse.Namespace) -> int:
     from dispatcher.config import ensure_default_tenant, load_config
     from dispatcher.server.app import build_server, serve_until_signalled
     from dispatcher.server.logs import configure_logging

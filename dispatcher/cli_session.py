@@ -11,7 +11,7 @@ from typing import Any
 
 from dispatcher.client import DispatcherClient
 from dispatcher.core.approval import ApprovalMode, PlanStep
-from dispatcher.server.convert import SessionInfo
+from dispatcher.wire.convert import SessionInfo
 
 ClientFactory = Callable[[argparse.Namespace], DispatcherClient]
 

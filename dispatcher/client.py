@@ -34,11 +34,11 @@ from dispatcher.core.errors import DispatcherError
 from dispatcher.core.events import Event
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
-from dispatcher.server import convert, convert_policy
-from dispatcher.server.convert import SessionInfo, ToolInfo
 from dispatcher.trees import Extracted, LocalTreeError, extract_chunks, tar_chunks
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from dispatcher.wire import convert, convert_policy
+from dispatcher.wire.convert import SessionInfo, ToolInfo
 
 __all__ = [
     "AsyncDispatcherClient",

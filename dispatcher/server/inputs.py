@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from dispatcher.core.types import ToolUseBlock
-from dispatcher.server import convert
 from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.wire import convert
 
 INLINE_BYTES = 64 * 1024
 """Input JSON (summed over a request's tool_uses) parsed on the event loop; more goes to the worker."""

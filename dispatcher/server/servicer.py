@@ -11,7 +11,7 @@ import grpc
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
-from dispatcher.server import convert, convert_policy, session_policy
+from dispatcher.server import session_policy
 from dispatcher.server.auth import current_tenant
 from dispatcher.server.errors import InvalidRequest, status_for
 from dispatcher.server.inputs import InputParser
@@ -19,6 +19,7 @@ from dispatcher.server.sessions import SessionManager, check_dispatch_request
 from dispatcher.server.transfer import TransferHandlers
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from dispatcher.wire import convert, convert_policy
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")

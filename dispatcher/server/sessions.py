@@ -18,11 +18,11 @@ from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
 from dispatcher.core.session import Session
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
-from dispatcher.server.convert import SessionInfo
-from dispatcher.server.convert_policy import narrow_capabilities
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
 from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
+from dispatcher.wire.convert import SessionInfo
+from dispatcher.wire.convert_policy import narrow_capabilities
 
 if TYPE_CHECKING:
     from dispatcher.server.persistence import SessionPersistence

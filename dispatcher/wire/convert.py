@@ -29,8 +29,8 @@ from dispatcher.core.types import (
     ToolUseBlock,
     UnparsedInput,
 )
-from dispatcher.server import convert_policy as cp
 from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.wire import convert_policy as cp
 
 
 @dataclass(frozen=True, slots=True)
