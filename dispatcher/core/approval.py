@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast
 
 from dispatcher.core import events as ev
 from dispatcher.core import review
+from dispatcher.core.calls import PlanStep as PlanStep
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.display import confirmation_text
 from dispatcher.core.errors import (
@@ -43,7 +44,7 @@ from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
     from dispatcher.core.calls import SessionState
-    from dispatcher.core.pipeline import CallRun
+    from dispatcher.core.run_state import RunState
 
 __all__ = [
     "ApprovalMode",
@@ -104,20 +105,7 @@ def mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:
     return replace(base, default=default, trusted_workspaces=(), trusted_workspace_overrides={})
 
 
-@dataclass(frozen=True, slots=True)
-class PlanStep:
-    """A call a ``plan`` session proposed instead of running."""
-
-    step: int
-    turn_id: str
-    tool_use_id: str
-    tool_name: str
-    side_effect: str
-    input_summary: str
-    projected_modifications: tuple[str, ...]
-
-
-def policy_mode(run: CallRun, definition: ToolDefinition) -> Mode:
+def policy_mode(run: RunState, definition: ToolDefinition) -> Mode:
     """The confirmation mode of this call under the session's current approval mode.
 
     Raises:
@@ -142,7 +130,7 @@ def policy_mode(run: CallRun, definition: ToolDefinition) -> Mode:
     return mode
 
 
-async def confirm(run: CallRun, definition: ToolDefinition, input_: dict[str, Any], mode: Mode) -> None:
+async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, Any], mode: Mode) -> None:
     """Step 4: propose (plan), or ask unless the policy says auto or an answer is remembered.
 
     Raises:
@@ -176,7 +164,7 @@ async def confirm(run: CallRun, definition: ToolDefinition, input_: dict[str, An
         raise ToolUserDenied("User denied this operation.")
 
 
-async def _review(run: CallRun, definition: ToolDefinition, input_: dict[str, Any]) -> None:
+async def _review(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -> None:
     """Stage the write, ask with its diff, and let it run only if accepted and still current.
     Remembered answers do not apply: in review mode every change is seen."""
     staged = await review.stage(run, input_)
@@ -187,7 +175,7 @@ async def _review(run: CallRun, definition: ToolDefinition, input_: dict[str, An
     await review.check_unchanged(run, staged, input_)
 
 
-def propose(run: CallRun, definition: ToolDefinition, input_: dict[str, Any]) -> None:
+def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -> None:
     """Record the call as the next step of the session's plan, publish it, and refuse to run it."""
     if len(run.state.plan) >= MAX_PLAN_STEPS:
         run.decision = "plan_full"
@@ -223,7 +211,7 @@ def propose(run: CallRun, definition: ToolDefinition, input_: dict[str, Any]) ->
 
 
 async def ask(
-    run: CallRun, definition: ToolDefinition, input_: dict[str, Any], *, diff: str | None = None
+    run: RunState, definition: ToolDefinition, input_: dict[str, Any], *, diff: str | None = None
 ) -> tuple[Decision, bool]:
     """Publish a confirmation request and wait for its answer (``diff``: a staged write's).
 

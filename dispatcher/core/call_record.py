@@ -15,12 +15,12 @@ from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall
 
 if TYPE_CHECKING:
-    from dispatcher.core.pipeline import CallRun
+    from dispatcher.core.run_state import RunState
 
 __all__ = ["abandoned", "record"]
 
 
-def record(run: CallRun, kind: str, outcome: str | None) -> None:
+def record(run: RunState, kind: str, outcome: str | None) -> None:
     """One audit record of ``run``; with an ``outcome``, its final one (written at most once)."""
     if outcome is not None:
         if run.ended:
@@ -45,7 +45,7 @@ def record(run: CallRun, kind: str, outcome: str | None) -> None:
     )
 
 
-def abandoned(run: CallRun) -> None:
+def abandoned(run: RunState) -> None:
     """The task running ``run`` was cancelled (server shutdown, client gone): a ``tool.failed``
     event and the final record all the same."""
     if run.ended:
@@ -60,7 +60,7 @@ def abandoned(run: CallRun) -> None:
     record(run, DENIED if run.run_started is None else COMPLETED, ToolErrorClass.CANCELLED.value)
 
 
-def _observe_end(run: CallRun, outcome: str) -> None:
+def _observe_end(run: RunState, outcome: str) -> None:
     registered = run.deps.registry.get(run.tool_name)
     run.deps.observer.call_finished(
         FinishedCall(

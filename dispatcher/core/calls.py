@@ -7,13 +7,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.core.approval import PlanStep
 from dispatcher.core.confirmation import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
 from dispatcher.core.session import Session
 
-__all__ = ["Call", "SessionState"]
+__all__ = ["Call", "PlanStep", "SessionState"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """A call a ``plan`` session proposed instead of running."""
+
+    step: int
+    turn_id: str
+    tool_use_id: str
+    tool_name: str
+    side_effect: str
+    input_summary: str
+    projected_modifications: tuple[str, ...]
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from dispatcher.core.types import ToolOutput
+    from dispatcher.core.blocks import ToolOutput
 
 
 class ToolErrorClass(StrEnum):

@@ -8,15 +8,12 @@ import contextlib
 import functools
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 from dispatcher.core import approval, call_record
 from dispatcher.core import events as ev
-from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditSink
-from dispatcher.core.calls import Call, SessionState
+from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.display import summarize
 from dispatcher.core.errors import (
     ToolCancelled,
     ToolError,
@@ -29,15 +26,15 @@ from dispatcher.core.errors import (
     WorkspaceEscapeError,
 )
 from dispatcher.core.jsonlimits import shape_problem
-from dispatcher.core.observe import NO_OBSERVER, CallObserver, log_fields
+from dispatcher.core.observe import log_fields
 from dispatcher.core.paths import resolve_workspace_path
-from dispatcher.core.policy import ConfirmationPolicy, Mode
-from dispatcher.core.registry import RegisteredTool, ToolRegistry
+from dispatcher.core.policy import Mode
+from dispatcher.core.registry import RegisteredTool
 from dispatcher.core.result_size import fit_result, image_overflow
-from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, collect_notices
+from dispatcher.core.run_state import PipelineDeps as PipelineDeps
+from dispatcher.core.run_state import RunState
+from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
 from dispatcher.core.schema import validation_errors
-from dispatcher.core.session import Session
-from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.timeouts import call_timeout
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import (
@@ -48,11 +45,10 @@ from dispatcher.core.types import (
     ToolDefinition,
     ToolOutput,
     ToolResultBlock,
-    ToolUseBlock,
 )
 from dispatcher.core.visible import unescape
 
-__all__ = ["CallRun", "PipelineDeps"]
+__all__ = ["CallRun", "PipelineDeps"]  # PipelineDeps: from run_state, re-exported
 
 log = logging.getLogger("dispatcher.core")
 _UNRESTRICTED = Capabilities()
@@ -60,81 +56,13 @@ _VALIDATION_ERRORS_SHOWN = 20
 _VALIDATION_ERROR_CHARS = 500  # jsonschema messages quote the offending value whole
 
 
-@dataclass(frozen=True, slots=True)
-class PipelineDeps:
-    """What every call of one dispatcher shares: passed explicitly, not reached through its owner."""
-
-    config: DispatcherConfig
-    registry: ToolRegistry
-    provider: SandboxProvider
-    policy: ConfirmationPolicy
-    audit: AuditSink | None
-    observer: CallObserver = NO_OBSERVER  # metrics and traces (core/observe.py)
-
-
-class CallRun:
-    """The steps of one call; holds what they share so each step stays small."""
-
-    def __init__(
-        self,
-        deps: PipelineDeps,
-        state: SessionState,
-        session: Session,
-        tool_use: ToolUseBlock,
-        turn_id: str,
-        call: Call,
-    ) -> None:
-        self.deps = deps
-        self.config = deps.config
-        self.state = state
-        self.session = session
-        self.tool_use = tool_use
-        self.turn_id = turn_id
-        self.call = call
-        self.started = time.monotonic()
-        self.started_wall = time.time()
-        self.ended = False  # the call's last audit record is written (exactly one per call)
-        self.run_started: float | None = None  # set at tool.called: durations exclude confirmation waits
-        self.tool_name = tool_use.name
-        self.decision = "auto"
-        self._summary: Any = None
-        self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
-        self.notices: list[str] = []  # what happened to the sandbox meanwhile (recreated, ...)
-
-    # Events and audit -------------------------------------------------------------------
-
-    def emit(self, type: str, **payload: Any) -> None:
-        self.state.bus.publish(type, turn_id=self.turn_id, tool_use_id=self.tool_use.id, payload=payload)
-
-    def summary(self) -> Any:
-        """The input as events, logs and audit report it: bounded, secrets redacted (computed once).
-
-        Never what a human approves: that is ``confirmation_text``, whole and unredacted.
-        """
-        if self._summary is None:
-            self._summary = summarize(self.tool_use.input)
-        return self._summary
+class CallRun(RunState):
+    """The steps of one call; what they share is ``RunState``'s, so each step stays small."""
 
     def audit(self, kind: str, outcome: str | None = None) -> None:
         """One audit record; ``outcome`` None: the call is about to run (``tool.call.dispatched``).
         With an outcome, the call's one final record, and the observer told (call_record.py)."""
         call_record.record(self, kind, outcome)
-
-    def log_extra(self) -> dict[str, str]:
-        """Fields every log line about this call carries (structured logs)."""
-        return {
-            "session_id": self.session.session_id,
-            "tool_use_id": self.tool_use.id,
-            "tool": self.tool_name,
-        }
-
-    def elapsed_ms(self) -> float:
-        """Time since the call arrived (audit: what the caller waited)."""
-        return (time.monotonic() - self.started) * 1000
-
-    def run_ms(self) -> float:
-        """Time since the tool started (events: what the tool took); 0 if it never started."""
-        return 0.0 if self.run_started is None else (time.monotonic() - self.run_started) * 1000
 
     # The pipeline ---------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from dispatcher.core.blocks import SideEffect
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.types import SideEffect
 
 
 class Mode(StrEnum):

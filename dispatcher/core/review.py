@@ -26,7 +26,7 @@ from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
 from dispatcher.core.truncate import truncate_head_tail
 
 if TYPE_CHECKING:
-    from dispatcher.core.pipeline import CallRun
+    from dispatcher.core.run_state import RunState
 
 __all__ = ["REVIEWED_TOOLS", "Staged", "check_unchanged", "stage"]
 
@@ -51,7 +51,7 @@ class Staged:
     diff: str
 
 
-async def stage(run: CallRun, input_: dict[str, Any]) -> Staged:
+async def stage(run: RunState, input_: dict[str, Any]) -> Staged:
     """The change ``input_`` (a write_file or patch_file call) would make, without making it.
 
     Raises:
@@ -74,7 +74,7 @@ async def stage(run: CallRun, input_: dict[str, Any]) -> Staged:
     return Staged(path, _sha(before), truncate_head_tail(diff, DIFF_CHARS))
 
 
-async def check_unchanged(run: CallRun, staged: Staged, input_: dict[str, Any]) -> None:
+async def check_unchanged(run: RunState, staged: Staged, input_: dict[str, Any]) -> None:
     """After the accept: refuse if the file changed since it was diffed (what was reviewed is not
     what would be written).
 

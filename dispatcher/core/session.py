@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dispatcher.core.types import Role
+from dispatcher.core.blocks import Role
 
 if TYPE_CHECKING:
     from dispatcher.core.capabilities import Capabilities

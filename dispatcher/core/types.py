@@ -6,47 +6,17 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from dispatcher.core.blocks import ContentBlock as ContentBlock
+from dispatcher.core.blocks import FsMode as FsMode
+from dispatcher.core.blocks import ImageBlock as ImageBlock
+from dispatcher.core.blocks import Role as Role
+from dispatcher.core.blocks import SideEffect as SideEffect
+from dispatcher.core.blocks import TextBlock as TextBlock
+from dispatcher.core.blocks import ToolOutput as ToolOutput
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.sandbox_api import Sandbox, WorkspaceFileAPI
-
-
-class SideEffect(StrEnum):
-    """A tool's highest side-effect class, by capability, not by typical use."""
-
-    NONE = "none"
-    READ = "read"
-    WRITE = "write"
-    EXECUTE = "execute"
-    NETWORK = "network"
-
-
-class Role(StrEnum):
-    """Session role; worker sessions do not see tools marked main-only."""
-
-    MAIN = "main"
-    WORKER = "worker"
-
-
-FsMode = Literal["r", "rw", "cwd"]  # cwd: a command's working directory (see Capabilities.check_fs)
-
-
-@dataclass(frozen=True, slots=True)
-class TextBlock:
-    text: str
-    type: Literal["text"] = "text"
-
-
-@dataclass(frozen=True, slots=True)
-class ImageBlock:
-    data: bytes
-    media_type: str  # image/png, image/jpeg, image/gif, image/webp
-    type: Literal["image"] = "image"
-
-
-ContentBlock = TextBlock | ImageBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +64,6 @@ class UnparsedInput:
 
     def __str__(self) -> str:
         return f"<{self.problem}: {self.error}>"
-
-
-@dataclass(slots=True)
-class ToolOutput:
-    """What a tool returns; the dispatcher wraps it into a ToolResultBlock."""
-
-    content: list[ContentBlock]
-    success: bool = True
-    metadata: dict[str, Any] = field(default_factory=dict)
-    files_modified: list[str] | None = None
-    command_executed: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

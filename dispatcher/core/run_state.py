@@ -1,0 +1,94 @@
+"""What one call's steps share (``RunState``) and what every call of a dispatcher shares
+(``PipelineDeps``). Below the pipeline's steps: approval, review and the call record take a
+``RunState`` without importing the pipeline itself."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dispatcher.core.audit import AuditSink
+from dispatcher.core.calls import Call, SessionState
+from dispatcher.core.display import summarize
+from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.policy import ConfirmationPolicy
+from dispatcher.core.registry import ToolRegistry
+from dispatcher.core.sandbox_api import SandboxProvider
+from dispatcher.core.session import Session
+from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.types import ToolUseBlock
+
+__all__ = ["PipelineDeps", "RunState"]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineDeps:
+    """What every call of one dispatcher shares: passed explicitly, not reached through its owner."""
+
+    config: DispatcherConfig
+    registry: ToolRegistry
+    provider: SandboxProvider
+    policy: ConfirmationPolicy
+    audit: AuditSink | None
+    observer: CallObserver = NO_OBSERVER  # metrics and traces (core/observe.py)
+
+
+class RunState:
+    """One call's state, shared by its steps; ``pipeline.CallRun`` adds the steps."""
+
+    def __init__(
+        self,
+        deps: PipelineDeps,
+        state: SessionState,
+        session: Session,
+        tool_use: ToolUseBlock,
+        turn_id: str,
+        call: Call,
+    ) -> None:
+        self.deps = deps
+        self.config = deps.config
+        self.state = state
+        self.session = session
+        self.tool_use = tool_use
+        self.turn_id = turn_id
+        self.call = call
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.ended = False  # the call's last audit record is written (exactly one per call)
+        self.run_started: float | None = None  # set at tool.called: durations exclude confirmation waits
+        self.tool_name = tool_use.name
+        self.decision = "auto"
+        self._summary: Any = None
+        self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
+        self.notices: list[str] = []  # what happened to the sandbox meanwhile (recreated, ...)
+
+    # Events and audit -------------------------------------------------------------------
+
+    def emit(self, type: str, **payload: Any) -> None:
+        self.state.bus.publish(type, turn_id=self.turn_id, tool_use_id=self.tool_use.id, payload=payload)
+
+    def summary(self) -> Any:
+        """The input as events, logs and audit report it: bounded, secrets redacted (computed once).
+
+        Never what a human approves: that is ``confirmation_text``, whole and unredacted.
+        """
+        if self._summary is None:
+            self._summary = summarize(self.tool_use.input)
+        return self._summary
+
+    def log_extra(self) -> dict[str, str]:
+        """Fields every log line about this call carries (structured logs)."""
+        return {
+            "session_id": self.session.session_id,
+            "tool_use_id": self.tool_use.id,
+            "tool": self.tool_name,
+        }
+
+    def elapsed_ms(self) -> float:
+        """Time since the call arrived (audit: what the caller waited)."""
+        return (time.monotonic() - self.started) * 1000
+
+    def run_ms(self) -> float:
+        """Time since the tool started (events: what the tool took); 0 if it never started."""
+        return 0.0 if self.run_started is None else (time.monotonic() - self.run_started) * 1000

@@ -1,0 +1,220 @@
+"""The package's imports form layers (design §3): nothing imports upward and no modules import each
+other in a circle. Every import counts, at module level, under ``TYPE_CHECKING`` or inside a function:
+a cycle there is still two modules that cannot be understood or changed apart."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "dispatcher"
+
+LAYERS: dict[str, int] = {
+    "dispatcher.trees": 0,  # a leaf utility (tar streams on the client side)
+    "dispatcher.v1": 0,  # generated code of the contract
+    "dispatcher.core": 1,
+    "dispatcher.sandbox": 2,
+    "dispatcher.tools": 2,
+    "dispatcher.mcp": 3,
+    "dispatcher.observe_config": 4,
+    "dispatcher.config": 5,
+    "dispatcher.wire": 6,
+    "dispatcher.server": 7,
+    "dispatcher.client": 8,
+    "dispatcher.cli_session": 9,
+    "dispatcher.cli": 10,
+}
+"""Low to high: a module may import its own layer (no cycle) and those below, never above."""
+
+ALLOWED_UPWARD = {("dispatcher.cli", "_serve"), ("dispatcher.cli", "_run_server")}
+"""``dispatcher serve`` starts the server: the one place a client-side module imports it, lazily."""
+
+FORBIDDEN_THIRD_PARTY = {
+    "dispatcher.core": {"grpc", "docker", "yaml", "pydantic", "prometheus_client", "opentelemetry", "mcp"},
+    "dispatcher.tools": {"grpc", "docker"},
+    "dispatcher.wire": {"grpc", "docker", "yaml"},
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str
+    line: int
+    function: str | None
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def _imports(modules: dict[str, Path]) -> tuple[list[Import], list[Import]]:
+    """(imports between our modules, imports of third-party top-level packages)."""
+    ours: list[Import] = []
+    third: list[Import] = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        functions: dict[int, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for inner in ast.walk(node):
+                    functions.setdefault(id(inner), node.name)
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in modules]
+                targets = subs + ([module] if len(subs) < len(node.names) else [])
+            for target in targets:
+                entry = Import(name, target, getattr(node, "lineno", 0), functions.get(id(node)))
+                if target == "dispatcher" or target.startswith("dispatcher."):
+                    if target in modules and target != name:
+                        ours.append(entry)
+                else:
+                    third.append(Import(name, target.split(".")[0], entry.line, entry.function))
+    return ours, third
+
+
+def _layer(module: str) -> tuple[str, int] | None:
+    for prefix, rank in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix, rank
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(m for m in _modules() if m != "dispatcher" and _layer(m) is None)
+    assert not missing, f"modules outside every layer (add them to LAYERS): {missing}"
+
+
+def test_nothing_imports_a_higher_layer() -> None:
+    ours, _ = _imports(_modules())
+    upward = []
+    for imp in ours:
+        src, dst = _layer(imp.source), _layer(imp.target)
+        if src is None or dst is None or dst[1] <= src[1] or dst[0] == src[0]:
+            continue
+        if (imp.source, imp.function) in ALLOWED_UPWARD:
+            continue
+        upward.append(f"{imp.source}:{imp.line} imports {imp.target} ({src[0]} is below {dst[0]})")
+    same_rank = [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in ours
+        if (s := _layer(imp.source)) and (d := _layer(imp.target)) and s[0] != d[0] and s[1] == d[1]
+    ]
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+    assert not same_rank, "imports between packages of one layer:\n" + "\n".join(same_rank)
+
+
+def test_no_third_party_package_where_a_layer_forbids_it() -> None:
+    _, third = _imports(_modules())
+    bad = [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in third
+        if (layer := _layer(imp.source)) and imp.target in FORBIDDEN_THIRD_PARTY.get(layer[0], ())
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    modules = _modules()
+    ours, _ = _imports(modules)
+    edges: dict[str, dict[str, int]] = {m: {} for m in modules}
+    for imp in ours:
+        edges[imp.source].setdefault(imp.target, imp.line)
+    cycles = _cycles(edges)
+    shown = [
+        " -> ".join(f"{a} (line {edges[a][b]})" for a, b in zip(c, [*c[1:], c[0]], strict=True)) + f" -> {c[0]}"
+        for c in cycles
+    ]
+    assert not cycles, "import cycles:\n" + "\n".join(shown)
+
+
+def _cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (as a path) per strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+
+    def visit(root: str) -> None:  # iterative Tarjan: no recursion limit on deep graphs
+        nonlocal counter
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(component)
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return [_path_in(component, edges) for component in components]
+
+
+def _path_in(component: list[str], edges: dict[str, dict[str, int]]) -> list[str]:
+    """A shortest cycle through the component's first module, for the message."""
+    members = set(component)
+    start = sorted(component)[0]
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(edges[node]):
+                if child == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return path[::-1]
+                if child in members and child not in previous:
+                    previous[child] = node
+                    following.append(child)
+        frontier = following
+    return sorted(component)
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    edges = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
+    assert _cycles(edges) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b": 1}, "b": {}}) == []
