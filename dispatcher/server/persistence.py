@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.core import events as ev
 from dispatcher.core.approval import parse_mode
@@ -27,6 +27,7 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
+from dispatcher.server.session_entry import ServerSession, build_session
 from dispatcher.server.store import (
     STATE_FILE,
     SessionStore,
@@ -40,8 +41,14 @@ from dispatcher.server.store import (
 from dispatcher.server.store_writer import StateWriter
 
 if TYPE_CHECKING:
-    from dispatcher.server.sessions import ServerSession, SessionManager
     from dispatcher.server.tenants import Tenant, TenantDirectory
+
+
+class Restores(Protocol):
+    """Where the sessions given back at a start are registered (the ``SessionManager``)."""
+
+    def restored(self, tenant: Tenant, entry: ServerSession) -> None: ...
+
 
 log = logging.getLogger("dispatcher.server.persistence")
 
@@ -135,7 +142,7 @@ class SessionPersistence:
 
     # -- at start -------------------------------------------------------------------------
 
-    def restore(self, manager: SessionManager, tenants: TenantDirectory) -> list[tuple[Session, str]]:
+    def restore(self, manager: Restores, tenants: TenantDirectory) -> list[tuple[Session, str]]:
         """Re-open the stored sessions; returns (session, container id) pairs to re-adopt.
 
         Sessions whose tenant is no longer configured, or whose workspace is gone or is no longer
@@ -175,9 +182,7 @@ class SessionPersistence:
         self.writer.forget(dropped)
         return adopt
 
-    def _reopen(self, manager: SessionManager, tenant: Tenant, row: StoredSession, path: str) -> Session:
-        from dispatcher.server.sessions import ServerSession
-
+    def _reopen(self, manager: Restores, tenant: Tenant, row: StoredSession, path: str) -> Session:
         try:
             role = Role(row.role)
             fields = session_fields_from_json(row.policy)
@@ -185,9 +190,7 @@ class SessionPersistence:
                 fields["approval_mode"] = parse_mode(fields["approval_mode"])
         except ValueError as exc:
             raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
-        session = manager.build_session(
-            tenant, row.session_id, row.workspace, path, role, row.labels, **fields
-        )
+        session = build_session(tenant, row.session_id, row.workspace, path, role, row.labels, **fields)
         bus = self.dispatcher.open_session(session, start_seq=row.last_seq)
         bus.restore(row.events)
         remembered = remembered_from_json(row.policy)

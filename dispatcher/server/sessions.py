@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
@@ -16,10 +15,11 @@ from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
-from dispatcher.core.session import Session
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
+from dispatcher.server.session_entry import ServerSession as ServerSession
+from dispatcher.server.session_entry import build_session
 from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.wire.convert import SessionInfo
 from dispatcher.wire.convert_policy import narrow_capabilities
@@ -35,16 +35,6 @@ MAX_ID_CHARS = 256
 """session_id, turn_id, tool_use ids, tool names and request_id: a request past it is refused."""
 MAX_TOOL_USES = 128
 """tool_uses in one Dispatch."""
-
-
-@dataclass(slots=True)
-class ServerSession:
-    """One open session: the core's view plus what the server needs to police it."""
-
-    session: Session
-    workspace: str
-    create_time: float
-    closing: bool = False
 
 
 @dataclass(slots=True)
@@ -107,7 +97,7 @@ class SessionManager:
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         name, path = resolve_workspace(tenant, workspace)
-        session = self.build_session(
+        session = build_session(
             tenant,
             f"ses_{secrets.token_hex(12)}",
             name,
@@ -129,37 +119,6 @@ class SessionManager:
             extra={"tenant_id": tenant.tenant_id, "session_id": session.session_id, "workspace": name},
         )
         return entry
-
-    @staticmethod
-    def build_session(
-        tenant: Tenant,
-        session_id: str,
-        name: str,
-        path: str,
-        role: Role,
-        labels: Mapping[str, str],
-        *,
-        approval_mode: str = "cautious",
-        capabilities: Capabilities | None = None,
-    ) -> Session:
-        """The core's Session for a workspace of the tenant (new, or given back after a restart).
-
-        ``capabilities`` (the session's own, as stored) are intersected with the tenant's as they
-        are now: a session given back never holds more than its tenant."""
-        return Session(
-            session_id=session_id,
-            workspace_path=path,
-            tenant_id=tenant.tenant_id,
-            role=role,
-            labels=dict(labels),
-            policy=tenant.policy,
-            capabilities=tenant.capabilities.intersect(capabilities),
-            approval_mode=approval_mode,
-            workspace_root=os.path.realpath(tenant.workspace_root),
-            workspace_name=name,
-            sandbox_uid=tenant.uid,
-            sandbox_gid=tenant.gid,
-        )
 
     def restored(self, tenant: Tenant, entry: ServerSession) -> None:
         """Register a session a restarted server gives back (already open in the dispatcher)."""
