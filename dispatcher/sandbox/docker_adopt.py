@@ -14,15 +14,12 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker_config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
-
-if TYPE_CHECKING:
-    from dispatcher.sandbox.docker_backend import DockerSandboxProvider
-    from dispatcher.sandbox.docker_sandbox import LiveContainer
+from dispatcher.sandbox.docker_host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +65,17 @@ def adoption_problem(
     return None
 
 
-async def reattach(
-    provider: DockerSandboxProvider, session: Session, container_id: str
-) -> LiveContainer | str:
+async def reattach(host: ContainerHost, session: Session, container_id: str) -> LiveContainer | str:
     """Start a new agent in the session's running container; a string says why that failed (the
     container is then removed)."""
-    from dispatcher.sandbox.docker_sandbox import LiveContainer
-
     try:
-        link = await provider._start_agent(container_id, session)
+        link = await host.start_agent(container_id, session)
     except (SandboxError, ConnectionError, OSError) as exc:
         log.warning(
             "session %s: re-attaching container %s failed: %s", session.session_id, container_id[:12], exc
         )
         with contextlib.suppress(Exception):
-            await provider.api.remove(container_id)
+            await host.api.remove(container_id)
         return f"its agent could not be re-attached after the server restarted ({exc})"
     log.info("session %s: re-adopted container %s", session.session_id, container_id[:12])
     if link is None:

@@ -37,7 +37,8 @@ from dispatcher.sandbox.docker_config import (
     WORKSPACE_ROOT,
     SandboxConfig,
 )
-from dispatcher.sandbox.docker_sandbox import DockerSandbox, LiveContainer
+from dispatcher.sandbox.docker_host import LiveContainer
+from dispatcher.sandbox.docker_sandbox import DockerSandbox
 from dispatcher.sandbox.docker_stream import AttachStream, open_attach_stream
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.image_check import (
@@ -300,7 +301,7 @@ class DockerSandboxProvider:
                 await self._verify_mounts(container_id, stage)
             # The started container holds its own copy of every bind mount.
             await loop.run_in_executor(None, stage.release)
-            return await self._start_agent(container_id, session), container_id
+            return await self.start_agent(container_id, session), container_id
         except BaseException:
             await loop.run_in_executor(None, stage.release)
             if container_id is not None:
@@ -489,7 +490,7 @@ class DockerSandboxProvider:
             except Exception as exc:  # one failed scan must not stop the watcher
                 log.warning("measuring workspace usage failed: %s", exc)
 
-    async def _start_agent(
+    async def start_agent(
         self, container_id: str, session: Session
     ) -> tuple[AttachStream, AgentChannel] | None:
         """Attach the agent; None when the image cannot run it (the docker exec fallback applies).

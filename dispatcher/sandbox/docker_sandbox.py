@@ -22,8 +22,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from dispatcher.core.sandbox_api import (
     DirListing,
@@ -38,12 +37,10 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
+from dispatcher.sandbox.docker_adopt import reattach
 from dispatcher.sandbox.docker_config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker_fallback import fallback_exec
-from dispatcher.sandbox.docker_stream import AttachStream
-
-if TYPE_CHECKING:
-    from dispatcher.sandbox.docker_backend import DockerSandboxProvider
+from dispatcher.sandbox.docker_host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,25 +54,10 @@ class AgentUnavailable(SandboxError):
     """The image cannot run the agent; only exec (through plain docker exec) is available."""
 
 
-@dataclass(slots=True)
-class LiveContainer:
-    """A running container and, when its image can run it, the agent attached to it."""
-
-    container_id: str
-    stream: AttachStream | None
-    channel: AgentChannel | None
-
-    @property
-    def broken(self) -> bool:
-        if self.channel is not None and self.channel.broken:
-            return True
-        return self.stream is not None and self.stream.closed
-
-
 class DockerSandbox:
     """Implements ``dispatcher.core.sandbox_api.Sandbox`` for one session."""
 
-    def __init__(self, provider: DockerSandboxProvider, session: Session) -> None:
+    def __init__(self, provider: ContainerHost, session: Session) -> None:
         self._provider = provider
         self.session = session
         self._live: LiveContainer | None = None
@@ -226,8 +208,6 @@ class DockerSandbox:
             await self._adopt_locked()
 
     async def _adopt_locked(self) -> None:
-        from dispatcher.sandbox.docker_adopt import reattach
-
         container_id, self._adopt = self._adopt, None
         if container_id is None or self._live is not None or self._closed:
             return

@@ -15,7 +15,8 @@ import pytest
 
 from dispatcher.core.sandbox_api import ProcessLimitExhausted, SandboxError, collect_notices
 from dispatcher.sandbox.docker_config import SandboxConfig
-from dispatcher.sandbox.docker_sandbox import DockerSandbox, LiveContainer
+from dispatcher.sandbox.docker_host import LiveContainer
+from dispatcher.sandbox.docker_sandbox import DockerSandbox
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import Ran, run, runsc_available
 from tests.polling import until

@@ -1,0 +1,68 @@
+"""What a Docker sandbox needs from the backend that made it: a narrow interface, so the sandbox
+(and the re-adoption after a restart) depend on it and not on the whole provider.
+
+``DockerSandboxProvider`` implements ``ContainerHost``; ``LiveContainer`` is what it launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from dispatcher.core.session import Session
+from dispatcher.sandbox.channel import AgentChannel
+from dispatcher.sandbox.docker_client import DockerAPI
+from dispatcher.sandbox.docker_config import SandboxConfig
+from dispatcher.sandbox.docker_stream import AttachStream
+
+__all__ = ["ContainerHost", "LiveContainer"]
+
+
+@dataclass(slots=True)
+class LiveContainer:
+    """A running container and, when its image can run it, the agent attached to it."""
+
+    container_id: str
+    stream: AttachStream | None
+    channel: AgentChannel | None
+
+    @property
+    def broken(self) -> bool:
+        if self.channel is not None and self.channel.broken:
+            return True
+        return self.stream is not None and self.stream.closed
+
+
+class ContainerHost(Protocol):
+    """Launches and removes a session's containers and is told when its container changes."""
+
+    @property
+    def api(self) -> DockerAPI: ...
+
+    @property
+    def config(self) -> SandboxConfig: ...
+
+    async def launch(self, session: Session) -> LiveContainer:
+        """A new running container for ``session`` (its agent attached when the image can run it).
+
+        Raises:
+            SandboxError: the container could not be created or started.
+        """
+
+    async def destroy(self, live: LiveContainer) -> None:
+        """Close the agent and remove the container."""
+
+    async def start_agent(
+        self, container_id: str, session: Session
+    ) -> tuple[AttachStream, AgentChannel] | None:
+        """A fresh agent in a running container; None when the image cannot run it.
+
+        Raises:
+            SandboxError: the agent started but did not answer its first ping.
+        """
+
+    def container_changed(self, session_id: str, container_id: str | None) -> None:
+        """The session's container is now ``container_id`` (None: it has none)."""
+
+    def quota_note(self, tenant_id: str) -> str | None:
+        """What to tell a model about the tenant's disk quota, if anything."""
