@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from dispatcher.core.errors import DispatcherError, ToolExecutionError
+from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 
 if TYPE_CHECKING:
     from dispatcher.core.session import Session
@@ -213,3 +214,52 @@ class SandboxProvider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class ProviderLifecycle:
+    """What a server does with its sandbox backend besides handing out sandboxes: checks and
+    sweeps at start, giving containers back after a restart, letting go at a stop that keeps the
+    sessions. Each hook does nothing here; a backend overrides those it needs (the Docker one all).
+    """
+
+    observer: SandboxObserver = NO_SANDBOX_OBSERVER
+    """Told of sandbox launches and launch failures (metrics)."""
+    on_container: Callable[[str, str | None], None] | None = None
+    """Called with (session id, container id or None) when a session's container changes (stored)."""
+
+    async def check_ready(self) -> None:
+        """Fail at start, clearly, rather than on the first tool call (e.g. no daemon, no image).
+
+        Raises:
+            SandboxError: the backend cannot run sandboxes.
+        """
+
+    async def prepare_tenants(self, roots: Mapping[str, str]) -> None:
+        """Before any workspace is made: per-tenant storage (tenant id -> workspace root)."""
+
+    async def remove_orphans(self) -> int:
+        """Remove sandboxes a previous run left that no session owns or expects; returns how many."""
+        return 0
+
+    def expect_container(self, session: Session, container_id: str) -> None:
+        """A restarted server gives ``session`` back: keep and re-adopt its stored container."""
+
+    async def adopt_all(self) -> None:
+        """Re-attach every expected container (in the background after a start)."""
+
+    async def detach_all(self) -> None:
+        """Let go of every sandbox without removing it (a stop that keeps the sessions)."""
+
+
+class ServedProvider(SandboxProvider, Protocol):
+    """A provider a server runs: sandboxes plus the lifecycle hooks of ``ProviderLifecycle``."""
+
+    observer: SandboxObserver
+    on_container: Callable[[str, str | None], None] | None
+
+    async def check_ready(self) -> None: ...
+    async def prepare_tenants(self, roots: Mapping[str, str]) -> None: ...
+    async def remove_orphans(self) -> int: ...
+    def expect_container(self, session: Session, container_id: str) -> None: ...
+    async def adopt_all(self) -> None: ...
+    async def detach_all(self) -> None: ...

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
-from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
@@ -63,7 +63,7 @@ def instance_id_for(state_dir: str) -> str:
     return hashlib.sha256(real.encode()).hexdigest()[:16]
 
 
-class DockerSandboxProvider:
+class DockerSandboxProvider(ProviderLifecycle):
     """Hands out one Docker-backed sandbox per session (implements ``SandboxProvider``)."""
 
     def __init__(

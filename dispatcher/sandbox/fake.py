@@ -24,6 +24,7 @@ from dispatcher.core.sandbox_api import (
     FileOpError,
     FileStat,
     OutputCallback,
+    ProviderLifecycle,
 )
 from dispatcher.core.session import Session
 
@@ -137,7 +138,7 @@ class FakeSandbox:
         return await self.exec_handler(request, on_output, cancel_event)
 
 
-class FakeSandboxProvider:
+class FakeSandboxProvider(ProviderLifecycle):
     """Hands out one FakeSandbox per session and records which sessions were closed."""
 
     def __init__(self) -> None:

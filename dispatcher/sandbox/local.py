@@ -20,6 +20,7 @@ from dispatcher.core.sandbox_api import (
     ExecResult,
     FileStat,
     OutputCallback,
+    ProviderLifecycle,
     SandboxError,
 )
 from dispatcher.sandbox.agent import agent as agent_module
@@ -182,7 +183,7 @@ class LocalSandbox:
             raise
 
 
-class LocalSandboxProvider:
+class LocalSandboxProvider(ProviderLifecycle):
     """``SandboxProvider`` running one local agent subprocess per session (no isolation)."""
 
     def __init__(self, *, python: str = sys.executable, max_frame: int = DEFAULT_MAX_FRAME) -> None:

@@ -19,7 +19,7 @@ from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.sandbox_api import SandboxProvider
+from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.core.types import ToolFactory
 from dispatcher.mcp.servers import McpServers
@@ -45,7 +45,7 @@ FINAL_GRACE = 0.5
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
-def make_provider(config: Config) -> SandboxProvider:
+def make_provider(config: Config) -> ServedProvider:
     """The sandbox backend the config asks for.
 
     Raises:
@@ -106,7 +106,7 @@ def build_dispatcher(
     return dispatcher
 
 
-def build_server(config: Config, provider: SandboxProvider | None = None) -> DispatcherServer:
+def build_server(config: Config, provider: ServedProvider | None = None) -> DispatcherServer:
     """The whole service for ``config`` (tenants must already be resolved), not yet started.
 
     Call it inside the event loop that will run the server: grpc.aio binds to the running loop.
@@ -128,7 +128,7 @@ class DispatcherServer:
         self,
         config: Config,
         dispatcher: ToolDispatcher,
-        provider: SandboxProvider,
+        provider: ServedProvider,
         observability: Observability | None = None,
     ) -> None:
         self.config = config
@@ -212,19 +212,13 @@ class DispatcherServer:
             raise ConfigError(f"listen: cannot bind {self.config.listen}")
         await self.mcp.register(self.dispatcher)  # MCP servers' tools, before the seal
         self.dispatcher.seal()
-        check_ready = getattr(self.provider, "check_ready", None)
-        if check_ready is not None:  # fail at start, clearly, not on the first tool call
-            await check_ready()
-        prepare_tenants = getattr(self.provider, "prepare_tenants", None)
-        if prepare_tenants is not None:  # disk quotas, before CreateSession makes any workspace
-            await prepare_tenants({t.tenant_id: str(t.workspace_root) for t in self.config.tenants})
+        await self.provider.check_ready()  # fail at start, clearly, not on the first tool call
+        # Disk quotas, before CreateSession makes any workspace.
+        await self.provider.prepare_tenants({t.tenant_id: str(t.workspace_root) for t in self.config.tenants})
         self._restore_sessions()  # after the quota volumes are mounted: workspaces live there
-        remove_orphans = getattr(self.provider, "remove_orphans", None)
-        if remove_orphans is not None:  # containers left by a previous run, but those re-adopted
-            await remove_orphans()
-        adopt_all = getattr(self.provider, "adopt_all", None)
-        if adopt_all is not None:  # re-attach the agents in the background; a first call waits for its own
-            self._adopting = asyncio.create_task(adopt_all(), name="adopt-containers")
+        await self.provider.remove_orphans()  # containers left by a previous run, but those re-adopted
+        # Re-attach the agents in the background; a first call waits for its own.
+        self._adopting = asyncio.create_task(self.provider.adopt_all(), name="adopt-containers")
         self.observability.start(self.sessions.open_by_tenant)
         await self._server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -258,9 +252,8 @@ class DispatcherServer:
         if keep and self.persistence is not None:
             self.persistence.save_policies()
         await self.sessions.aclose(keep_sessions=keep)
-        detach_all = getattr(self.provider, "detach_all", None)
-        if keep and detach_all is not None:  # the containers stay for the next start to re-adopt
-            await detach_all()
+        if keep:  # the containers stay for the next start to re-adopt
+            await self.provider.detach_all()
         await self.dispatcher.aclose(keep_sessions=keep)
         await self.mcp.aclose()
         await self.observability.aclose()
@@ -272,13 +265,10 @@ class DispatcherServer:
         """Give back the sessions stored by the previous run; their containers are expected."""
         assert self.persistence is not None
         self.sessions.persistence = self.persistence
-        if hasattr(self.provider, "on_container"):
-            self.provider.on_container = self.persistence.container_changed
+        self.provider.on_container = self.persistence.container_changed
         adopt = self.persistence.restore(self.sessions, self.tenants)
-        expect = getattr(self.provider, "expect_container", None)
-        if expect is not None:
-            for session, container_id in adopt:
-                expect(session, container_id)
+        for session, container_id in adopt:
+            self.provider.expect_container(session, container_id)
         if adopt or self.sessions.count():
             log.info("stored sessions given back", extra={"sessions": self.sessions.count()})
 

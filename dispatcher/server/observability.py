@@ -13,6 +13,7 @@ import grpc
 from dispatcher.config import Config
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver, FinishedCall
+from dispatcher.core.sandbox_api import ProviderLifecycle, ServedProvider
 
 if TYPE_CHECKING:  # imported for real only when turned on: prometheus_client, the otel extra
     from dispatcher.server.metrics import Metrics, MetricsServer
@@ -70,9 +71,9 @@ class Observability:
     def metrics_port(self) -> int:
         return 0 if self.server is None else self.server.port
 
-    def attach_sandbox(self, provider: object) -> None:
-        """Give the sandbox backend its launch/failure observer (if it takes one)."""
-        if self.metrics is not None and hasattr(provider, "observer"):
+    def attach_sandbox(self, provider: ProviderLifecycle | ServedProvider) -> None:
+        """Give the sandbox backend its launch/failure observer."""
+        if self.metrics is not None:
             provider.observer = self.metrics
 
     def start(self, open_sessions: Callable[[], Mapping[str, int]]) -> None:
