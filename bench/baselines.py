@@ -13,7 +13,7 @@ import docker
 
 from bench.env import BenchEnv
 from bench.table import BASELINE, Row, row
-from dispatcher.sandbox.docker_config import DEFAULT_IMAGE
+from dispatcher.sandbox.docker.config import DEFAULT_IMAGE
 
 FILE_BYTES = 4096
 

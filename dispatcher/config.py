@@ -582,7 +582,7 @@ def _check_sandbox(backend: str, section: Mapping[str, Any]) -> None:
         if section:
             raise ConfigError(f"sandbox.{sorted(section)[0]}: only the docker backend takes options")
         return
-    from dispatcher.sandbox.docker_config import SandboxConfig
+    from dispatcher.sandbox.docker.config import SandboxConfig
 
     SandboxConfig.from_mapping(section)
 

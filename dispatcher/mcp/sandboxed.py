@@ -39,8 +39,8 @@ async def spawn_in_sandbox(sandbox: Sandbox, config: McpServerConfig) -> McpProc
         return await HostProcess.start(
             config.name, config.command, config.args, config.env, cwd=sandbox.workspace_root
         )
-    from dispatcher.sandbox.docker_sandbox import DockerSandbox
-    from dispatcher.sandbox.docker_stdio import DockerStdioProcess
+    from dispatcher.sandbox.docker.sandbox import DockerSandbox
+    from dispatcher.sandbox.docker.stdio import DockerStdioProcess
 
     if not isinstance(sandbox, DockerSandbox):
         raise OSError(f"run: sandbox needs the docker or local sandbox backend, not {type(sandbox).__name__}")

@@ -55,8 +55,8 @@ def make_provider(config: Config) -> ServedProvider:
         from dispatcher.sandbox.local import LocalSandboxProvider
 
         return LocalSandboxProvider()
-    from dispatcher.sandbox.docker_backend import DockerSandboxProvider, instance_id_for
-    from dispatcher.sandbox.docker_config import SandboxConfig
+    from dispatcher.sandbox.docker.backend import DockerSandboxProvider, instance_id_for
+    from dispatcher.sandbox.docker.config import SandboxConfig
 
     # The instance label follows the state directory, so a restarted server finds its orphans.
     return DockerSandboxProvider(
@@ -284,7 +284,7 @@ class DispatcherServer:
 
 def _default_ids(config: Config) -> DefaultIds | None:
     """Docker sandboxes without a tenant uid: the owner of the workspace root, or sandbox.user."""
-    from dispatcher.sandbox.docker_config import SandboxConfig
+    from dispatcher.sandbox.docker.config import SandboxConfig
 
     if config.sandbox_backend != "docker":
         return None

@@ -23,8 +23,8 @@ import pytest
 
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.session import Session
-from dispatcher.sandbox.docker_backend import DockerSandboxProvider
-from dispatcher.sandbox.docker_config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig
+from dispatcher.sandbox.docker.backend import DockerSandboxProvider
+from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig
 from tests.integration.helpers import containers_of
 
 RUN_ID = uuid.uuid4().hex[:8]

@@ -20,7 +20,7 @@ from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatche
 from dispatcher.core import events as ev
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.types import ToolResultBlock
-from dispatcher.sandbox.docker_config import SandboxConfig
+from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.tools import builtin_factories
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run, runsc_available

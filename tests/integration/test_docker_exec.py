@@ -9,8 +9,8 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker_config import SandboxConfig
-from dispatcher.sandbox.docker_sandbox import DockerSandbox
+from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run
 from tests.polling import until

@@ -15,7 +15,7 @@ import pytest
 from dispatcher.core.sandbox_api import FileOpError, Sandbox
 from dispatcher.core.session import Session
 from dispatcher.core.types import TextBlock, Tool, ToolOutput
-from dispatcher.sandbox.docker_backend import DockerSandboxProvider
+from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.tools import ListDirTool, WriteFileTool
 from tests.integration.helpers import containers_of, run, tool_context
 

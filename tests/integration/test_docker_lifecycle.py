@@ -8,8 +8,8 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker_config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
-from dispatcher.sandbox.docker_sandbox import AgentUnavailable
+from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
+from dispatcher.sandbox.docker.sandbox import AgentUnavailable
 from tests.integration.conftest import BUSYBOX_IMAGE, ProviderFactory
 from tests.integration.helpers import containers_of, run, runsc_available
 from tests.polling import until

@@ -14,9 +14,9 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import ProcessLimitExhausted, SandboxError, collect_notices
-from dispatcher.sandbox.docker_config import SandboxConfig
-from dispatcher.sandbox.docker_host import LiveContainer
-from dispatcher.sandbox.docker_sandbox import DockerSandbox
+from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.host import LiveContainer
+from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import Ran, run, runsc_available
 from tests.polling import until

@@ -11,9 +11,9 @@ import pytest
 from dispatcher.core.errors import ToolError
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.docker_config import SandboxConfig
+from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.workspace_volume import WorkspaceQuotaExceeded, mount_entry
 from dispatcher.sandbox.workspace_pin import Stage
-from dispatcher.sandbox.workspace_volume import WorkspaceQuotaExceeded, mount_entry
 from tests.integration.conftest import SANDBOX_IDS, ProviderFactory
 from tests.integration.helpers import run, runsc_available
 
@@ -83,7 +83,7 @@ async def test_watched_quota_stops_the_tenant(make_provider: ProviderFactory, tm
         workspace_quota=8 << 20, workspace_quota_mode="watch", workspace_watch_interval_seconds=3600
     )
     provider = make_provider(config)
-    from dispatcher.sandbox.docker_backend import DockerSandboxProvider
+    from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 
     provider = DockerSandboxProvider(config, instance=provider.instance, state_dir=str(tmp_path / "home"))
     make_provider.providers.append(provider)

@@ -14,7 +14,7 @@ from dispatcher.config import Config, TenantConfig, UidRange, ensure_default_ten
 from dispatcher.core import ConfirmationPolicy, ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.types import Role
-from dispatcher.sandbox.docker_config import SandboxConfig
+from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.server.sessions import SessionManager
 from dispatcher.server.tenants import TenantDirectory

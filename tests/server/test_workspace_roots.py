@@ -10,7 +10,7 @@ import yaml
 
 from dispatcher.config import hash_token, load_config
 from dispatcher.core.errors import ConfigError
-from dispatcher.sandbox.docker_config import SandboxConfig
+from dispatcher.sandbox.docker.config import SandboxConfig
 
 
 def _load(tmp_path: Path, roots: list[str | None]) -> Any:

@@ -137,7 +137,8 @@ def test_no_import_cycle_between_modules() -> None:
         edges[imp.source].setdefault(imp.target, imp.line)
     cycles = _cycles(edges)
     shown = [
-        " -> ".join(f"{a} (line {edges[a][b]})" for a, b in zip(c, [*c[1:], c[0]], strict=True)) + f" -> {c[0]}"
+        " -> ".join(f"{a} (line {edges[a][b]})" for a, b in zip(c, [*c[1:], c[0]], strict=True))
+        + f" -> {c[0]}"
         for c in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(shown)

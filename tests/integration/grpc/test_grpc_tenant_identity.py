@@ -19,7 +19,7 @@ import yaml
 from dispatcher.config import hash_token, load_config
 from dispatcher.core import events as ev
 from dispatcher.core.types import ToolErrorClass
-from dispatcher.sandbox.docker_config import SandboxConfig
+from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
 from tests.polling import until

@@ -11,8 +11,8 @@ from typing import Any
 import docker
 import pytest
 
-from dispatcher.sandbox.docker_config import LABEL_SESSION
-from dispatcher.sandbox.workspace_volume import mount_entry
+from dispatcher.sandbox.docker.config import LABEL_SESSION
+from dispatcher.sandbox.docker.workspace_volume import mount_entry
 from tests.integration.grpc.conftest import Start
 from tests.integration.helpers import containers_of
 from tests.polling import until

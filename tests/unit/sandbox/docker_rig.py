@@ -13,10 +13,10 @@ import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, collect_notices
 from dispatcher.core.session import Session
-from dispatcher.sandbox.docker_backend import DockerSandboxProvider
-from dispatcher.sandbox.docker_client import DockerAPI
-from dispatcher.sandbox.docker_config import SandboxConfig
-from dispatcher.sandbox.docker_sandbox import DockerSandbox
+from dispatcher.sandbox.docker.backend import DockerSandboxProvider
+from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from tests.unit.sandbox.fake_docker import FakeDockerClient
 
 INSTANCE = "unit-fake"

@@ -1,8 +1,8 @@
 """A fake Docker daemon at the ``docker.APIClient`` boundary, for unit tests of the Docker backend.
 
 ``FakeDockerClient`` stands in for ``docker.APIClient``: it implements the calls our code makes
-(``DockerAPI`` in ``dispatcher/sandbox/docker_client.py`` and the death watch in
-``docker_backend.py``), including the three SDK internals ``_exec_attach_sync`` uses to keep the
+(``DockerAPI`` in ``dispatcher/sandbox/docker/client.py`` and the death watch in
+``docker/backend.py``), including the three SDK internals ``_exec_attach_sync`` uses to keep the
 upgraded exec socket whole (``_url``, ``_post_json``, ``_raise_for_status``; their real shape is
 pinned by ``test_docker_sdk_contract.py``). Everything above it is the real code: tenacity
 retries, error translation, the attach stream and its demultiplexing, the agent channel,
@@ -295,7 +295,7 @@ class FakeDockerClient:
 
     def _run_exec(self, ex: FakeExec) -> None:
         try:
-            if ex.cmd[:2] == ["sh", "-c"] and len(ex.cmd) == 7:  # docker_fallback's wrapper
+            if ex.cmd[:2] == ["sh", "-c"] and len(ex.cmd) == 7:  # docker/fallback.py's wrapper
                 FallbackCommand(ex).run()
             elif not self.agent_runs:
                 ex.send(STDERR, f"exec: {ex.cmd[0]}: not found\n".encode())

@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker_client import ContainerNotFound, DockerAPI, DockerUnavailable, is_transient
+from dispatcher.sandbox.docker.client import ContainerNotFound, DockerAPI, DockerUnavailable, is_transient
 
 
 def _api_error(status: int) -> docker.errors.APIError:

@@ -11,9 +11,9 @@ import pytest
 import requests
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker_client import DockerUnavailable
-from dispatcher.sandbox.docker_sandbox import AgentUnavailable
-from dispatcher.sandbox.image_check import ImageUnusable
+from dispatcher.sandbox.docker.client import DockerUnavailable
+from dispatcher.sandbox.docker.image_check import ImageUnusable
+from dispatcher.sandbox.docker.sandbox import AgentUnavailable
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_containers import HANG, IGNORE_TERM
 from tests.unit.sandbox.fake_docker import api_error

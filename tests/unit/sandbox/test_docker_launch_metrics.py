@@ -6,7 +6,7 @@ import pytest
 
 from dispatcher.core.observe import SandboxFailure
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.image_check import ImageUnusable
+from dispatcher.sandbox.docker.image_check import ImageUnusable
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_docker import api_error
 

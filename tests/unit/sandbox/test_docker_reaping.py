@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from dispatcher.sandbox.docker_config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
+from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import INSTANCE, Rig, run
 from tests.unit.sandbox.fake_containers import BACKGROUND

@@ -22,11 +22,11 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker_client import ContainerNotFound, DockerAPI
+from dispatcher.sandbox.docker.client import ContainerNotFound, DockerAPI
 
 WHAT_TO_CHANGE = (
     "the docker SDK changed an internal that DockerAPI._exec_attach_sync"
-    " (dispatcher/sandbox/docker_client.py) uses; adapt that method to the new SDK (or keep the"
+    " (dispatcher/sandbox/docker/client.py) uses; adapt that method to the new SDK (or keep the"
     " `docker>=7,<8` pin in pyproject.toml)"
 )
 API_VERSION = "1.44"

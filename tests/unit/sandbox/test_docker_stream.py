@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from dispatcher.sandbox.docker_stream import open_attach_stream
+from dispatcher.sandbox.docker.stream import open_attach_stream
 
 
 def frame(stream: int, data: bytes) -> bytes:

@@ -11,9 +11,9 @@ from typing import Protocol
 
 from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker_client import DockerAPI
-from dispatcher.sandbox.docker_config import SandboxConfig
-from dispatcher.sandbox.docker_stream import AttachStream
+from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.stream import AttachStream
 
 __all__ = ["ContainerHost", "LiveContainer"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.docker_config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
-from dispatcher.sandbox.docker_host import ContainerHost, LiveContainer
+from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
+from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
-from dispatcher.sandbox.docker_adopt import reattach
-from dispatcher.sandbox.docker_config import WORKSPACE_ROOT
-from dispatcher.sandbox.docker_fallback import fallback_exec
-from dispatcher.sandbox.docker_host import ContainerHost, LiveContainer
+from dispatcher.sandbox.docker.adopt import reattach
+from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
+from dispatcher.sandbox.docker.fallback import fallback_exec
+from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
-from dispatcher.sandbox.docker_client import DockerAPI
-from dispatcher.sandbox.docker_config import LABEL_INSTANCE, SandboxConfig
+from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.config import LABEL_INSTANCE, SandboxConfig
 
 PROBE_TIMEOUT_SECONDS = 60
 _VERSION_RE = re.compile(r"dispatcher-agent protocol (\d+)")

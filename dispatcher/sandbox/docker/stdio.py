@@ -17,9 +17,9 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 
-from dispatcher.sandbox.docker_config import WORKSPACE_ROOT
-from dispatcher.sandbox.docker_sandbox import DockerSandbox
-from dispatcher.sandbox.docker_stream import AttachStream, open_attach_stream
+from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
+from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
 
 log = logging.getLogger(__name__)
 

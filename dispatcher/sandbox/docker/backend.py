@@ -28,28 +28,28 @@ from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker_adopt import GONE, LABEL_SPEC, adoption_problem, spec_fingerprint
-from dispatcher.sandbox.docker_client import DockerAPI
-from dispatcher.sandbox.docker_config import (
+from dispatcher.sandbox.docker.adopt import GONE, LABEL_SPEC, adoption_problem, spec_fingerprint
+from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
     LABEL_SESSION,
     LABEL_TENANT,
     WORKSPACE_ROOT,
     SandboxConfig,
 )
-from dispatcher.sandbox.docker_host import LiveContainer
-from dispatcher.sandbox.docker_sandbox import DockerSandbox
-from dispatcher.sandbox.docker_stream import AttachStream, open_attach_stream
-from dispatcher.sandbox.grants import agent_grant_args
-from dispatcher.sandbox.image_check import (
+from dispatcher.sandbox.docker.host import LiveContainer
+from dispatcher.sandbox.docker.image_check import (
     HOW_TO_BUILD,
     AgentVersionMismatch,
     ImageUnusable,
     check_image,
     version_mismatch,
 )
+from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
+from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
+from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.workspace_pin import Stage, pin_session_mounts, split_relative
-from dispatcher.sandbox.workspace_volume import WorkspaceVolumes, format_size
 
 log = logging.getLogger(__name__)
 
