@@ -11,19 +11,18 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from dispatcher.core.sandbox_api import (
-    DirListing,
     ExecRequest,
     ExecResult,
-    FileStat,
     OutputCallback,
     ProviderLifecycle,
     SandboxError,
 )
 from dispatcher.sandbox.agent import agent as agent_module
+from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
 from dispatcher.sandbox.grants import agent_grant_args
 
@@ -34,7 +33,10 @@ AGENT_PATH = os.path.abspath(agent_module.__file__)
 STOP_TIMEOUT_SECONDS = 2.0  # after closing its stdin, before the agent is killed outright
 
 
-class LocalSandbox:
+T = TypeVar("T")
+
+
+class LocalSandbox(AgentFiles):
     """A lazy per-session handle: the agent starts on first use and restarts if it died."""
 
     def __init__(
@@ -125,51 +127,8 @@ class LocalSandbox:
         """The live agent channel for one long operation (a tree transfer)."""
         yield await self.channel()
 
-    async def read_bytes(
-        self, path: str, *, max_bytes: int | None = None, approved: str | None = None
-    ) -> bytes:
-        """See ``WorkspaceFileAPI.read_bytes``."""
-        return await (await self.channel()).read_bytes(path, max_bytes=max_bytes, approved=approved)
-
-    async def read(self, path: str) -> str:
-        """See ``WorkspaceFileAPI.read``."""
-        return await (await self.channel()).read(path)
-
-    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
-        """See ``WorkspaceFileAPI.write_bytes``."""
-        await (await self.channel()).write_bytes(path, data, approved=approved)
-
-    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
-        """See ``WorkspaceFileAPI.write``."""
-        await (await self.channel()).write(path, content, approved=approved)
-
-    async def append(self, path: str, content: str) -> None:
-        """See ``WorkspaceFileAPI.append``."""
-        await (await self.channel()).append(path, content)
-
-    async def exists(self, path: str) -> bool:
-        """See ``WorkspaceFileAPI.exists``."""
-        return await (await self.channel()).exists(path)
-
-    async def stat(self, path: str, *, approved: str | None = None) -> FileStat:
-        """See ``WorkspaceFileAPI.stat``."""
-        return await (await self.channel()).stat(path, approved=approved)
-
-    async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing:
-        """See ``WorkspaceFileAPI.list``."""
-        return await (await self.channel()).list(path, limit=limit, approved=approved)
-
-    async def delete(self, path: str) -> None:
-        """See ``WorkspaceFileAPI.delete``."""
-        await (await self.channel()).delete(path)
-
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
-        """See ``WorkspaceFileAPI.patch``."""
-        await (await self.channel()).patch(path, old, new, approved=approved)
-
-    async def resolve(self, path: str) -> str:
-        """See ``WorkspaceFileAPI.resolve``."""
-        return await (await self.channel()).resolve(path)
+    async def _file_op(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
+        return await op(await self.channel())
 
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event

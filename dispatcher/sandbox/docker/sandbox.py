@@ -25,17 +25,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from dispatcher.core.sandbox_api import (
-    DirListing,
     ExecRequest,
     ExecResult,
     FileOpError,
-    FileStat,
     OutputCallback,
     ProcessLimitExhausted,
     SandboxError,
     report_notice,
 )
 from dispatcher.core.session import Session
+from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
 from dispatcher.sandbox.docker.adopt import reattach
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
@@ -54,7 +53,7 @@ class AgentUnavailable(SandboxError):
     """The image cannot run the agent; only exec (through plain docker exec) is available."""
 
 
-class DockerSandbox:
+class DockerSandbox(AgentFiles):
     """Implements ``dispatcher.core.sandbox_api.Sandbox`` for one session."""
 
     def __init__(self, provider: ContainerHost, session: Session) -> None:
@@ -459,40 +458,3 @@ class DockerSandbox:
     def quota_note(self) -> str | None:
         """What to say when the workspace's disk is full (the tenant's quota), if anything."""
         return self._provider.quota_note(self.session.tenant_id)
-
-    async def read_bytes(
-        self, path: str, *, max_bytes: int | None = None, approved: str | None = None
-    ) -> bytes:
-        return await self._file_op(
-            "read", lambda ch: ch.read_bytes(path, max_bytes=max_bytes, approved=approved)
-        )
-
-    async def read(self, path: str) -> str:
-        return await self._file_op("read", lambda ch: ch.read(path))
-
-    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
-        await self._file_op("write", lambda ch: ch.write_bytes(path, data, approved=approved))
-
-    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
-        await self._file_op("write", lambda ch: ch.write(path, content, approved=approved))
-
-    async def append(self, path: str, content: str) -> None:
-        await self._file_op("append", lambda ch: ch.append(path, content))
-
-    async def exists(self, path: str) -> bool:
-        return await self._file_op("exists", lambda ch: ch.exists(path))
-
-    async def stat(self, path: str, *, approved: str | None = None) -> FileStat:
-        return await self._file_op("stat", lambda ch: ch.stat(path, approved=approved))
-
-    async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing:
-        return await self._file_op("list", lambda ch: ch.list(path, limit=limit, approved=approved))
-
-    async def delete(self, path: str) -> None:
-        await self._file_op("delete", lambda ch: ch.delete(path))
-
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
-        await self._file_op("patch", lambda ch: ch.patch(path, old, new, approved=approved))
-
-    async def resolve(self, path: str) -> str:
-        return await self._file_op("resolve", lambda ch: ch.resolve(path))
