@@ -18,28 +18,19 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from dispatcher import cli_session
+from dispatcher.cli_events import describe, event_dict
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.events import (
-    TOOL_CALLED,
-    TOOL_COMPLETED,
-    TOOL_CONFIRMATION_REQUESTED,
-    TOOL_CONFIRMATION_RESOLVED,
-    TOOL_FAILED,
-    TOOL_INPUT_INVALID,
-    TOOL_OUTPUT_DELTA,
-    TOOL_STEP_PROPOSED,
-    Event,
-)
+from dispatcher.core.event_payloads import ToolConfirmationRequested, ToolOutputDelta
+from dispatcher.core.events import TOOL_CONFIRMATION_REQUESTED, Event
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
-from dispatcher.core.visible import visible
 from dispatcher.trees import LocalTreeError
 from dispatcher.wire.convert import SessionInfo
 
@@ -261,11 +252,14 @@ def _call(args: argparse.Namespace) -> int:
 
 def _answer(client: DispatcherClient, session_id: str, event: Event, args: argparse.Namespace) -> None:
     """Answer a confirmation: ``--yes``, or a y/n prompt on a terminal; otherwise leave it to others."""
-    request_id = str(event.payload.get("request_id", ""))
+    p = event.payload
+    if not isinstance(p, ToolConfirmationRequested):
+        return
+    request_id = p.request_id
     if args.yes:
         decision = Decision.ALLOW
     elif sys.stdin.isatty() and not args.json:
-        reply = input(f"  allow {event.payload.get('tool_name')}? [y/N] ").strip().lower()
+        reply = input(f"  allow {p.tool_name}? [y/N] ").strip().lower()
         decision = Decision.ALLOW if reply in ("y", "yes") else Decision.DENY
     else:
         print(
@@ -312,26 +306,6 @@ def _resolve(args: argparse.Namespace) -> int:
 # --- output ------------------------------------------------------------------------------------------
 
 
-def _confirmation_lines(p: Mapping[str, Any], prefix: str) -> str:
-    """A confirmation request: a line about it, then the input exactly as the server shows it.
-
-    Every line of the input is marked with ``| `` so a reader sees where it starts and ends; the
-    text goes through ``visible`` again in case a server sent control characters raw.
-    """
-    modifies = [visible(str(m), escape_backslash=True) for m in p.get("projected_modifications") or ()]
-    head = (
-        f"confirmation {p.get('request_id')} requested for {p.get('tool_name')} ({p.get('side_effect')})"
-        + (f" -> modifies {', '.join(modifies)}" if modifies else "")
-        + ":"
-    )
-    shown = visible(str(p.get("input_summary", "")), keep_newlines=True)
-    text = head + "".join(f"\n{prefix}  | {line}" for line in shown.split("\n"))
-    if p.get("diff"):  # review mode: the staged change
-        diff = visible(str(p["diff"]), keep_newlines=True).rstrip("\n")
-        text += f"\n{prefix}  the change:" + "".join(f"\n{prefix}  | {line}" for line in diff.split("\n"))
-    return text
-
-
 class _CallPrinter:
     """Human or JSON-lines rendering of events and results; shell output is streamed as it comes."""
 
@@ -343,35 +317,16 @@ class _CallPrinter:
 
     def event(self, event: Event, *, watching: bool = False) -> None:
         if self._json:
-            _json_line(_event_dict(event), self._out)
+            _json_line(event_dict(event), self._out)
             return
         p = event.payload
-        if event.type == TOOL_OUTPUT_DELTA:
+        if isinstance(p, ToolOutputDelta):
             self._streamed.add(event.tool_use_id)
-            (self._err if p.get("stream") == "stderr" and not watching else self._out).write(
-                str(p.get("text", ""))
-            )
+            (self._err if p.stream == "stderr" and not watching else self._out).write(p.text)
             self._out.flush()
             return
         prefix = f"[{event.seq}] {event.tool_use_id} " if watching else "  "
-        line = {
-            TOOL_CALLED: lambda: f"{p.get('tool_name')} ({p.get('side_effect')}) started",
-            TOOL_COMPLETED: lambda: (
-                f"{p.get('tool_name')} completed in {float(p.get('duration_ms', 0)):.1f} ms"
-            ),
-            TOOL_FAILED: lambda: f"{p.get('tool_name')} failed: {p.get('error_class')}: {p.get('message')}",
-            TOOL_INPUT_INVALID: lambda: (
-                f"{p.get('tool_name')} input invalid: {'; '.join(p.get('errors', []))}"
-            ),
-            TOOL_CONFIRMATION_REQUESTED: lambda: _confirmation_lines(p, prefix),
-            TOOL_CONFIRMATION_RESOLVED: lambda: (
-                f"confirmation {p.get('request_id') or '(remembered answer)'}: {p.get('decision')}"
-                f" ({p.get('reason')})"
-            ),
-            TOOL_STEP_PROPOSED: lambda: (
-                f"{p.get('tool_name')} ({p.get('side_effect')}) held back as plan step {p.get('step')}"
-            ),
-        }.get(event.type, lambda: event.type)()
+        line = describe(event, prefix)
         print(prefix + line, file=self._out if watching else self._err, flush=True)
 
     def result(self, result: ToolResultBlock) -> None:
@@ -396,19 +351,6 @@ def _json_line(obj: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     out.write(json.dumps(obj, default=str, ensure_ascii=False) + "\n")
     out.flush()
-
-
-def _event_dict(event: Event) -> dict[str, Any]:
-    return {
-        "kind": "event",
-        "seq": event.seq,
-        "time": event.time,
-        "session_id": event.session_id,
-        "turn_id": event.turn_id,
-        "tool_use_id": event.tool_use_id,
-        "type": event.type,
-        "payload": dict(event.payload),
-    }
 
 
 def _result_dict(result: ToolResultBlock) -> dict[str, Any]:

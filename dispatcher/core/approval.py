@@ -25,7 +25,6 @@ from dataclasses import replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast
 
-from dispatcher.core import events as ev
 from dispatcher.core import review
 from dispatcher.core.calls import PlanStep as PlanStep
 from dispatcher.core.confirmation import Decision
@@ -35,6 +34,11 @@ from dispatcher.core.errors import (
     ToolCancelled,
     ToolPermissionDenied,
     ToolUserDenied,
+)
+from dispatcher.core.event_payloads import (
+    ToolConfirmationRequested,
+    ToolConfirmationResolved,
+    ToolStepProposed,
 )
 from dispatcher.core.policy import ConfirmationPolicy, Mode
 from dispatcher.core.review import REVIEWED_TOOLS
@@ -149,7 +153,7 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
     if remembered is not None:
         run.decision = f"remembered_{remembered.value}"
         # Watchers see why the call ran (or was refused) without a question.
-        run.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id="", decision=remembered.value, reason="remembered")
+        run.emit(ToolConfirmationResolved(request_id="", decision=remembered.value, reason="remembered"))
         if remembered is Decision.DENY:
             raise ToolUserDenied(
                 f"User denied {definition.name!r} earlier and asked to remember it: refused for the rest "
@@ -196,12 +200,13 @@ def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -
     run.state.plan.append(step)
     run.decision = "plan_proposed"
     run.emit(
-        ev.TOOL_STEP_PROPOSED,
-        step=step.step,
-        tool_name=step.tool_name,
-        input_summary=step.input_summary,
-        side_effect=step.side_effect,
-        projected_modifications=list(step.projected_modifications),
+        ToolStepProposed(
+            step=step.step,
+            tool_name=step.tool_name,
+            input_summary=step.input_summary,
+            side_effect=step.side_effect,
+            projected_modifications=step.projected_modifications,
+        )
     )
     raise ToolUserDenied(
         f"The session is in plan mode: {definition.name!r} was not run. It is recorded as step "
@@ -231,30 +236,28 @@ async def ask(
         )
     broker = run.state.broker
     request_id, answer = broker.open()
-    payload: dict[str, Any] = {
-        "request_id": request_id,
-        "tool_name": definition.name,
-        "input_summary": shown.text,
-        "side_effect": definition.side_effect.value,
-        "projected_modifications": projected(definition, run.resolved),
-    }
-    if diff is not None:
-        payload["diff"] = diff
-    run.emit(ev.TOOL_CONFIRMATION_REQUESTED, **payload)
+    run.emit(
+        ToolConfirmationRequested(
+            request_id=request_id,
+            tool_name=definition.name,
+            input_summary=shown.text,
+            side_effect=definition.side_effect.value,
+            projected_modifications=tuple(projected(definition, run.resolved)),
+            diff=diff or "",
+        )
+    )
     asked = time.monotonic()
     answered = await run.call.wait(cast("asyncio.Future[Any]", answer), config.confirmation_timeout)
     run.deps.observer.confirmation_waited(time.monotonic() - asked)
     if answered and not answer.cancelled():
         decision, remember = answer.result()
-        run.emit(
-            ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision=decision.value, reason="client"
-        )
+        run.emit(ToolConfirmationResolved(request_id=request_id, decision=decision.value, reason="client"))
         return decision, remember
     broker.expire(request_id)
     if run.call.cancel_event.is_set():
-        run.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="cancelled")
+        run.emit(ToolConfirmationResolved(request_id=request_id, decision="deny", reason="cancelled"))
         raise ToolCancelled("Tool call was cancelled while waiting for confirmation")
-    run.emit(ev.TOOL_CONFIRMATION_RESOLVED, request_id=request_id, decision="deny", reason="timeout")
+    run.emit(ToolConfirmationResolved(request_id=request_id, decision="deny", reason="timeout"))
     run.decision = "confirmation_timeout"
     raise ConfirmationTimeout(
         f"No confirmation for {definition.name!r} within {config.confirmation_timeout:g} s"

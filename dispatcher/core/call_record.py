@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core import events as ev
 from dispatcher.core.audit import COMPLETED, DENIED
 from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.event_payloads import ToolFailed
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall
 
 if TYPE_CHECKING:
@@ -51,11 +51,12 @@ def abandoned(run: RunState) -> None:
     if run.ended:
         return
     run.emit(
-        ev.TOOL_FAILED,
-        tool_name=run.tool_name,
-        error_class=ToolErrorClass.CANCELLED.value,
-        message="The dispatch was cancelled (server shutdown or the client went away)",
-        duration_ms=round(run.run_ms(), 3),
+        ToolFailed(
+            tool_name=run.tool_name,
+            error_class=ToolErrorClass.CANCELLED.value,
+            message="The dispatch was cancelled (server shutdown or the client went away)",
+            duration_ms=round(run.run_ms(), 3),
+        )
     )
     record(run, DENIED if run.run_started is None else COMPLETED, ToolErrorClass.CANCELLED.value)
 

@@ -3,51 +3,63 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
-TOOL_CALLED: Final = "tool.called"
-TOOL_OUTPUT_DELTA: Final = "tool.output_delta"
-TOOL_COMPLETED: Final = "tool.completed"
-TOOL_FAILED: Final = "tool.failed"
-TOOL_INPUT_INVALID: Final = "tool.input_invalid"
-TOOL_CONFIRMATION_REQUESTED: Final = "tool.confirmation_requested"
-TOOL_CONFIRMATION_RESOLVED: Final = "tool.confirmation_resolved"
-TOOL_STEP_PROPOSED: Final = "tool.step_proposed"
-"""A ``plan`` session held back a call with side effects as a step of its plan (spec 004)."""
-
-EVENT_TYPES: Final = frozenset(
-    {
-        TOOL_CALLED,
-        TOOL_OUTPUT_DELTA,
-        TOOL_COMPLETED,
-        TOOL_FAILED,
-        TOOL_INPUT_INVALID,
-        TOOL_CONFIRMATION_REQUESTED,
-        TOOL_CONFIRMATION_RESOLVED,
-        TOOL_STEP_PROPOSED,
-    }
+from dispatcher.core.event_payloads import (
+    EVENT_TYPES,
+    TOOL_CALLED,
+    TOOL_COMPLETED,
+    TOOL_CONFIRMATION_REQUESTED,
+    TOOL_CONFIRMATION_RESOLVED,
+    TOOL_FAILED,
+    TOOL_INPUT_INVALID,
+    TOOL_OUTPUT_DELTA,
+    TOOL_STEP_PROPOSED,
+    EventPayload,
 )
+
+__all__ = [
+    "EVENT_TYPES",
+    "TOOL_CALLED",
+    "TOOL_COMPLETED",
+    "TOOL_CONFIRMATION_REQUESTED",
+    "TOOL_CONFIRMATION_RESOLVED",
+    "TOOL_FAILED",
+    "TOOL_INPUT_INVALID",
+    "TOOL_OUTPUT_DELTA",
+    "TOOL_STEP_PROPOSED",
+    "Event",
+    "EventBus",
+    "EventPayload",
+    "Subscription",
+    "estimate_bytes",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One step of one tool call. ``payload`` keys per type are listed in docs/events.md."""
+    """One step of one tool call; ``payload`` says what (core/event_payloads.py)."""
 
     seq: int
     time: float
     session_id: str
     turn_id: str
     tool_use_id: str
-    type: str
-    payload: Mapping[str, Any]
+    payload: EventPayload
     size: int = field(default=0, compare=False, repr=False)
     """Estimated bytes the event holds in memory (set by the bus at publish; 0 if unknown)."""
+
+    @property
+    def type(self) -> str:
+        """``tool.called``, ``tool.output_delta``, ...: the payload's kind."""
+        return self.payload.TYPE
 
 
 def estimate_bytes(value: Any) -> int:
@@ -59,6 +71,12 @@ def estimate_bytes(value: Any) -> int:
         item = stack.pop()
         if isinstance(item, str | bytes):
             total += sys.getsizeof(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            total += sys.getsizeof(item)
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
         elif isinstance(item, Mapping | list | tuple | set | frozenset):
             if id(item) in seen:
                 continue
@@ -172,11 +190,11 @@ class EventBus:
     def last_seq(self) -> int:
         return self._seq
 
-    def publish(self, type: str, *, turn_id: str, tool_use_id: str, payload: Mapping[str, Any]) -> Event:
+    def publish(self, payload: EventPayload, *, turn_id: str, tool_use_id: str) -> Event:
         """Stamp and deliver one event to history and every subscriber."""
         self._seq += 1
         size = _EVENT_OVERHEAD + estimate_bytes((turn_id, tool_use_id, payload))
-        event = Event(self._seq, time.time(), self.session_id, turn_id, tool_use_id, type, payload, size)
+        event = Event(self._seq, time.time(), self.session_id, turn_id, tool_use_id, payload, size)
         self._remember(event)
         if self.sink is not None:
             self.sink(event)

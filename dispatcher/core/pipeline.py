@@ -11,7 +11,6 @@ import time
 from typing import Any, cast
 
 from dispatcher.core import approval, call_record
-from dispatcher.core import events as ev
 from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import (
@@ -24,6 +23,13 @@ from dispatcher.core.errors import (
     ToolTimeout,
     ToolValidationError,
     WorkspaceEscapeError,
+)
+from dispatcher.core.event_payloads import (
+    ToolCalled,
+    ToolCompleted,
+    ToolFailed,
+    ToolInputInvalid,
+    ToolOutputDelta,
 )
 from dispatcher.core.jsonlimits import shape_problem
 from dispatcher.core.observe import log_fields
@@ -107,10 +113,11 @@ class CallRun(RunState):
                 return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
             self.run_started = time.monotonic()
             self.emit(
-                ev.TOOL_CALLED,
-                tool_name=self.tool_name,
-                side_effect=registered.definition.side_effect.value,
-                input=self.summary(),
+                ToolCalled(
+                    tool_name=self.tool_name,
+                    side_effect=registered.definition.side_effect.value,
+                    input=self.summary(),
+                )
             )  # step 5
             self.audit(DISPATCHED)  # before the tool starts: a call the server dies in is on record
             try:
@@ -240,7 +247,7 @@ class CallRun(RunState):
             raise
 
     def _emit_output(self, stream: str, text: str) -> None:
-        self.emit(ev.TOOL_OUTPUT_DELTA, stream=stream, text=text)
+        self.emit(ToolOutputDelta(stream=stream, text=text))
 
     async def _supervise(self, tool: Tool, task: asyncio.Future[ToolOutput], timeout: float) -> ToolOutput:
         if await self.call.wait(cast("asyncio.Future[Any]", task), timeout):
@@ -287,7 +294,7 @@ class CallRun(RunState):
         if overflow is not None:  # an image the transport could not carry: this call's error only
             return self.fail(ToolExecutionError(overflow))
         duration = self.run_ms()
-        self.emit(ev.TOOL_COMPLETED, tool_name=self.tool_name, duration_ms=round(duration, 3))
+        self.emit(ToolCompleted(tool_name=self.tool_name, duration_ms=round(duration, 3)))
         self.audit(COMPLETED, "ok")
         return self._block(output, is_error=False, error_class=None)
 
@@ -295,18 +302,18 @@ class CallRun(RunState):
         error_class = exc.error_class
         message = exc.message
         if isinstance(exc, ToolValidationError):
-            self.emit(ev.TOOL_INPUT_INVALID, tool_name=self.tool_name, errors=list(exc.validation_errors))
+            self.emit(ToolInputInvalid(tool_name=self.tool_name, errors=tuple(exc.validation_errors)))
         else:
-            payload: dict[str, Any] = {
-                "tool_name": self.tool_name,
-                "error_class": error_class.value,
-                "message": message,
-                "duration_ms": round(self.run_ms(), 3),
-            }
             partial = _first_text(exc.output) if exc.output is not None else ""
-            if partial:
-                payload["partial_output"] = truncate_head_tail(partial, 4_000)
-            self.emit(ev.TOOL_FAILED, **payload)
+            self.emit(
+                ToolFailed(
+                    tool_name=self.tool_name,
+                    error_class=error_class.value,
+                    message=message,
+                    duration_ms=round(self.run_ms(), 3),
+                    partial_output=truncate_head_tail(partial, 4_000) if partial else "",
+                )
+            )
         self.audit(DENIED if denied else COMPLETED, error_class.value)
         output = exc.output
         if output is None:

@@ -11,6 +11,7 @@ from typing import Any
 from dispatcher.core.audit import AuditSink
 from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.display import summarize
+from dispatcher.core.event_payloads import EventPayload
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
@@ -65,8 +66,8 @@ class RunState:
 
     # Events and audit -------------------------------------------------------------------
 
-    def emit(self, type: str, **payload: Any) -> None:
-        self.state.bus.publish(type, turn_id=self.turn_id, tool_use_id=self.tool_use.id, payload=payload)
+    def emit(self, payload: EventPayload) -> None:
+        self.state.bus.publish(payload, turn_id=self.turn_id, tool_use_id=self.tool_use.id)
 
     def summary(self) -> Any:
         """The input as events, logs and audit report it: bounded, secrets redacted (computed once).

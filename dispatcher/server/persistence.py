@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dispatcher.core import events as ev
 from dispatcher.core.approval import parse_mode
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass, UnknownSessionError
+from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, ToolFailed
 from dispatcher.core.events import Event
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
@@ -119,7 +119,7 @@ class SessionPersistence:
 
         def sink(event: Event) -> None:
             on_event(event)
-            if event.type == ev.TOOL_CONFIRMATION_RESOLVED:
+            if event.type == TOOL_CONFIRMATION_RESOLVED:
                 # The call remembers the answer right after this event: read it afterwards.
                 loop.call_soon(self.save_policy, session_id)
 
@@ -207,16 +207,15 @@ class SessionPersistence:
         self.attach(entry, row.events)
         for call in row.running:
             bus.publish(
-                ev.TOOL_FAILED,
+                ToolFailed(
+                    tool_name=call.tool_name,
+                    error_class=ToolErrorClass.EXECUTION_ERROR.value,
+                    message=RESTARTED_MESSAGE,
+                    duration_ms=0.0,
+                    reason=RESTARTED,
+                ),
                 turn_id=call.turn_id,
                 tool_use_id=call.tool_use_id,
-                payload={
-                    "tool_name": call.tool_name,
-                    "error_class": ToolErrorClass.EXECUTION_ERROR.value,
-                    "message": RESTARTED_MESSAGE,
-                    "reason": RESTARTED,
-                    "duration_ms": 0.0,
-                },
             )
         log.info(
             "stored session given back",

@@ -15,6 +15,7 @@ commits in batches.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import stat
@@ -26,8 +27,11 @@ from typing import Any
 
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.errors import ConfigError
+from dispatcher.core.event_payloads import payload_from_dict
 from dispatcher.core.events import Event
 from dispatcher.core.session import Session
+
+log = logging.getLogger("dispatcher.server")
 
 STATE_FILE = "state.db"
 
@@ -272,9 +276,19 @@ class SessionStore:
                     " ORDER BY session_id, seq"
                 ):
                     s = sessions.get(r[0])
-                    if s is not None:
-                        payload = json.loads(r[6])
-                        s.events.append(Event(r[1], r[2], r[0], r[3], r[4], r[5], payload, r[7]))
+                    if s is None:
+                        continue
+                    try:
+                        payload = payload_from_dict(r[5], json.loads(r[6]))
+                    except (ValueError, TypeError) as exc:
+                        # One damaged event costs its replay, not the server's start.
+                        log.warning(
+                            "stored event skipped: %s",
+                            exc,
+                            extra={"session_id": r[0], "seq": r[1], "path": str(self.path)},
+                        )
+                        continue
+                    s.events.append(Event(r[1], r[2], r[0], r[3], r[4], payload, r[7]))
                 for r in self._conn.execute(
                     "SELECT session_id, tool_use_id, turn_id, tool_name FROM running_calls"
                 ):

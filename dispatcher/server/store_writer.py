@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dispatcher.core import events as ev
+from dispatcher.core.event_payloads import ToolCalled, ToolConfirmationRequested, to_dict
 from dispatcher.core.events import Event
 from dispatcher.server.store import SessionStore
 
@@ -29,7 +30,6 @@ MAX_QUEUED_BYTES = 64 << 20
 (their replay after a restart has a gap); every other event still is, so which calls ran and how
 they ended stays true. A tenant printing faster than the disk writes cannot grow server memory."""
 _TERMINAL = frozenset({ev.TOOL_COMPLETED, ev.TOOL_FAILED, ev.TOOL_INPUT_INVALID})
-_STARTS = frozenset({ev.TOOL_CALLED, ev.TOOL_CONFIRMATION_REQUESTED})
 
 
 class StateWriter:
@@ -192,7 +192,7 @@ class StateWriter:
                         event.turn_id,
                         event.tool_use_id,
                         event.type,
-                        json.dumps(event.payload, default=str),
+                        json.dumps(to_dict(event.payload), default=str),
                         event.size,
                     )
                 )
@@ -201,8 +201,11 @@ class StateWriter:
                 key = (sid, event.tool_use_id)
                 if event.type in _TERMINAL:
                     calls[key] = None
-                elif event.type in _STARTS and calls.get(key) is None:
-                    tool_name = str(event.payload.get("tool_name", ""))
+                elif (
+                    isinstance(event.payload, ToolCalled | ToolConfirmationRequested)
+                    and calls.get(key) is None
+                ):
+                    tool_name = event.payload.tool_name
                     calls[key] = (sid, event.tool_use_id, event.turn_id, tool_name)
             started = [row for row in calls.values() if row is not None]
             ended = [key for key, row in calls.items() if row is None]

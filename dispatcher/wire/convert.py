@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.core import events as ev
+from dispatcher.core import event_payloads as ep
 from dispatcher.core import jsonlimits
 from dispatcher.core.approval import PlanStep
 from dispatcher.core.capabilities import Capabilities
@@ -220,135 +220,133 @@ def event_to_pb(event: Event) -> pb.Event:
     )
     msg.time.FromNanoseconds(int(event.time * 1e9))
     p = event.payload
-    if event.type == ev.TOOL_CALLED:
+    if isinstance(p, ep.ToolCalled):
         msg.called.CopyFrom(
             pb.ToolCalled(
-                tool_name=str(p.get("tool_name", "")),
-                side_effect=side_effect_to_pb(p.get("side_effect")),
-                input_json=json.dumps(p.get("input"), default=str),
+                tool_name=p.tool_name,
+                side_effect=side_effect_to_pb(p.side_effect),
+                input_json=json.dumps(p.input, default=str),
             )
         )
-    elif event.type == ev.TOOL_OUTPUT_DELTA:
-        stream = _STREAM_TO_PB.get(str(p.get("stream")), pb.OUTPUT_STREAM_UNSPECIFIED)
-        msg.output_delta.CopyFrom(pb.ToolOutputDelta(stream=stream, text=str(p.get("text", ""))))
-    elif event.type == ev.TOOL_COMPLETED:
-        msg.completed.CopyFrom(
-            pb.ToolCompleted(
-                tool_name=str(p.get("tool_name", "")), duration_ms=float(p.get("duration_ms", 0.0))
-            )
-        )
-    elif event.type == ev.TOOL_FAILED:
+    elif isinstance(p, ep.ToolOutputDelta):
+        stream = _STREAM_TO_PB.get(p.stream, pb.OUTPUT_STREAM_UNSPECIFIED)
+        msg.output_delta.CopyFrom(pb.ToolOutputDelta(stream=stream, text=p.text))
+    elif isinstance(p, ep.ToolCompleted):
+        msg.completed.CopyFrom(pb.ToolCompleted(tool_name=p.tool_name, duration_ms=p.duration_ms))
+    elif isinstance(p, ep.ToolFailed):
         msg.failed.CopyFrom(
             pb.ToolFailed(
-                tool_name=str(p.get("tool_name", "")),
-                error_class=error_class_to_pb(p.get("error_class")),
-                message=str(p.get("message", "")),
-                duration_ms=float(p.get("duration_ms", 0.0)),
-                partial_output=str(p.get("partial_output", "")),
+                tool_name=p.tool_name,
+                error_class=error_class_to_pb(p.error_class),
+                message=p.message,
+                duration_ms=p.duration_ms,
+                partial_output=p.partial_output,
             )
         )
-    elif event.type == ev.TOOL_INPUT_INVALID:
-        msg.input_invalid.CopyFrom(
-            pb.ToolInputInvalid(
-                tool_name=str(p.get("tool_name", "")), errors=[str(e) for e in p.get("errors", ())]
-            )
-        )
-    elif event.type == ev.TOOL_CONFIRMATION_REQUESTED:
+    elif isinstance(p, ep.ToolInputInvalid):
+        msg.input_invalid.CopyFrom(pb.ToolInputInvalid(tool_name=p.tool_name, errors=list(p.errors)))
+    elif isinstance(p, ep.ToolConfirmationRequested):
         msg.confirmation_requested.CopyFrom(
             pb.ToolConfirmationRequested(
-                request_id=str(p.get("request_id", "")),
-                tool_name=str(p.get("tool_name", "")),
-                input_summary=str(p.get("input_summary", "")),
-                side_effect=side_effect_to_pb(p.get("side_effect")),
-                projected_modifications=[str(m) for m in p.get("projected_modifications", ())],
-                diff=str(p.get("diff", "")),
+                request_id=p.request_id,
+                tool_name=p.tool_name,
+                input_summary=p.input_summary,
+                side_effect=side_effect_to_pb(p.side_effect),
+                projected_modifications=list(p.projected_modifications),
+                diff=p.diff,
             )
         )
-    elif event.type == ev.TOOL_STEP_PROPOSED:
+    elif isinstance(p, ep.ToolStepProposed):
         msg.step_proposed.CopyFrom(
             pb.ToolStepProposed(
-                step=int(p.get("step", 0)),
-                tool_name=str(p.get("tool_name", "")),
-                input_summary=str(p.get("input_summary", "")),
-                side_effect=side_effect_to_pb(p.get("side_effect")),
-                projected_modifications=[str(m) for m in p.get("projected_modifications", ())],
+                step=p.step,
+                tool_name=p.tool_name,
+                input_summary=p.input_summary,
+                side_effect=side_effect_to_pb(p.side_effect),
+                projected_modifications=list(p.projected_modifications),
             )
         )
-    elif event.type == ev.TOOL_CONFIRMATION_RESOLVED:
+    else:
         msg.confirmation_resolved.CopyFrom(
             pb.ToolConfirmationResolved(
-                request_id=str(p.get("request_id", "")),
-                decision=decision_to_pb(p.get("decision")),
-                reason=_REASON_TO_PB.get(str(p.get("reason")), pb.RESOLUTION_REASON_UNSPECIFIED),
+                request_id=p.request_id,
+                decision=decision_to_pb(p.decision),
+                reason=_REASON_TO_PB.get(p.reason, pb.RESOLUTION_REASON_UNSPECIFIED),
             )
         )
     return msg
 
 
 def event_from_pb(msg: pb.Event) -> Event:
-    """The domain event, with the same payload keys the server published."""
-    payload: dict[str, Any] = {}
-    kind = msg.WhichOneof("payload")
-    if kind == "called":
-        c = msg.called
-        payload = {
-            "tool_name": c.tool_name,
-            "side_effect": side_effect_from_pb(c.side_effect),
-            "input": json.loads(c.input_json) if c.input_json else None,
-        }
-    elif kind == "output_delta":
-        d = msg.output_delta
-        payload = {"stream": _STREAM_FROM_PB.get(d.stream, "stdout"), "text": d.text}
-    elif kind == "completed":
-        payload = {"tool_name": msg.completed.tool_name, "duration_ms": msg.completed.duration_ms}
-    elif kind == "failed":
-        f = msg.failed
-        payload = {
-            "tool_name": f.tool_name,
-            "error_class": error_class_from_pb(f.error_class),
-            "message": f.message,
-            "duration_ms": f.duration_ms,
-        }
-        if f.partial_output:
-            payload["partial_output"] = f.partial_output
-    elif kind == "input_invalid":
-        payload = {"tool_name": msg.input_invalid.tool_name, "errors": list(msg.input_invalid.errors)}
-    elif kind == "confirmation_requested":
-        r = msg.confirmation_requested
-        payload = {
-            "request_id": r.request_id,
-            "tool_name": r.tool_name,
-            "input_summary": r.input_summary,
-            "side_effect": side_effect_from_pb(r.side_effect),
-            "projected_modifications": list(r.projected_modifications),
-        }
-        if r.diff:
-            payload["diff"] = r.diff
-    elif kind == "step_proposed":
-        sp = msg.step_proposed
-        payload = {
-            "step": sp.step,
-            "tool_name": sp.tool_name,
-            "input_summary": sp.input_summary,
-            "side_effect": side_effect_from_pb(sp.side_effect),
-            "projected_modifications": list(sp.projected_modifications),
-        }
-    elif kind == "confirmation_resolved":
-        s = msg.confirmation_resolved
-        payload = {
-            "request_id": s.request_id,
-            "decision": decision_from_pb(s.decision),
-            "reason": _REASON_FROM_PB.get(s.reason, ""),
-        }
+    """The domain event the server published.
+
+    Raises:
+        ValueError: the message carries no payload this client knows (a newer server's event).
+    """
     return Event(
         seq=msg.seq,
         time=msg.time.ToNanoseconds() / 1e9,
         session_id=msg.session_id,
         turn_id=msg.turn_id,
         tool_use_id=msg.tool_use_id,
-        type=msg.type,
-        payload=payload,
+        payload=_payload_from_pb(msg),
     )
+
+
+def _payload_from_pb(msg: pb.Event) -> ep.EventPayload:
+    kind = msg.WhichOneof("payload")
+    if kind == "called":
+        c = msg.called
+        return ep.ToolCalled(
+            tool_name=c.tool_name,
+            side_effect=side_effect_from_pb(c.side_effect),
+            input=json.loads(c.input_json) if c.input_json else None,
+        )
+    if kind == "output_delta":
+        d = msg.output_delta
+        return ep.ToolOutputDelta(stream=_STREAM_FROM_PB.get(d.stream, "stdout"), text=d.text)
+    if kind == "completed":
+        return ep.ToolCompleted(tool_name=msg.completed.tool_name, duration_ms=msg.completed.duration_ms)
+    if kind == "failed":
+        f = msg.failed
+        return ep.ToolFailed(
+            tool_name=f.tool_name,
+            error_class=error_class_from_pb(f.error_class),
+            message=f.message,
+            duration_ms=f.duration_ms,
+            partial_output=f.partial_output,
+        )
+    if kind == "input_invalid":
+        return ep.ToolInputInvalid(
+            tool_name=msg.input_invalid.tool_name, errors=tuple(msg.input_invalid.errors)
+        )
+    if kind == "confirmation_requested":
+        r = msg.confirmation_requested
+        return ep.ToolConfirmationRequested(
+            request_id=r.request_id,
+            tool_name=r.tool_name,
+            input_summary=r.input_summary,
+            side_effect=side_effect_from_pb(r.side_effect),
+            projected_modifications=tuple(r.projected_modifications),
+            diff=r.diff,
+        )
+    if kind == "step_proposed":
+        sp = msg.step_proposed
+        return ep.ToolStepProposed(
+            step=sp.step,
+            tool_name=sp.tool_name,
+            input_summary=sp.input_summary,
+            side_effect=side_effect_from_pb(sp.side_effect),
+            projected_modifications=tuple(sp.projected_modifications),
+        )
+    if kind == "confirmation_resolved":
+        s = msg.confirmation_resolved
+        return ep.ToolConfirmationResolved(
+            request_id=s.request_id,
+            decision=decision_from_pb(s.decision),
+            reason=_REASON_FROM_PB.get(s.reason, ""),
+        )
+    raise ValueError(f"event {msg.seq} ({msg.type!r}) carries no payload this client knows")
 
 
 # --- sessions --------------------------------------------------------------------------------------

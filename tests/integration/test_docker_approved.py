@@ -70,7 +70,7 @@ async def approve(
             if swap:
                 swapped = await run(sandbox, swap)
                 assert swapped.result.exit_code == 0, swapped.err
-            d.resolve_confirmation(session.session_id, asked.payload["request_id"], Decision.ALLOW)
+            d.resolve_confirmation(session.session_id, asked.payload.request_id, Decision.ALLOW)
             return asked, await task
         finally:
             task.cancel()
@@ -91,7 +91,7 @@ async def test_write_file_writes_the_approved_path_or_nothing(
 ) -> None:
     d, session, sandbox = setup
     asked, result = await approve(d, session, sandbox, "write_file", {"path": "d/f", "content": "new"}, SWAP)
-    assert asked.payload["projected_modifications"] == ["d/f"]
+    assert asked.payload.projected_modifications == ("d/f",)
     assert_changed(result, "written")
     assert (workspace(session) / "other" / "f").read_text() == "elsewhere\n"
     assert (workspace(session) / "d.old" / "f").read_text() == "approved\n"
@@ -112,7 +112,7 @@ async def test_patch_file_patches_the_approved_file_or_nothing(
     d, session, sandbox = setup
     input_ = {"path": "d/f", "old": "elsewhere", "new": "pwned"}
     asked, result = await approve(d, session, sandbox, "patch_file", input_, SWAP)
-    assert asked.payload["projected_modifications"] == ["d/f"]
+    assert asked.payload.projected_modifications == ("d/f",)
     assert_changed(result, "written")
     assert (workspace(session) / "other" / "f").read_text() == "elsewhere\n"
 
@@ -148,7 +148,7 @@ async def test_a_link_resolved_at_approval_is_the_path_used(
     asked, result = await approve(
         d, session, sandbox, "write_file", {"path": "link/f", "content": "via link"}, ""
     )
-    assert asked.payload["projected_modifications"] == ["real/dir/f"]
+    assert asked.payload.projected_modifications == ("real/dir/f",)
     assert not result.is_error, result
     assert (workspace(session) / "real" / "dir" / "f").read_text() == "via link"
     # The link moved after approval: what was approved (real/dir) is still what is used.

@@ -87,5 +87,5 @@ async def test_a_client_gone_mid_call_leaves_a_completed_record_and_a_failed_eve
     assert mine[-1]["outcome"] == "cancelled"
     async for event in harness.client().watch(session.session_id):
         if event.type == "tool.failed":
-            assert event.tool_use_id == "tu_b" and event.payload["error_class"] == "cancelled"
+            assert event.tool_use_id == "tu_b" and event.payload.error_class == "cancelled"
             break

@@ -83,7 +83,7 @@ async def test_approve_from_another_terminal(harness: Harness, capsys: pytest.Ca
         )
     )
     request = await next_event(harness.client(), session.session_id, "tool.confirmation_requested")
-    request_id = str(request.payload["request_id"])
+    request_id = str(request.payload.request_id)
     assert await run(harness, "approve", session.session_id, request_id) == 0
     assert await asyncio.wait_for(call, 20) == 0
     assert await run(harness, "deny", session.session_id, request_id) == 1  # answered before

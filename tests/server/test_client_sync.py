@@ -13,6 +13,7 @@ import pytest
 
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.core.dispatcher import Decision
+from dispatcher.core.event_payloads import to_dict
 from dispatcher.core.events import Event
 from dispatcher.core.types import ImageBlock, Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
@@ -187,12 +188,12 @@ def test_dispatch_and_call_stream_events_and_result(fake: Any) -> None:
         block.metadata == {"exit_code": 1} and block.command_executed == "ls" and block.files_modified == ()
     )
     assert [(e.seq, e.type) for e in seen] == [(1, "tool.called"), (2, "tool.output_delta")]
-    assert seen[0].payload == {
+    assert to_dict(seen[0].payload) == {
         "tool_name": "shell",
         "side_effect": SideEffect.EXECUTE,
         "input": {"command": "ls"},
     }
-    assert seen[1].payload == {"stream": "stderr", "text": "hi"}
+    assert to_dict(seen[1].payload) == {"stream": "stderr", "text": "hi"}
 
 
 def test_dispatch_raw_json_and_generated_ids(fake: Any) -> None:
@@ -224,4 +225,4 @@ def test_watch(fake: Any) -> None:
     rpc.send_response(pb.WatchSessionResponse(event=resolved))
     rpc.terminate((), grpc.StatusCode.OK, "")
     [event] = future.result(5)
-    assert event.payload == {"request_id": "r", "decision": Decision.DENY, "reason": "timeout"}
+    assert to_dict(event.payload) == {"request_id": "r", "decision": Decision.DENY, "reason": "timeout"}

@@ -31,7 +31,7 @@ async def test_disconnect_cancels_the_calls_tools(harness: Harness) -> None:
     use = pb.ToolUse(id="gone", name="block", input_json="{}")
     await _start_and_abandon(harness, session.session_id, use)
     failed = await next_event(watcher, session.session_id, "tool.failed")
-    assert failed.tool_use_id == "gone" and str(failed.payload["error_class"]) == "cancelled"
+    assert failed.tool_use_id == "gone" and str(failed.payload.error_class) == "cancelled"
 
 
 async def test_disconnect_kills_a_running_shell(harness: Harness) -> None:
@@ -41,7 +41,7 @@ async def test_disconnect_kills_a_running_shell(harness: Harness) -> None:
     began = asyncio.get_running_loop().time()
     await _start_and_abandon(harness, session.session_id, use)
     failed = await next_event(watcher, session.session_id, "tool.failed")
-    assert failed.tool_use_id == "sh" and str(failed.payload["error_class"]) == "cancelled"
+    assert failed.tool_use_id == "sh" and str(failed.payload.error_class) == "cancelled"
     assert asyncio.get_running_loop().time() - began < 10
     # the session still works
     result = await watcher.call(session.session_id, "shell", {"command": "echo fine"})

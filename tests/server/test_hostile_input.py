@@ -31,12 +31,12 @@ async def ask_and_answer(
     """Call shell (beta: EXECUTE prompts), answer its confirmation, return the request and the result."""
     call = asyncio.create_task(client.call(session_id, "shell", {"command": command}))
     request = await next_event(client, session_id, "tool.confirmation_requested")
-    await client.resolve_confirmation(session_id, str(request.payload["request_id"]), decision)
+    await client.resolve_confirmation(session_id, str(request.payload.request_id), decision)
     return request, await asyncio.wait_for(call, 20)
 
 
 def shown_input(request: Event) -> str:
-    header, body = str(request.payload["input_summary"]).split("\n", 1)
+    header, body = str(request.payload.input_summary).split("\n", 1)
     assert header.startswith("shell command, ")
     return body
 
@@ -49,7 +49,7 @@ async def test_confirmation_shows_the_command_unredacted_and_audit_redacts_it(ha
     session = await client.create_session()
     command = "echo build ok password=$(touch /workspace/X)"
     request, result = await ask_and_answer(client, session.session_id, command, Decision.DENY)
-    assert shown_input(request) == command and "[REDACTED]" not in str(request.payload["input_summary"])
+    assert shown_input(request) == command and "[REDACTED]" not in str(request.payload.input_summary)
     assert str(result.error_class) == "user_denied"
     record = audit_records(harness)[-1]
     assert record["input"]["command"] == "echo build ok password=[REDACTED] /workspace/X)"
@@ -64,7 +64,7 @@ async def test_tool_called_is_redacted_while_the_question_was_not(harness: Harne
     assert shown_input(request) == "echo password=hunter22"
     assert not result.is_error and "hunter22" in text_of(result)
     called = await next_event(client, session.session_id, "tool.called")
-    assert called.payload["input"] == {"command": "echo password=[REDACTED]"}
+    assert called.payload.input == {"command": "echo password=[REDACTED]"}
 
 
 async def test_a_5000_character_command_is_shown_whole(harness: Harness) -> None:
@@ -81,7 +81,7 @@ async def test_bidi_and_carriage_return_are_shown_escaped(harness: Harness) -> N
     session = await client.create_session()
     command = "echo safe\r\u202erm -rf ~ #"
     request, _ = await ask_and_answer(client, session.session_id, command, Decision.DENY)
-    summary = str(request.payload["input_summary"])
+    summary = str(request.payload.input_summary)
     assert shown_input(request) == "echo safe\\r\\u202erm -rf ~ #"
     assert "2 shown escaped" in summary and "\r" not in summary and "\u202e" not in summary
 
@@ -196,13 +196,13 @@ async def test_the_cli_prints_the_request_the_same_way(
         return "echo two" in out
 
     await until(printed)
-    await client.resolve_confirmation(session.session_id, str(request.payload["request_id"]), Decision.DENY)
+    await client.resolve_confirmation(session.session_id, str(request.payload.request_id), Decision.DENY)
     await asyncio.wait_for(call, 20)
     await client.close_session(session.session_id)
     assert await asyncio.wait_for(watch, 10) == 0
     prefix = f"[{request.seq}] {request.tool_use_id}   | "
     lines = [line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)]
-    assert lines == str(request.payload["input_summary"]).split("\n")
+    assert lines == str(request.payload.input_summary).split("\n")
     assert lines[1:] == ["echo one", "echo two\\u202e\\r"] and "\u202e" not in out
 
 

@@ -60,7 +60,7 @@ async def test_invalid_input_json_is_a_validation_result(harness: Harness, raw: 
     assert results["bad"].is_error and str(results["bad"].error_class) == "validation_error"
     assert not results["good"].is_error and text_of(results["good"]) == "ok"
     invalid = [i for i in items if isinstance(i, Event) and i.type == "tool.input_invalid"]
-    assert invalid and invalid[0].tool_use_id == "bad" and invalid[0].payload["errors"]
+    assert invalid and invalid[0].tool_use_id == "bad" and invalid[0].payload.errors
 
 
 async def test_five_mib_input_is_refused_cleanly(harness: Harness) -> None:

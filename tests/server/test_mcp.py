@@ -109,13 +109,13 @@ async def test_a_write_class_mcp_tool_asks_for_confirmation(
     session = await agent.create_session()
     call = asyncio.create_task(agent.call(session.session_id, "mcp_fx_quick", {"text": "ok?"}))
     request = await next_event(agent, session.session_id, "tool.confirmation_requested")
-    assert request.payload["tool_name"] == "mcp_fx_quick"
-    assert request.payload["side_effect"] is SideEffect.WRITE or str(request.payload["side_effect"]) in (
+    assert request.payload.tool_name == "mcp_fx_quick"
+    assert request.payload.side_effect is SideEffect.WRITE or str(request.payload.side_effect) in (
         "write",
         "WRITE",
         "SIDE_EFFECT_WRITE",
     )
-    await agent.resolve_confirmation(session.session_id, str(request.payload["request_id"]), Decision.DENY)
+    await agent.resolve_confirmation(session.session_id, str(request.payload.request_id), Decision.DENY)
     result = await asyncio.wait_for(call, 20)
     assert str(result.error_class) == "user_denied"
 
@@ -127,7 +127,7 @@ async def test_always_prompt_asks_even_when_the_class_runs(make_server: ServerFa
     session = await agent.create_session()
     call = asyncio.create_task(agent.call(session.session_id, "mcp_fx_quick", {"text": "x"}))
     request = await next_event(agent, session.session_id, "tool.confirmation_requested")
-    await agent.resolve_confirmation(session.session_id, str(request.payload["request_id"]), Decision.ALLOW)
+    await agent.resolve_confirmation(session.session_id, str(request.payload.request_id), Decision.ALLOW)
     assert text_of(await asyncio.wait_for(call, 20)) == "quick:x"
 
 

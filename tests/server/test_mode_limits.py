@@ -66,7 +66,7 @@ async def test_an_approved_plan_does_not_widen_past_the_tenants_modes(
         )
     )
     request = await next_event(client, s.session_id, "tool.confirmation_requested")
-    await client.resolve_confirmation(s.session_id, str(request.payload["request_id"]), Decision.ALLOW)
+    await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.ALLOW)
     items = await asyncio.wait_for(call, 20)
     (result,) = [i for i in items if isinstance(i, ToolResultBlock)]
     assert not result.is_error, text_of(result)

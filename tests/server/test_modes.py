@@ -44,7 +44,7 @@ async def _answer_next(
 ) -> Event:
     request = await next_event(client, session_id, "tool.confirmation_requested", after_seq=after_seq)
     await client.resolve_confirmation(
-        session_id, str(request.payload["request_id"]), decision, remember=remember
+        session_id, str(request.payload.request_id), decision, remember=remember
     )
     return request
 
@@ -149,7 +149,7 @@ async def test_manual_asks_even_for_none_and_read_tools(harness: Harness) -> Non
         after = (await client.get_session(s.session_id)).last_event_seq
         call = asyncio.create_task(_items(client, s.session_id, name, tool_input))
         request = await _answer_next(client, s.session_id, Decision.ALLOW, after_seq=after)
-        assert request.payload["tool_name"] == name
+        assert request.payload.tool_name == name
         assert not _result(await asyncio.wait_for(call, 20)).is_error
 
 
@@ -164,7 +164,7 @@ async def test_plan_proposes_side_effects_and_runs_them_after_approval(harness: 
     assert "plan mode" in text_of(result) and "step 1" in text_of(result)
     assert "tool.called" not in _types(held)
     (proposed,) = [i for i in held if isinstance(i, Event) and i.type == "tool.step_proposed"]
-    assert proposed.payload["step"] == 1 and proposed.payload["projected_modifications"] == ["plan.txt"]
+    assert proposed.payload.step == 1 and proposed.payload.projected_modifications == ("plan.txt",)
     shell = _result(await _items(client, s.session_id, "shell", {"command": "touch ran"}, "s1"))
     assert shell.is_error and "step 2" in text_of(shell)
     assert not (harness.tmp / "ws-beta" / "default" / "plan.txt").exists()
@@ -220,8 +220,8 @@ async def test_a_remembered_allow_publishes_why_it_ran(harness: Harness) -> None
     )
     assert not _result(second).is_error
     (resolved,) = [i for i in second if isinstance(i, Event) and i.type == "tool.confirmation_resolved"]
-    assert resolved.payload["reason"] == "remembered" and resolved.payload["decision"] is Decision.ALLOW
-    assert resolved.payload["request_id"] == "" and "tool.confirmation_requested" not in _types(second)
+    assert resolved.payload.reason == "remembered" and resolved.payload.decision is Decision.ALLOW
+    assert resolved.payload.request_id == "" and "tool.confirmation_requested" not in _types(second)
 
 
 async def test_a_remembered_deny_refuses_later_calls_without_asking(harness: Harness) -> None:
@@ -235,7 +235,7 @@ async def test_a_remembered_deny_refuses_later_calls_without_asking(harness: Har
     assert result.is_error and str(result.error_class) == "user_denied" and "remember" in text_of(result)
     assert "tool.confirmation_requested" not in _types(second) and "tool.called" not in _types(second)
     (resolved,) = [i for i in second if isinstance(i, Event) and i.type == "tool.confirmation_resolved"]
-    assert resolved.payload["reason"] == "remembered" and resolved.payload["decision"] is Decision.DENY
+    assert resolved.payload.reason == "remembered" and resolved.payload.decision is Decision.DENY
     # Only that tool: another one still asks.
     after = (await client.get_session(s.session_id)).last_event_seq
     other = asyncio.create_task(_items(client, s.session_id, "write_file", {"path": "a", "content": "1"}))
@@ -255,7 +255,7 @@ async def test_files_modified_and_projected_modifications_use_the_same_form(harn
     request = await _answer_next(client, s.session_id, Decision.ALLOW)
     result = _result(await asyncio.wait_for(call, 20))
     assert not result.is_error, text_of(result)
-    assert list(result.files_modified) == list(request.payload["projected_modifications"]) == ["src/a.txt"]
+    assert list(result.files_modified) == list(request.payload.projected_modifications) == ["src/a.txt"]
 
 
 # --- review -----------------------------------------------------------------------------------
@@ -270,10 +270,10 @@ async def test_review_stages_a_write_shows_its_diff_and_applies_it_on_accept(har
         _items(client, s.session_id, "patch_file", {"path": "notes.txt", "old": "two", "new": "TWO"})
     )
     request = await next_event(client, s.session_id, "tool.confirmation_requested")
-    diff = str(request.payload["diff"])
+    diff = str(request.payload.diff)
     assert "--- a/notes.txt" in diff and "-two" in diff and "+TWO" in diff
     assert (root / "notes.txt").read_text() == "one\ntwo\n"  # staged, not applied
-    await client.resolve_confirmation(s.session_id, str(request.payload["request_id"]), Decision.ALLOW)
+    await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.ALLOW)
     result = _result(await asyncio.wait_for(call, 20))
     assert not result.is_error and list(result.files_modified) == ["notes.txt"]
     assert (root / "notes.txt").read_text() == "one\nTWO\n"
@@ -286,8 +286,8 @@ async def test_review_reject_drops_the_change_and_tells_the_model(harness: Harne
         _items(client, s.session_id, "write_file", {"path": "new.txt", "content": "x\n"})
     )
     request = await next_event(client, s.session_id, "tool.confirmation_requested")
-    assert "--- /dev/null" in str(request.payload["diff"]) and "+x" in str(request.payload["diff"])
-    await client.resolve_confirmation(s.session_id, str(request.payload["request_id"]), Decision.DENY)
+    assert "--- /dev/null" in str(request.payload.diff) and "+x" in str(request.payload.diff)
+    await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.DENY)
     result = _result(await asyncio.wait_for(call, 20))
     assert result.is_error and str(result.error_class) == "user_denied" and "rejected" in text_of(result)
     assert not (harness.tmp / "ws-beta" / "default" / "new.txt").exists()
@@ -307,7 +307,7 @@ async def test_review_accepts_a_batch_at_once(harness: Harness) -> None:
     seen: set[str] = set()
     async for event in client.watch(s.session_id):
         if event.type == "tool.confirmation_requested":
-            seen.add(str(event.payload["request_id"]))
+            seen.add(str(event.payload.request_id))
             if len(seen) == 3:
                 break
     applied = await client.resolve_confirmations(s.session_id, Decision.ALLOW)
@@ -334,7 +334,7 @@ async def test_review_refuses_a_change_whose_file_moved_on_and_a_patch_that_cann
     )
     request = await next_event(client, s.session_id, "tool.confirmation_requested")
     target.write_text("v2\n")  # the sandbox changed it meanwhile
-    await client.resolve_confirmation(s.session_id, str(request.payload["request_id"]), Decision.ALLOW)
+    await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.ALLOW)
     result = _result(await asyncio.wait_for(call, 20))
     assert result.is_error and "changed after" in text_of(result) and target.read_text() == "v2\n"
     missing = await _items(client, s.session_id, "patch_file", {"path": "a.txt", "old": "nope", "new": "x"})

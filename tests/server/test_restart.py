@@ -166,7 +166,7 @@ def test_a_call_running_at_kill_9_is_failed_with_server_restarted(tmp_path: Path
                 client, info.session_id, lambda e: e.type == "tool.failed" and e.tool_use_id == "blocked"
             )
             failed = seen[-1]
-            assert "server restarted" in failed.payload["message"]
+            assert "server restarted" in failed.payload.message
             assert [e.type for e in seen[:1]] == ["tool.called"]  # replayed from the stored history
         wait_stored(server.home, "SELECT count(*) FROM running_calls", (), lambda row: row[0] == 0)
     finally:
@@ -183,7 +183,7 @@ def test_a_remembered_answer_survives_a_restart(tmp_path: Path) -> None:
             def answer(event: Event) -> None:
                 if event.type == "tool.confirmation_requested":
                     approver.resolve_confirmation(
-                        info.session_id, event.payload["request_id"], "allow", remember=True
+                        info.session_id, event.payload.request_id, "allow", remember=True
                     )
 
             result = client.call(info.session_id, "shell", {"command": "true"}, on_event=answer)

@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dispatcher.client import RequestFailed
 from dispatcher.core.dispatcher import Decision
+from dispatcher.core.event_payloads import to_dict
 from dispatcher.core.events import Event
 from dispatcher.core.types import Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
 from tests.polling import until
@@ -71,7 +72,7 @@ async def test_dispatch_streams_events_then_one_result_per_tool_use(harness: Har
         assert items.index(results[tid]) > last_event
     seqs = [e.seq for e in events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert events[0].payload == {
+    assert to_dict(events[0].payload) == {
         "tool_name": "echo",
         "side_effect": SideEffect.NONE,
         "input": {"text": "one", "n": 2**53 + 1},
@@ -180,5 +181,5 @@ async def test_health_and_reflection_need_no_token(harness: Harness) -> None:
 async def _next_confirmation(client: object, session_id: str, after_seq: int = 0) -> str:
     async for event in client.watch(session_id, after_seq=after_seq):  # type: ignore[attr-defined]
         if event.type == "tool.confirmation_requested":
-            return str(event.payload["request_id"])
+            return str(event.payload.request_id)
     raise AssertionError("session closed before a confirmation was requested")

@@ -24,7 +24,7 @@ async def test_read_a_file(harness: Harness) -> None:
     ]
     events = [i for i in items if isinstance(i, Event)]
     assert [e.type for e in events] == ["tool.called", "tool.completed"]
-    assert events[0].payload["side_effect"] is SideEffect.READ
+    assert events[0].payload.side_effect is SideEffect.READ
     result = items[-1]
     assert isinstance(result, ToolResultBlock) and result.tool_use_id == "tu_01HZ_a"
     assert not result.is_error and "# Project Foo" in text_of(result)
@@ -44,7 +44,7 @@ async def test_workspace_escape_is_refused(harness: Harness) -> None:
     assert result.is_error and str(result.error_class) == "permission_denied"
     assert "root:" not in text_of(result)
     failed = [i for i in items if isinstance(i, Event) and i.type == "tool.failed"]
-    assert failed and str(failed[0].payload["error_class"]) == "permission_denied"
+    assert failed and str(failed[0].payload.error_class) == "permission_denied"
 
 
 async def test_write_denied_by_a_second_client(harness: Harness) -> None:
@@ -55,18 +55,18 @@ async def test_write_denied_by_a_second_client(harness: Harness) -> None:
     )
     collected = asyncio.create_task(_collect(stream))
     request = await next_event(human, session.session_id, "tool.confirmation_requested")
-    assert request.payload["tool_name"] == "write_file"
-    assert request.payload["projected_modifications"] == ["src/auth.ts"]
-    assert request.payload["side_effect"] is SideEffect.WRITE
+    assert request.payload.tool_name == "write_file"
+    assert request.payload.projected_modifications == ("src/auth.ts",)
+    assert request.payload.side_effect is SideEffect.WRITE
     applied = await human.resolve_confirmation(
-        session.session_id, str(request.payload["request_id"]), Decision.DENY
+        session.session_id, str(request.payload.request_id), Decision.DENY
     )
     assert applied == (True, Decision.DENY)
     items = await asyncio.wait_for(collected, 20)
     kinds = [i.type for i in items if isinstance(i, Event)]
     assert kinds == ["tool.confirmation_requested", "tool.confirmation_resolved", "tool.failed"]
     resolved = next(i for i in items if isinstance(i, Event) and i.type == "tool.confirmation_resolved")
-    assert resolved.payload["decision"] is Decision.DENY and resolved.payload["reason"] == "client"
+    assert resolved.payload.decision is Decision.DENY and resolved.payload.reason == "client"
     result = items[-1]
     assert isinstance(result, ToolResultBlock)
     assert result.is_error and str(result.error_class) == "user_denied"
@@ -83,7 +83,7 @@ async def test_shell_cancelled_mid_run_keeps_partial_output(harness: Harness) ->
     )
     collected = asyncio.create_task(_collect(stream))
     delta = await next_event(human, session.session_id, "tool.output_delta")
-    assert "started" in str(delta.payload["text"])
+    assert "started" in str(delta.payload.text)
     began = time.monotonic()
     await human.cancel(session.session_id)
     items = await asyncio.wait_for(collected, 10)
@@ -93,8 +93,8 @@ async def test_shell_cancelled_mid_run_keeps_partial_output(harness: Harness) ->
     assert result.is_error and str(result.error_class) == "cancelled"
     assert "started" in text_of(result) and "never" not in text_of(result)
     failed = [i for i in items if isinstance(i, Event) and i.type == "tool.failed"]
-    assert str(failed[0].payload["error_class"]) == "cancelled"
-    assert "started" in str(failed[0].payload.get("partial_output", ""))
+    assert str(failed[0].payload.error_class) == "cancelled"
+    assert "started" in str(failed[0].payload.partial_output)
 
 
 async def test_three_reads_in_parallel(harness: Harness) -> None:

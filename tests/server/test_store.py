@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.core import event_payloads as ep
 from dispatcher.core.events import Event
 from dispatcher.server.home_lock import HomeLock
 from dispatcher.server.store import (
@@ -39,12 +40,25 @@ def _row(session_id: str = "ses_1", **kw: object) -> StoredSession:
     return StoredSession(**fields)  # type: ignore[arg-type]
 
 
+_DEFAULTS: dict[str, dict[str, object]] = {
+    "tool.called": {"tool_name": "shell", "side_effect": "execute", "input": {}},
+    "tool.completed": {"tool_name": "shell", "duration_ms": 1.0},
+    "tool.output_delta": {"stream": "stdout", "text": ""},
+    "tool.confirmation_requested": {
+        "request_id": "r",
+        "tool_name": "shell",
+        "input_summary": "x",
+        "side_effect": "write",
+        "projected_modifications": (),
+    },
+}
+
+
 def _event(
     session_id: str, seq: int, type: str = "tool.called", tool_use_id: str = "t1", **payload: object
 ) -> Event:
-    return Event(
-        seq, 1.0 + seq, session_id, "turn", tool_use_id, type, payload or {"tool_name": "shell"}, 300
-    )
+    fields = {**_DEFAULTS[type], **payload}
+    return Event(seq, 1.0 + seq, session_id, "turn", tool_use_id, ep.PAYLOAD_TYPES[type](**fields), 300)  # type: ignore[arg-type]
 
 
 def test_a_new_file_gets_the_current_schema_in_wal_mode(tmp_path: Path) -> None:
@@ -92,7 +106,7 @@ def test_the_writer_keeps_events_running_calls_and_updates(tmp_path: Path) -> No
     [stored] = SessionStore.open(tmp_path / "state.db").load()
     assert [e.seq for e in stored.events] == [2, 3, 4]  # history bound 3: the oldest left
     assert stored.last_seq == 4 and stored.container_id == "abc"
-    assert stored.events[-1].payload == {"tool_name": "write_file"}
+    assert stored.events[-1].payload == ep.ToolConfirmationRequested("r", "write_file", "x", "write", ())
     assert sorted((c.tool_use_id, c.tool_name) for c in stored.running) == [
         ("asking", "write_file"),
         ("running", "shell"),
@@ -249,3 +263,66 @@ def test_a_sessions_own_policy_fields_round_trip() -> None:
     assert mode_in_force_from_json(approved) == "autonomous"
     with pytest.raises(ValueError, match=r"capabilities\.fs"):
         session_fields_from_json({"capabilities": {"tools": None, "fs": [["src", "wx"]]}})
+
+
+# Each type as the previous version stored it (json.dumps of its payload dict), byte for byte.
+_STORED_BEFORE = {
+    "tool.called": '{"tool_name": "shell", "side_effect": "execute", "input": {"command": "ls"}}',
+    "tool.output_delta": '{"stream": "stderr", "text": "hi"}',
+    "tool.completed": '{"tool_name": "shell", "duration_ms": 12.5}',
+    "tool.failed": '{"tool_name": "shell", "error_class": "execution_error", "message": "server restarted: x", '
+    '"reason": "server restarted", "duration_ms": 0.0}',
+    "tool.input_invalid": '{"tool_name": "write_file", "errors": ["$.path: required"]}',
+    "tool.confirmation_requested": '{"request_id": "cr_1", "tool_name": "write_file", "input_summary": "x", '
+    '"side_effect": "write", "projected_modifications": ["a.txt"], "diff": "--- a"}',
+    "tool.confirmation_resolved": '{"request_id": "", "decision": "allow", "reason": "remembered"}',
+    "tool.step_proposed": '{"step": 1, "tool_name": "shell", "input_summary": "ls", "side_effect": "execute", '
+    '"projected_modifications": []}',
+}
+
+
+def _store_with_event(tmp_path: Path, type: str, payload_json: str) -> Path:
+    path = tmp_path / "state.db"
+    store = SessionStore.open(path)
+    store.put_session(_row())
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "INSERT INTO events (session_id, seq, time, turn_id, tool_use_id, type, payload, size)"
+        " VALUES (?,?,?,?,?,?,?,?)",
+        (_row().session_id, 1, 1.0, "turn", "tu", type, payload_json, 300),
+    )
+    conn.commit()
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize("type_", sorted(_STORED_BEFORE))
+def test_events_stored_by_the_previous_version_load_typed_and_store_back_the_same(
+    tmp_path: Path, type_: str
+) -> None:
+    import json
+
+    path = _store_with_event(tmp_path, type_, _STORED_BEFORE[type_])
+    [stored] = SessionStore.open(path).load()
+    [event] = stored.events
+    assert event.type == type_ and type(event.payload) is ep.PAYLOAD_TYPES[type_]
+    assert ep.to_dict(event.payload) == json.loads(_STORED_BEFORE[type_])  # the same keys written back
+
+
+@pytest.mark.parametrize(
+    ("type_", "payload_json", "needle"),
+    [
+        ("tool.completed", '{"tool_name": "shell"}', "'duration_ms' is missing"),
+        ("tool.completed", '{"tool_name": "shell", "duration_ms": "fast"}', "not a number"),
+        ("tool.input_invalid", '{"tool_name": "x", "errors": "oops"}', "not a list of strings"),
+        ("tool.called", '["not", "an", "object"]', "not an object"),
+        ("tool.exploded", "{}", "unknown event type"),
+    ],
+)
+def test_a_damaged_event_row_is_refused_at_load_naming_the_file(
+    tmp_path: Path, type_: str, payload_json: str, needle: str
+) -> None:
+    path = _store_with_event(tmp_path, type_, payload_json)
+    with pytest.raises(StateError, match=rf"{path}.*damaged.*{needle}"):
+        SessionStore.open(path).load()

@@ -55,4 +55,4 @@ async def test_disconnect_cancels_a_call_whose_id_has_a_colon(harness: Harness) 
     session = await watcher.create_session()
     await _start_and_abandon(harness, session.session_id, pb.ToolUse(id=ID, name="block", input_json="{}"))
     failed = await next_event(watcher, session.session_id, "tool.failed")
-    assert failed.tool_use_id == ID and str(failed.payload["error_class"]) == "cancelled"
+    assert failed.tool_use_id == ID and str(failed.payload.error_class) == "cancelled"

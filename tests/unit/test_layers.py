@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "dispatcher.wire": 6,
     "dispatcher.server": 7,
     "dispatcher.client": 8,
+    "dispatcher.cli_events": 9,
     "dispatcher.cli_session": 9,
     "dispatcher.cli": 10,
 }

@@ -18,9 +18,9 @@ async def test_the_approved_command_is_the_one_shown_and_it_runs(docker_harness:
     command = "echo build ok password=$(touch /workspace/X)"
     request, result = await ask_and_answer(client, session.session_id, command, Decision.ALLOW)
     assert shown_input(request) == command
-    assert "[REDACTED]" not in str(request.payload["input_summary"])
+    assert "[REDACTED]" not in str(request.payload.input_summary)
     assert not result.is_error, result
     assert (docker_harness.tmp / "ws-beta" / "default" / "X").exists()  # what was shown is what ran
     called = await next_event(client, session.session_id, "tool.called")
-    assert called.payload["input"] == {"command": "echo build ok password=[REDACTED] /workspace/X)"}
-    assert audit_records(docker_harness)[-1]["input"] == called.payload["input"]
+    assert called.payload.input == {"command": "echo build ok password=[REDACTED] /workspace/X)"}
+    assert audit_records(docker_harness)[-1]["input"] == called.payload.input

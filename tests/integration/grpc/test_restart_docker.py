@@ -171,7 +171,7 @@ def test_a_command_running_at_kill_9_gets_tool_failed_server_restarted(
         seen = watch_until(
             client, info.session_id, lambda e: e.type == "tool.failed" and e.tool_use_id == "napping"
         )
-        assert "server restarted" in seen[-1].payload["message"]
+        assert "server restarted" in seen[-1].payload.message
         failed, out = shell(client, info.session_id, COUNT_SLEEPS)
         assert (failed, out.strip()) == (False, "0")  # the command died with its call
 

@@ -49,10 +49,10 @@ async def test_review_applies_an_accepted_patch_in_the_sandbox(docker_harness: H
             requests[event.tool_use_id] = event
             if len(requests) == 2:
                 break
-    assert "-b\n+B\n" in str(requests["p"].payload["diff"])
+    assert "-b\n+B\n" in str(requests["p"].payload.diff)
     assert (root / "f.py").read_text() == "a\nb\n"  # nothing applied yet
-    await client.resolve_confirmation(sid, str(requests["w"].payload["request_id"]), Decision.DENY)
-    await client.resolve_confirmation(sid, str(requests["p"].payload["request_id"]), Decision.ALLOW)
+    await client.resolve_confirmation(sid, str(requests["w"].payload.request_id), Decision.DENY)
+    await client.resolve_confirmation(sid, str(requests["p"].payload.request_id), Decision.ALLOW)
     results = await asyncio.wait_for(task, 60)
     assert not results["p"].is_error and list(results["p"].files_modified) == ["f.py"]
     assert results["w"].is_error and "rejected" in text_of(results["w"])

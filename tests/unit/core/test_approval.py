@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core import ConfirmationPolicy, Decision, Session, TextBlock, ToolDispatcher, ToolUseBlock
+from dispatcher.core import event_payloads as ep
 from dispatcher.core import events as ev
 from dispatcher.core.approval import ApprovalMode, approve_plan, parse_mode
 from dispatcher.core.errors import ToolExecutionError
@@ -42,7 +43,7 @@ async def test_always_prompt_answers_are_never_remembered(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(_run(d, session, "risky", "a"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
         d.resolve_confirmation("s1", rid, Decision.DENY, remember=True)
         assert (await task).is_error
     assert d.broker("s1").remembered("risky") is None  # a remembered deny would outlive the question
@@ -59,7 +60,7 @@ async def test_a_remembered_answer_is_published_each_time_it_applies(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(_run(d, session, "echo", "a"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
         d.resolve_confirmation("s1", rid, Decision.ALLOW)
         assert not (await task).is_error
         for tid in ("b", "c"):
@@ -67,7 +68,9 @@ async def test_a_remembered_answer_is_published_each_time_it_applies(
             resolved = await next_event(sub, ev.TOOL_CONFIRMATION_RESOLVED)
             while resolved.tool_use_id != tid:
                 resolved = await next_event(sub, ev.TOOL_CONFIRMATION_RESOLVED)
-            assert dict(resolved.payload) == {"request_id": "", "decision": "allow", "reason": "remembered"}
+            assert resolved.payload == ep.ToolConfirmationResolved(
+                request_id="", decision="allow", reason="remembered"
+            )
     await d.aclose()
 
 

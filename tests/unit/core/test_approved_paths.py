@@ -57,7 +57,7 @@ async def allow(d: ToolDispatcher, session: Session, name: str, input_: dict[str
     async with bus.subscribe() as sub:
         task = asyncio.ensure_future(d.dispatch(ToolUseBlock("tu_1", name, input_), session))
         asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
-        d.resolve_confirmation(session.session_id, asked.payload["request_id"], Decision.ALLOW)
+        d.resolve_confirmation(session.session_id, asked.payload.request_id, Decision.ALLOW)
         result: ToolResultBlock = await task
     return asked, result
 
@@ -66,7 +66,7 @@ async def test_write_file_writes_the_path_the_question_showed(
     asking: ToolDispatcher, session: Session, sandbox: FakeSandbox
 ) -> None:
     asked, result = await allow(asking, session, "write_file", {"path": "cur/new.txt", "content": "x"})
-    assert asked.payload["projected_modifications"] == ["v2/new.txt"]
+    assert asked.payload.projected_modifications == ("v2/new.txt",)
     assert not result.is_error, result
     assert sandbox.approved == [("write", "v2/new.txt")]
     assert sandbox.files["/workspace/v2/new.txt"] == b"x"
@@ -122,6 +122,6 @@ async def test_a_name_that_is_not_utf8_is_shown_escaped_and_used_exactly(
 ) -> None:
     # As list_dir shows a name with the byte 0xe9: the model gives it back escaped.
     asked, result = await allow(asking, session, "write_file", {"path": "caf\\udce9/x", "content": "z"})
-    assert asked.payload["projected_modifications"] == ["caf\\udce9/x"]  # one visible line
+    assert asked.payload.projected_modifications == ("caf\\udce9/x",)  # one visible line
     assert not result.is_error, result
     assert sandbox.approved == [("write", "caf\udce9/x")]  # the name itself, not U+FFFD

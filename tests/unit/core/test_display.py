@@ -99,9 +99,9 @@ async def test_the_pipeline_asks_with_the_whole_input_and_logs_it_redacted(tmp_p
     async with d.open_session(session).subscribe() as sub:
         task = asyncio.create_task(d.dispatch(ToolUseBlock("tu", "shell", {"command": COMMAND}), session))
         asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
-        d.resolve_confirmation("s1", asked.payload["request_id"], Decision.DENY)
+        d.resolve_confirmation("s1", asked.payload.request_id, Decision.DENY)
         result = await task
-    assert asked.payload["input_summary"].split("\n", 1)[1] == COMMAND
+    assert asked.payload.input_summary.split("\n", 1)[1] == COMMAND
     assert result.error_class is ToolErrorClass.USER_DENIED
     assert audit.records[-1]["input"] == {"command": "echo build ok password=[REDACTED] /workspace/X)"}
     await d.aclose()

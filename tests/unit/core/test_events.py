@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 
+from dispatcher.core import event_payloads as ep
 from dispatcher.core import events as ev
 from dispatcher.core.events import EventBus
+
+_SAMPLES: dict[str, ep.EventPayload] = {
+    ev.TOOL_CALLED: ep.ToolCalled("echo", "none", {}),
+    ev.TOOL_OUTPUT_DELTA: ep.ToolOutputDelta("stdout", "x"),
+    ev.TOOL_COMPLETED: ep.ToolCompleted("echo", 1.0),
+}
 
 
 def publish(bus: EventBus, n: int, type_: str = ev.TOOL_CALLED) -> None:
     for i in range(n):
-        bus.publish(type_, turn_id="t", tool_use_id=f"u{i}", payload={"i": i})
+        bus.publish(_SAMPLES[type_], turn_id="t", tool_use_id=f"u{i}")
 
 
 async def drain(sub: ev.Subscription) -> list[ev.Event]:

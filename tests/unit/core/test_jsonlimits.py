@@ -101,5 +101,5 @@ async def test_a_deep_in_process_input_is_a_validation_error_with_its_audit_reco
         json.dumps(record)  # the record is writable
     events = list(d.events("s1").subscribe(after_seq=0)._pending)
     assert events[0].type == ev.TOOL_INPUT_INVALID
-    assert "nested deeper than" in events[0].payload["errors"][0]
+    assert "nested deeper than" in events[0].payload.errors[0]
     await d.aclose()

@@ -6,6 +6,7 @@ from typing import Any
 
 from dispatcher.core import DispatcherConfig, Session, ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.event_payloads import ToolCalled, ToolOutputDelta
 from dispatcher.core.events import TOOL_COMPLETED, TOOL_FAILED, EventBus
 from dispatcher.core.result_size import fit_result
 from dispatcher.core.types import (
@@ -28,9 +29,7 @@ def test_history_bytes_never_exceed_the_budget() -> None:
     budget = 64 * 1024
     bus = EventBus("s", history=10_000, history_bytes=budget)
     for i in range(400):
-        bus.publish(
-            "tool.output_delta", turn_id="t", tool_use_id=f"u{i}", payload={"text": "x" * (i * 37 % 3000)}
-        )
+        bus.publish(ToolOutputDelta("stdout", "x" * (i * 37 % 3000)), turn_id="t", tool_use_id=f"u{i}")
         assert bus.history_bytes <= budget
         assert sum(e.size for e in bus._history) == bus.history_bytes
     kept = list(bus._history)
@@ -41,7 +40,7 @@ def test_history_bytes_never_exceed_the_budget() -> None:
 def test_a_huge_turn_id_is_counted_and_cannot_pin_memory() -> None:
     bus = EventBus("s", history_bytes=1 << 20)
     for _ in range(40):
-        bus.publish("tool.called", turn_id="t" * 3_500_000, tool_use_id="u", payload={})
+        bus.publish(ToolCalled("echo", "none", {}), turn_id="t" * 3_500_000, tool_use_id="u")
     assert bus.history_bytes <= 1 << 20
     assert len(bus._history) == 0  # each alone is bigger than the budget: delivered live only
 
@@ -49,7 +48,7 @@ def test_a_huge_turn_id_is_counted_and_cannot_pin_memory() -> None:
 def test_the_count_cap_still_holds() -> None:
     bus = EventBus("s", history=5, history_bytes=1 << 30)
     for _ in range(20):
-        bus.publish("tool.called", turn_id="t", tool_use_id="u", payload={"a": [1, 2, {"b": "c"}]})
+        bus.publish(ToolCalled("echo", "none", {"a": [1, 2, {"b": "c"}]}), turn_id="t", tool_use_id="u")
     assert [e.seq for e in bus._history] == [16, 17, 18, 19, 20]
     assert bus.history_bytes == sum(e.size for e in bus._history) > 0
 
@@ -57,7 +56,7 @@ def test_the_count_cap_still_holds() -> None:
 async def test_history_is_still_replayed_within_the_budget() -> None:
     bus = EventBus("s", history_bytes=1 << 20)
     for _ in range(3):
-        bus.publish("tool.called", turn_id="t", tool_use_id="u", payload={"x": "y"})
+        bus.publish(ToolCalled("echo", "none", {"x": "y"}), turn_id="t", tool_use_id="u")
     sub = bus.subscribe(after_seq=1)
     assert [(await sub.__anext__()).seq for _ in range(2)] == [2, 3]
     sub.close()
@@ -155,3 +154,11 @@ def test_fit_result_bounds_every_field() -> None:
     )
     assert text + images + other <= budget
     assert any("left out" in b.text for b in fitted.content if isinstance(b, TextBlock))
+
+
+def test_a_typed_payloads_strings_are_counted_in_the_events_size() -> None:
+    bus = EventBus("s", history_bytes=1 << 30)
+    small = bus.publish(ToolOutputDelta("stdout", "x"), turn_id="t", tool_use_id="u")
+    big = bus.publish(ToolOutputDelta("stdout", "x" * 1_000_000), turn_id="t", tool_use_id="u")
+    nested = bus.publish(ToolCalled("echo", "none", {"a": ["y" * 500_000]}), turn_id="t", tool_use_id="u")
+    assert big.size >= small.size + 999_999 and nested.size >= 500_000

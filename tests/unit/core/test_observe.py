@@ -65,7 +65,7 @@ async def test_a_cancelled_dispatch_task_leaves_a_record_and_a_failed_event(
         assert task.cancelled() or (await asyncio.gather(task, return_exceptions=True))
     finally:
         SlowTool.started = None
-    assert failed.tool_use_id == "tu_2" and failed.payload["error_class"] == "cancelled"
+    assert failed.tool_use_id == "tu_2" and failed.payload.error_class == "cancelled"
     assert kinds(audit) == ["tool.call.dispatched", "tool.call.completed"]
     assert audit.records[-1]["outcome"] == "cancelled"
 
@@ -82,7 +82,7 @@ async def test_a_dispatch_cancelled_while_waiting_for_confirmation_is_denied_on_
         task.cancel()
         failed = await next_event(sub, ev.TOOL_FAILED)
     await asyncio.gather(task, return_exceptions=True)
-    assert failed.payload["error_class"] == "cancelled"
+    assert failed.payload.error_class == "cancelled"
     assert kinds(audit) == ["tool.call.denied"] and audit.records[0]["outcome"] == "cancelled"
 
 
@@ -151,7 +151,7 @@ async def test_the_observer_hears_how_long_a_confirmation_waited(
                 d.dispatch(ToolUseBlock("w", "write", {"path": "a", "content": "b"}), session)
             )
             asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
-            d.resolve_confirmation("s1", asked.payload["request_id"], Decision.ALLOW)
+            d.resolve_confirmation("s1", asked.payload.request_id, Decision.ALLOW)
             assert not (await task).is_error
     finally:
         await d.aclose()

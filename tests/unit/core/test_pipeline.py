@@ -23,6 +23,7 @@ from dispatcher.core import (
     ToolUseBlock,
 )
 from dispatcher.core import events as ev
+from dispatcher.core.event_payloads import to_dict
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.unit.core.toolkit import SlowTool, StubbornTool, definition, next_event, types_of
 
@@ -47,7 +48,7 @@ async def test_read_file_example_emits_called_then_completed(
     events = history(dispatcher, session)
     assert types_of(events) == [ev.TOOL_CALLED, ev.TOOL_COMPLETED]
     called = events[0]
-    assert called.payload["tool_name"] == "read" and called.payload["side_effect"] == "read"
+    assert called.payload.tool_name == "read" and called.payload.side_effect == "read"
     assert (called.tool_use_id, called.turn_id, called.session_id) == ("tu_01HZ_a", "turn_1", "s1")
     assert [e.seq for e in events] == sorted({e.seq for e in events})
 
@@ -56,7 +57,7 @@ async def test_unknown_tool_is_not_found_result(dispatcher: ToolDispatcher, sess
     result = await run(dispatcher, session, "Echo", {"text": "x"})  # names are exact-case
     assert result.is_error and result.error_class is ToolErrorClass.NOT_FOUND
     (failed,) = history(dispatcher, session)
-    assert failed.type == ev.TOOL_FAILED and failed.payload["error_class"] == "not_found"
+    assert failed.type == ev.TOOL_FAILED and failed.payload.error_class == "not_found"
 
 
 @pytest.mark.parametrize(
@@ -78,7 +79,7 @@ async def test_invalid_input_reports_every_violation_with_its_path(
     assert fragment in result.content[0].text
     (invalid,) = history(dispatcher, session)
     assert invalid.type == ev.TOOL_INPUT_INVALID
-    assert any(fragment in e for e in invalid.payload["errors"])
+    assert any(fragment in e for e in invalid.payload.errors)
 
 
 async def test_several_violations_are_all_reported(dispatcher: ToolDispatcher, session: Session) -> None:
@@ -98,7 +99,7 @@ async def test_workspace_escape_is_permission_denied_before_the_sandbox_is_touch
     assert repr(path) in result.content[0].text
     assert provider.sandbox_for(session).calls == []
     (failed,) = history(dispatcher, session)
-    assert failed.payload["error_class"] == "permission_denied"
+    assert failed.payload.error_class == "permission_denied"
 
 
 async def test_write_prompts_and_a_deny_is_user_denied(
@@ -108,9 +109,9 @@ async def test_write_prompts_and_a_deny_is_user_denied(
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(dispatcher, session, "write", {"path": "src/auth.ts", "content": "x"}))
         asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
-        assert asked.payload["projected_modifications"] == ["src/auth.ts"]
-        assert asked.payload["side_effect"] == "write" and asked.payload["tool_name"] == "write"
-        assert dispatcher.resolve_confirmation("s1", asked.payload["request_id"], Decision.DENY) == (
+        assert asked.payload.projected_modifications == ("src/auth.ts",)
+        assert asked.payload.side_effect == "write" and asked.payload.tool_name == "write"
+        assert dispatcher.resolve_confirmation("s1", asked.payload.request_id, Decision.DENY) == (
             True,
             Decision.DENY,
         )
@@ -131,14 +132,14 @@ async def test_prompt_allow_runs_and_first_answer_wins(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(dispatcher, session, "write", {"path": "a.txt", "content": "hi"}))
-        request_id = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+        request_id = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
         assert dispatcher.resolve_confirmation("s1", request_id, Decision.ALLOW) == (True, Decision.ALLOW)
         assert dispatcher.resolve_confirmation("s1", request_id, Decision.DENY) == (False, Decision.ALLOW)
         result = await task
     assert not result.is_error and result.files_modified == ("a.txt",)
     assert provider.sandbox_for(session).files["/workspace/a.txt"] == b"hi"
     resolved = [e for e in history(dispatcher, session) if e.type == ev.TOOL_CONFIRMATION_RESOLVED]
-    assert [e.payload["decision"] for e in resolved] == ["allow"]
+    assert [e.payload.decision for e in resolved] == ["allow"]
 
 
 async def test_confirmation_timeout(provider: FakeSandboxProvider, session: Session) -> None:
@@ -150,13 +151,13 @@ async def test_confirmation_timeout(provider: FakeSandboxProvider, session: Sess
     result = await run(d, session, "write", {"path": "a", "content": "b"})
     assert result.error_class is ToolErrorClass.CONFIRMATION_TIMEOUT
     resolved = [e for e in history(d, session) if e.type == ev.TOOL_CONFIRMATION_RESOLVED]
-    assert resolved[0].payload == {
-        "request_id": resolved[0].payload["request_id"],
+    assert to_dict(resolved[0].payload) == {
+        "request_id": resolved[0].payload.request_id,
         "decision": "deny",
         "reason": "timeout",
     }
     # A late answer learns that the request already ended as a deny.
-    assert d.resolve_confirmation("s1", resolved[0].payload["request_id"], Decision.ALLOW) == (
+    assert d.resolve_confirmation("s1", resolved[0].payload.request_id, Decision.ALLOW) == (
         False,
         Decision.DENY,
     )
@@ -175,7 +176,7 @@ async def test_prompt_once_remembers_the_answer_per_tool(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         first = asyncio.create_task(run(d, session, "write", {"path": "a", "content": "1"}, "tu_1"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
         d.resolve_confirmation("s1", rid, Decision.ALLOW)
         assert not (await first).is_error
     second = await run(d, session, "write", {"path": "b", "content": "2"}, "tu_2")
@@ -191,7 +192,7 @@ async def test_remember_flag_approves_the_tool_for_the_session(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         first = asyncio.create_task(run(dispatcher, session, "run", {"command": "ls"}, "tu_1"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
         dispatcher.resolve_confirmation("s1", rid, Decision.ALLOW, remember=True)
         await first
     second = await run(dispatcher, session, "run", {"command": "ls"}, "tu_2")
@@ -218,7 +219,7 @@ async def test_always_prompt_is_not_lowered_by_autonomous_or_remembered(
     async with bus.subscribe() as sub:
         for i in range(2):
             task = asyncio.create_task(run(d, session, "risky", {}, f"tu_{i}"))
-            rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+            rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
             d.resolve_confirmation("s1", rid, Decision.ALLOW, remember=True)
             assert not (await task).is_error
     await d.aclose()
@@ -306,7 +307,7 @@ async def test_timeout_keeps_partial_output(provider: FakeSandboxProvider, sessi
     texts = [b.text for b in result.content]
     assert texts[0].startswith("Tool 'slow' timed out after 0.05 s") and "partial: working" in texts
     failed = history(d, session)[-1]
-    assert failed.type == ev.TOOL_FAILED and failed.payload["partial_output"] == "partial: working"
+    assert failed.type == ev.TOOL_FAILED and failed.payload.partial_output == "partial: working"
     await d.aclose()
 
 
@@ -459,7 +460,7 @@ async def test_secrets_are_redacted_in_events_and_audit(
         {"text": "curl -H 'Authorization: Bearer abcdefghijklmnop' --password=hunter22"},
     )
     called = history(dispatcher, session)[0]
-    shown = called.payload["input"]["text"]
+    shown = called.payload.input["text"]
     assert "abcdefghijklmnop" not in shown and "hunter22" not in shown and "[REDACTED]" in shown
     assert "hunter22" not in str(audit.records)
     assert [r["kind"] for r in audit.records] == ["tool.call.dispatched", "tool.call.completed"]
@@ -526,12 +527,12 @@ async def test_event_durations_exclude_the_confirmation_wait(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(d, session, "write", {"path": "a", "content": "b"}))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload["request_id"]
+        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
         await asyncio.sleep(0.2)  # a human taking their time: that is the point of this test
         d.resolve_confirmation("s1", rid, Decision.ALLOW)
         completed = await next_event(sub, ev.TOOL_COMPLETED)
     await task
-    assert completed.payload["duration_ms"] < 150
+    assert completed.payload.duration_ms < 150
     await d.aclose()
 
 

@@ -74,8 +74,8 @@ async def test_a_link_into_a_grant_is_allowed_and_the_question_shows_the_real_pa
             run(dispatcher, session, "write", {"path": "src/current/a", "content": "x"})
         )
         asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
-        assert asked.payload["projected_modifications"] == ["src/v2/a"]
-        dispatcher.resolve_confirmation("s3", asked.payload["request_id"], Decision.ALLOW)
+        assert asked.payload.projected_modifications == ("src/v2/a",)
+        dispatcher.resolve_confirmation("s3", asked.payload.request_id, Decision.ALLOW)
         result = await task
     assert not result.is_error
 

@@ -1,0 +1,182 @@
+"""What each event type carries: one frozen dataclass per type, with typed fields.
+
+An event's ``type`` comes from its payload's class, so the two cannot disagree. ``to_dict`` and
+``payload_from_dict`` are the stored form (``<home>/state.db``): the same keys every version wrote,
+with optional fields left out when empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+TOOL_CALLED: Final = "tool.called"
+TOOL_OUTPUT_DELTA: Final = "tool.output_delta"
+TOOL_COMPLETED: Final = "tool.completed"
+TOOL_FAILED: Final = "tool.failed"
+TOOL_INPUT_INVALID: Final = "tool.input_invalid"
+TOOL_CONFIRMATION_REQUESTED: Final = "tool.confirmation_requested"
+TOOL_CONFIRMATION_RESOLVED: Final = "tool.confirmation_resolved"
+TOOL_STEP_PROPOSED: Final = "tool.step_proposed"
+"""A ``plan`` session held back a call with side effects as a step of its plan (spec 004)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCalled:
+    """The call passed validation, policy and confirmation and its tool starts (step 5)."""
+
+    TYPE: ClassVar[str] = TOOL_CALLED
+    tool_name: str
+    side_effect: str | None
+    input: Any
+    """The input as events show it: bounded, secrets redacted (``display.summarize``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutputDelta:
+    """A piece of a running tool's output."""
+
+    TYPE: ClassVar[str] = TOOL_OUTPUT_DELTA
+    stream: str  # stdout | stderr
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCompleted:
+    TYPE: ClassVar[str] = TOOL_COMPLETED
+    tool_name: str
+    duration_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFailed:
+    TYPE: ClassVar[str] = TOOL_FAILED
+    tool_name: str
+    error_class: str | None
+    message: str
+    duration_ms: float
+    partial_output: str = ""
+    """What the tool printed before it failed (timeout, cancel); "" when nothing."""
+    reason: str = ""
+    """Why, beyond the error class (``server restarted``); "" when nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInputInvalid:
+    TYPE: ClassVar[str] = TOOL_INPUT_INVALID
+    tool_name: str
+    errors: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolConfirmationRequested:
+    TYPE: ClassVar[str] = TOOL_CONFIRMATION_REQUESTED
+    request_id: str
+    tool_name: str
+    input_summary: str
+    """The whole input as a human approves it (escaped, never redacted or cut)."""
+    side_effect: str | None
+    projected_modifications: tuple[str, ...]
+    diff: str = ""
+    """Review mode: the staged write's unified diff; "" otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStepProposed:
+    TYPE: ClassVar[str] = TOOL_STEP_PROPOSED
+    step: int
+    tool_name: str
+    input_summary: str
+    side_effect: str | None
+    projected_modifications: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolConfirmationResolved:
+    TYPE: ClassVar[str] = TOOL_CONFIRMATION_RESOLVED
+    request_id: str
+    decision: str | None  # allow | deny
+    reason: str  # client | timeout | cancelled | remembered
+
+
+EventPayload = (
+    ToolCalled
+    | ToolOutputDelta
+    | ToolCompleted
+    | ToolFailed
+    | ToolInputInvalid
+    | ToolConfirmationRequested
+    | ToolStepProposed
+    | ToolConfirmationResolved
+)
+
+PAYLOAD_TYPES: Final[Mapping[str, type[EventPayload]]] = {
+    cls.TYPE: cls
+    for cls in (
+        ToolCalled,
+        ToolOutputDelta,
+        ToolCompleted,
+        ToolFailed,
+        ToolInputInvalid,
+        ToolConfirmationRequested,
+        ToolStepProposed,
+        ToolConfirmationResolved,
+    )
+}
+EVENT_TYPES: Final = frozenset(PAYLOAD_TYPES)
+
+
+def to_dict(payload: EventPayload) -> dict[str, Any]:
+    """The stored (JSON) form: field name -> value, tuples as lists, empty optional fields left out."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(payload):
+        value = getattr(payload, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue  # optional and empty: older rows never had it
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def payload_from_dict(type: str, data: Mapping[str, Any]) -> EventPayload:
+    """The payload of a stored event.
+
+    Raises:
+        ValueError: an unknown type, a missing field, or a field of the wrong kind (a damaged row).
+    """
+    cls = PAYLOAD_TYPES.get(type)
+    if cls is None:
+        raise ValueError(f"unknown event type {type!r}")
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{type}: the payload is not an object")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING:
+                raise ValueError(f"{type}: field {f.name!r} is missing")
+            continue
+        kwargs[f.name] = _checked(type, f.name, str(f.type), data[f.name])
+    return cls(**kwargs)
+
+
+def _checked(type: str, name: str, declared: str, value: Any) -> Any:
+    if declared == "Any":
+        return value
+    if declared.startswith("tuple["):
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{type}: field {name!r} is not a list of strings")
+        return tuple(value)
+    if declared == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{type}: field {name!r} is not a number")
+        return float(value)
+    if declared == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{type}: field {name!r} is not an integer")
+        return value
+    if declared == "str | None" and value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{type}: field {name!r} is not a string")
+    return value
