@@ -15,7 +15,8 @@ from dispatcher.server import session_policy
 from dispatcher.server.auth import current_tenant
 from dispatcher.server.errors import InvalidRequest, status_for
 from dispatcher.server.inputs import InputParser
-from dispatcher.server.sessions import SessionManager, check_dispatch_request
+from dispatcher.server.request_checks import check_dispatch_request
+from dispatcher.server.sessions import SessionManager
 from dispatcher.server.transfer import TransferHandlers
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc

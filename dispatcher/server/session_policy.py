@@ -10,7 +10,8 @@ from dispatcher.core.approval import ApprovalMode, PlanStep, approve_plan
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownConfirmationError
 from dispatcher.server.errors import FailedPrecondition, InvalidRequest
-from dispatcher.server.sessions import MAX_ID_CHARS, SessionManager
+from dispatcher.server.request_checks import MAX_ID_CHARS
+from dispatcher.server.sessions import SessionManager
 from dispatcher.server.tenants import Tenant, plan_approved_mode
 
 log = logging.getLogger("dispatcher.server.sessions")

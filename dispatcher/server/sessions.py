@@ -18,6 +18,7 @@ from dispatcher.core.events import Subscription
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
+from dispatcher.server.request_checks import check_id, check_labels
 from dispatcher.server.session_entry import ServerSession as ServerSession
 from dispatcher.server.session_entry import build_session
 from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
@@ -28,13 +29,6 @@ if TYPE_CHECKING:
     from dispatcher.server.persistence import SessionPersistence
 
 log = logging.getLogger("dispatcher.server.sessions")
-
-MAX_LABELS = 64
-MAX_LABEL_CHARS = 256
-MAX_ID_CHARS = 256
-"""session_id, turn_id, tool_use ids, tool names and request_id: a request past it is refused."""
-MAX_TOOL_USES = 128
-"""tool_uses in one Dispatch."""
 
 
 @dataclass(slots=True)
@@ -83,7 +77,7 @@ class SessionManager:
             ShuttingDown: the server is draining.
         """
         self._check_open()
-        _check_labels(labels)
+        check_labels(labels)
         state = self._state(tenant)
         limit = tenant.quotas.max_sessions
         if limit is not None and len(state.sessions) >= limit:
@@ -131,7 +125,7 @@ class SessionManager:
             UnknownSessionError: no such session for this tenant (other tenants' look the same).
             InvalidRequest: the id is longer than any session id.
         """
-        _check_id("session_id", session_id)
+        check_id("session_id", session_id)
         entry = self._state(tenant).sessions.get(session_id)
         if entry is None or entry.closing:
             raise UnknownSessionError(f"no session {session_id!r}")
@@ -274,7 +268,7 @@ class SessionManager:
     ) -> tuple[bool, Decision]:
         """First answer wins; raises UnknownConfirmationError for an unknown request."""
         self.get(tenant, session_id)
-        _check_id("request_id", request_id)
+        check_id("request_id", request_id)
         applied, winner = self.dispatcher.resolve_confirmation(
             session_id, request_id, decision, remember=remember
         )
@@ -371,51 +365,3 @@ class SessionManager:
         if state is None:
             state = self._tenants[tenant.tenant_id] = _TenantState()
         return state
-
-
-def _check_labels(labels: Mapping[str, str]) -> None:
-    if len(labels) > MAX_LABELS:
-        raise InvalidRequest(f"labels: at most {MAX_LABELS} labels")
-    for key, value in labels.items():
-        if not key or len(key) > MAX_LABEL_CHARS or len(value) > MAX_LABEL_CHARS:
-            raise InvalidRequest(
-                f"labels.{key[:40]}: keys must be 1..{MAX_LABEL_CHARS} chars, values at most that"
-            )
-
-
-def _check_id(name: str, value: str) -> None:
-    if len(value) > MAX_ID_CHARS:
-        raise InvalidRequest(f"{name}: at most {MAX_ID_CHARS} characters, got {len(value):,}")
-
-
-def check_dispatch_request(turn_id: str, tool_uses: Sequence[tuple[str, str]]) -> None:
-    """The request-level rules of Dispatch: ``turn_id`` and each tool_use's ``(id, name)`` bounded,
-    at most ``MAX_TOOL_USES`` tool_uses, ids present and unique.
-
-    Raises:
-        InvalidRequest: naming the offending field.
-    """
-    _check_id("turn_id", turn_id)
-    if len(tool_uses) > MAX_TOOL_USES:
-        raise InvalidRequest(f"tool_uses: at most {MAX_TOOL_USES} per Dispatch, got {len(tool_uses)}")
-    for i, (tool_use_id, name) in enumerate(tool_uses):
-        _check_id(f"tool_uses[{i}].id", tool_use_id)
-        _check_id(f"tool_uses[{i}].name", name)
-    check_tool_use_ids([tool_use_id for tool_use_id, _ in tool_uses])
-
-
-def check_tool_use_ids(ids: Sequence[str]) -> None:
-    """The request-level rules of Dispatch: at least one tool_use, ids present and unique.
-
-    Raises:
-        InvalidRequest: naming the offending position.
-    """
-    if not ids:
-        raise InvalidRequest("tool_uses: at least one tool_use is required")
-    seen: set[str] = set()
-    for i, tool_use_id in enumerate(ids):
-        if not tool_use_id:
-            raise InvalidRequest(f"tool_uses[{i}].id: must not be empty")
-        if tool_use_id in seen:
-            raise InvalidRequest(f"tool_uses[{i}].id: duplicate id {tool_use_id!r}")
-        seen.add(tool_use_id)

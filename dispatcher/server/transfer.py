@@ -26,7 +26,8 @@ from dispatcher.core.transfer import (
 )
 from dispatcher.server.auth import current_tenant
 from dispatcher.server.errors import InvalidRequest, Unauthenticated, status_for
-from dispatcher.server.sessions import MAX_ID_CHARS, SessionManager
+from dispatcher.server.request_checks import MAX_ID_CHARS
+from dispatcher.server.sessions import SessionManager
 from dispatcher.v1 import dispatcher_pb2 as pb
 
 MAX_PATH_CHARS = 4096
