@@ -318,11 +318,34 @@ def test_events_stored_by_the_previous_version_load_typed_and_store_back_the_sam
         ("tool.input_invalid", '{"tool_name": "x", "errors": "oops"}', "not a list of strings"),
         ("tool.called", '["not", "an", "object"]', "not an object"),
         ("tool.exploded", "{}", "unknown event type"),
+        ("tool.completed", "[not json", "Expecting value"),
     ],
 )
-def test_a_damaged_event_row_is_refused_at_load_naming_the_file(
-    tmp_path: Path, type_: str, payload_json: str, needle: str
+def test_a_damaged_event_row_is_skipped_with_a_log_line_and_the_rest_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, type_: str, payload_json: str, needle: str
 ) -> None:
     path = _store_with_event(tmp_path, type_, payload_json)
-    with pytest.raises(StateError, match=rf"{path}.*damaged.*{needle}"):
-        SessionStore.open(path).load()
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "INSERT INTO events (session_id, seq, time, turn_id, tool_use_id, type, payload, size)"
+        " VALUES (?,?,?,?,?,?,?,?)",
+        (
+            _row().session_id,
+            2,
+            2.0,
+            "turn",
+            "tu",
+            "tool.output_delta",
+            '{"stream": "stdout", "text": "ok"}',
+            300,
+        ),
+    )
+    conn.commit()
+    conn.close()
+    with caplog.at_level("WARNING", logger="dispatcher.server"):
+        [stored] = SessionStore.open(path).load()
+    assert [e.seq for e in stored.events] == [2]  # the damaged one is gone, the good one kept
+    assert stored.events[0].payload == ep.ToolOutputDelta("stdout", "ok")
+    assert stored.last_seq >= 2
+    [record] = [r for r in caplog.records if "stored event skipped" in r.getMessage()]
+    assert needle in record.getMessage() and getattr(record, "seq", None) == 1

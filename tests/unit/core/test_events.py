@@ -92,3 +92,43 @@ async def test_after_seq_applies_to_filtered_live_subscriptions() -> None:
     sub = bus.subscribe(after_seq=1, event_filter=lambda e: e.seq != 3)
     publish(bus, 4)
     assert [e.seq for e in await drain(sub)] == [2, 4]
+
+
+def test_the_size_estimate_counts_every_string_a_payload_holds() -> None:
+    big = "x" * 100_000
+    assert ev.estimate_bytes(ep.ToolOutputDelta("stdout", big)) >= 100_000
+    nested = ep.ToolCalled("shell", "execute", {"command": [big, {"k": big + "y"}]})
+    assert ev.estimate_bytes(nested) >= 200_000
+    failed = ep.ToolFailed("shell", "timeout", big, 1.0, partial_output=big + "z")
+    assert ev.estimate_bytes(failed) >= 200_000
+    asked = ep.ToolConfirmationRequested("cr", "write_file", big, "write", (big + "a",), diff=big + "b")
+    assert ev.estimate_bytes(asked) >= 300_000
+    shared = ep.ToolInputInvalid("t", (big,) * 3)  # one string three times: counted each time, from above
+    assert ev.estimate_bytes(shared) >= 100_000
+
+
+def test_the_history_budget_is_spent_on_the_payloads_bytes() -> None:
+    bus = EventBus("s", history=1000, history_bytes=250_000)
+    for i in range(5):
+        event = bus.publish(ep.ToolOutputDelta("stdout", "x" * 100_000), turn_id="t", tool_use_id=f"u{i}")
+        assert event.size >= 100_000
+    assert bus.history_bytes <= 250_000
+    assert len(bus._history) == 2  # only what fits the byte budget is kept for replay
+
+
+def test_an_events_type_comes_from_its_payload_class_and_payloads_are_frozen() -> None:
+    import dataclasses
+
+    import pytest
+
+    bus = EventBus("s")
+    for type_, cls in ep.PAYLOAD_TYPES.items():
+        assert type_ == cls.TYPE and "__slots__" in vars(cls)
+    event = bus.publish(ep.ToolCompleted("echo", 1.0), turn_id="t", tool_use_id="u")
+    assert event.type == ev.TOOL_COMPLETED
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.payload.tool_name = "other"  # type: ignore[misc]
+    assert set(ep.EVENT_TYPES) == {
+        "tool.called", "tool.output_delta", "tool.completed", "tool.failed", "tool.input_invalid",
+        "tool.confirmation_requested", "tool.confirmation_resolved", "tool.step_proposed",
+    }  # fmt: skip
