@@ -1,0 +1,235 @@
+"""The asyncio client (grpc.aio): ``DispatcherClient``'s methods as coroutines and async iterators."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from dispatcher import client_base as base
+from dispatcher.client_base import ClientBase, DispatchItem, RequestFailed
+from dispatcher.core.approval import PlanStep
+from dispatcher.core.dispatcher import Decision
+from dispatcher.core.events import Event
+from dispatcher.core.transfer import UploadSummary
+from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
+from dispatcher.trees import Extracted, extract_chunks, tar_chunks
+from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from dispatcher.wire import convert
+from dispatcher.wire.convert import SessionInfo, ToolInfo
+
+_T = TypeVar("_T")
+
+
+class AsyncDispatcherClient(ClientBase):
+    """The same client on grpc.aio; streaming methods are async iterators."""
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        home: str | None = None,
+        channel: grpc.aio.Channel | None = None,
+        timeout: float | None = 30.0,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> None:
+        super().__init__(token, home)
+        self._owns_channel = channel is None
+        if channel is None:
+            channel = base.open_channel(grpc.aio, target, tls_ca, tls_cert, tls_key)
+        self._channel = channel
+        self._stub = pb_grpc.ToolDispatcherStub(self._channel)
+        self._timeout = timeout
+
+    async def __aenter__(self) -> AsyncDispatcherClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def _unary(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return await method(request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+
+    async def create_session(
+        self,
+        workspace: str = "",
+        *,
+        role: Role = Role.MAIN,
+        labels: Mapping[str, str] | None = None,
+        mode: str | None = None,
+        tools: Sequence[str] | None = None,
+        fs: Sequence[tuple[str, str]] | None = None,
+    ) -> SessionInfo:
+        req = base.create_request(workspace, role, labels, mode, tools, fs)
+        return convert.session_from_pb((await self._unary(self._stub.CreateSession, req)).session)
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        resp = await self._unary(self._stub.GetSession, pb.GetSessionRequest(session_id=session_id))
+        return convert.session_from_pb(resp.session)
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        resp = await self._unary(self._stub.ListSessions, pb.ListSessionsRequest())
+        return [convert.session_from_pb(s) for s in resp.sessions]
+
+    async def close_session(self, session_id: str) -> None:
+        await self._unary(self._stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+
+    async def list_tools(self, session_id: str) -> list[ToolInfo]:
+        resp = await self._unary(self._stub.ListTools, pb.ListToolsRequest(session_id=session_id))
+        return [convert.tool_from_pb(t) for t in resp.tools]
+
+    async def dispatch(
+        self, session_id: str, tool_uses: Sequence[ToolUseBlock | tuple[str, Any]], *, turn_id: str = ""
+    ) -> AsyncIterator[DispatchItem]:
+        req = pb.DispatchRequest(
+            session_id=session_id, turn_id=turn_id, tool_uses=[base.tool_use(t) for t in tool_uses]
+        )
+        call = self._stub.Dispatch(req, metadata=self._metadata)
+        async for item in self._stream(call, base.dispatch_item):
+            yield item
+
+    async def call(
+        self,
+        session_id: str,
+        name: str,
+        tool_input: Mapping[str, Any] | str,
+        *,
+        tool_use_id: str | None = None,
+        turn_id: str = "",
+        on_event: Callable[[Event], None] | None = None,
+    ) -> ToolResultBlock:
+        block = ToolUseBlock(tool_use_id or base.new_id(), name, tool_input)
+        result: ToolResultBlock | None = None
+        async for item in self.dispatch(session_id, [block], turn_id=turn_id):
+            if isinstance(item, ToolResultBlock):
+                result = item
+            elif on_event is not None:
+                on_event(item)
+        if result is None:
+            raise RequestFailed("INTERNAL", "the Dispatch stream ended without a result")
+        return result
+
+    async def watch(self, session_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
+        call = self._stub.WatchSession(
+            pb.WatchSessionRequest(session_id=session_id, after_seq=after_seq), metadata=self._metadata
+        )
+        async for event in self._stream(call, lambda r: convert.event_from_pb(r.event)):
+            yield event
+
+    async def resolve_confirmation(
+        self, session_id: str, request_id: str, decision: Decision | bool | str, *, remember: bool = False
+    ) -> tuple[bool, Decision]:
+        req = pb.ResolveConfirmationRequest(
+            session_id=session_id, request_id=request_id, decision=base.decision(decision), remember=remember
+        )
+        return base.resolved(await self._unary(self._stub.ResolveConfirmation, req))
+
+    async def resolve_confirmations(
+        self, session_id: str, decision: Decision | bool | str, request_ids: Sequence[str] = ()
+    ) -> list[str]:
+        req = pb.ResolveConfirmationsRequest(
+            session_id=session_id, decision=base.decision(decision), request_ids=list(request_ids)
+        )
+        return list((await self._unary(self._stub.ResolveConfirmations, req)).applied_request_ids)
+
+    async def approve_plan(
+        self, session_id: str, decision: Decision | bool | str = True
+    ) -> tuple[list[PlanStep], str]:
+        req = pb.ApprovePlanRequest(session_id=session_id, decision=base.decision(decision))
+        return base.plan(await self._unary(self._stub.ApprovePlan, req))
+
+    async def cancel(self, session_id: str) -> None:
+        await self._unary(self._stub.CancelSessionTools, pb.CancelSessionToolsRequest(session_id=session_id))
+
+    async def upload(
+        self, session_id: str, local_dir: str, dest: str = ".", *, timeout: float | None = None
+    ) -> UploadSummary:
+        """Copy the tree ``local_dir`` into ``dest``; see ``DispatcherClient.upload``."""
+        return await self.upload_tar(session_id, base.in_thread(tar_chunks(local_dir)), dest, timeout=timeout)
+
+    async def upload_tar(
+        self,
+        session_id: str,
+        chunks: AsyncIterable[bytes] | Iterable[bytes],
+        dest: str = ".",
+        *,
+        timeout: float | None = None,
+    ) -> UploadSummary:
+        """Send a tar stream to be unpacked into ``dest``."""
+
+        async def requests() -> AsyncIterator[pb.UploadFilesRequest]:
+            yield pb.UploadFilesRequest(target=pb.UploadFilesTarget(session_id=session_id, path=dest))
+            if isinstance(chunks, AsyncIterable):
+                async for chunk in chunks:
+                    yield pb.UploadFilesRequest(chunk=chunk)
+            else:
+                for chunk in chunks:
+                    yield pb.UploadFilesRequest(chunk=chunk)
+
+        try:
+            resp = await self._stub.UploadFiles(requests(), metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+        return base.upload_summary(resp)
+
+    def download_tar(
+        self, session_id: str, path: str = ".", *, timeout: float | None = None
+    ) -> AsyncIterator[bytes]:
+        """The chunks of a tar of a workspace file or directory, as the server sends them."""
+        call = self._stub.DownloadFiles(
+            pb.DownloadFilesRequest(session_id=session_id, path=path),
+            metadata=self._metadata,
+            timeout=timeout,
+        )
+        return self._stream(call, lambda resp: bytes(resp.chunk))
+
+    async def download(
+        self, session_id: str, path: str, local_dir: str, *, timeout: float | None = None
+    ) -> Extracted:
+        """Copy a workspace file or directory into ``local_dir``; unpacked on a worker thread."""
+        box: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        work = asyncio.ensure_future(asyncio.to_thread(extract_chunks, iter(box.get, None), local_dir))
+
+        def offer(item: bytes | None) -> None:
+            while not work.done():
+                try:
+                    box.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        try:
+            async for chunk in self.download_tar(session_id, path, timeout=timeout):
+                if work.done():
+                    break  # the extractor failed; its error is raised below
+                await asyncio.to_thread(offer, chunk)
+        except BaseException:
+            await asyncio.to_thread(offer, None)
+            await asyncio.gather(work, return_exceptions=True)
+            raise
+        await asyncio.to_thread(offer, None)
+        return await work
+
+    @staticmethod
+    async def _stream(call: Any, conv: Callable[[Any], _T]) -> AsyncIterator[_T]:
+        try:
+            async for resp in call:
+                yield conv(resp)
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+        finally:
+            call.cancel()

@@ -1,0 +1,163 @@
+"""What the blocking and the asyncio clients share: building requests, reading responses, the
+channel and its TLS credentials, and ``RequestFailed``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from dispatcher.config import ENV_TLS_CA, client_token, default_target
+from dispatcher.core.approval import PlanStep, parse_mode
+from dispatcher.core.dispatcher import Decision
+from dispatcher.core.errors import DispatcherError
+from dispatcher.core.events import Event
+from dispatcher.core.transfer import UploadSummary
+from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
+from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.wire import convert, convert_policy
+
+DispatchItem = Event | ToolResultBlock
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 30_000),
+)
+
+
+def upload_requests(
+    session_id: str, dest: str, chunks: Iterable[bytes], failed: list[BaseException]
+) -> Iterator[pb.UploadFilesRequest]:
+    yield pb.UploadFilesRequest(target=pb.UploadFilesTarget(session_id=session_id, path=dest))
+    try:
+        for chunk in chunks:
+            yield pb.UploadFilesRequest(chunk=chunk)
+    except Exception as exc:
+        failed.append(exc)
+        raise
+
+
+def upload_summary(resp: pb.UploadFilesResponse) -> UploadSummary:
+    return UploadSummary(files=resp.files, directories=resp.directories, bytes=resp.bytes)
+
+
+async def in_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """A blocking iterator (local file reads) stepped on a worker thread."""
+    while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+        yield chunk
+
+
+class RequestFailed(DispatcherError):
+    """The server refused a request (a gRPC status other than OK); ``code`` is e.g. ``NOT_FOUND``."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_rpc_error(cls, err: grpc.RpcError) -> RequestFailed:
+        code = err.code() if hasattr(err, "code") else None
+        details = err.details() if hasattr(err, "details") else str(err)
+        return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+
+def new_id() -> str:
+    return f"tu_{secrets.token_hex(8)}"
+
+
+def tool_use(item: ToolUseBlock | tuple[str, Any]) -> pb.ToolUse:
+    block = item if isinstance(item, ToolUseBlock) else ToolUseBlock(new_id(), item[0], item[1])
+    return convert.tool_use_to_pb(block)
+
+
+def decision(value: Decision | bool | str) -> pb.Decision.ValueType:
+    if isinstance(value, bool):
+        value = Decision.ALLOW if value else Decision.DENY
+    return convert.decision_to_pb(Decision(value))
+
+
+def dispatch_item(resp: pb.DispatchResponse) -> DispatchItem:
+    if resp.WhichOneof("item") == "result":
+        return convert.result_from_pb(resp.result)
+    return convert.event_from_pb(resp.event)
+
+
+def create_request(
+    workspace: str,
+    role: Role,
+    labels: Mapping[str, str] | None,
+    mode: str | None,
+    tools: Sequence[str] | None,
+    fs: Sequence[tuple[str, str]] | None,
+) -> pb.CreateSessionRequest:
+    req = pb.CreateSessionRequest(
+        workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {})
+    )
+    if mode:
+        req.approval_mode = convert_policy.mode_to_pb(parse_mode(mode))
+    caps = convert_policy.session_capabilities_to_pb(tools, fs)
+    if caps is not None:
+        req.capabilities.CopyFrom(caps)
+    return req
+
+
+def plan(resp: pb.ApprovePlanResponse) -> tuple[list[PlanStep], str]:
+    steps = [convert_policy.plan_step_from_pb(s) for s in resp.steps]
+    return steps, str(convert_policy.mode_from_pb(resp.approval_mode) or "cautious")
+
+
+def resolved(resp: pb.ResolveConfirmationResponse) -> tuple[bool, Decision]:
+    return resp.applied, convert.decision_from_pb(resp.decision) or Decision.DENY
+
+
+def only_result(items: Iterator[DispatchItem], on_event: Callable[[Event], None] | None) -> ToolResultBlock:
+    result: ToolResultBlock | None = None
+    for item in items:
+        if isinstance(item, ToolResultBlock):
+            result = item
+        elif on_event is not None:
+            on_event(item)
+    if result is None:
+        raise RequestFailed("INTERNAL", "the Dispatch stream ended without a result")
+    return result
+
+
+class ClientBase:
+    """The bearer token both clients send (argument, else ``DISPATCHER_TOKEN`` or the home's file)."""
+
+    def __init__(self, token: str | None, home: str | None) -> None:
+        token = token if token is not None else client_token(home)
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def credentials(
+    tls_ca: str | None, tls_cert: str | None, tls_key: str | None
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials when a CA is given (argument, else ``DISPATCHER_TLS_CA``); None for plaintext."""
+    tls_ca = tls_ca or os.environ.get(ENV_TLS_CA)
+    if not tls_ca:
+        return None
+    with open(tls_ca, "rb") as fh:
+        root = fh.read()
+    chain = key = None
+    if tls_cert and tls_key:
+        with open(tls_cert, "rb") as fh:
+            chain = fh.read()
+        with open(tls_key, "rb") as fh:
+            key = fh.read()
+    return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+
+
+def open_channel(
+    api: Any, target: str | None, tls_ca: str | None, tls_cert: str | None, tls_key: str | None
+) -> Any:
+    """A channel from ``api`` (``grpc`` or ``grpc.aio``: same call shapes), TLS when a CA is known."""
+    creds = credentials(tls_ca, tls_cert, tls_key)
+    addr = target or default_target()
+    if creds is None:
+        return api.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+    return api.secure_channel(addr, creds, options=_CHANNEL_OPTIONS)
