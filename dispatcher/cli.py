@@ -19,32 +19,28 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
 
-from dispatcher import cli_session
-from dispatcher.cli_events import describe, event_dict
+from dispatcher import cli_session, cli_trees
+from dispatcher.cli_output import (
+    EXIT_BY_CODE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OTHER_REQUEST_ERROR,
+    EXIT_TOOL_ERROR,
+    EXIT_USAGE,
+    CallPrinter,
+    json_line,
+)
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.event_payloads import ToolConfirmationRequested, ToolOutputDelta
+from dispatcher.core.event_payloads import ToolConfirmationRequested
 from dispatcher.core.events import TOOL_CONFIRMATION_REQUESTED, Event
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock
-from dispatcher.trees import LocalTreeError
+from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.wire.convert import SessionInfo
 
-EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
-EXIT_BY_CODE = {
-    "UNAVAILABLE": 3,
-    "DEADLINE_EXCEEDED": 3,
-    "UNAUTHENTICATED": 4,
-    "NOT_FOUND": 5,
-    "INVALID_ARGUMENT": 6,
-    "RESOURCE_EXHAUSTED": 7,
-}
-EXIT_OTHER_REQUEST_ERROR = 8
-EXIT_INTERRUPTED = 130
 CLI_LABEL = "dispatcher.cli"
 
 
@@ -149,50 +145,13 @@ def _cli_session(client: DispatcherClient, args: argparse.Namespace) -> SessionI
     return client.create_session(workspace, labels={CLI_LABEL: "1"})
 
 
-def _upload(args: argparse.Namespace) -> int:
-    try:
-        with _client(args) as client:
-            done = client.upload(args.session_id, args.local_dir, args.dest)
-    except LocalTreeError as exc:
-        print(f"dispatcher: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        _json_line({"files": done.files, "directories": done.directories, "bytes": done.bytes})
-    else:
-        print(
-            f"uploaded {done.files} files, {done.directories} directories, {done.bytes} bytes into {args.dest}"
-        )
-    return EXIT_OK
-
-
-def _download(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        done = client.download(args.session_id, args.path, args.local_dir)
-    for skipped in done.skipped:
-        print(f"dispatcher: skipped {skipped}", file=sys.stderr)
-    if args.json:
-        _json_line(
-            {
-                "files": done.files,
-                "directories": done.directories,
-                "bytes": done.bytes,
-                "skipped": done.skipped,
-            }
-        )
-    else:
-        print(
-            f"downloaded {done.files} files, {done.directories} directories, {done.bytes} bytes into {args.local_dir}"
-        )
-    return EXIT_OK
-
-
 def _tools(args: argparse.Namespace) -> int:
     with _client(args) as client:
         session = _cli_session(client, args)
         tools = client.list_tools(session.session_id)
     if args.json:
         for t in tools:
-            _json_line(
+            json_line(
                 {
                     "name": t.name,
                     "side_effect": str(t.side_effect),
@@ -213,7 +172,7 @@ def _sessions(args: argparse.Namespace) -> int:
         sessions = client.list_sessions()
     for s in sessions:
         if args.json:
-            _json_line(_session_dict(s))
+            json_line(cli_session.session_dict(s))
         else:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             print(
@@ -234,7 +193,7 @@ def _call(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"session {session.session_id} ({session.workspace})", file=sys.stderr)
         block = ToolUseBlock(args.id or f"tu_cli_{os.getpid()}", args.tool, tool_input)
-        printer = _CallPrinter(args.json, sys.stdout, sys.stderr)
+        printer = CallPrinter(args.json, sys.stdout, sys.stderr)
         result: ToolResultBlock | None = None
         for item in client.dispatch(session.session_id, [block], turn_id=args.turn or ""):
             if isinstance(item, ToolResultBlock):
@@ -275,7 +234,7 @@ def _answer(client: DispatcherClient, session_id: str, event: Event, args: argpa
 
 def _watch(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        printer = _CallPrinter(args.json, sys.stdout, sys.stdout)
+        printer = CallPrinter(args.json, sys.stdout, sys.stdout)
         for event in client.watch(args.session_id, after_seq=args.after_seq):
             printer.event(event, watching=True)
     return EXIT_OK
@@ -297,91 +256,10 @@ def _resolve(args: argparse.Namespace) -> int:
             args.session_id, args.request_id, decision, remember=getattr(args, "remember", False)
         )
     if args.json:
-        _json_line({"applied": applied, "decision": str(winner)})
+        json_line({"applied": applied, "decision": str(winner)})
     else:
         print(f"{'applied' if applied else 'not applied (answered before)'}: {winner}")
     return EXIT_OK if applied else EXIT_TOOL_ERROR
-
-
-# --- output ------------------------------------------------------------------------------------------
-
-
-class _CallPrinter:
-    """Human or JSON-lines rendering of events and results; shell output is streamed as it comes."""
-
-    def __init__(self, as_json: bool, out: TextIO, err: TextIO) -> None:
-        self._json = as_json
-        self._out = out
-        self._err = err
-        self._streamed: set[str] = set()
-
-    def event(self, event: Event, *, watching: bool = False) -> None:
-        if self._json:
-            _json_line(event_dict(event), self._out)
-            return
-        p = event.payload
-        if isinstance(p, ToolOutputDelta):
-            self._streamed.add(event.tool_use_id)
-            (self._err if p.stream == "stderr" and not watching else self._out).write(p.text)
-            self._out.flush()
-            return
-        prefix = f"[{event.seq}] {event.tool_use_id} " if watching else "  "
-        line = describe(event, prefix)
-        print(prefix + line, file=self._out if watching else self._err, flush=True)
-
-    def result(self, result: ToolResultBlock) -> None:
-        if self._json:
-            _json_line(_result_dict(result), self._out)
-            return
-        streamed = result.tool_use_id in self._streamed
-        for block in result.content:
-            if isinstance(block, ImageBlock):
-                print(f"[image {block.media_type}, {len(block.data)} bytes]", file=self._out)
-            elif not streamed:
-                text = block.text
-                self._out.write(text if text.endswith("\n") else text + "\n")
-        if "exit_code" in result.metadata:
-            print(f"  exit code {result.metadata['exit_code']}", file=self._err)
-        if result.is_error:
-            print(f"  error: {result.error_class}", file=self._err)
-        self._out.flush()
-
-
-def _json_line(obj: Any, out: TextIO | None = None) -> None:
-    out = out or sys.stdout
-    out.write(json.dumps(obj, default=str, ensure_ascii=False) + "\n")
-    out.flush()
-
-
-def _result_dict(result: ToolResultBlock) -> dict[str, Any]:
-    return {
-        "kind": "result",
-        "tool_use_id": result.tool_use_id,
-        "is_error": result.is_error,
-        "error_class": result.error_class,
-        "content": [
-            {"type": "text", "text": b.text}
-            if isinstance(b, TextBlock)
-            else {"type": "image", "media_type": b.media_type, "bytes": len(b.data)}
-            for b in result.content
-        ],
-        "metadata": dict(result.metadata),
-        "files_modified": list(result.files_modified),
-        "command_executed": result.command_executed,
-    }
-
-
-def _session_dict(s: SessionInfo) -> dict[str, Any]:
-    return {
-        "session_id": s.session_id,
-        "workspace": s.workspace,
-        "workspace_path": s.workspace_path,
-        "role": str(s.role),
-        "labels": dict(s.labels),
-        "create_time": s.create_time,
-        "last_event_seq": s.last_event_seq,
-        **cli_session.session_policy_dict(s),
-    }
 
 
 # --- arguments ---------------------------------------------------------------------------------------
@@ -453,22 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     watch.set_defaults(func=_watch)
 
-    upload = verbs.add_parser(
-        "upload", parents=[client_opts], help="copy a local directory tree into a session's workspace"
-    )
-    upload.add_argument("session_id", metavar="SESSION")
-    upload.add_argument("local_dir", metavar="LOCAL_DIR", help="its contents are copied (not the directory)")
-    upload.add_argument(
-        "dest", metavar="DEST", nargs="?", default=".", help="workspace directory (default: .)"
-    )
-    upload.set_defaults(func=_upload)
-    download = verbs.add_parser(
-        "download", parents=[client_opts], help="copy a workspace file or directory to a local directory"
-    )
-    download.add_argument("session_id", metavar="SESSION")
-    download.add_argument("path", metavar="PATH", help="workspace file or directory (a directory's contents)")
-    download.add_argument("local_dir", metavar="LOCAL_DIR", help="made if missing")
-    download.set_defaults(func=_download)
+    cli_trees.add_verbs(verbs, client_opts, _client)
 
     for verb, text in (("approve", "allow"), ("deny", "deny")):
         p = verbs.add_parser(verb, parents=[client_opts], help=f"{text} a pending confirmation request")

@@ -16,6 +16,20 @@ from dispatcher.wire.convert import SessionInfo
 ClientFactory = Callable[[argparse.Namespace], DispatcherClient]
 
 
+def session_dict(s: SessionInfo) -> dict[str, Any]:
+    """A session for ``dispatcher sessions --json``."""
+    return {
+        "session_id": s.session_id,
+        "workspace": s.workspace,
+        "workspace_path": s.workspace_path,
+        "role": str(s.role),
+        "labels": dict(s.labels),
+        "create_time": s.create_time,
+        "last_event_seq": s.last_event_seq,
+        **session_policy_dict(s),
+    }
+
+
 def session_policy_dict(s: SessionInfo) -> dict[str, Any]:
     """The policy fields of a session, for ``--json`` output."""
     caps = s.capabilities

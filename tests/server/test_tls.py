@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import cli
+from dispatcher import cli, cli_output
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from tests.server.conftest import TOKEN_ALPHA, ServerFactory
 
@@ -83,4 +83,6 @@ async def test_cli_speaks_mutual_tls(
     with_cert = [*base, "--tls-cert", str(pki / "client.pem"), "--tls-key", str(pki / "client.key")]
     assert await asyncio.to_thread(cli.main, ["call", *with_cert, "echo", '{"text": "over mtls"}']) == 0
     assert "over mtls" in capsys.readouterr().out
-    assert await asyncio.to_thread(cli.main, ["sessions", *base]) == cli.EXIT_UNAVAILABLE  # no client cert
+    assert (
+        await asyncio.to_thread(cli.main, ["sessions", *base]) == cli_output.EXIT_UNAVAILABLE
+    )  # no client cert

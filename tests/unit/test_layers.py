@@ -21,10 +21,13 @@ LAYERS: dict[str, int] = {
     "dispatcher.config": 5,
     "dispatcher.wire": 6,
     "dispatcher.server": 7,
-    "dispatcher.client": 8,
-    "dispatcher.cli_events": 9,
-    "dispatcher.cli_session": 9,
-    "dispatcher.cli": 10,
+    "dispatcher.client_base": 8,  # what the two clients share
+    "dispatcher.client_async": 9,
+    "dispatcher.client": 10,
+    "dispatcher.cli_output": 11,
+    "dispatcher.cli_session": 12,
+    "dispatcher.cli_trees": 12,
+    "dispatcher.cli": 13,
 }
 """Low to high: a module may import its own layer (no cycle) and those below, never above."""
 
