@@ -70,8 +70,13 @@ class _FloorServicer(pb_grpc.ToolDispatcherServicer):
     """An empty Dispatch answering like a NONE call (2 events, 1 result): what grpc.aio itself costs."""
 
     async def Dispatch(self, request: pb.DispatchRequest, context: Any) -> AsyncIterator[pb.DispatchResponse]:
-        for kind in ("tool.called", "tool.completed"):
-            yield pb.DispatchResponse(event=pb.Event(seq=1, type=kind, tool_use_id=request.tool_uses[0].id))
+        tid = request.tool_uses[0].id
+        called = pb.ToolCalled(tool_name="noop", input_json="{}")
+        yield pb.DispatchResponse(event=pb.Event(seq=1, type="tool.called", tool_use_id=tid, called=called))
+        completed = pb.ToolCompleted(tool_name="noop", duration_ms=0.01)
+        yield pb.DispatchResponse(
+            event=pb.Event(seq=2, type="tool.completed", tool_use_id=tid, completed=completed)
+        )
         yield pb.DispatchResponse(result=pb.ToolResult(tool_use_id=request.tool_uses[0].id))
 
 

@@ -241,10 +241,12 @@ class DispatcherClient(ClientBase):
         return extract_chunks(self.download_tar(session_id, path, timeout=timeout), local_dir)
 
     @staticmethod
-    def _stream(call: Any, conv: Callable[[Any], _T]) -> Iterator[_T]:
+    def _stream(call: Any, conv: Callable[[Any], _T | None]) -> Iterator[_T]:
         try:
             for resp in call:
-                yield conv(resp)
+                item = conv(resp)
+                if item is not None:  # an event kind this client does not know: skipped
+                    yield item
         except grpc.RpcError as err:
             raise RequestFailed.from_rpc_error(err) from None
         finally:

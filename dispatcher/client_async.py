@@ -99,7 +99,8 @@ class AsyncDispatcherClient(ClientBase):
             session_id=session_id, turn_id=turn_id, tool_uses=[base.tool_use(t) for t in tool_uses]
         )
         call = self._stub.Dispatch(req, metadata=self._metadata)
-        async for item in self._stream(call, base.dispatch_item):
+        items: AsyncIterator[DispatchItem] = self._stream(call, base.dispatch_item)
+        async for item in items:
             yield item
 
     async def call(
@@ -225,10 +226,12 @@ class AsyncDispatcherClient(ClientBase):
         return await work
 
     @staticmethod
-    async def _stream(call: Any, conv: Callable[[Any], _T]) -> AsyncIterator[_T]:
+    async def _stream(call: Any, conv: Callable[[Any], _T | None]) -> AsyncIterator[_T]:
         try:
             async for resp in call:
-                yield conv(resp)
+                item = conv(resp)
+                if item is not None:  # an event kind this client does not know: skipped
+                    yield item
         except grpc.RpcError as err:
             raise RequestFailed.from_rpc_error(err) from None
         finally:

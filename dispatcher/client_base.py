@@ -80,7 +80,7 @@ def decision(value: Decision | bool | str) -> pb.Decision.ValueType:
     return convert.decision_to_pb(Decision(value))
 
 
-def dispatch_item(resp: pb.DispatchResponse) -> DispatchItem:
+def dispatch_item(resp: pb.DispatchResponse) -> DispatchItem | None:
     if resp.WhichOneof("item") == "result":
         return convert.result_from_pb(resp.result)
     return convert.event_from_pb(resp.event)

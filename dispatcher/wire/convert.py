@@ -277,23 +277,23 @@ def event_to_pb(event: Event) -> pb.Event:
     return msg
 
 
-def event_from_pb(msg: pb.Event) -> Event:
-    """The domain event the server published.
-
-    Raises:
-        ValueError: the message carries no payload this client knows (a newer server's event).
-    """
+def event_from_pb(msg: pb.Event) -> Event | None:
+    """The domain event the server published; None for one whose payload this client does not know
+    (a newer server's event kind): a client skips it rather than lose the rest of the stream."""
+    payload = _payload_from_pb(msg)
+    if payload is None:
+        return None
     return Event(
         seq=msg.seq,
         time=msg.time.ToNanoseconds() / 1e9,
         session_id=msg.session_id,
         turn_id=msg.turn_id,
         tool_use_id=msg.tool_use_id,
-        payload=_payload_from_pb(msg),
+        payload=payload,
     )
 
 
-def _payload_from_pb(msg: pb.Event) -> ep.EventPayload:
+def _payload_from_pb(msg: pb.Event) -> ep.EventPayload | None:
     kind = msg.WhichOneof("payload")
     if kind == "called":
         c = msg.called
@@ -346,7 +346,7 @@ def _payload_from_pb(msg: pb.Event) -> ep.EventPayload:
             decision=decision_from_pb(s.decision),
             reason=_REASON_FROM_PB.get(s.reason, ""),
         )
-    raise ValueError(f"event {msg.seq} ({msg.type!r}) carries no payload this client knows")
+    return None
 
 
 # --- sessions --------------------------------------------------------------------------------------
