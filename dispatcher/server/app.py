@@ -135,6 +135,17 @@ class DispatcherServer:
         self.observability = observability or Observability(config)
         self.dispatcher = dispatcher
         self.provider = provider
+        # The home first: a second server on it must fail before it writes anything there
+        # (the tenants' uids below are allocated into <home>/uids.json).
+        self._home_lock = HomeLock(config.home)
+        self._home_lock.acquire()
+        try:
+            self._build(config, dispatcher, provider)
+        except BaseException:
+            self._home_lock.release()
+            raise
+
+    def _build(self, config: Config, dispatcher: ToolDispatcher, provider: ServedProvider) -> None:
         self.tenants = TenantDirectory(
             config.tenants,
             config.policy,
@@ -178,19 +189,17 @@ class DispatcherServer:
         )
         self.port = 0
         self._stopped = asyncio.Event()
-        self._home_lock = HomeLock(config.home)
         self.persistence: SessionPersistence | None = None
         self._adopting: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        """Lock the home, bind, seal the tool registry, give back the stored sessions and start
+        """(The home is locked since the server was built.) Bind, seal the tool registry, give back the stored sessions and start
         serving; returns the bound port.
 
         Raises:
             ConfigError: the listen address cannot be bound.
             StateError: another server holds the home, or its ``state.db`` is unusable.
         """
-        self._home_lock.acquire()
         try:
             self.persistence = SessionPersistence.open(self.config.home, self.dispatcher)
             return await self._start()

@@ -228,6 +228,38 @@ def test_two_servers_on_one_home_refuse(tmp_path: Path) -> None:
         server.close()
 
 
+def test_a_refused_second_server_leaves_uids_json_untouched(tmp_path: Path) -> None:
+    from dispatcher.config import hash_token
+
+    def tenant(name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "token_sha256": hash_token(f"{name}-token-0123456789"),
+            "workspace_root": str(tmp_path / name),
+        }
+
+    uids = {"tenant_uids": {"start": 300000, "count": 100}}
+    server = start_serve(tmp_path, data=local_config(tenants=[tenant("one")], **uids))
+    try:
+        before = (server.home / "uids.json").read_bytes()
+        assert b"one" in before
+        # The second config has a tenant the first never allocated: it would be written in.
+        second_config = tmp_path / "second.yaml"
+        second_config.write_text(yaml.safe_dump(local_config(tenants=[tenant("one"), tenant("two")], **uids)))
+        second = subprocess.run(
+            [sys.executable, "-m", "dispatcher.cli", "serve", "--config", str(second_config)],
+            env={"DISPATCHER_HOME": str(server.home), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert second.returncode == 2 and "already serving the home" in second.stderr
+        assert (server.home / "uids.json").read_bytes() == before
+    finally:
+        server.close()
+
+
 def test_a_session_whose_workspace_became_a_link_is_closed_at_start(tmp_path: Path) -> None:
     server = start_serve(tmp_path, data=local_config())
     try:
