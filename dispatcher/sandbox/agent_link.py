@@ -1,0 +1,276 @@
+"""The agent protocol's link: one framed byte stream to one agent, its calls in flight, and what
+breaks it.
+
+Everything the agent sends is untrusted. Frames are size-bounded and every field is
+type-checked; any violation, or the stream ending, breaks the link: pending and future calls
+fail with ``SandboxError`` and the owner (the Docker or local backend) replaces the agent.
+``channel.AgentChannel`` adds the typed operations (files, exec, processes) on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+
+from dispatcher.core.sandbox_api import (
+    OutputCallback,
+    SandboxError,
+)
+from dispatcher.sandbox import replies
+from dispatcher.sandbox.agent.agent import PREFIX, ProtocolError, decode_header, decode_prefix, encode_frame
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_FRAME = 32 << 20  # largest payload either way: caps file reads and writes
+MAX_HEADER = 64 << 10  # agent headers are small; bulk data travels in payloads
+KILL_WAIT_SECONDS = 2.0  # after SIGKILL, how long the group may take before the agent is given up
+_T = TypeVar("_T")
+
+
+class AgentUnresponsive(SandboxError):
+    """The agent, or a process group it runs, no longer responds; stop and recreate the sandbox."""
+
+
+class NotDelivered(SandboxError):
+    """The channel was already broken when a request was to be sent: nothing of it ran."""
+
+
+class FrameWriter(Protocol):
+    """The byte sink towards the agent (an ``asyncio.StreamWriter`` fits)."""
+
+    def write(self, data: bytes) -> Any: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> Any: ...
+
+
+@dataclass(eq=False)
+class _Call:
+    future: asyncio.Future[tuple[dict[str, Any], bytes]]
+
+
+@dataclass(eq=False)
+class ExecCall:
+    on_output: OutputCallback
+    done: asyncio.Future[dict[str, Any]]
+    interrupted: asyncio.Event = field(default_factory=asyncio.Event)
+    callback_error: BaseException | None = None
+
+
+class AgentLink:
+    """One agent process at the end of a framed stream: requests, replies, and the link's failure."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: FrameWriter,
+        *,
+        workspace_root: str = "/workspace",
+        max_frame: int = DEFAULT_MAX_FRAME,
+        kill_wait: float = KILL_WAIT_SECONDS,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._root = workspace_root.rstrip("/") or "/"
+        self._max_frame = max_frame
+        self._kill_wait = kill_wait
+        self._pending: dict[int, _Call | ExecCall] = {}
+        self._next_id = 1
+        self._failure: SandboxError | None = None
+        self._read_task: asyncio.Task[None] | None = None
+
+    @property
+    def workspace_root(self) -> str:
+        return self._root
+
+    @property
+    def broken(self) -> bool:
+        """True once the channel failed or was closed; every call will raise ``SandboxError``."""
+        return self._failure is not None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _fail(self, error: SandboxError, *, quiet: bool = False) -> SandboxError:
+        """Break the channel (first failure wins) and fail everything still waiting."""
+        if self._failure is None:
+            self._failure = error
+            if not quiet:
+                log.warning("agent channel broken: %s", error)
+        pending, self._pending = self._pending, {}
+        for call in pending.values():
+            waiter = call.future if isinstance(call, _Call) else call.done
+            if not waiter.done():
+                waiter.set_exception(self._failure)
+        return self._failure
+
+    def _usable(self) -> None:
+        if self._failure is not None:
+            raise NotDelivered(str(self._failure)) from self._failure
+        if self._read_task is None:
+            self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    def _register(self, call: _Call | ExecCall) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        self._pending[rid] = call
+        return rid
+
+    async def _send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
+        try:
+            self._writer.write(encode_frame(header, payload))
+            await self._writer.drain()
+        except (OSError, RuntimeError) as exc:
+            raise self._fail(SandboxError(f"cannot write to the agent: {exc}")) from exc
+
+    def _post(self, header: Mapping[str, Any]) -> None:
+        """Send without waiting for buffer space or an answer (signals must not block)."""
+        if self._failure is not None:
+            return
+        rid = self._next_id
+        self._next_id += 1  # the agent's answer arrives as a late reply and is ignored
+        try:
+            self._writer.write(encode_frame({"id": rid, **header}))
+        except (OSError, RuntimeError) as exc:
+            self._fail(SandboxError(f"cannot write to the agent: {exc}"))
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                prefix = await self._reader.readexactly(PREFIX.size)
+                header_len, payload_len = decode_prefix(
+                    prefix, max_header=MAX_HEADER, max_payload=self._max_frame
+                )
+                header = decode_header(await self._reader.readexactly(header_len))
+                payload = await self._reader.readexactly(payload_len) if payload_len else b""
+                self._deliver(header, payload)
+        except asyncio.IncompleteReadError:
+            self._fail(SandboxError("the agent closed the channel"))
+        except ProtocolError as exc:
+            self._fail(SandboxError(f"agent protocol violation: {exc}"))
+        except asyncio.CancelledError:
+            self._fail(SandboxError("the channel was closed"), quiet=True)
+            raise
+        except Exception as exc:  # a failed read must never leave callers waiting forever
+            self._fail(SandboxError(f"reading from the agent failed: {exc!r}"))
+
+    def _deliver(self, header: dict[str, Any], payload: bytes) -> None:
+        kind = replies.require(header, "type", str)
+        rid = header.get("id")
+        if kind == "error":
+            replies.check_error(header)
+            if rid is None:
+                raise ProtocolError(f"agent rejected a frame: {header['message'][: replies.MAX_MESSAGE]}")
+        if type(rid) is not int:
+            raise ProtocolError("response without an integer id")
+        call = self._pending.get(rid)
+        if call is None:
+            if 0 < rid < self._next_id:
+                return  # a late answer to a call nobody waits for any more
+            raise ProtocolError(f"response to request {rid}, which was never sent")
+        if isinstance(call, _Call):
+            if kind not in ("result", "error"):
+                raise ProtocolError(f"unexpected {kind!r} frame for a file request")
+            del self._pending[rid]
+            if not call.future.done():  # a cancelled caller's future may already be done
+                call.future.set_result((header, payload))
+            return
+        if kind == "output":
+            self._deliver_output(call, replies.output_stream(header, payload), payload)
+            return
+        if kind == "exit":
+            replies.check_exit(header)
+        elif kind != "error":
+            raise ProtocolError(f"unexpected {kind!r} frame for a command")
+        del self._pending[rid]
+        if not call.done.done():
+            call.done.set_result(header)
+
+    def _deliver_output(self, call: ExecCall, stream: Literal["stdout", "stderr"], payload: bytes) -> None:
+        if call.callback_error is not None:
+            return
+        try:
+            call.on_output(stream, payload)
+        except Exception as exc:  # the consumer's bug: stop the command, report after it is gone
+            call.callback_error = exc
+            call.interrupted.set()
+
+    async def _call(self, header: Mapping[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        self._usable()
+        future: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
+        rid = self._register(_Call(future))
+        try:
+            await self._send({"id": rid, **header}, payload)
+            reply, body = await future
+        finally:
+            self._pending.pop(rid, None)
+            if future.done() and not future.cancelled():
+                # A failed send failed this future too (``_fail``); its error is the one raised.
+                # Marked as seen, or the garbage collector logs it later, from any thread.
+                future.exception()
+        if reply["type"] == "error":
+            raise replies.error_for(reply)
+        return reply, body
+
+    async def request(self, header: Mapping[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        """One request and its single answer, for ops without a method here (tree transfers).
+
+        Raises:
+            FileOpError, WorkspaceEscapeError, ToolPermissionDenied: the agent's error answer.
+            SandboxError: the channel is broken.
+        """
+        return await self._call(header, payload)
+
+    def violation(self, what: str) -> SandboxError:
+        """Break the channel over an answer that broke the protocol, and return the error."""
+        return self._violation(what)
+
+    def _violation(self, what: str) -> SandboxError:
+        return self._fail(SandboxError(f"agent protocol violation: {what}"))
+
+    def _parse(self, parser: Callable[..., _T], *args: Any) -> _T:
+        """Run a reply parser; a reply it rejects breaks the channel."""
+        try:
+            return parser(*args)
+        except ProtocolError as exc:
+            raise self._violation(str(exc)) from None
+
+    async def ping(self, timeout: float = 5.0) -> int:
+        """Round-trip to the agent; returns the protocol version it speaks.
+
+        Raises:
+            AgentUnresponsive: no answer within ``timeout`` (the channel is then broken).
+        """
+        try:
+            reply, _ = await asyncio.wait_for(self._call({"op": "ping"}), timeout)
+        except TimeoutError:
+            raise self._fail(AgentUnresponsive(f"no answer to ping within {timeout} s")) from None
+        version: int = self._parse(replies.require, reply, "version", int)
+        return version
+
+    def abort(self, reason: str) -> None:
+        """Break the channel now (its container is gone); pending calls fail with ``reason``."""
+        self._fail(SandboxError(reason))
+
+    async def close(self) -> None:
+        """Break the channel, close the writer and stop reading; idempotent."""
+        self._fail(SandboxError("the channel was closed"), quiet=True)
+        with contextlib.suppress(Exception):
+            self._writer.close()
+            wait_closed = getattr(self._writer, "wait_closed", None)
+            if wait_closed is not None:
+                await asyncio.wait_for(wait_closed(), 1.0)
+        task, self._read_task = self._read_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def settled(future: asyncio.Future[Any], timeout: float) -> bool:
+    if not future.done():
+        await asyncio.wait([future], timeout=max(timeout, 0.0))
+    return future.done()
