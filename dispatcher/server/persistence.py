@@ -231,8 +231,7 @@ class SessionPersistence:
 def _mode_problem(tenant: Tenant, policy: Mapping[str, Any]) -> str | None:
     """Why a stored session may not run again under its tenant's ``approval_modes`` as they are now
     (a mode no longer allowed is never kept on); None: it may."""
-    for key in ("approval_mode", "mode_in_force"):
-        name = policy.get(key)
+    for name in (policy.get("approval_mode"), mode_in_force_from_json(policy)):
         if isinstance(name, str) and name and name.lower() not in tenant.approval_modes:
             return f"its approval mode {name!r} is no longer allowed for its tenant"
     return None
