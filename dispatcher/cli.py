@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dispatcher import cli_session, cli_trees
+from dispatcher import cli_config, cli_session, cli_trees
 from dispatcher.cli_output import (
     EXIT_BY_CODE,
     EXIT_INTERRUPTED,
@@ -78,7 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run_server(args: argparse.Namespace) -> int:
-    from dispatcher.config import ensure_default_tenant, load_config
+    from dispatcher.config.load import ensure_default_tenant, load_config
     from dispatcher.server.app import build_server, serve_until_signalled
     from dispatcher.server.logs import configure_logging
 
@@ -343,6 +343,7 @@ def _parser() -> argparse.ArgumentParser:
             )
         p.set_defaults(func=_resolve)
     cli_session.add_verbs(verbs, client_opts, _client)
+    cli_config.add_verbs(verbs)
     return parser
 
 

@@ -9,14 +9,38 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+from pydantic import AfterValidator, Field
+
+from dispatcher.config_base import HostPort, Section, check_host_port, validate_section
 from dispatcher.core.errors import ConfigError
 
-__all__ = ["ObserveConfig", "check_metrics_listen", "parse_observe"]
+__all__ = ["MetricsSection", "ObserveConfig", "TracingSection", "check_metrics_listen", "parse_observe"]
 
 OTEL_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+
+
+def _otlp_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected a URL like http://127.0.0.1:4317, got {value!r}")
+    return value
+
+
+class MetricsSection(Section):
+    """``metrics:``: Prometheus text at ``http://HOST:PORT/metrics`` (off by default)."""
+
+    listen: HostPort | None = None
+    """HOST:PORT of the ``/metrics`` endpoint; ``--metrics-listen`` overrides it."""
+
+
+class TracingSection(Section):
+    """``tracing:``: OTLP/gRPC spans (off by default); needs ``pip install dispatcher[otel]``."""
+
+    otlp_endpoint: Annotated[str, Field(strict=True), AfterValidator(_otlp_url)] | None = None
+    """Where spans are exported, like http://127.0.0.1:4317."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +50,19 @@ class ObserveConfig:
     otlp_endpoint: str | None = None
     """Where spans are exported (OTLP over gRPC); None: no tracing."""
 
+    @classmethod
+    def of(cls, metrics: MetricsSection, tracing: TracingSection) -> ObserveConfig:
+        """From the two validated sections.
+
+        Raises:
+            ConfigError: tracing is asked for without the otel extra installed.
+        """
+        if tracing.otlp_endpoint is not None and (missing := otel_missing()) is not None:
+            raise ConfigError(
+                f"tracing: needs the otel extra ({missing} is not installed): pip install 'dispatcher[otel]'"
+            )
+        return cls(metrics_listen=metrics.listen, otlp_endpoint=tracing.otlp_endpoint)
+
 
 def parse_observe(data: Mapping[str, Any]) -> ObserveConfig:
     """Validate the two sections of the top-level config mapping.
@@ -33,15 +70,10 @@ def parse_observe(data: Mapping[str, Any]) -> ObserveConfig:
     Raises:
         ConfigError: naming the key; also when tracing is asked for without the otel extra.
     """
-    metrics = _section(data, "metrics", {"listen"})
-    listen = metrics.get("listen")
-    if listen is not None:
-        check_metrics_listen(listen)
-    tracing = _section(data, "tracing", {"otlp_endpoint"})
-    endpoint = tracing.get("otlp_endpoint")
-    if endpoint is not None:
-        _check_endpoint(endpoint)
-    return ObserveConfig(metrics_listen=listen, otlp_endpoint=endpoint)
+    return ObserveConfig.of(
+        validate_section(MetricsSection, data.get("metrics"), "metrics"),
+        validate_section(TracingSection, data.get("tracing"), "tracing"),
+    )
 
 
 def check_metrics_listen(value: Any, where: str = "metrics.listen") -> str:
@@ -50,18 +82,10 @@ def check_metrics_listen(value: Any, where: str = "metrics.listen") -> str:
     Raises:
         ConfigError: not of that form.
     """
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected HOST:PORT, got {value!r}")
-    host, sep, port = value.rpartition(":")
-    if (
-        not sep
-        or not host
-        or not port.isdigit()
-        or not 0 <= int(port) <= 65535
-        or any(c.isspace() for c in value)
-    ):
-        raise ConfigError(f"{where}: expected HOST:PORT, got {value!r}")
-    return value
+    try:
+        return check_host_port(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def otel_missing() -> str | None:
@@ -73,28 +97,3 @@ def otel_missing() -> str | None:
         except ModuleNotFoundError:
             return name
     return None
-
-
-def _check_endpoint(value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"tracing.otlp_endpoint: expected a URL like http://127.0.0.1:4317, got {value!r}")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"tracing.otlp_endpoint: expected a URL like http://127.0.0.1:4317, got {value!r}")
-    missing = otel_missing()
-    if missing is not None:
-        raise ConfigError(
-            f"tracing: needs the otel extra ({missing} is not installed): pip install 'dispatcher[otel]'"
-        )
-
-
-def _section(data: Mapping[str, Any], key: str, allowed: set[str]) -> Mapping[str, Any]:
-    value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: must be a mapping")
-    unknown = sorted(str(k) for k in value if k not in allowed)
-    if unknown:
-        raise ConfigError(f"{key}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(allowed))})")
-    return value

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from dispatcher.core.errors import ConfigError
+from typing import Literal
 
 FsMode = Literal["r", "rw"]
 
@@ -28,37 +26,15 @@ class Capabilities:
     fs_grants: tuple[FsGrant, ...] | None = None
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None, *, where: str = "capabilities") -> Capabilities:
-        """Build from ``{tools: [...], fs: [{path, mode}]}``.
-
-        Raises:
-            ConfigError: naming the offending key.
-        """
-        if section is None:
-            return cls()
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{where}: must be a mapping")
-        unknown = set(section) - {"tools", "fs"}
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: fs, tools)")
-        tools = section.get("tools")
-        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
-            raise ConfigError(f"{where}.tools: must be a list of tool names")
-        grants: list[FsGrant] | None = None
-        if section.get("fs") is not None:
-            if not isinstance(section["fs"], list):
-                raise ConfigError(f"{where}.fs: must be a list of {{path, mode}}")
-            grants = []
-            for i, item in enumerate(section["fs"]):
-                if not isinstance(item, Mapping) or not isinstance(item.get("path"), str):
-                    raise ConfigError(f"{where}.fs[{i}].path: must be a string")
-                mode = item.get("mode", "r")
-                if mode not in ("r", "rw"):
-                    raise ConfigError(f"{where}.fs[{i}].mode: must be 'r' or 'rw'")
-                grants.append(FsGrant(_norm_prefix(item["path"]), mode))
+    def of(
+        cls, tools: Iterable[str] | None = None, fs: Iterable[tuple[str, FsMode]] | None = None
+    ) -> Capabilities:
+        """From tool names and ``(path, mode)`` grants (None: unrestricted); paths are normalised."""
         return cls(
             allowed_tools=frozenset(tools) if tools is not None else None,
-            fs_grants=tuple(grants) if grants is not None else None,
+            fs_grants=tuple(FsGrant(_norm_prefix(path), mode) for path, mode in fs)
+            if fs is not None
+            else None,
         )
 
     def intersect(self, other: Capabilities | None) -> Capabilities:

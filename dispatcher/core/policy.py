@@ -7,7 +7,6 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
 
 from dispatcher.core.blocks import SideEffect
 from dispatcher.core.errors import ConfigError
@@ -36,9 +35,20 @@ PRESETS: Mapping[str, Mapping[SideEffect, Mode]] = {
     # "user approves every step, even read-only ones": NONE tools too (issue 10).
     "manual": {effect: Mode.PROMPT for effect in SideEffect},
 }
-_ALLOWED_KEYS = frozenset(
-    {"default", "per_tool", "trusted_workspaces", "trusted_workspace_overrides", "preset"}
-)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyLayer:
+    """What one ``tool_confirmation:`` section lays over a policy (the config layer parses it).
+
+    The preset, if any, replaces the class defaults first; the other fields are added on top.
+    """
+
+    preset: str | None = None
+    default: Mapping[SideEffect, Mode] = field(default_factory=dict)
+    per_tool: Mapping[str, Mode] = field(default_factory=dict)
+    trusted_workspaces: tuple[str, ...] = ()
+    trusted_workspace_overrides: Mapping[SideEffect, Mode] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,52 +71,23 @@ class ConfirmationPolicy:
             raise ConfigError(f"tool_confirmation.preset: unknown preset {name!r} (one of {sorted(PRESETS)})")
         return cls(default=dict(PRESETS[name]))
 
-    @classmethod
-    def from_config(
-        cls, section: Mapping[str, Any] | None, *, where: str = "tool_confirmation"
-    ) -> ConfirmationPolicy:
-        """Build from the ``tool_confirmation:`` YAML section; unset classes keep the safe defaults.
-
-        Raises:
-            ConfigError: naming the offending key.
-        """
-        return cls().merged(section, where=where)
-
-    def merged(
-        self, section: Mapping[str, Any] | None, *, where: str = "tool_confirmation"
-    ) -> ConfirmationPolicy:
-        """A copy with ``section`` (same structure as the YAML) laid over this policy."""
-        if section is None:
+    def merged(self, layer: PolicyLayer | None) -> ConfirmationPolicy:
+        """A copy with ``layer`` laid over this policy (a tenant's over the server's)."""
+        if layer is None:
             return self
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{where}: must be a mapping")
-        unknown = set(section) - _ALLOWED_KEYS
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: {sorted(_ALLOWED_KEYS)})")
         policy = self
-        if "preset" in section:
-            policy = replace(policy, default=dict(ConfirmationPolicy.preset(str(section["preset"])).default))
-        if "default" in section:
-            policy = replace(
-                policy, default={**policy.default, **_class_modes(section["default"], f"{where}.default")}
-            )
-        if "per_tool" in section:
-            per_tool = _mapping(section["per_tool"], f"{where}.per_tool")
-            modes = {str(k): _mode(v, f"{where}.per_tool.{k}") for k, v in per_tool.items()}
-            policy = replace(policy, per_tool={**policy.per_tool, **modes})
-        if "trusted_workspaces" in section:
-            paths = section["trusted_workspaces"] or []
-            if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-                raise ConfigError(f"{where}.trusted_workspaces: must be a list of paths")
-            policy = replace(policy, trusted_workspaces=policy.trusted_workspaces + _normalise(paths))
-        if "trusted_workspace_overrides" in section:
-            overrides = _class_modes(
-                section["trusted_workspace_overrides"], f"{where}.trusted_workspace_overrides"
-            )
-            policy = replace(
-                policy, trusted_workspace_overrides={**policy.trusted_workspace_overrides, **overrides}
-            )
-        return policy
+        if layer.preset is not None:
+            policy = replace(policy, default=dict(ConfirmationPolicy.preset(layer.preset).default))
+        return replace(
+            policy,
+            default={**policy.default, **layer.default},
+            per_tool={**policy.per_tool, **layer.per_tool},
+            trusted_workspaces=policy.trusted_workspaces + _normalise(layer.trusted_workspaces),
+            trusted_workspace_overrides={
+                **policy.trusted_workspace_overrides,
+                **layer.trusted_workspace_overrides,
+            },
+        )
 
     def is_trusted(self, workspace_path: str) -> bool:
         """True when ``workspace_path`` is, or is inside, a trusted workspace."""
@@ -137,32 +118,6 @@ def _inside_any(workspace_path: str, trusted: tuple[str, ...]) -> bool:
     # Cached: realpath costs a syscall per path component and this runs on every call.
     path = os.path.realpath(os.path.expanduser(workspace_path))
     return any(path == t or path.startswith(t.rstrip("/") + "/") for t in trusted)
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: must be a mapping")
-    return value
-
-
-def _mode(value: Any, where: str) -> Mode:
-    try:
-        return Mode(str(value).lower())
-    except ValueError:
-        raise ConfigError(f"{where}: unknown mode {value!r} (one of {[m.value for m in Mode]})") from None
-
-
-def _class_modes(value: Any, where: str) -> dict[SideEffect, Mode]:
-    out: dict[SideEffect, Mode] = {}
-    for key, mode in _mapping(value, where).items():
-        try:
-            effect = SideEffect(str(key).lower())
-        except ValueError:
-            raise ConfigError(f"{where}.{key}: unknown side-effect class") from None
-        out[effect] = _mode(mode, f"{where}.{key}")
-    return out
 
 
 def _normalise(paths: Iterable[str]) -> tuple[str, ...]:

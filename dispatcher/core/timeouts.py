@@ -9,7 +9,6 @@ that limit, and the dispatcher waits its ``kill_slack_seconds`` more before aban
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,34 +16,10 @@ from dispatcher.core.errors import ConfigError
 from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.types import SideEffect, ToolDefinition
 
-__all__ = ["MAX_TIMEOUT_SECONDS", "call_timeout", "check_timeout_names", "parse_timeouts"]
+__all__ = ["MAX_TIMEOUT_SECONDS", "call_timeout", "check_timeout_names"]
 
 MAX_TIMEOUT_SECONDS = 24 * 3600.0
 """The longest limit the ``timeouts:`` map may give a tool."""
-
-
-def parse_timeouts(section: Any, *, where: str = "timeouts") -> dict[str, float]:
-    """The ``timeouts:`` map: tool name -> seconds, each in (0, ``MAX_TIMEOUT_SECONDS``].
-
-    Raises:
-        ConfigError: naming the offending entry.
-    """
-    if section is None:
-        return {}
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"{where}: must be a mapping of tool name to seconds")
-    out: dict[str, float] = {}
-    for name, value in section.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{where}: tool names must be non-empty strings, got {name!r}")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(f"{where}.{name}: must be a number of seconds, got {value!r}")
-        if not 0 < value <= MAX_TIMEOUT_SECONDS:
-            raise ConfigError(
-                f"{where}.{name}: must be in (0, {MAX_TIMEOUT_SECONDS:g}] seconds, got {value!r}"
-            )
-        out[name] = float(value)
-    return out
 
 
 def check_timeout_names(timeouts: Mapping[str, float], names: Iterable[str]) -> None:

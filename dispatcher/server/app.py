@@ -14,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from dispatcher.config import Config, ServerOptions, TlsFiles
+from dispatcher.config.load import Config
+from dispatcher.config.sections import ServerOptions, TlsFiles
 from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
@@ -56,11 +57,10 @@ def make_provider(config: Config) -> ServedProvider:
 
         return LocalSandboxProvider()
     from dispatcher.sandbox.docker.backend import DockerSandboxProvider, instance_id_for
-    from dispatcher.sandbox.docker.config import SandboxConfig
 
     # The instance label follows the state directory, so a restarted server finds its orphans.
     return DockerSandboxProvider(
-        SandboxConfig.from_mapping(config.sandbox),
+        config.sandbox,
         instance=instance_id_for(str(config.home)),
         state_dir=str(config.home),
     )
@@ -293,15 +293,13 @@ class DispatcherServer:
 
 def _default_ids(config: Config) -> DefaultIds | None:
     """Docker sandboxes without a tenant uid: the owner of the workspace root, or sandbox.user."""
-    from dispatcher.sandbox.docker.config import SandboxConfig
-
     if config.sandbox_backend != "docker":
         return None
-    sandbox = SandboxConfig.from_mapping(config.sandbox)
+    sandbox = config.sandbox
     configured = None
     if sandbox.uid is not None:
         configured = (sandbox.uid, sandbox.gid if sandbox.gid is not None else sandbox.uid)
-    return default_sandbox_ids(config.sandbox.get("user"), configured)
+    return default_sandbox_ids(sandbox.user if "user" in sandbox.model_fields_set else None, configured)
 
 
 def _transfers(dispatcher: ToolDispatcher, opts: ServerOptions) -> TreeTransfers:

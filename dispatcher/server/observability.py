@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from dispatcher.config import Config
+from dispatcher.config.load import Config
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver, FinishedCall
 from dispatcher.core.sandbox_api import ProviderLifecycle, ServedProvider

@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from dispatcher.config import Quotas, TenantConfig, UidRange
+from dispatcher.config.load import TenantConfig
+from dispatcher.config.sections import Quotas, UidRange
 from dispatcher.core.approval import ApprovalMode, parse_mode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
@@ -130,9 +131,7 @@ class TenantDirectory:
                 tenant_id=cfg.tenant_id,
                 workspace_root=cfg.workspace_root,
                 capabilities=cfg.capabilities,
-                policy=base_policy.merged(
-                    cfg.policy_overrides, where=f"tenants.{cfg.tenant_id}.tool_confirmation"
-                ),
+                policy=base_policy.merged(cfg.policy_overrides),
                 quotas=cfg.quotas,
                 uid=uid,
                 gid=gid,

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from dispatcher.config import MAX_ID, UidRange
+from dispatcher.config.sections import MAX_ID, UidRange
 from dispatcher.core.errors import ConfigError
 
 UIDS_FILE = "uids.json"

@@ -16,7 +16,8 @@ from typing import Any
 import docker
 import pytest
 
-from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
+from dispatcher.config.load import parse_policy
+from dispatcher.core import Decision, Session, ToolDispatcher, ToolUseBlock
 from dispatcher.core import events as ev
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.types import ToolResultBlock
@@ -43,7 +44,7 @@ async def setup(
     make_provider: ProviderFactory, runtime: str
 ) -> AsyncIterator[tuple[ToolDispatcher, Session, Sandbox]]:
     provider = make_provider(SandboxConfig(runtime=runtime))
-    d = ToolDispatcher(provider, policy=ConfirmationPolicy.from_config(ASK_EVERYTHING))
+    d = ToolDispatcher(provider, policy=parse_policy(ASK_EVERYTHING))
     for factory in builtin_factories():
         d.register(factory, builtin=True)
     d.seal()

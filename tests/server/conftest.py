@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.config import ensure_default_tenant, hash_token, load_config
+from dispatcher.config import hash_token
+from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.server.app import DispatcherServer, build_server
 
 TOKEN_ALPHA = "alpha-token-0123456789"

@@ -8,14 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.config import (
-    DEFAULT_LISTEN,
-    client_token,
-    default_target,
-    ensure_default_tenant,
-    hash_token,
-    load_config,
-)
+from dispatcher.config import DEFAULT_LISTEN, client_token, default_target, hash_token
+from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.policy import Mode
 from dispatcher.core.types import SideEffect
@@ -103,7 +97,7 @@ tool_confirmation:
         ({"sandbox": {"backend": "vm"}}, "sandbox.backend"),
         ({"sandbox": {"pids_limit": "many"}}, "sandbox.pids_limit"),
         ({"sandbox": {"backend": "local", "image": "x"}}, "sandbox.image"),
-        ({"tools": ["no_colon"]}, "tools"),
+        ({"tools": ["no_colon"]}, "tools[0]"),
         ({"tls": {"cert_file": "/no/such.pem", "key_file": "/no/such.key"}}, "tls.cert_file"),
         ({"tls": {"cert": "x"}}, "tls.cert"),
         ({"tenants": {"a": 1}}, "tenants"),

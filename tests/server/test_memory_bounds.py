@@ -180,7 +180,8 @@ async def test_cancel_reaches_tool_uses_still_waiting_for_room(harness: Harness)
 
 
 def test_default_quotas_and_the_result_budget_follow_the_message_limit(tmp_path: Path) -> None:
-    from dispatcher.config import RESULT_MESSAGE_MARGIN, Quotas, load_config
+    from dispatcher.config.load import load_config
+    from dispatcher.config.sections import RESULT_MESSAGE_MARGIN, Quotas
     from dispatcher.core.errors import ConfigError
 
     assert Quotas() == Quotas(max_sessions=100, max_concurrent_dispatches=32, max_watch_streams=32)

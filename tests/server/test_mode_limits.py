@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from dispatcher.client import DispatcherClient, RequestFailed
-from dispatcher.config import hash_token, load_config
+from dispatcher.config import hash_token
+from dispatcher.config.load import load_config
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.events import Event

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.config import TenantConfig
+from dispatcher.config.load import TenantConfig
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.server.tenants import DefaultIds, TenantDirectory, default_sandbox_ids, resolve_workspace
 

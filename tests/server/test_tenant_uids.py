@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.config import Config, TenantConfig, UidRange, ensure_default_tenant, hash_token, load_config
+from dispatcher.config import hash_token
+from dispatcher.config.load import Config, TenantConfig, ensure_default_tenant, load_config
+from dispatcher.config.sections import UidRange
 from dispatcher.core import ConfirmationPolicy, ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.types import Role
@@ -98,7 +100,7 @@ def test_bad_uid_settings_are_refused(
 
 def test_a_full_range_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is full"):
-        allocate(tmp_path / "uids.json", ["a", "b"], {}, UidRange(300, 1))
+        allocate(tmp_path / "uids.json", ["a", "b"], {}, UidRange(start=300, count=1))
 
 
 def test_the_single_default_tenant_keeps_the_sandbox_user(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.config import hash_token, load_config
+from dispatcher.config import hash_token
+from dispatcher.config.load import load_config
 from dispatcher.core.errors import ConfigError
 from dispatcher.sandbox.docker.config import SandboxConfig
 

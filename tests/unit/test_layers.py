@@ -14,20 +14,22 @@ LAYERS: dict[str, int] = {
     "dispatcher.trees": 0,  # a leaf utility (tar streams on the client side)
     "dispatcher.v1": 0,  # generated code of the contract
     "dispatcher.core": 1,
-    "dispatcher.sandbox": 2,
-    "dispatcher.tools": 2,
-    "dispatcher.mcp": 3,
-    "dispatcher.observe_config": 4,
-    "dispatcher.config": 5,
-    "dispatcher.wire": 6,
-    "dispatcher.server": 7,
-    "dispatcher.client_base": 8,  # what the two clients share
-    "dispatcher.client_async": 9,
-    "dispatcher.client": 10,
-    "dispatcher.cli_output": 11,
-    "dispatcher.cli_session": 12,
-    "dispatcher.cli_trees": 12,
-    "dispatcher.cli": 13,
+    "dispatcher.config_base": 2,  # what every config section model shares (pydantic)
+    "dispatcher.sandbox": 3,
+    "dispatcher.tools": 3,
+    "dispatcher.mcp": 4,
+    "dispatcher.observe_config": 5,
+    "dispatcher.config": 6,
+    "dispatcher.wire": 7,
+    "dispatcher.server": 8,
+    "dispatcher.client_base": 9,  # what the two clients share
+    "dispatcher.client_async": 10,
+    "dispatcher.client": 11,
+    "dispatcher.cli_output": 12,
+    "dispatcher.cli_session": 13,
+    "dispatcher.cli_trees": 13,
+    "dispatcher.cli_config": 13,
+    "dispatcher.cli": 14,
 }
 """Low to high: a module may import its own layer (no cycle) and those below, never above."""
 
@@ -38,6 +40,7 @@ FORBIDDEN_THIRD_PARTY = {
     "dispatcher.core": {"grpc", "docker", "yaml", "pydantic", "prometheus_client", "opentelemetry", "mcp"},
     "dispatcher.tools": {"grpc", "docker"},
     "dispatcher.wire": {"grpc", "docker", "yaml"},
+    "dispatcher.config_base": {"grpc", "docker", "yaml"},
 }
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import yaml
 
+from dispatcher.config.load import parse_policy, parse_timeouts
+from dispatcher.config.sections import ToolConfirmation
 from dispatcher.core.approval import ApprovalMode, mode_policy
-from dispatcher.core.policy import _ALLOWED_KEYS, PRESETS, ConfirmationPolicy, Mode
+from dispatcher.core.policy import PRESETS, ConfirmationPolicy, Mode
 from dispatcher.core.settings import DispatcherConfig
-from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS, parse_timeouts
+from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
 from dispatcher.core.types import SideEffect
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -25,7 +27,7 @@ def _policy_section() -> str:
 
 def test_every_policy_key_preset_and_mode_is_documented() -> None:
     section = _policy_section()
-    for key in _ALLOWED_KEYS:
+    for key in ToolConfirmation.model_fields:
         assert f"**`{key}`**" in section, key
     for preset in PRESETS:
         assert f"`{preset}` —" in section, preset
@@ -38,7 +40,7 @@ def test_every_policy_key_preset_and_mode_is_documented() -> None:
 
 def test_the_documented_example_is_a_valid_policy() -> None:
     (example,) = re.findall(r"```yaml\n(tool_confirmation:.*?)```", _policy_section(), re.S)
-    policy = ConfirmationPolicy.from_config(yaml.safe_load(example)["tool_confirmation"])
+    policy = parse_policy(yaml.safe_load(example)["tool_confirmation"])
     assert policy.default[SideEffect.WRITE] is Mode.PROMPT  # `default:` adjusts the preset
     assert policy.default[SideEffect.READ] is Mode.AUTO
     assert policy.per_tool["shell"] is Mode.PROMPT_ONCE
@@ -81,5 +83,5 @@ def test_the_mode_table_matches_the_policy_it_applies() -> None:
         assert all(policy.mode_for("t", e, "/w") is expected for e in SideEffect), name
     for name in ("cautious", "plan", "review"):
         assert mode_policy(base, name) == base, name
-    denying = ConfirmationPolicy.from_config({"default": {"EXECUTE": "deny"}})
+    denying = parse_policy({"default": {"EXECUTE": "deny"}})
     assert mode_policy(denying, "autonomous").mode_for("shell", SideEffect.EXECUTE, "/w") is Mode.DENY

@@ -6,12 +6,13 @@ name the offending key (``sandbox.pids_limit: ...``) so an operator can fix the 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, model_validator
+
+from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text, validate_section
 from dispatcher.core.errors import ConfigError
 
 WORKSPACE_ROOT = "/workspace"
@@ -33,129 +34,170 @@ _TMPFS_SIZE_RE = re.compile(r"^\d+[kmg]?$", re.IGNORECASE)
 _USER_RE = re.compile(r"^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$")
 
 
-def parse_size(value: int | str, key: str) -> int:
-    """Bytes from ``512m``-style sizes (k, m, g are powers of 1024).
+def parse_size(value: object) -> int:
+    """Bytes from ``512m``-style sizes (k, m, g are powers of 1024) or a positive integer.
 
     Raises:
         ConfigError: not a size.
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"sandbox.{key}: expected a size like 512m, got {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
-            raise ConfigError(f"sandbox.{key}: must be positive, got {value}")
+            raise ConfigError(f"must be positive, got {value}")
         return value
-    match = _SIZE_RE.match(str(value).strip())
+    match = _SIZE_RE.match(value.strip()) if isinstance(value, str) else None
     if not match:
-        raise ConfigError(f"sandbox.{key}: expected a size like 512m, got {value!r}")
+        raise ConfigError(f"expected a size like 512m, got {value!r}")
     size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
     if size <= 0:
-        raise ConfigError(f"sandbox.{key}: must be positive, got {value!r}")
+        raise ConfigError(f"must be positive, got {value!r}")
     return size
 
 
-@dataclass(frozen=True, slots=True)
-class SandboxConfig:
+def _at_least(floor: int, shown: str) -> Any:
+    def check(size: int | None) -> int | None:
+        if size is not None and size < floor:
+            raise ValueError(f"must be at least {shown}, got {size} bytes")
+        return size
+
+    return AfterValidator(check)
+
+
+def _names(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+def _quota(value: object) -> object:
+    return None if value is None or value == 0 else parse_size(value)
+
+
+def _tmpfs_size(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _TMPFS_SIZE_RE.match(value):
+        raise ValueError(f"expected a size like 64m, got {value!r}")
+    return value
+
+
+def _user(value: str) -> str:
+    if not _USER_RE.match(value):
+        raise ValueError(f"expected uid[:gid] or a name, got {value!r}")
+    if value.split(":")[0] in {"0", "root"}:
+        raise ValueError("must not be root")
+    return value
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    if any(k.startswith("dispatcher.") for k in value):
+        raise ValueError("the dispatcher.* labels are reserved")
+    return value
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be absolute, got {value!r}")
+    return value
+
+
+Capability = Annotated[str, Field(strict=True, min_length=1), AfterValidator(str.upper)]
+SizeText = Annotated[str, Field(pattern=_SIZE_RE.pattern)]
+"""``512m``, ``64k``, ``1g`` (any case; powers of 1024)."""
+Bytes = Annotated[
+    int, BeforeValidator(parse_size, json_schema_input_type=Annotated[int, Field(gt=0)] | SizeText)
+]
+CapabilityNames = Annotated[
+    tuple[Capability, ...],
+    BeforeValidator(_names, json_schema_input_type=str | list[Annotated[str, Field(min_length=1)]]),
+]
+
+
+class SandboxConfig(Section):
     """How session containers are created. Defaults are the hardened ones; loosen knowingly."""
 
-    image: str = DEFAULT_IMAGE
-    network_mode: str = "none"
+    image: Text = DEFAULT_IMAGE
+    """The sandbox image (built by ``make images``; never pulled)."""
+    network_mode: Text = "none"
     """Sandboxes get no network; anything else is the operator's explicit choice."""
-    cap_drop: tuple[str, ...] = ("ALL",)
-    cap_add: tuple[str, ...] = ()
-    no_new_privileges: bool = True
-    user: str = "1000:1000"
+    cap_drop: CapabilityNames = ("ALL",)
+    """Linux capabilities removed (``ALL``: every one)."""
+    cap_add: CapabilityNames = ()
+    """Linux capabilities given back after ``cap_drop``."""
+    no_new_privileges: StrictBool = True
+    """No process in the sandbox gains privileges (setuid binaries do not elevate)."""
+    user: Annotated[str, Field(strict=True), AfterValidator(_user)] = "1000:1000"
     """uid:gid of every process in the sandbox when the tenant has none of its own. Unless set in
     the config file, a single-tenant server uses the owner of the workspace root instead (this
     value when that owner is root), so what the sandbox writes stays the host user's. Never root."""
-    read_only: bool = True
-    tmpfs_size: str = "64m"
+    read_only: StrictBool = True
+    """The image's root filesystem is read-only."""
+    tmpfs_size: Annotated[
+        str,
+        BeforeValidator(
+            _tmpfs_size,
+            json_schema_input_type=Annotated[int, Field(gt=0)]
+            | Annotated[str, Field(pattern=_TMPFS_SIZE_RE.pattern)],
+        ),
+    ] = "64m"
     """Size of the writable tmpfs at /tmp (the only writable place besides /workspace)."""
-    tmp_exec: bool = True
+    tmp_exec: StrictBool = True
     """Allow executing files in /tmp (docker's tmpfs default is noexec). /workspace is executable
     anyway, so noexec here would break build tools without containing anything."""
-    pids_limit: int = 256
-    mem_limit: int = 512 << 20
-    """Bytes; swap is disabled by setting the memory+swap limit to the same value."""
-    nano_cpus: int = 1_000_000_000
-    pin_cpus: bool = True
+    pids_limit: PositiveInt = 256
+    """Processes and threads at once in one sandbox."""
+    mem_limit: Annotated[Bytes, _at_least(16 << 20, "16m")] = 512 << 20
+    """Bytes (or 512m); swap is disabled by setting the memory+swap limit to the same value."""
+    nano_cpus: PositiveInt = 1_000_000_000
+    """CPU time in units of 1e-9 CPUs (1e9: one CPU)."""
+    pin_cpus: StrictBool = True
     """Give each container a cpuset of ceil(nano_cpus / 1e9) CPUs (taken round-robin), so ``nproc``
     and thread-pool sizing inside see the limit, not the host's CPU count."""
-    init: bool = True
+    init: StrictBool = True
     """docker-init as pid 1 reaps zombies that sandboxed commands leave behind."""
-    runtime: str | None = None
+    runtime: Text | None = None
     """None for the daemon's default (runc) or "runsc" for gVisor."""
-    idle_ttl_seconds: float = 600.0
+    idle_ttl_seconds: Seconds = 600.0
     """Stop (and remove) a session's container after this long without calls; recreated on the next."""
-    instance: str | None = None
+    instance: Text | None = None
     """Overrides the instance label the server derives from its state directory."""
-    chown_workspace: bool = True
+    chown_workspace: StrictBool = True
     """When the server runs as root, directories it makes at launch (a missing ``rw`` grant) belong
     to the sandbox user. Nothing that exists is ever re-owned."""
-    agent_path: str = AGENT_PATH
-    agent_python: str = "python3"
-    exec_fallback: bool = False
+    agent_path: Annotated[str, Field(strict=True), AfterValidator(_absolute)] = AGENT_PATH
+    """Where the agent is in the image."""
+    agent_python: Text = "python3"
+    """The interpreter that runs the agent."""
+    exec_fallback: StrictBool = False
     """Accept an image without python or the agent (the start-up check warns instead of failing):
     shell then runs through one ``docker exec`` per command and the file tools fail."""
-    agent_start_timeout: float = 30.0
+    agent_start_timeout: Seconds = 30.0
     """Deadline of the agent's first ping, counted once this container's launch has its slot."""
-    max_concurrent_launches: int = 4
+    max_concurrent_launches: PositiveInt = 4
     """Containers created and started at once; more wait their turn instead of starving each other."""
-    op_timeout_seconds: float = 30.0
+    op_timeout_seconds: Seconds = 30.0
     """Deadline of one file operation before the agent is declared hung and the container stopped."""
-    enforce_slack_seconds: float = 5.0
+    enforce_slack_seconds: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 5.0
     """Past timeout + grace (or cancel + grace), how long the agent gets before the container is stopped."""
-    workspace_quota: int | None = 10 << 30
+    workspace_quota: Annotated[
+        int | None,
+        BeforeValidator(_quota, json_schema_input_type=Annotated[int, Field(ge=0)] | SizeText | None),
+        _at_least(1 << 20, "1m"),
+    ] = 10 << 30
     """Bytes per tenant for all its workspaces (a loop-mounted ext4 image at the tenant's root, or
     a usage watcher when that is impossible); ``null`` or 0 turns the quota off."""
-    workspace_quota_mode: str = "auto"
+    workspace_quota_mode: Literal["auto", "watch"] = "auto"
     """``auto``: the kernel (loop-mounted image) when the server is root and has loop devices, else
     watching usage; ``watch``: always watch usage (no image)."""
-    workspace_watch_interval_seconds: float = 10.0
+    workspace_watch_interval_seconds: Seconds = 10.0
     """How often a watched tenant's usage is measured."""
-    extra_labels: Mapping[str, str] = field(default_factory=dict)
+    extra_labels: Annotated[
+        dict[Annotated[str, Field(strict=True)], Annotated[str, Field(strict=True)]], AfterValidator(_labels)
+    ] = Field(default_factory=dict)
+    """Labels added to every container (the ``dispatcher.*`` ones are reserved)."""
 
-    def __post_init__(self) -> None:
-        self._validate()
-
-    def _validate(self) -> None:
-        if not self.image:
-            raise ConfigError("sandbox.image: must not be empty")
-        if not self.network_mode:
-            raise ConfigError("sandbox.network_mode: must not be empty (use 'none')")
-        if not _USER_RE.match(self.user):
-            raise ConfigError(f"sandbox.user: expected uid[:gid] or a name, got {self.user!r}")
-        if self.user.split(":")[0] in {"0", "root"}:
-            raise ConfigError("sandbox.user: must not be root")
-        if not _TMPFS_SIZE_RE.match(self.tmpfs_size):
-            raise ConfigError(f"sandbox.tmpfs_size: expected a size like 64m, got {self.tmpfs_size!r}")
-        if self.pids_limit <= 0:
-            raise ConfigError(f"sandbox.pids_limit: must be positive, got {self.pids_limit}")
+    @model_validator(mode="after")
+    def _runsc_needs_room(self) -> SandboxConfig:
         if self.runtime == "runsc" and self.pids_limit < RUNSC_MIN_PIDS:
-            raise ConfigError(f"sandbox.pids_limit: runtime runsc needs at least {RUNSC_MIN_PIDS}")
-        if self.mem_limit < 16 << 20:
-            raise ConfigError("sandbox.mem_limit: must be at least 16m")
-        if self.nano_cpus <= 0:
-            raise ConfigError(f"sandbox.nano_cpus: must be positive, got {self.nano_cpus}")
-        if self.runtime is not None and not self.runtime:
-            raise ConfigError("sandbox.runtime: must be a runtime name or null")
-        for key in (
-            "idle_ttl_seconds",
-            "agent_start_timeout",
-            "op_timeout_seconds",
-            "max_concurrent_launches",
-            "workspace_watch_interval_seconds",
-        ):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"sandbox.{key}: must be positive")
-        if self.workspace_quota is not None and self.workspace_quota < 1 << 20:
-            raise ConfigError("sandbox.workspace_quota: must be at least 1m (or null for no quota)")
-        if self.workspace_quota_mode not in ("auto", "watch"):
-            raise ConfigError("sandbox.workspace_quota_mode: must be 'auto' or 'watch'")
-        if self.enforce_slack_seconds < 0:
-            raise ConfigError("sandbox.enforce_slack_seconds: must not be negative")
-        if not self.agent_path.startswith("/"):
-            raise ConfigError("sandbox.agent_path: must be absolute")
+            raise KeyProblem("pids_limit", f"runtime runsc needs at least {RUNSC_MIN_PIDS}")
+        return self
 
     @property
     def uid(self) -> int | None:
@@ -182,81 +224,7 @@ class SandboxConfig:
         """Build from the YAML ``sandbox:`` section (missing keys keep their defaults).
 
         Raises:
-            ConfigError: unknown key, wrong type, or an invalid value; the message names the key.
+            ConfigError: unknown key, wrong type, or an invalid value; each line names its key.
         """
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"sandbox: expected a mapping, got {type(data).__name__}")
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key not in known:
-                raise ConfigError(f"sandbox.{key}: unknown key (known: {', '.join(sorted(known))})")
-            kwargs[key] = _coerce(str(key), value)
-        return cls(**kwargs)
-
-
-def _coerce(key: str, value: Any) -> Any:
-    """Check one YAML value's type and convert it to the field's representation."""
-    if key in {"cap_drop", "cap_add"}:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
-            raise ConfigError(f"sandbox.{key}: expected a list of capability names")
-        return tuple(v.upper() for v in value)
-    if key == "mem_limit":
-        return parse_size(value, key)
-    if key == "workspace_quota":
-        return None if value is None or value == 0 else parse_size(value, key)
-    if key == "extra_labels":
-        if not isinstance(value, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
-            raise ConfigError("sandbox.extra_labels: expected a mapping of strings to strings")
-        if any(k.startswith("dispatcher.") for k in value):
-            raise ConfigError("sandbox.extra_labels: the dispatcher.* labels are reserved")
-        return dict(value)
-    if key == "runtime":
-        if value is not None and not isinstance(value, str):
-            raise ConfigError("sandbox.runtime: expected a runtime name or null")
-        return value
-    if key == "instance":
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ConfigError("sandbox.instance: expected a non-empty string")
-        return value
-    if key == "tmpfs_size":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        if not isinstance(value, str):
-            raise ConfigError("sandbox.tmpfs_size: expected a size like 64m")
-        return value
-    if key in {
-        "no_new_privileges",
-        "read_only",
-        "init",
-        "chown_workspace",
-        "tmp_exec",
-        "exec_fallback",
-        "pin_cpus",
-    }:
-        if not isinstance(value, bool):
-            raise ConfigError(f"sandbox.{key}: expected true or false")
-        return value
-    if key in {"pids_limit", "nano_cpus", "max_concurrent_launches"}:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"sandbox.{key}: expected an integer")
-        return value
-    if key in {
-        "idle_ttl_seconds",
-        "agent_start_timeout",
-        "op_timeout_seconds",
-        "enforce_slack_seconds",
-        "workspace_watch_interval_seconds",
-    }:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"sandbox.{key}: expected a number of seconds")
-        return float(value)
-    if not isinstance(value, str):
-        raise ConfigError(f"sandbox.{key}: expected a string")
-    return value
+        config: SandboxConfig = validate_section(cls, data, "sandbox")
+        return config

@@ -17,7 +17,7 @@ import docker
 import pytest
 import yaml
 
-from dispatcher.config import ensure_default_tenant, load_config
+from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.server.app import build_server

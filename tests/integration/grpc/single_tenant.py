@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.config import ensure_default_tenant, load_config
+from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.server.app import DispatcherServer, build_server
 from tests.integration.conftest import ProviderFactory

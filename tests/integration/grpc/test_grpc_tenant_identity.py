@@ -16,7 +16,8 @@ import docker
 import pytest
 import yaml
 
-from dispatcher.config import hash_token, load_config
+from dispatcher.config import hash_token
+from dispatcher.config.load import load_config
 from dispatcher.core import events as ev
 from dispatcher.core.types import ToolErrorClass
 from dispatcher.sandbox.docker.config import SandboxConfig

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.config.load import parse_policy
 from dispatcher.core import ConfirmationPolicy, Decision, Session, TextBlock, ToolDispatcher, ToolUseBlock
 from dispatcher.core import event_payloads as ep
 from dispatcher.core import events as ev
@@ -53,7 +54,7 @@ async def test_always_prompt_answers_are_never_remembered(
 async def test_a_remembered_answer_is_published_each_time_it_applies(
     provider: FakeSandboxProvider, session: Session
 ) -> None:
-    d = ToolDispatcher(provider, policy=ConfirmationPolicy.from_config({"per_tool": {"echo": "prompt_once"}}))
+    d = ToolDispatcher(provider, policy=parse_policy({"per_tool": {"echo": "prompt_once"}}))
     from tests.unit.core.toolkit import EchoTool
 
     d.register(EchoTool)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.config.load import parse_policy
 from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
 from dispatcher.core import events as ev
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, OutputCallback
@@ -28,7 +29,7 @@ ASK_EVERYTHING = {"default": {"READ": "prompt", "WRITE": "prompt", "EXECUTE": "p
 def make(provider: FakeSandboxProvider, policy: dict[str, Any] | None) -> ToolDispatcher:
     d = ToolDispatcher(
         provider,
-        policy=ConfirmationPolicy.from_config(policy) if policy else ConfirmationPolicy.preset("autonomous"),
+        policy=parse_policy(policy) if policy else ConfirmationPolicy.preset("autonomous"),
     )
     for factory in builtin_factories():
         d.register(factory, builtin=True)

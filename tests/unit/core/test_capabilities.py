@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dispatcher.config.load import parse_capabilities
 from dispatcher.core import Capabilities, ConfigError, FsGrant
 
 
@@ -13,7 +14,7 @@ def test_unrestricted_by_default() -> None:
 
 
 def test_fs_grants_by_prefix_and_mode() -> None:
-    caps = Capabilities.from_config({"fs": [{"path": "docs", "mode": "r"}, {"path": "/src/", "mode": "rw"}]})
+    caps = parse_capabilities({"fs": [{"path": "docs", "mode": "r"}, {"path": "/src/", "mode": "rw"}]})
     assert caps.fs_grants == (FsGrant("docs", "r"), FsGrant("src", "rw"))
     root = "/workspace"
     assert caps.check_fs("/workspace/docs/a.md", "r", root=root)
@@ -24,20 +25,20 @@ def test_fs_grants_by_prefix_and_mode() -> None:
 
 
 def test_whole_workspace_grant() -> None:
-    caps = Capabilities.from_config({"fs": [{"path": ".", "mode": "r"}]})
+    caps = parse_capabilities({"fs": [{"path": ".", "mode": "r"}]})
     assert caps.check_fs("/workspace", "r", root="/workspace")
     assert caps.check_fs("/workspace/a/b", "r", root="/workspace")
 
 
 def test_tool_allow_list() -> None:
-    caps = Capabilities.from_config({"tools": ["read_file"]})
+    caps = parse_capabilities({"tools": ["read_file"]})
     assert caps.check_tool("read_file") and not caps.check_tool("shell") and not caps.check_tool("READ_FILE")
-    assert not Capabilities.from_config({"tools": []}).check_tool("read_file")
+    assert not parse_capabilities({"tools": []}).check_tool("read_file")
 
 
 def test_intersect_narrows() -> None:
-    tenant = Capabilities.from_config({"tools": ["a", "b"], "fs": [{"path": "src", "mode": "rw"}]})
-    session = Capabilities.from_config(
+    tenant = parse_capabilities({"tools": ["a", "b"], "fs": [{"path": "src", "mode": "rw"}]})
+    session = parse_capabilities(
         {"tools": ["b", "c"], "fs": [{"path": "src/x", "mode": "rw"}, {"path": "etc"}]}
     )
     both = tenant.intersect(session)
@@ -57,4 +58,4 @@ def test_intersect_narrows() -> None:
 )
 def test_config_errors_name_the_key(section: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match="^" + key.replace("[", r"\[").replace("]", r"\]")):
-        Capabilities.from_config(section)
+        parse_capabilities(section)

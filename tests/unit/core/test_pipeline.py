@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.config.load import parse_policy
 from dispatcher.core import (
     Capabilities,
     ConfirmationPolicy,
@@ -169,7 +170,7 @@ async def test_prompt_once_remembers_the_answer_per_tool(
 ) -> None:
     from tests.unit.core.toolkit import ShellLikeTool, WriteTool
 
-    policy = ConfirmationPolicy.from_config({"per_tool": {"write": "prompt_once"}})
+    policy = parse_policy({"per_tool": {"write": "prompt_once"}})
     d = ToolDispatcher(provider, policy=policy)
     d.register(WriteTool)
     d.register(ShellLikeTool)
@@ -230,9 +231,7 @@ async def test_policy_deny_never_executes(
 ) -> None:
     from tests.unit.core.toolkit import ShellLikeTool
 
-    d = ToolDispatcher(
-        provider, policy=ConfirmationPolicy.from_config({"default": {"EXECUTE": "deny"}}), audit=audit
-    )
+    d = ToolDispatcher(provider, policy=parse_policy({"default": {"EXECUTE": "deny"}}), audit=audit)
     d.register(ShellLikeTool)
     result = await run(d, session, "run", {"command": "rm -rf /"})
     assert result.error_class is ToolErrorClass.PERMISSION_DENIED

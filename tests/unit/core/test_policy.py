@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.config.load import parse_policy, parse_policy_layer
 from dispatcher.core import ConfigError, ConfirmationPolicy, Mode, SideEffect
 
 
@@ -26,7 +27,7 @@ def test_spec_example_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("HOME", str(tmp_path))
     project = tmp_path / "code" / "myproject"
     project.mkdir(parents=True)
-    p = ConfirmationPolicy.from_config(
+    p = parse_policy(
         {
             "default": {
                 "NONE": "auto",
@@ -57,7 +58,7 @@ def test_presets() -> None:
     assert manual.mode_for("t", SideEffect.NONE, "/w") is Mode.PROMPT  # issue 10: NONE asks too
     assert ConfirmationPolicy.preset("cautious") == ConfirmationPolicy()
     assert (
-        ConfirmationPolicy.from_config({"preset": "autonomous", "default": {"write": "deny"}}).mode_for(
+        parse_policy({"preset": "autonomous", "default": {"write": "deny"}}).mode_for(
             "t", SideEffect.WRITE, "/w"
         )
         is Mode.DENY
@@ -65,15 +66,17 @@ def test_presets() -> None:
 
 
 def test_always_prompt_is_never_lowered() -> None:
-    p = ConfirmationPolicy.preset("autonomous").merged({"per_tool": {"switch_backend": "auto"}})
+    p = ConfirmationPolicy.preset("autonomous").merged(
+        parse_policy_layer({"per_tool": {"switch_backend": "auto"}})
+    )
     assert p.mode_for("switch_backend", SideEffect.NONE, "/w", always_prompt=True) is Mode.PROMPT
-    denied = ConfirmationPolicy.from_config({"per_tool": {"x": "deny"}})
+    denied = parse_policy({"per_tool": {"x": "deny"}})
     assert denied.mode_for("x", SideEffect.NONE, "/w", always_prompt=True) is Mode.DENY
 
 
 def test_merged_overrides_per_tenant() -> None:
-    base = ConfirmationPolicy.from_config({"per_tool": {"a": "auto"}})
-    tenant = base.merged({"per_tool": {"b": "deny"}, "default": {"READ": "prompt"}})
+    base = parse_policy({"per_tool": {"a": "auto"}})
+    tenant = base.merged(parse_policy_layer({"per_tool": {"b": "deny"}, "default": {"READ": "prompt"}}))
     assert tenant.per_tool == {"a": Mode.AUTO, "b": Mode.DENY}
     assert tenant.mode_for("r", SideEffect.READ, "/w") is Mode.PROMPT
     assert base.mode_for("r", SideEffect.READ, "/w") is Mode.AUTO
@@ -94,34 +97,34 @@ def test_merged_overrides_per_tenant() -> None:
 )
 def test_errors_name_the_bad_key(section: object, key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        ConfirmationPolicy.from_config(section)  # type: ignore[arg-type]
+        parse_policy(section)  # type: ignore[arg-type]
     assert str(info.value).startswith(key + ":")
 
 
 @pytest.mark.parametrize("effect", [SideEffect.WRITE, SideEffect.EXECUTE, SideEffect.NETWORK])
 def test_trusted_workspace_never_lifts_a_class_deny(tmp_path: Path, effect: SideEffect) -> None:
-    p = ConfirmationPolicy.from_config(
-        {"default": {effect.value: "deny"}, "trusted_workspaces": [str(tmp_path)]}
-    )
+    p = parse_policy({"default": {effect.value: "deny"}, "trusted_workspaces": [str(tmp_path)]})
     assert p.mode_for("t", effect, str(tmp_path / "sub")) is Mode.DENY
-    with_override = p.merged({"trusted_workspace_overrides": {effect.value: "auto"}})
+    with_override = p.merged(parse_policy_layer({"trusted_workspace_overrides": {effect.value: "auto"}}))
     assert with_override.mode_for("t", effect, str(tmp_path)) is Mode.DENY
 
 
 def test_trusted_workspace_never_lifts_a_per_tool_deny(tmp_path: Path) -> None:
     p = ConfirmationPolicy.preset("autonomous").merged(
-        {
-            "per_tool": {"shell": "deny"},
-            "trusted_workspaces": [str(tmp_path)],
-            "trusted_workspace_overrides": {"EXECUTE": "auto"},
-        }
+        parse_policy_layer(
+            {
+                "per_tool": {"shell": "deny"},
+                "trusted_workspaces": [str(tmp_path)],
+                "trusted_workspace_overrides": {"EXECUTE": "auto"},
+            }
+        )
     )
     assert p.mode_for("shell", SideEffect.EXECUTE, str(tmp_path)) is Mode.DENY
 
 
 @pytest.mark.parametrize("asked", ["prompt", "prompt_once"])
 def test_trusted_workspace_lowers_prompt_to_its_override_or_auto(tmp_path: Path, asked: str) -> None:
-    p = ConfirmationPolicy.from_config(
+    p = parse_policy(
         {
             "default": {"WRITE": asked, "EXECUTE": asked, "NETWORK": asked},
             "trusted_workspaces": [str(tmp_path)],

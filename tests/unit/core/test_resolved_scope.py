@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from dispatcher.config.load import parse_policy
 from dispatcher.core import (
     Capabilities,
-    ConfirmationPolicy,
     Decision,
     FsGrant,
     MemoryAuditLog,
@@ -81,7 +81,7 @@ async def test_a_link_into_a_grant_is_allowed_and_the_question_shows_the_real_pa
 
 
 async def test_a_policy_deny_does_not_touch_the_sandbox(provider: FakeSandboxProvider, tmp_path: Any) -> None:
-    d = ToolDispatcher(provider, policy=ConfirmationPolicy.from_config({"default": {"WRITE": "deny"}}))
+    d = ToolDispatcher(provider, policy=parse_policy({"default": {"WRITE": "deny"}}))
     d.register(WriteTool)
     session = Session("s4", str(tmp_path))
     result = await run(d, session, "write", {"path": "a", "content": "x"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ class Rig:
 
     def provider(self, **config: Any) -> DockerSandboxProvider:
         api = DockerAPI(client=self.fake, attempts=3)  # type: ignore[arg-type]
-        provider = DockerSandboxProvider(replace(FAST, **config), instance=INSTANCE, api=api)
+        provider = DockerSandboxProvider(FAST.model_copy(update=config), instance=INSTANCE, api=api)
         # The seam that keeps mount(2) out of unit tests: Docker gets the pinned paths, and the
         # fake container's view of them is checked by the real _verify_mounts.
         provider._can_mount = False

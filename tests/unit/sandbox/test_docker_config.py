@@ -51,7 +51,7 @@ def test_from_mapping_converts_yaml_values() -> None:
         ({"read_only": "yes"}, "sandbox.read_only"),
         ({"idle_ttl_seconds": 0}, "sandbox.idle_ttl_seconds"),
         ({"tmpfs_size": "big"}, "sandbox.tmpfs_size"),
-        ({"cap_drop": [1]}, "sandbox.cap_drop"),
+        ({"cap_drop": [1]}, r"sandbox.cap_drop\[0\]"),
         ({"extra_labels": {"dispatcher.session": "x"}}, "sandbox.extra_labels"),
         ({"agent_path": "agent.py"}, "sandbox.agent_path"),
     ],
@@ -67,8 +67,22 @@ def test_from_mapping_refuses_a_non_mapping() -> None:
 
 
 def test_parse_size() -> None:
-    assert parse_size("512m", "k") == 512 << 20
-    assert parse_size("64K", "k") == 64 << 10
-    assert parse_size(4096, "k") == 4096
-    with pytest.raises(ConfigError):
-        parse_size(0, "k")
+    assert parse_size("512m") == 512 << 20
+    assert parse_size("64K") == 64 << 10
+    assert parse_size(4096) == 4096
+    for bad in (0, True, "lots", "-1m", None):
+        with pytest.raises(ConfigError):
+            parse_size(bad)
+
+
+def test_every_bad_key_is_named_on_its_own_line_and_an_unknown_key_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        SandboxConfig.from_mapping({"pids_limit": 0, "imagee": "x", "mem_limit": "1m"})
+    lines = str(info.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "sandbox.pids_limit",
+        "sandbox.mem_limit",
+        "sandbox.imagee",
+    ], lines
+    assert "unknown key (allowed: agent_path, agent_python," in lines[2]
+    assert "must be at least 16m" in lines[1]

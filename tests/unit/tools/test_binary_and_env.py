@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.config import load_config
+from dispatcher.config.load import load_config
 from dispatcher.core import ConfirmationPolicy, Session, ToolDispatcher, ToolErrorClass, ToolUseBlock
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.sandbox_api import FileOpError

@@ -1,0 +1,94 @@
+"""The whole config file as one model, and the JSON Schema it makes (``dispatcher config-schema``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN
+from dispatcher.config.sections import (
+    DispatcherSection,
+    LogSection,
+    SandboxSection,
+    ServerOptions,
+    ShutdownSection,
+    TenantSection,
+    Timeouts,
+    TlsFiles,
+    ToolConfirmation,
+    UidRange,
+)
+from dispatcher.config_base import HostPort, Section, Text
+from dispatcher.mcp.config import McpServers
+from dispatcher.observe_config import MetricsSection, TracingSection
+
+__all__ = ["ConfigFile", "config_schema"]
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def _factory_ref(value: str) -> str:
+    if ":" not in value:
+        raise ValueError(f"expected 'module:factory', got {value!r}")
+    return value
+
+
+def _null_is(empty: Any) -> BeforeValidator:
+    return BeforeValidator(lambda v: empty if v is None else v)
+
+
+FactoryRef = Annotated[str, Field(strict=True), AfterValidator(_factory_ref)]
+
+
+class ConfigFile(Section):
+    """The server's YAML configuration file. Every key is optional; a section set to null keeps its
+    defaults. Flags (--listen, --home) and the environment (DISPATCHER_LISTEN, DISPATCHER_HOME) win."""
+
+    listen: HostPort = DEFAULT_LISTEN
+    """HOST:PORT the gRPC server listens on."""
+    home: Text = DEFAULT_HOME
+    """The server's state directory: state.db, the token, audit log, quota images, workspaces."""
+    log: LogSection = Field(default_factory=LogSection)
+    server: ServerOptions = Field(default_factory=ServerOptions)
+    tls: TlsFiles | None = None
+    """Serve over TLS (plaintext without; fine on loopback only)."""
+    dispatcher: DispatcherSection = Field(default_factory=DispatcherSection)
+    timeouts: Annotated[Timeouts, _null_is({})] = Field(default_factory=dict)
+    """Per tool name, seconds (0 < t <= 86400); over the tool's own limit and the class defaults."""
+    tool_confirmation: ToolConfirmation | None = None
+    """What is asked before a call runs, by side-effect class and tool (README: Policy)."""
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    tools: Annotated[tuple[FactoryRef, ...], _null_is(())] = ()
+    """Custom tool factories, ``module:callable`` (each call makes one fresh tool)."""
+    mcp_servers: Annotated[McpServers, _null_is({})] = Field(default_factory=dict)
+    """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>``."""
+    tenants: tuple[TenantSection, ...] | None = None
+    """Without it: one tenant, ``default``, whose token is generated into ``<home>/token``."""
+    tenant_uids: UidRange = Field(default_factory=UidRange)
+    """Where tenants without a ``uid`` get theirs (with ``tenants:`` only)."""
+    audit_log: Text | None = None
+    """Path of the JSON-lines audit log (default: ``<home>/audit.jsonl``)."""
+    shutdown: ShutdownSection = Field(default_factory=ShutdownSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    tracing: TracingSection = Field(default_factory=TracingSection)
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of the config file, as editors and CI linters take it."""
+    schema = ConfigFile.model_json_schema(mode="validation")
+    _closed_pattern_maps(schema)
+    return {"$schema": SCHEMA_DIALECT, **schema, "title": "dispatcher serve --config FILE"}
+
+
+def _closed_pattern_maps(node: Any) -> None:
+    """A map whose keys must match a pattern (server names, env names) takes no other key, as the
+    loader does; pydantic leaves ``additionalProperties`` open there."""
+    if isinstance(node, dict):
+        if "patternProperties" in node:
+            node.setdefault("additionalProperties", False)
+        for value in node.values():
+            _closed_pattern_maps(value)
+    elif isinstance(node, list):
+        for value in node:
+            _closed_pattern_maps(value)

@@ -1,0 +1,348 @@
+"""Reading the config file: YAML to the validated model, then the domain's types the server runs on.
+
+The model (``ConfigFile``) checks each key on its own; what needs several keys or the machine is
+checked here: tenants' ids, tokens and uids are their own, no workspace root holds another's or the
+server's state, and the result budget fits the message limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN, ENV_HOME, ENV_LISTEN, TOKEN_FILE, hash_token
+from dispatcher.config.file import ConfigFile
+from dispatcher.config.sections import (
+    RESULT_MESSAGE_MARGIN,
+    CapabilitiesSection,
+    DispatcherSection,
+    Quotas,
+    ServerOptions,
+    TenantSection,
+    Timeouts,
+    TlsFiles,
+    ToolConfirmation,
+    UidRange,
+)
+from dispatcher.config_base import check_host_port, validate_section
+from dispatcher.core.approval import ApprovalMode
+from dispatcher.core.capabilities import Capabilities
+from dispatcher.core.errors import ConfigError
+from dispatcher.core.policy import ConfirmationPolicy, PolicyLayer
+from dispatcher.core.settings import DispatcherConfig
+from dispatcher.mcp import config as mcp_config
+from dispatcher.mcp.config import McpServerConfig
+from dispatcher.observe_config import ObserveConfig
+from dispatcher.sandbox.docker.config import SandboxConfig
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "HOME_STATE",
+    "Config",
+    "TenantConfig",
+    "ensure_default_tenant",
+    "load_config",
+    "parse_capabilities",
+    "parse_policy",
+    "parse_policy_layer",
+    "parse_timeouts",
+]
+
+DEFAULT_TENANT = "default"
+HOME_STATE = ("run", "volumes", TOKEN_FILE, "state.db", "audit.jsonl", "uids.json", "server.lock")
+"""What the server keeps in its home besides workspaces; no tenant root may hold or be inside it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """One tenant: who it is (token hashes), where its workspaces live and what it may do."""
+
+    tenant_id: str
+    token_sha256: tuple[str, ...]
+    workspace_root: Path
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    policy_overrides: PolicyLayer | None = None
+    quotas: Quotas = field(default_factory=Quotas)
+    uid: int | None = None
+    """Host uid of the tenant's sandboxes; None: allocated from ``Config.tenant_uids`` (if set)."""
+    gid: int | None = None
+    """Host gid; None: the uid."""
+    approval_modes: tuple[ApprovalMode, ...] = tuple(ApprovalMode)
+    """The approval modes its sessions may choose; the first is what a session that names none gets."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything ``dispatcher serve`` needs, validated."""
+
+    listen: str = DEFAULT_LISTEN
+    home: Path = field(default_factory=lambda: Path(DEFAULT_HOME).expanduser())
+    log_format: Literal["json", "text"] = "json"
+    log_level: str = "INFO"
+    server: ServerOptions = field(default_factory=ServerOptions)
+    dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
+    policy: ConfirmationPolicy = field(default_factory=ConfirmationPolicy)
+    sandbox_backend: Literal["docker", "local"] = "docker"
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """The docker backend's config (its ``model_fields_set``: what the file set)."""
+    custom_tools: tuple[str, ...] = ()
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>`` (see dispatcher.mcp.config)."""
+    tenants: tuple[TenantConfig, ...] = ()
+    """Empty until ``ensure_default_tenant``; the file's tenants otherwise."""
+    tenant_uids: UidRange | None = None
+    """Set with a ``tenants:`` list: each tenant without ``uid:`` gets its own from this range.
+    None (the single default tenant): sandboxes run as ``sandbox.user``."""
+    audit_log: Path | None = None
+    shutdown_remove_sessions: bool = False
+    """``shutdown: {remove_sessions: true}``: a graceful stop closes every session (removing its
+    container and its stored state) instead of keeping them for the next start."""
+    tls: TlsFiles | None = None
+    """None: plaintext (fine on loopback; use TLS for anything else)."""
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
+    """``metrics:`` and ``tracing:`` (dispatcher/observe_config.py)."""
+    source: Path | None = None
+
+    @property
+    def token_path(self) -> Path:
+        return self.home / TOKEN_FILE
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    listen: str | None = None,
+    home: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Read and validate the YAML file (if any) and apply env and flag overrides.
+
+    Raises:
+        ConfigError: naming the offending key; also for an unreadable file or bad YAML.
+    """
+    env = os.environ if env is None else env
+    data: Mapping[str, Any] = {}
+    source: Path | None = None
+    if path is not None:
+        source = Path(path).expanduser()
+        try:
+            loaded = yaml.safe_load(source.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, Mapping):
+            raise ConfigError(f"{source}: the top level must be a mapping")
+        data = loaded or {}
+    return _build(data, source=source, listen=listen, home=home, env=env)
+
+
+def _build(
+    data: Mapping[str, Any],
+    *,
+    source: Path | None,
+    listen: str | None,
+    home: str | None,
+    env: Mapping[str, str],
+) -> Config:
+    file: ConfigFile = validate_section(ConfigFile, data, "")
+    listen_addr = listen or env.get(ENV_LISTEN) or file.listen
+    try:
+        check_host_port(listen_addr)
+    except ValueError as exc:
+        raise ConfigError(f"listen: {exc}") from None
+    home_dir = Path(home or env.get(ENV_HOME) or file.home).expanduser().absolute()
+    tenants = _tenants(file.tenants or (), home_dir)
+    audit_path = Path(file.audit_log).expanduser() if file.audit_log else home_dir / "audit.jsonl"
+    _check_workspace_roots(tenants, home_dir, audit_path)
+    tool_confirmation = file.tool_confirmation.layer() if file.tool_confirmation else None
+    return Config(
+        listen=listen_addr,
+        home=home_dir,
+        log_format=file.log.format,
+        log_level=file.log.level,
+        server=file.server,
+        dispatcher=_dispatcher_config(file.dispatcher, file.server, file.timeouts),
+        policy=ConfirmationPolicy().merged(tool_confirmation),
+        sandbox_backend=file.sandbox.backend,
+        sandbox=file.sandbox.docker(),
+        custom_tools=file.tools,
+        mcp_servers=mcp_config.named(file.mcp_servers),
+        tenants=tenants,
+        tenant_uids=file.tenant_uids if tenants else None,
+        audit_log=audit_path,
+        tls=file.tls,
+        shutdown_remove_sessions=file.shutdown.remove_sessions,
+        observe=ObserveConfig.of(file.metrics, file.tracing),
+        source=source,
+    )
+
+
+def ensure_default_tenant(config: Config) -> tuple[Config, str | None]:
+    """With no tenants configured, add ``default`` with the token in ``<home>/token`` (made if missing).
+
+    Returns the config to serve and the freshly generated token, if one was written.
+    """
+    if config.tenants:
+        return config, None
+    config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token_path = config.token_path
+    generated: str | None = None
+    if token_path.exists():
+        token = token_path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise ConfigError(f"{token_path}: empty token file (delete it to generate a new one)")
+    else:
+        token = generated = secrets.token_urlsafe(32)
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(token + "\n")
+    tenant = TenantConfig(DEFAULT_TENANT, (hash_token(token),), config.home / "workspaces")
+    return dataclasses.replace(config, tenants=(tenant,)), generated
+
+
+def parse_policy(section: Any, *, where: str = "tool_confirmation") -> ConfirmationPolicy:
+    """A ``tool_confirmation:`` section laid over the cautious defaults.
+
+    Raises:
+        ConfigError: naming the offending key.
+    """
+    return ConfirmationPolicy().merged(parse_policy_layer(section, where=where))
+
+
+def parse_policy_layer(section: Any, *, where: str = "tool_confirmation") -> PolicyLayer:
+    """A ``tool_confirmation:`` section as the layer it lays over a policy.
+
+    Raises:
+        ConfigError: naming the offending key.
+    """
+    confirmation: ToolConfirmation = validate_section(ToolConfirmation, section, where)
+    return confirmation.layer()
+
+
+def parse_capabilities(section: Any, *, where: str = "capabilities") -> Capabilities:
+    """``{tools: [...], fs: [{path, mode}]}``.
+
+    Raises:
+        ConfigError: naming the offending key.
+    """
+    caps: CapabilitiesSection = validate_section(CapabilitiesSection, section, where)
+    return caps.capabilities()
+
+
+def parse_timeouts(section: Any, *, where: str = "timeouts") -> dict[str, float]:
+    """The ``timeouts:`` map: tool name -> seconds, each in (0, ``MAX_TIMEOUT_SECONDS``].
+
+    Raises:
+        ConfigError: naming the offending entry.
+    """
+    if section is None:
+        return {}
+    timeouts: dict[str, float] = validate_section(Timeouts, section, where)
+    return timeouts
+
+
+def _tenants(sections: tuple[TenantSection, ...], home: Path) -> tuple[TenantConfig, ...]:
+    """Each tenant's own: ids, tokens and uids are never shared."""
+    seen_ids: set[str] = set()
+    seen_hashes: set[str] = set()
+    seen_uids: dict[int, str] = {}
+    out: list[TenantConfig] = []
+    for i, item in enumerate(sections):
+        where = f"tenants[{i}]"
+        if item.id in seen_ids:
+            raise ConfigError(f"{where}.id: duplicate tenant id {item.id!r}")
+        seen_ids.add(item.id)
+        for digest in item.token_sha256:
+            if digest in seen_hashes:
+                raise ConfigError(f"{where}.token_sha256: token already belongs to another tenant")
+            seen_hashes.add(digest)
+        if item.uid is not None and item.uid in seen_uids:
+            raise ConfigError(
+                f"{where}.uid: {item.uid} belongs to tenant {seen_uids[item.uid]!r}; tenants never share"
+            )
+        if item.uid is not None:
+            seen_uids[item.uid] = item.id
+        # A relative root is under the server's home, never under whatever directory it started in.
+        root = item.workspace_root
+        out.append(
+            TenantConfig(
+                tenant_id=item.id,
+                token_sha256=item.token_sha256,
+                workspace_root=home / Path(root).expanduser() if root else home / "workspaces" / item.id,
+                capabilities=item.capabilities(),
+                policy_overrides=item.tool_confirmation.layer() if item.tool_confirmation else None,
+                quotas=item.quotas,
+                uid=item.uid,
+                gid=item.gid if item.gid is not None else item.uid,
+                approval_modes=item.approval_modes,
+            )
+        )
+    return tuple(out)
+
+
+def _check_workspace_roots(tenants: tuple[TenantConfig, ...], home: Path, audit: Path) -> None:
+    """A tenant's sandboxes write under its root: no root may hold another's, or the server's state.
+
+    Raises:
+        ConfigError: naming the tenant's ``workspace_root``.
+    """
+    real_home = Path(os.path.realpath(home))
+    state = [real_home / name for name in HOME_STATE] + [Path(os.path.realpath(audit))]
+    roots = [Path(os.path.realpath(t.workspace_root)) for t in tenants]
+    for i, root in enumerate(roots):
+        where = f"tenants[{i}].workspace_root"
+        if real_home.is_relative_to(root):
+            raise ConfigError(
+                f"{where}: {root} holds the server's home {real_home}; use a directory of its own"
+            )
+        for path in state:
+            if path.is_relative_to(root) or root.is_relative_to(path):
+                raise ConfigError(
+                    f"{where}: {root} overlaps the server's state {path}; use another directory"
+                )
+        for j, other_root in enumerate(roots):
+            if j != i and root.is_relative_to(other_root):
+                raise ConfigError(
+                    f"{where}: {root} is inside (or equal to) tenant {tenants[j].tenant_id!r}'s workspace"
+                    f" root {other_root}; every tenant needs a root of its own, apart from the others"
+                )
+
+
+def _dispatcher_config(
+    section: DispatcherSection, server: ServerOptions, timeouts: Mapping[str, float]
+) -> DispatcherConfig:
+    """The ``dispatcher:`` section, with the result byte budget fitted to the message limit.
+
+    Raises:
+        ConfigError: ``result_budget_bytes`` or ``max_write_bytes`` does not leave room in
+            ``server.max_message_bytes``.
+    """
+    room = server.max_message_bytes - RESULT_MESSAGE_MARGIN
+    given = section.model_fields_set
+    if "result_budget_bytes" in given and section.result_budget_bytes > room:
+        raise ConfigError(
+            f"dispatcher.result_budget_bytes: {section.result_budget_bytes} leaves no room in "
+            f"server.max_message_bytes ({server.max_message_bytes}); at most {room}"
+        )
+    if "max_write_bytes" in given and section.max_write_bytes > room:
+        raise ConfigError(
+            f"dispatcher.max_write_bytes: {section.max_write_bytes} must be positive and fit in "
+            f"server.max_message_bytes ({server.max_message_bytes}); at most {room}"
+        )
+    # A smaller message limit takes the default budgets down with it.
+    return DispatcherConfig(
+        **{
+            **section.model_dump(),
+            "result_budget_bytes": max(min(section.result_budget_bytes, room), 1),
+            "max_write_bytes": max(min(section.max_write_bytes, room), 1),
+            "timeouts": dict(timeouts),
+        }
+    )

@@ -1,0 +1,328 @@
+"""The sections of the config file as pydantic models: the keys, their types, bounds and defaults.
+
+Each model is closed (an unknown key is an error naming it) and frozen. ``ServerOptions``,
+``Quotas``, ``TlsFiles`` and ``UidRange`` are also what the server reads at run time; the others are
+turned into the domain's own types by ``dispatcher.config.load``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StringConstraints, model_validator
+
+from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text
+from dispatcher.core.approval import ApprovalMode
+from dispatcher.core.capabilities import Capabilities, FsMode
+from dispatcher.core.policy import PRESETS, Mode, PolicyLayer
+from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
+from dispatcher.core.types import SideEffect
+from dispatcher.sandbox.docker.config import SandboxConfig
+
+RESULT_MESSAGE_MARGIN = 64 << 10
+"""What a result message needs besides its budgeted bytes."""
+MAX_ID = 0xFFFFFFFE
+"""(uid_t)-1 means "leave unchanged" to chown; every id below it is real."""
+TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_PIPELINE = DispatcherConfig()
+
+
+class ServerOptions(Section):
+    """``server:``: transport knobs of the gRPC server."""
+
+    max_message_bytes: PositiveInt = 4 << 20
+    """Largest request or response message; a bigger request is RESOURCE_EXHAUSTED."""
+    keepalive_time_s: Seconds = 30.0
+    """Seconds between keepalive pings on an idle connection."""
+    keepalive_timeout_s: Seconds = 10.0
+    """Seconds a keepalive ping may go unanswered before the connection is closed."""
+    grace_seconds: Seconds = 10.0
+    """On SIGTERM: how long in-flight calls may finish before they are cancelled."""
+    max_concurrent_streams: PositiveInt = 1000
+    """Streams at once on one connection."""
+    max_upload_bytes: PositiveInt = 1 << 30
+    """Bytes of tar archive one UploadFiles may send; more is RESOURCE_EXHAUSTED, nothing written."""
+    max_upload_files: PositiveInt = 100_000
+    """Files and directories in one UploadFiles."""
+    max_download_bytes: PositiveInt = 1 << 30
+    """Bytes of file content one DownloadFiles may carry; more is RESOURCE_EXHAUSTED."""
+
+
+def _readable_file(value: str) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{path} is not a readable file")
+    return path
+
+
+PemFile = Annotated[Path, BeforeValidator(_readable_file, json_schema_input_type=str)]
+
+
+class TlsFiles(Section):
+    """``tls:``: PEM files for serving over TLS; with ``client_ca_file`` clients must present a certificate."""
+
+    cert_file: PemFile
+    """The server's certificate chain (PEM)."""
+    key_file: PemFile
+    """Its private key (PEM)."""
+    client_ca_file: PemFile | None = None
+    """CA that client certificates must chain to; set: mutual TLS."""
+
+
+class Quotas(Section):
+    """``quotas:`` of a tenant: a request past one is RESOURCE_EXHAUSTED."""
+
+    max_sessions: PositiveInt = 100
+    """Open sessions. Each keeps at most ``dispatcher.event_history_bytes`` of event history, so a
+    tenant's history is bounded by ``max_sessions`` x that (800 MiB with the defaults)."""
+    max_concurrent_dispatches: PositiveInt = 32
+    """Dispatch streams running at once. Each holds at most 16 MiB of results its client has not
+    read (plus one result in flight), so that memory is bounded per tenant too."""
+    max_watch_streams: PositiveInt = 32
+    """WatchSession streams open at once."""
+
+
+def _not_root(value: int) -> int:
+    if not 0 < value <= MAX_ID:
+        raise ValueError(f"must be a number from 1 to {MAX_ID} (never root), got {value!r}")
+    return value
+
+
+HostId = Annotated[
+    int, Field(strict=True, json_schema_extra={"minimum": 1, "maximum": MAX_ID}), AfterValidator(_not_root)
+]
+"""A host uid or gid: never 0 (root), never (uid_t)-1."""
+
+
+class UidRange(Section):
+    """``tenant_uids:``: where tenants without an explicit ``uid`` get theirs."""
+
+    start: Annotated[int, Field(strict=True)] = 200_000
+    """The first uid handed out (never 0)."""
+    count: Annotated[int, Field(strict=True)] = 100_000
+    """How many uids the range holds."""
+
+    @model_validator(mode="after")
+    def _no_root_and_in_range(self) -> UidRange:
+        if self.start < 1:
+            raise KeyProblem("start", f"must be at least 1 (never root), got {self.start}")
+        if self.count < 1 or self.start + self.count - 1 > MAX_ID:
+            raise KeyProblem("count", f"must be positive and end at most at {MAX_ID}")
+        return self
+
+    def __contains__(self, uid: object) -> bool:
+        return isinstance(uid, int) and self.start <= uid < self.start + self.count
+
+
+def _upper(value: object) -> object:
+    return value.upper() if isinstance(value, str) else value
+
+
+_LEVELS = ("debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class LogSection(Section):
+    """``log:``: how the server logs."""
+
+    format: Literal["json", "text"] = "json"
+    """One JSON object per line (tenant, session, tool_use_id, tool, trace_id) or plain text."""
+    level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR"],
+        BeforeValidator(_upper, json_schema_input_type=Literal[_LEVELS]),
+    ] = "INFO"
+    """Least severe record logged (any case)."""
+
+
+class ShutdownSection(Section):
+    """``shutdown:``: what a graceful stop does."""
+
+    remove_sessions: StrictBool = False
+    """True: a graceful stop closes every session (removing its container and its stored state)
+    instead of keeping them for the next start."""
+
+
+class DispatcherSection(Section):
+    """``dispatcher:``: knobs of the dispatch pipeline; defaults are spec 000's."""
+
+    concurrency: PositiveInt = _PIPELINE.concurrency
+    """Tool calls of one Dispatch running at once."""
+    default_timeout: Seconds = _PIPELINE.default_timeout
+    """Seconds a NONE, READ or WRITE tool may run."""
+    execute_timeout: Seconds = _PIPELINE.execute_timeout
+    """Seconds an EXECUTE or NETWORK tool (shell) may run."""
+    abandon_after: Seconds = _PIPELINE.abandon_after
+    """Seconds a tool that ignores its cancellation gets before it is abandoned."""
+    confirmation_timeout: Seconds = _PIPELINE.confirmation_timeout
+    """Seconds a confirmation request waits for its answer."""
+    result_budget_chars: PositiveInt = _PIPELINE.result_budget_chars
+    """Characters of text one result may carry before it is cut."""
+    confirmation_max_chars: PositiveInt = _PIPELINE.confirmation_max_chars
+    """Longest input a confirmation request shows; a longer one needing approval is refused unseen."""
+    result_budget_bytes: PositiveInt = _PIPELINE.result_budget_bytes
+    """Most bytes one result may carry, images included; a bigger one is cut or an error result.
+    Default and ceiling: ``server.max_message_bytes`` less 64 KiB."""
+    event_history: PositiveInt = _PIPELINE.event_history
+    """Per session: events kept for replay."""
+    event_history_bytes: PositiveInt = _PIPELINE.event_history_bytes
+    """Per session: the oldest events leave the replay history beyond this many (estimated) bytes."""
+    max_write_bytes: PositiveInt = _PIPELINE.max_write_bytes
+    """Largest file one write_file writes (decoded bytes). The request carrying it must also fit
+    ``server.max_message_bytes`` (base64 adds a third)."""
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+def _side_effect_key(value: object) -> object:
+    names = [e.value for e in SideEffect]
+    if not isinstance(value, str) or value.lower() not in names:
+        raise ValueError(f"unknown side-effect class (one of {', '.join(n.upper() for n in names)})")
+    return value.lower()
+
+
+_EFFECT_NAMES = tuple(e.value for e in SideEffect) + tuple(e.value.upper() for e in SideEffect)
+_MODE_NAMES = tuple(m.value for m in Mode) + tuple(m.value.upper() for m in Mode)
+EffectKey = Annotated[
+    SideEffect, BeforeValidator(_side_effect_key, json_schema_input_type=Literal[_EFFECT_NAMES])
+]
+ModeName = Annotated[Mode, BeforeValidator(_lower, json_schema_input_type=Literal[_MODE_NAMES])]
+
+
+class ToolConfirmation(Section):
+    """``tool_confirmation:`` (spec 000's structure): what is asked before a call runs."""
+
+    preset: Literal[tuple(PRESETS)] | None = None  # type: ignore[valid-type]
+    """Start from the class defaults of an approval mode: cautious, autonomous or manual."""
+    default: dict[EffectKey, ModeName] = Field(default_factory=dict)
+    """Per side-effect class (NONE, READ, WRITE, EXECUTE, NETWORK): auto, prompt, prompt_once or deny."""
+    per_tool: dict[Annotated[str, Field(strict=True)], ModeName] = Field(default_factory=dict)
+    """Per tool name; wins over the class."""
+    trusted_workspaces: Annotated[
+        tuple[Annotated[str, Field(strict=True)], ...], BeforeValidator(lambda v: [] if v is None else v)
+    ] = ()
+    """Workspace paths (and everything under them) where ``trusted_workspace_overrides`` apply."""
+    trusted_workspace_overrides: dict[EffectKey, ModeName] = Field(default_factory=dict)
+    """Per class, in a trusted workspace (default: auto). A class ``deny`` stays deny."""
+
+    def layer(self) -> PolicyLayer:
+        return PolicyLayer(
+            preset=self.preset,
+            default=self.default,
+            per_tool=self.per_tool,
+            trusted_workspaces=self.trusted_workspaces,
+            trusted_workspace_overrides=self.trusted_workspace_overrides,
+        )
+
+
+class FsGrantSection(Section):
+    """One workspace path prefix and what a sandbox may do under it."""
+
+    path: Annotated[str, Field(strict=True)]
+    """Relative to the workspace ("." is all of it)."""
+    mode: Literal["r", "rw"] = "r"
+    """``r``: read only; ``rw``: read and write."""
+
+
+class CapabilitiesSection(Section):
+    """What a tenant's sessions may use (spec 003); absent: everything."""
+
+    tools: tuple[Annotated[str, Field(strict=True)], ...] | None = None
+    """Allow-list of tool names (omit: every tool; empty: none)."""
+    fs: tuple[FsGrantSection, ...] | None = None
+    """Workspace paths the tools may touch (omit: the whole workspace)."""
+
+    def capabilities(self) -> Capabilities:
+        grants: list[tuple[str, FsMode]] | None = None
+        if self.fs is not None:
+            grants = [(g.path, g.mode) for g in self.fs]
+        return Capabilities.of(self.tools, grants)
+
+
+def _tokens(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+def _sha256s(value: tuple[str, ...]) -> tuple[str, ...]:
+    if not value:
+        raise ValueError("must be a sha256 hex digest or a non-empty list of them")
+    for digest in value:
+        if not _SHA256_RE.match(digest.lower()):
+            raise ValueError(f"{digest!r} is not a sha256 hex digest")
+    return tuple(d.lower() for d in value)
+
+
+def _modes(value: object) -> object:
+    names = [m.value for m in ApprovalMode]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"must be a non-empty list of modes from {names}")
+    for i, v in enumerate(value):
+        if v not in names:
+            raise ValueError(f"unknown approval mode {v!r} (one of {names})")
+        if v in value[:i]:
+            raise ValueError(f"{v!r} is listed twice")
+    return value
+
+
+Sha256 = Annotated[str, StringConstraints(strict=True, pattern=r"^[0-9a-fA-F]{64}$")]
+Sha256List = Annotated[
+    tuple[Annotated[str, Field(strict=True)], ...],
+    BeforeValidator(_tokens, json_schema_input_type=Sha256 | Annotated[list[Sha256], Field(min_length=1)]),
+    AfterValidator(_sha256s),
+]
+
+
+class TenantSection(CapabilitiesSection):
+    """One tenant: who it is (token hashes), where its workspaces live and what it may do."""
+
+    id: Annotated[str, StringConstraints(strict=True, pattern=TENANT_ID_PATTERN)]
+    """Its name in logs, metrics, labels and paths; unique."""
+    token_sha256: Sha256List
+    """The sha256 hex digest of each bearer token (one or a list)."""
+    workspace_root: Text | None = None
+    """Where its workspaces live; relative: under the server's home (default: home/workspaces/<id>)."""
+    tool_confirmation: ToolConfirmation | None = None
+    """Laid over the server's policy."""
+    quotas: Quotas = Field(default_factory=Quotas)
+    """Its limits on sessions and streams."""
+    uid: HostId | None = None
+    """Host uid of its sandboxes (omit: allocated from ``tenant_uids``)."""
+    gid: HostId | None = None
+    """Host gid (omit: the uid)."""
+    approval_modes: Annotated[tuple[ApprovalMode, ...], BeforeValidator(_modes)] = tuple(ApprovalMode)
+    """The approval modes its sessions may choose; the first is what a session that names none gets."""
+
+    @model_validator(mode="after")
+    def _gid_needs_uid(self) -> TenantSection:
+        if self.gid is not None and self.uid is None:
+            raise KeyProblem("gid", "needs a uid as well")
+        return self
+
+
+class SandboxSection(SandboxConfig):
+    """``sandbox:``: the backend and, for docker, how its containers are made."""
+
+    backend: Literal["docker", "local"] = "docker"
+    """``docker`` (one container per session) or ``local`` (tests and trusted development only)."""
+
+    @model_validator(mode="after")
+    def _options_are_dockers(self) -> SandboxSection:
+        others = sorted(self.model_fields_set - {"backend"})
+        if self.backend != "docker" and others:
+            raise KeyProblem(others[0], "only the docker backend takes options")
+        return self
+
+    def docker(self) -> SandboxConfig:
+        """The docker backend's own config: every key but ``backend``, as the file set them."""
+        return SandboxConfig.model_validate(
+            {k: getattr(self, k) for k in self.model_fields_set - {"backend"}}
+        )
+
+
+TimeoutSeconds = Annotated[float, Field(strict=True, gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)]
+Timeouts = dict[Annotated[str, StringConstraints(strict=True, min_length=1)], TimeoutSeconds]
+"""``timeouts:``: tool name -> seconds, over the tool's own and the class defaults."""
