@@ -44,7 +44,7 @@ async def test_without_mount_the_container_view_is_verified(
     make_provider: ProviderFactory, tmp_path: Path, runtime: str
 ) -> None:
     provider = make_provider(SandboxConfig(runtime=runtime))
-    provider._can_mount = False  # as a server that is not root
+    provider.launcher.can_mount = False  # as a server that is not root
     session = _session(tmp_path / "root", "w")
     ran = await run(provider.sandbox_for(session), "echo hi > f && cat f")
     assert ran.result.exit_code == 0 and ran.out == "hi\n"
@@ -54,7 +54,7 @@ async def test_without_mount_a_swap_after_the_walk_is_caught(
     make_provider: ProviderFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: str
 ) -> None:
     provider = make_provider(SandboxConfig(runtime=runtime))
-    provider._can_mount = False
+    provider.launcher.can_mount = False
     root = tmp_path / "root"
     session = _session(root, "w/x")
     host = tmp_path / "host-dir"

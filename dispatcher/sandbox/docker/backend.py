@@ -1,11 +1,8 @@
-"""Per-session Docker containers: creation, the agent's attach channel, orphans, idle expiry.
+"""Per-session Docker containers: launch slots and retries, orphans, re-adoption, idle expiry.
 
 ``DockerSandboxProvider`` implements the core ``SandboxProvider``. Each session gets one container,
-created on its first sandboxed call, with the workspace bind-mounted at ``/workspace`` and labelled
-with the session, tenant and server instance. The agent is started with an attached
-``docker exec`` (stdin/stdout/stderr, no tty); its stream goes through the Docker daemon, so
-nothing in the sandbox can redirect it to a host path, and it works under gVisor, which cannot
-reach host unix sockets by default.
+created on its first sandboxed call (by ``ContainerLauncher``, ``launch.py``), with the workspace
+bind-mounted at ``/workspace`` and labelled with the session, tenant and server instance.
 """
 
 from __future__ import annotations
@@ -13,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import logging
 import os
-import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,35 +20,25 @@ from typing import Any
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
-from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.adopt import GONE, LABEL_SPEC, adoption_problem, spec_fingerprint
+from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
     LABEL_SESSION,
     LABEL_TENANT,
-    WORKSPACE_ROOT,
     SandboxConfig,
 )
 from dispatcher.sandbox.docker.host import LiveContainer
 from dispatcher.sandbox.docker.image_check import (
-    HOW_TO_BUILD,
     AgentVersionMismatch,
     ImageUnusable,
     check_image,
-    version_mismatch,
 )
+from dispatcher.sandbox.docker.launch import NAME_UNSAFE, AgentLink, ContainerLauncher
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
-from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
-from dispatcher.sandbox.grants import agent_grant_args
-from dispatcher.sandbox.workspace_pin import Stage, pin_session_mounts, split_relative
 
 log = logging.getLogger(__name__)
-
-_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
-_MISSING_EXECUTABLE = {126, 127}
 
 
 def instance_id_for(state_dir: str) -> str:
@@ -84,10 +68,11 @@ class DockerSandboxProvider(ProviderLifecycle):
         self._run_dir = (
             os.path.join(state, "run", "mounts")
             if state
-            else os.path.join("/run/dispatcher", _NAME_UNSAFE.sub("_", self.instance), "mounts")
+            else os.path.join("/run/dispatcher", NAME_UNSAFE.sub("_", self.instance), "mounts")
         )
-        self._can_mount = os.geteuid() == 0
-        """mount(2) works: bind the pinned fds; otherwise verify the container's view after start."""
+        self.launcher = ContainerLauncher(
+            self.config, instance=self.instance, api=self.api, run_dir=self._run_dir
+        )
         self.volumes = WorkspaceVolumes(
             self.config.workspace_quota,
             os.path.join(state, "volumes") if state else None,
@@ -101,7 +86,6 @@ class DockerSandboxProvider(ProviderLifecycle):
         # A burst of new sessions on a small machine: launching them all at once makes every agent
         # miss its start deadline; a few at a time makes each one fast.
         self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
-        self._cpu_turn = itertools.count()
         self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
         """Told each launch's duration and each launch that failed (metrics)."""
         self.on_container: Callable[[str, str | None], None] | None = None
@@ -273,13 +257,13 @@ class DockerSandboxProvider(ProviderLifecycle):
             started = time.monotonic()
             try:
                 try:
-                    link, container_id = await self._launch_once(session)
+                    link, container_id = await self.launcher.launch_once(session)
                 except (AgentVersionMismatch, ImageUnusable):
                     raise  # another try meets the same image
                 except SandboxError as exc:
                     # Nothing has run in the sandbox yet, so one more try is safe.
                     log.warning("sandbox launch failed, retrying once: %s", exc)
-                    link, container_id = await self._launch_once(session)
+                    link, container_id = await self.launcher.launch_once(session)
             except Exception as exc:
                 self.observer.sandbox_failed(launch_failure(exc))
                 raise
@@ -288,26 +272,9 @@ class DockerSandboxProvider(ProviderLifecycle):
             return LiveContainer(container_id, None, None)
         return LiveContainer(container_id, link[0], link[1])
 
-    async def _launch_once(self, session: Session) -> tuple[tuple[AttachStream, AgentChannel] | None, str]:
-        loop = asyncio.get_running_loop()
-        # Pinned at every launch (the first and every recreation): a sandbox of the same tenant may
-        # have swapped any component of the workspace since the last one.
-        stage = await loop.run_in_executor(None, self._stage_mounts, session)
-        container_id: str | None = None
-        try:
-            container_id = await self._create_container(session, stage)
-            await self.api.start(container_id)
-            if not stage.staged:
-                await self._verify_mounts(container_id, stage)
-            # The started container holds its own copy of every bind mount.
-            await loop.run_in_executor(None, stage.release)
-            return await self.start_agent(container_id, session), container_id
-        except BaseException:
-            await loop.run_in_executor(None, stage.release)
-            if container_id is not None:
-                with contextlib.suppress(Exception):
-                    await self.api.remove(container_id)
-            raise
+    async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
+        """Attach an agent in a running container (adoption after a restart); see ``ContainerLauncher``."""
+        return await self.launcher.start_agent(container_id, session)
 
     async def destroy(self, live: LiveContainer) -> None:
         """Close the agent channel and remove the container; failures are logged, not raised."""
@@ -332,156 +299,6 @@ class DockerSandboxProvider(ProviderLifecycle):
             labels[LABEL_TENANT] = tenant_id
         return labels
 
-    def _container_spec(self, session: Session, mounts: list[dict[str, Any]]) -> dict[str, Any]:
-        cfg = self.config
-        labels = {**cfg.extra_labels, LABEL_INSTANCE: self.instance}
-        labels[LABEL_SESSION] = session.session_id
-        labels[LABEL_TENANT] = session.tenant_id
-        labels[LABEL_SPEC] = spec_fingerprint(cfg, session)
-        exec_flag = "exec" if cfg.tmp_exec else "noexec"
-        host_config: dict[str, Any] = {
-            "mounts": mounts,
-            "network_mode": cfg.network_mode,
-            "cap_drop": list(cfg.cap_drop),
-            "cap_add": list(cfg.cap_add) or None,
-            "security_opt": ["no-new-privileges:true"] if cfg.no_new_privileges else None,
-            "read_only": cfg.read_only,
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,{exec_flag},size={cfg.tmpfs_size},mode=1777"},
-            "pids_limit": cfg.pids_limit,
-            "mem_limit": cfg.mem_limit,
-            "memswap_limit": cfg.mem_limit,  # equal: no swap to hide a memory bomb in
-            "nano_cpus": cfg.nano_cpus,
-            "cpuset_cpus": self._next_cpuset(),
-            "init": cfg.init,
-            "runtime": cfg.runtime,
-            "ipc_mode": "private",
-        }
-        return {
-            "image": cfg.image,
-            # The container only has to stay up; commands come through the agent or docker exec.
-            "command": ["sleep", "2147483647"],
-            "user": cfg.user_for(session.sandbox_uid, session.sandbox_gid),
-            "working_dir": WORKSPACE_ROOT,
-            "labels": labels,
-            "hostname": "sandbox",
-            "network_disabled": cfg.network_mode == "none",
-            "host_config": host_config,
-        }
-
-    def _next_cpuset(self) -> str | None:
-        """The CPUs of the next container: as many as ``nano_cpus`` allows, taken in turn.
-
-        ``nproc`` (and every runtime that sizes its thread pools with ``sched_getaffinity``)
-        then sees the CPU limit instead of the host's CPU count; successive containers get the
-        next CPUs round-robin so they spread over the host. None: no pinning.
-        """
-        if not self.config.pin_cpus:
-            return None
-        cpus = sorted(os.sched_getaffinity(0))
-        wanted = -(-self.config.nano_cpus // 1_000_000_000)  # a fraction of a CPU still needs one
-        if wanted >= len(cpus):
-            return None
-        start = next(self._cpu_turn) * wanted
-        return ",".join(str(cpus[(start + i) % len(cpus)]) for i in range(wanted))
-
-    async def _create_container(self, session: Session, stage: Stage) -> str:
-        spec = self._container_spec(session, self._mounts(stage))
-        name = "-".join(
-            (
-                "dispatcher",
-                self.instance[:12],
-                _NAME_UNSAFE.sub("_", session.session_id)[:40],
-                secrets.token_hex(3),
-            )
-        )
-        return await self.api.create_container(name, spec)
-
-    def _owner(self, session: Session) -> tuple[int, int] | None:
-        """uid/gid that directories the server makes for the sandbox are handed to."""
-        uid = session.sandbox_uid if session.sandbox_uid is not None else self.config.uid
-        gid = session.sandbox_gid if session.sandbox_gid is not None else self.config.gid
-        if not self.config.chown_workspace or uid is None:
-            return None
-        return uid, gid if gid is not None else -1
-
-    def _stage_mounts(self, session: Session) -> Stage:
-        """Pin the workspace and its grant directories, and stage them for Docker (blocking).
-
-        Raises:
-            SandboxError: a symlink or non-directory on the way, or a mount failed.
-        """
-        if session.workspace_root is not None:
-            root = session.workspace_root
-            parts = split_relative(session.workspace_name, "workspace")
-        else:  # a Session built by hand (tests, embedding): its path is trusted as given
-            root, parts = session.workspace_path, []
-        caps = session.capabilities
-        grants = None
-        if caps is not None and caps.fs_grants is not None:
-            grants = [(g.prefix, g.mode) for g in caps.fs_grants]
-        pins, tmpfs = pin_session_mounts(
-            root, parts, grants, owner=self._owner(session), target=WORKSPACE_ROOT
-        )
-        stage = Stage(self._run_dir, pins, empty_root=tmpfs)
-        if self._can_mount:
-            stage.bind_all(_NAME_UNSAFE.sub("_", session.session_id)[:40])
-        else:
-            stage.use_paths(markers=self.config.runtime == "runsc")
-        return stage
-
-    @staticmethod
-    def _mounts(stage: Stage) -> list[dict[str, Any]]:
-        mounts: list[dict[str, Any]] = []
-        if stage.empty_root:
-            # Grants without ".": nothing of the workspace but the granted directories exists.
-            mounts.append(
-                {
-                    "Type": "tmpfs",
-                    "Target": WORKSPACE_ROOT,
-                    "ReadOnly": True,
-                    "TmpfsOptions": {"SizeBytes": 1 << 20, "Mode": 0o755},
-                }
-            )
-        for pin, source in zip(stage.pinned, stage.sources, strict=True):
-            mounts.append(
-                {
-                    "Type": "bind",
-                    "Source": source,
-                    "Target": pin.target,
-                    "ReadOnly": pin.read_only,
-                    "BindOptions": {"Propagation": "rprivate"},
-                }
-            )
-        return mounts
-
-    async def _verify_mounts(self, container_id: str, stage: Stage) -> None:
-        """Without mount(2): the container must see exactly the pinned directories.
-
-        runc shows the host's device and inode numbers; gVisor shows its own, so there a marker
-        file made through each pinned fd must be visible at the mount's target.
-
-        Raises:
-            SandboxError: it does not (a component was swapped between the walk and Docker's use).
-        """
-        if not stage.pinned:
-            return
-        if self.config.runtime == "runsc":
-            paths = [f"{target}/{name}" for target, name in stage.markers]
-            cmd = ["sh", "-c", 'for f; do test -e "$f" || exit 1; done', "sh", *paths]
-            code, _ = await self.api.exec_run(container_id, cmd)
-            ok = code == 0
-        else:
-            expected = stage.identities()
-            targets = [target + "/." for target, _, _ in expected]
-            code, out = await self.api.exec_run(container_id, ["stat", "-c", "%d %i", *targets])
-            seen = [line.split() for line in out.decode(errors="replace").splitlines()]
-            ok = code == 0 and seen == [[str(dev), str(ino)] for _, dev, ino in expected]
-        if not ok:
-            raise SandboxError(
-                "the workspace changed while its container was created (a symlink was swapped in);"
-                " refusing to use it"
-            )
-
     async def _watch_usage(self) -> None:
         while True:
             await asyncio.sleep(self.config.workspace_watch_interval_seconds)
@@ -489,59 +306,6 @@ class DockerSandboxProvider(ProviderLifecycle):
                 await self.scan_usage()
             except Exception as exc:  # one failed scan must not stop the watcher
                 log.warning("measuring workspace usage failed: %s", exc)
-
-    async def start_agent(
-        self, container_id: str, session: Session
-    ) -> tuple[AttachStream, AgentChannel] | None:
-        """Attach the agent; None when the image cannot run it (the docker exec fallback applies).
-
-        Raises:
-            SandboxError: the agent started but did not answer its first ping.
-        """
-        cfg = self.config
-        exec_id = await self.api.exec_create(
-            container_id,
-            # The session's grants: the agent enforces them on every descriptor it opens.
-            [cfg.agent_python, cfg.agent_path, "--root", WORKSPACE_ROOT, *agent_grant_args(session)],
-            stdin=True,
-            stdout=True,
-            stderr=True,
-            tty=False,
-            user=cfg.user_for(session.sandbox_uid, session.sandbox_gid),
-            workdir=WORKSPACE_ROOT,
-        )
-        sock, leftover = await self.api.exec_attach(exec_id)
-        stream = await open_attach_stream(sock, leftover, exec_id)
-        channel = AgentChannel(stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT)
-        try:
-            version = await channel.ping(timeout=cfg.agent_start_timeout)
-        except (SandboxError, ConnectionError) as exc:
-            with contextlib.suppress(Exception):
-                await channel.close()
-            stream.close()
-            info = await self.api.exec_inspect(exec_id)
-            if not info.get("Running") and info.get("ExitCode") in _MISSING_EXECUTABLE:
-                if not cfg.exec_fallback:
-                    raise ImageUnusable(
-                        f"sandbox image {cfg.image!r} cannot run {cfg.agent_python!r} (exit "
-                        f"{info.get('ExitCode')}): the agent needs python3 >= 3.9; {HOW_TO_BUILD}, "
-                        "or set sandbox.exec_fallback: true to run shell through docker exec"
-                    ) from exc
-                log.warning(
-                    "image %s cannot run the agent (%s); using docker exec for commands",
-                    cfg.image,
-                    stream.stderr_tail().decode(errors="replace").strip()[-200:],
-                )
-                return None
-            tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
-            raise SandboxError(f"the sandbox agent did not start: {exc}; stderr: {tail}") from exc
-        if version != PROTOCOL_VERSION:
-            # Every later op could fail as "unknown op" or worse; refuse the agent instead.
-            with contextlib.suppress(Exception):
-                await channel.close()
-            stream.close()
-            raise version_mismatch(cfg.image, version)
-        return stream, channel
 
     def _ensure_reaper(self) -> None:
         if self._reaper is not None and not self._reaper.done():

@@ -1,9 +1,9 @@
 """One session's Docker sandbox: the agent channel, with the Docker API as its enforcer.
 
 Calls go to the in-container agent over its attached ``docker exec`` stream. Around every call sits
-the enforcement the agent cannot provide for itself: if the channel breaks (the agent died), the
-agent raises ``AgentUnresponsive``, or a command outlives timeout + grace + slack, the container is
-removed through the Docker API and the next call creates a fresh one. The in-flight exec then
+the enforcement the agent cannot provide for itself (``exec_guard.py``): if the channel breaks (the
+agent died), the agent raises ``AgentUnresponsive``, or a command outlives timeout + grace + slack,
+the container is removed through the Docker API and the next call creates a fresh one. The in-flight exec then
 returns with the output it streamed so far and ``killed=True``; a file operation raises
 ``SandboxError``, which the dispatcher reports as an ``execution_error``.
 
@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from dispatcher.core.sandbox_api import (
     ExecRequest,
@@ -35,18 +35,15 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.core.session import Session
 from dispatcher.sandbox.agent_files import AgentFiles
-from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
+from dispatcher.sandbox.channel import AgentChannel, NotDelivered
 from dispatcher.sandbox.docker.adopt import reattach
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
+from dispatcher.sandbox.docker.exec_guard import ContainerDied, guarded_exec, kill_leftovers, still_running
 from dispatcher.sandbox.docker.fallback import fallback_exec
 from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class ContainerDied(SandboxError):
-    """The container stopped under a command that had not answered at all (no output, no exit)."""
 
 
 class AgentUnavailable(SandboxError):
@@ -298,28 +295,15 @@ class DockerSandbox(AgentFiles):
         raise AssertionError("unreachable")
 
     async def _kill_leftovers(self, live: LiveContainer, processes: int) -> bool:
-        """Kill every process commands left behind (a fork bomb) so the next command can start."""
         assert live.channel is not None
-        try:
-            _, killed, left = await asyncio.wait_for(
-                live.channel.procs(kill=True), self._provider.config.op_timeout_seconds
-            )
-        except (TimeoutError, SandboxError, FileOpError) as exc:
-            log.warning("session %s: killing leftover processes failed: %s", self.session.session_id, exc)
-            return False
-        log.warning(
-            "session %s: process limit exhausted, killed %d processes", self.session.session_id, killed
+        cfg = self._provider.config
+        return await kill_leftovers(
+            live.channel,
+            processes,
+            timeout=cfg.op_timeout_seconds,
+            pids_limit=cfg.pids_limit,
+            session_id=self.session.session_id,
         )
-        what = (
-            f"they were killed ({killed} processes, background commands included)"
-            if killed
-            else "they had ended by the time they were to be killed"
-        )
-        report_notice(
-            f"the sandbox's process limit ({self._provider.config.pids_limit}) was exhausted by"
-            f" {processes} leftover processes; {what}" + (f"; {left} remain" if left else "")
-        )
-        return True
 
     async def _guarded_exec(
         self,
@@ -329,73 +313,17 @@ class DockerSandbox(AgentFiles):
         on_output: OutputCallback,
         cancel_event: asyncio.Event,
     ) -> ExecResult:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        slack = self._provider.config.enforce_slack_seconds
-        # The agent runs the SIGTERM/grace/SIGKILL sequence itself; this deadline only fires when
-        # it failed to (hung agent, or a group that survived SIGKILL without the agent noticing).
-        deadline = started + request.timeout + request.grace_seconds + slack
-        call = asyncio.ensure_future(channel.exec(request, on_output, cancel_event))
-        cancelled = asyncio.ensure_future(cancel_event.wait())
-        try:
-            while not call.done():
-                waiters: set[asyncio.Future[Any]] = {call}
-                if not cancelled.done():
-                    waiters.add(cancelled)
-                await asyncio.wait(
-                    waiters, timeout=max(0.0, deadline - loop.time()), return_when="FIRST_COMPLETED"
-                )
-                if call.done():
-                    break
-                if cancelled.done() and deadline > loop.time() + request.grace_seconds + slack:
-                    deadline = loop.time() + request.grace_seconds + slack
-                    continue
-                if loop.time() >= deadline:
-                    call.cancel()
-                    await self.enforce(live, "command outlived its kill sequence")
-                    return self._killed(request, cancel_event, started)
-            return call.result()
-        except AgentUnresponsive as exc:
-            await self.enforce(live, f"agent unresponsive: {exc}")
-            return self._killed(request, cancel_event, started)
-        except SandboxError as exc:
-            died = not isinstance(exc, NotDelivered) and not await self._running(live)
-            await self.enforce(live, f"agent channel failed: {exc}", tell=not isinstance(exc, NotDelivered))
-            if died:
-                raise ContainerDied(f"the sandbox's container stopped: {exc}") from exc
-            raise
-        finally:
-            cancelled.cancel()
-            if not call.done():
-                call.cancel()
-                with contextlib.suppress(BaseException):
-                    await call
+        async def enforce(reason: str, tell: bool) -> None:
+            await self.enforce(live, reason, tell=tell)
 
-    async def _running(self, live: LiveContainer, settle: float = 5.0) -> bool:
-        """Whether Docker still runs the container, asked only after a channel failed; the
-        channel's end can come before Docker has noticed the death, so it is given ``settle`` s."""
-        deadline = time.monotonic() + settle
-        while True:
-            try:
-                info = await self._provider.api.inspect(live.container_id)
-            except SandboxError:
-                return False
-            if not (info.get("State") or {}).get("Running"):
-                return False
-            if time.monotonic() >= deadline:
-                return True
-            await asyncio.sleep(0.05)
-
-    @staticmethod
-    def _killed(request: ExecRequest, cancel_event: asyncio.Event, started: float) -> ExecResult:
-        elapsed = asyncio.get_running_loop().time() - started
-        cancelled = cancel_event.is_set()
-        return ExecResult(
-            exit_code=None,
-            timed_out=not cancelled and elapsed >= request.timeout,
-            cancelled=cancelled,
-            killed=True,
-            duration_ms=elapsed * 1000,
+        return await guarded_exec(
+            channel,
+            request,
+            on_output,
+            cancel_event,
+            slack=self._provider.config.enforce_slack_seconds,
+            enforce=enforce,
+            running=functools.partial(still_running, self._provider.api, live.container_id),
         )
 
     # -- file operations -----------------------------------------------------------------

@@ -48,7 +48,7 @@ class Rig:
         provider = DockerSandboxProvider(FAST.model_copy(update=config), instance=INSTANCE, api=api)
         # The seam that keeps mount(2) out of unit tests: Docker gets the pinned paths, and the
         # fake container's view of them is checked by the real _verify_mounts.
-        provider._can_mount = False
+        provider.launcher.can_mount = False
         self.providers.append(provider)
         return provider
 
