@@ -83,6 +83,7 @@ class LocalSandbox(AgentFiles):
             env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
             proc = await asyncio.create_subprocess_exec(
                 self._python,
+                "-I",  # isolated: nothing of the environment or the user's site-packages
                 AGENT_PATH,
                 "--root",
                 self._workspace,

@@ -110,3 +110,30 @@ def _vm_rss() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS in /proc/self/status")
+
+
+async def test_an_agent_started_again_ignores_what_commands_left_for_python(
+    make_provider: ProviderFactory,
+) -> None:
+    """HOME is /tmp, so a command can leave a usercustomize.py in python's user site-packages. The
+    agent a restarted server starts in the same container (adoption) runs ``python3 -I``: it does not
+    import it."""
+    provider = make_provider()
+    session = make_provider.session()
+    sandbox = provider.sandbox_for(session)
+    plant = (
+        'site=$(python3 -c "import site; print(site.getusersitepackages())") && mkdir -p "$site" && '
+        'printf \'open("/tmp/imported", "w").close()\\n\' > "$site/usercustomize.py" && '
+        'python3 -c "" && test -e /tmp/imported && rm /tmp/imported && echo planted'
+    )
+    ran = await run(sandbox, plant)
+    assert ran.out.strip() == "planted", ran.err  # a plain python3 in the sandbox does import it
+    container_id = sandbox.container_id
+    assert container_id is not None
+    link = await provider.start_agent(container_id, session)  # as adoption does after a restart
+    assert link is not None
+    stream, channel = link  # started: it answered its first ping
+    await channel.close()
+    stream.close()
+    ran = await run(sandbox, 'test -e /tmp/imported && echo imported || echo clean; ls "$HOME/.local"')
+    assert ran.out.split() == ["clean", "lib"], ran.err  # not imported, though still there

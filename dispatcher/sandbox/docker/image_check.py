@@ -137,7 +137,7 @@ async def _probe(api: DockerAPI, config: SandboxConfig, instance: str) -> tuple[
             image=config.image,
             name=name,
             entrypoint=[config.agent_python],
-            command=[config.agent_path, "--version"],
+            command=["-I", config.agent_path, "--version"],
             user=config.user,
             network_disabled=True,
             labels={LABEL_INSTANCE: instance, "dispatcher.probe": "1"},

@@ -244,7 +244,9 @@ class ContainerLauncher:
         exec_id = await self.api.exec_create(
             container_id,
             # The session's grants: the agent enforces them on every descriptor it opens.
-            [cfg.agent_python, cfg.agent_path, "--root", WORKSPACE_ROOT, *agent_grant_args(session)],
+            # -I: no PYTHON* variables, user site-packages or script directory on sys.path, so
+            # nothing a command left in the container (a usercustomize.py) runs in the agent.
+            [cfg.agent_python, "-I", cfg.agent_path, "--root", WORKSPACE_ROOT, *agent_grant_args(session)],
             stdin=True,
             stdout=True,
             stderr=True,
