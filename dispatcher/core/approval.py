@@ -177,6 +177,9 @@ async def _review(run: RunState, definition: ToolDefinition, input_: dict[str, A
     if decision is Decision.DENY:
         raise ToolUserDenied(f"The reviewer rejected the change to {staged.path}; the file was not changed.")
     await review.check_unchanged(run, staged, input_)
+    # Checked again by the sandbox just before its rename: a change made after this check is
+    # never overwritten either.
+    run.reviewed_sha256 = staged.before_sha256
 
 
 def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -> None:

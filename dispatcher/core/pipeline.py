@@ -234,6 +234,7 @@ class CallRun(RunState):
             emit_output=self._emit_output,
             timeout_seconds=limit,
             resolved=dict(self.resolved),  # the tool uses exactly what was checked and approved
+            reviewed_sha256=self.reviewed_sha256,  # ... and writes only over what was reviewed
         )
         task = asyncio.ensure_future(tool.execute(input_, context))
         try:

@@ -5,7 +5,8 @@ Staging reads the file where the call will write it (the path resolved in the sa
 the change the call would make and publishes it as the ``diff`` of a ``tool.confirmation_requested``
 event. Nothing is written before the answer. On accept the call runs as usual, at the path that was
 resolved and shown, and only if the file is still what the diff was made from (otherwise it is
-refused unchanged and the model is told to call again); ``write_file`` and ``patch_file`` replace the
+refused unchanged and the model is told to call again): checked here first, then again by the
+sandbox just before it renames the new file into place (``expect_sha256``); ``write_file`` and ``patch_file`` replace the
 file atomically (temp file + rename in the sandbox). On reject nothing is written and the result
 says so. A patch that would not apply is refused at staging: no question is asked about a change
 that cannot happen.

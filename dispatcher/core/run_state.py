@@ -62,6 +62,7 @@ class RunState:
         self.decision = "auto"
         self._summary: Any = None
         self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
+        self.reviewed_sha256: str | None = None  # review mode: what the accepted diff was made from
         self.notices: list[str] = []  # what happened to the sandbox meanwhile (recreated, ...)
 
     # Events and audit -------------------------------------------------------------------

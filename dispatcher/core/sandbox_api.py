@@ -150,11 +150,19 @@ class WorkspaceFileAPI(Protocol):
 
     async def read(self, path: str) -> str: ...
 
-    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
-        """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents."""
+    async def write_bytes(
+        self, path: str, data: bytes, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
+        """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents.
+
+        ``expect_sha256`` (review mode): replace only if the file's content still hashes so
+        ("absent": there is no file), checked just before the rename; else ``FileOpError`` ``changed``.
+        """
         ...
 
-    async def write(self, path: str, content: str, *, approved: str | None = None) -> None: ...
+    async def write(
+        self, path: str, content: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None: ...
 
     async def append(self, path: str, content: str) -> None: ...
 
@@ -166,8 +174,11 @@ class WorkspaceFileAPI(Protocol):
 
     async def delete(self, path: str) -> None: ...
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
-        """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
+        """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else.
+        ``expect_sha256`` as for ``write_bytes``."""
         ...
 
     async def resolve(self, path: str) -> str:

@@ -102,6 +102,9 @@ class ToolContext:
     nothing was resolved (no question, no grants: the sandbox checks the path at use alone)."""
     timeout_seconds: float | None = None
     """The limit this call runs under (see ``core/timeouts.py``); None outside the dispatcher."""
+    reviewed_sha256: str | None = None
+    """Review mode: the sha256 of the file the accepted diff was made from ("absent": no file);
+    pass it on as ``expect_sha256=`` so the write happens only if the file is still that."""
 
 
 @runtime_checkable

@@ -38,13 +38,21 @@ class AgentFiles:
         """See ``WorkspaceFileAPI.read``."""
         return await self._file_op("read", lambda ch: ch.read(path))
 
-    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
+    async def write_bytes(
+        self, path: str, data: bytes, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
         """See ``WorkspaceFileAPI.write_bytes``."""
-        await self._file_op("write", lambda ch: ch.write_bytes(path, data, approved=approved))
+        await self._file_op(
+            "write", lambda ch: ch.write_bytes(path, data, approved=approved, expect_sha256=expect_sha256)
+        )
 
-    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
+    async def write(
+        self, path: str, content: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
         """See ``WorkspaceFileAPI.write``."""
-        await self._file_op("write", lambda ch: ch.write(path, content, approved=approved))
+        await self._file_op(
+            "write", lambda ch: ch.write(path, content, approved=approved, expect_sha256=expect_sha256)
+        )
 
     async def append(self, path: str, content: str) -> None:
         """See ``WorkspaceFileAPI.append``."""
@@ -66,9 +74,13 @@ class AgentFiles:
         """See ``WorkspaceFileAPI.delete``."""
         await self._file_op("delete", lambda ch: ch.delete(path))
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
         """See ``WorkspaceFileAPI.patch``."""
-        await self._file_op("patch", lambda ch: ch.patch(path, old, new, approved=approved))
+        await self._file_op(
+            "patch", lambda ch: ch.patch(path, old, new, approved=approved, expect_sha256=expect_sha256)
+        )
 
     async def resolve(self, path: str) -> str:
         """See ``WorkspaceFileAPI.resolve``."""

@@ -60,13 +60,19 @@ class AgentChannel(AgentLink):
             raise FileOpError("too_large", f"{path}: {len(data)} bytes is more than {self._max_frame}")
         return data
 
-    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
-        """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents."""
-        await self._call(_pinned({"op": "write", "path": path}, approved), self._payload(path, data))
+    async def write_bytes(
+        self, path: str, data: bytes, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
+        """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents;
+        with ``expect_sha256``, only if the file is still that (checked by the agent before the rename)."""
+        header = _expecting(_pinned({"op": "write", "path": path}, approved), expect_sha256)
+        await self._call(header, self._payload(path, data))
 
-    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
+    async def write(
+        self, path: str, content: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
         """Write text as UTF-8, atomically."""
-        await self.write_bytes(path, _encode(path, content), approved=approved)
+        await self.write_bytes(path, _encode(path, content), approved=approved, expect_sha256=expect_sha256)
 
     async def append(self, path: str, content: str) -> None:
         """Append text as UTF-8, creating the file if needed."""
@@ -97,11 +103,15 @@ class AgentChannel(AgentLink):
         reply, _ = await self._call({"op": "resolve", "path": path})
         return self._parse(replies.relative_path, reply)
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
         """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
         old_b, new_b = _encode(path, old), _encode(path, new)
-        header = {"op": "patch", "path": path, "old_len": len(old_b)}
-        await self._call(_pinned(header, approved), self._payload(path, old_b + new_b))
+        header = _expecting(
+            _pinned({"op": "patch", "path": path, "old_len": len(old_b)}, approved), expect_sha256
+        )
+        await self._call(header, self._payload(path, old_b + new_b))
 
     # -- processes --------------------------------------------------------------------------
 
@@ -205,6 +215,13 @@ def _pinned(header: dict[str, Any], approved: str | None) -> dict[str, Any]:
     """The request with the approved path, when there is one (the agent then uses exactly it)."""
     if approved is not None:
         header["approved"] = approved
+    return header
+
+
+def _expecting(header: dict[str, Any], expect_sha256: str | None) -> dict[str, Any]:
+    """The request with the content the file must still have (review mode), when there is one."""
+    if expect_sha256 is not None:
+        header["expect_sha256"] = expect_sha256
     return header
 
 

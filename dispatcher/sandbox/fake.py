@@ -10,6 +10,7 @@ of the path as written, and records it in ``approved``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import posixpath
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -70,11 +71,20 @@ class FakeSandbox:
     async def read(self, path: str) -> str:
         return (await self.read_bytes(path)).decode()
 
-    async def write_bytes(self, path: str, data: bytes, *, approved: str | None = None) -> None:
-        self.files[self._path("write", path, approved)] = data
+    async def write_bytes(
+        self, path: str, data: bytes, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
+        full = self._path("write", path, approved)
+        if expect_sha256 is not None:
+            current = self.files.get(full)
+            if (hashlib.sha256(current).hexdigest() if current is not None else "absent") != expect_sha256:
+                raise FileOpError("changed", f"{path}: changed after it was reviewed; nothing was written")
+        self.files[full] = data
 
-    async def write(self, path: str, content: str, *, approved: str | None = None) -> None:
-        await self.write_bytes(path, content.encode(), approved=approved)
+    async def write(
+        self, path: str, content: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
+        await self.write_bytes(path, content.encode(), approved=approved, expect_sha256=expect_sha256)
 
     async def append(self, path: str, content: str) -> None:
         full = self._path("append", path)
@@ -98,14 +108,16 @@ class FakeSandbox:
     async def delete(self, path: str) -> None:
         self.files.pop(self._path("delete", path), None)
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
+    ) -> None:
         text = (await self.read_bytes(path, approved=approved)).decode()
         count = text.count(old)
         if count != 1:
             raise FileOpError(
                 "no_match" if count == 0 else "multiple_matches", f"{count} matches in {path!r}"
             )
-        await self.write(path, text.replace(old, new), approved=approved)
+        await self.write(path, text.replace(old, new), approved=approved, expect_sha256=expect_sha256)
 
     async def resolve(self, path: str) -> str:
         pending = resolve_workspace_path(path, self.root)[len(self.root) :].strip("/").split("/")

@@ -84,7 +84,9 @@ async def _patch_any_newline(
         FileOpError: no attempt matched exactly once (the first attempt's error), or another failure.
     """
     try:
-        await context.workspace_files.patch(path, old, new, approved=approved)
+        await context.workspace_files.patch(
+            path, old, new, approved=approved, expect_sha256=context.reviewed_sha256
+        )
         return
     except FileOpError as exc:
         if exc.code != "no_match" or "\n" not in old:
@@ -94,7 +96,9 @@ async def _patch_any_newline(
     other_old = _lf(old) if crlf else old.replace("\n", "\r\n")
     other_new = _lf(new) if crlf else _lf(new).replace("\n", "\r\n")
     try:
-        await context.workspace_files.patch(path, other_old, other_new, approved=approved)
+        await context.workspace_files.patch(
+            path, other_old, other_new, approved=approved, expect_sha256=context.reviewed_sha256
+        )
     except FileOpError as exc:
         raise (first if exc.code == "no_match" else exc) from None
 

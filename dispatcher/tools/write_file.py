@@ -123,6 +123,7 @@ class WriteFileTool(FileTool):
         content: str = input["content"]
         binary = input.get("encoding") == "base64"
         approved = context.resolved.get("path")  # where it really was when confirmed: used exactly
+        expect = context.reviewed_sha256  # review mode: what the accepted diff was made from
         size = _size(input)
         if size is not None and size > self.max_bytes:  # called without the dispatcher's check
             raise ToolValidationError(f"content is {size:,} bytes, more than {self.max_bytes:,}")
@@ -132,9 +133,9 @@ class WriteFileTool(FileTool):
                     data = decode_base64(content)
                 except ValueError as exc:
                     raise ToolValidationError(str(exc)) from None
-                await context.workspace_files.write_bytes(path, data, approved=approved)
+                await context.workspace_files.write_bytes(path, data, approved=approved, expect_sha256=expect)
             else:
-                await context.workspace_files.write(path, content, approved=approved)
+                await context.workspace_files.write(path, content, approved=approved, expect_sha256=expect)
         except FileOpError as exc:
             raise explain(exc, path) from exc
         if binary:

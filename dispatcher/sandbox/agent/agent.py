@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import hashlib
 import itertools
 import json
 import os
@@ -86,7 +87,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import IO, Any, NoReturn
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
 3: file ops take ``approved`` and exec ``approved_cwd`` (a path used exactly, never through a link),
 and ``resolve`` answers the path itself (undecodable bytes as lone surrogates, not U+FFFD).
@@ -159,6 +160,14 @@ def _field(header: Mapping[str, Any], key: str, kind: type, default: Any = ...) 
     value = header.get(key, default)
     if value is ... or type(value) is not kind:
         raise OpError("bad_request", f"field {key!r} must be {kind.__name__}")
+    return value
+
+
+def _expected(header: Mapping[str, Any], op: str) -> str | None:
+    """``expect_sha256`` of a write or patch (review mode): what the file must still be."""
+    value = header.get("expect_sha256")
+    if value is not None and type(value) is not str:
+        raise OpError("bad_request", "field 'expect_sha256' must be str")
     return value
 
 
@@ -409,18 +418,27 @@ class Workspace:
             raise
         return fd
 
-    def write(self, path: str, data: bytes, approved: str | None = None) -> None:
-        """Atomically replace the file: temp file in the same directory, fsync, rename."""
+    def write(self, path: str, data: bytes, approved: str | None = None, expect: str | None = None) -> None:
+        """Atomically replace the file: temp file in the same directory, fsync, rename. With
+        ``expect`` (a sha256, or "absent"), only if the file still is that just before the rename."""
         real = self._granted(path, "rw") if approved is None else self.approved(approved, path, "rw")
         pinned = None if approved is None else "written"
         with self._lock(real):
             dfd, name = self._parent_fd(path, real, pinned)
             try:
-                self._replace(dfd, name, data, path, pinned)
+                self._replace(dfd, name, data, path, pinned, expect)
             finally:
                 os.close(dfd)
 
-    def _replace(self, dfd: int, name: str, data: bytes, shown: str, pinned: str | None = None) -> None:
+    def _replace(
+        self,
+        dfd: int,
+        name: str,
+        data: bytes,
+        shown: str,
+        pinned: str | None = None,
+        expect: str | None = None,
+    ) -> None:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -444,6 +462,12 @@ class Workspace:
                 os.fsync(fd)  # data before rename: a crash never exposes a half-written file
             finally:
                 os.close(fd)
+            if expect is not None and _content_sha256(dfd, name) != expect:
+                raise OpError(
+                    "changed",
+                    f"{shown} changed after the change to it was reviewed; nothing was written. Read the"
+                    " file again and repeat the call to have it reviewed again.",
+                )
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -468,12 +492,14 @@ class Workspace:
             finally:
                 os.close(fd)
 
-    def patch(self, path: str, old: bytes, new: bytes, approved: str | None = None) -> None:
+    def patch(
+        self, path: str, old: bytes, new: bytes, approved: str | None = None, expect: str | None = None
+    ) -> None:
         """Replace the single occurrence of ``old``; the file is untouched on any failure."""
         if not old:
             raise OpError("no_match", f"{path}: the text to replace is empty")
         if approved is not None:
-            self._patch_approved(path, old, new, approved)
+            self._patch_approved(path, old, new, approved, expect)
             return
         real = self._granted(path, "rw")
         with self._lock(real):
@@ -481,11 +507,11 @@ class Workspace:
             patched = _patched(data, old, new, path)
             dfd, name = self._parent_fd(path, real)
             try:
-                self._replace(dfd, name, patched, path)
+                self._replace(dfd, name, patched, path, None, expect)
             finally:
                 os.close(dfd)
 
-    def _patch_approved(self, path: str, old: bytes, new: bytes, approved: str) -> None:
+    def _patch_approved(self, path: str, old: bytes, new: bytes, approved: str, expect: str | None) -> None:
         """``patch`` of exactly the approved file: read and replaced through one directory descriptor."""
         real = self.approved(approved, path, "rw")
         with self._lock(real):
@@ -497,7 +523,7 @@ class Workspace:
                     if size > MAX_PAYLOAD:
                         raise OpError("too_large", f"{path}: file is {size} bytes, more than {MAX_PAYLOAD}")
                     data = f.read(MAX_PAYLOAD)
-                self._replace(dfd, name, _patched(data, old, new, path), path, "written")
+                self._replace(dfd, name, _patched(data, old, new, path), path, "written", expect)
             finally:
                 os.close(dfd)
 
@@ -623,6 +649,26 @@ class Workspace:
                 os.unlink(name, dir_fd=dfd)
         finally:
             os.close(dfd)
+
+
+def _content_sha256(dfd: int, name: str) -> str:
+    """sha256 hex of the regular file ``name`` in ``dfd`` as it is now; "absent" when there is none
+    (anything else there, a link included, hashes as nothing a review could have seen)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "unreadable"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a file"
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
 
 
 def _patched(data: bytes, old: bytes, new: bytes, shown: str) -> bytes:
@@ -1057,14 +1103,14 @@ class Agent:
                     path, _count(header, "max_bytes"), _field(header, "strict", bool), approved
                 )
             elif op == "write":
-                ws.write(path, payload, approved)
+                ws.write(path, payload, approved, _expected(header, op))
             elif op == "append":
                 ws.append(path, payload)
             elif op == "patch":
                 split = _field(header, "old_len", int)
                 if not 0 <= split <= len(payload):
                     raise OpError("bad_request", "old_len out of range")
-                ws.patch(path, payload[:split], payload[split:], approved)
+                ws.patch(path, payload[:split], payload[split:], approved, _expected(header, op))
             elif op == "exists":
                 result["exists"] = ws.exists(path)
             elif op == "stat":

@@ -67,3 +67,37 @@ async def _results(client: object, sid: str, uses: list[ToolUseBlock]) -> dict[s
         if isinstance(item, ToolResultBlock):
             out[item.tool_use_id] = item
     return out
+
+
+async def test_a_change_after_the_servers_check_is_refused_by_the_agent_not_overwritten(
+    docker_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file changes between the server's last check and the write (a command in the sandbox,
+    here the host): the agent compares the reviewed hash just before its rename and refuses."""
+    from dispatcher.core import approval
+
+    client = docker_harness.client(TOKEN_BETA)
+    root = docker_harness.tmp / "ws-beta" / "default"
+    setup = await client.create_session(mode="autonomous")
+    made = await client.call(setup.session_id, "shell", {"command": "printf 'a\\nb\\n' > f.py"})
+    assert not made.is_error, text_of(made)
+    real_check = approval.review.check_unchanged
+
+    async def check_then_change(*args: object) -> None:
+        await real_check(*args)  # type: ignore[arg-type]
+        (root / "f.py").write_text("a\nb\nlater\n")
+
+    monkeypatch.setattr(approval.review, "check_unchanged", check_then_change)
+    session = await client.create_session(mode="review")
+    sid = session.session_id
+    task = asyncio.create_task(
+        _results(client, sid, [ToolUseBlock("p", "patch_file", {"path": "f.py", "old": "b\n", "new": "B\n"})])
+    )
+    async for event in client.watch(sid):
+        if event.type == "tool.confirmation_requested":
+            await client.resolve_confirmation(sid, str(event.payload.request_id), Decision.ALLOW)
+            break
+    results = await asyncio.wait_for(task, 60)
+    assert results["p"].is_error and "changed after the change to it was reviewed" in text_of(results["p"])
+    assert (root / "f.py").read_text() == "a\nb\nlater\n"
+    assert not [p.name for p in root.iterdir() if p.name.endswith(".tmp")]
