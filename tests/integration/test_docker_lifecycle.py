@@ -172,3 +172,19 @@ async def test_a_closed_session_is_never_relaunched(
     with pytest.raises(SandboxError, match="is closed"):
         await sandbox.write("late.txt", "a call that raced CloseSession")
     assert containers_of(docker_client, provider.instance) == []
+
+
+async def test_a_container_past_its_lifetime_goes_with_what_ran_in_the_background(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = make_provider(SandboxConfig(max_lifetime_seconds=1.0))
+    sandbox = provider.sandbox_for(make_provider.session())
+    ran = await run(sandbox, "nohup sleep 1001 >/dev/null 2>&1 & echo started")
+    assert ran.out == "started\n", ran.err
+    first = sandbox.container_id
+    # The reaper retires it although a process still runs (idleness alone would spare it).
+    await until(
+        lambda: first not in [c.id for c in containers_of(docker_client, provider.instance)], timeout=15
+    )
+    ran = await run(sandbox, "pgrep -cf 'sleep 100[1]' || true")  # [1]: not this shell's own line
+    assert ran.out.strip() == "0" and sandbox.container_id not in (None, first)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,9 @@ def adoption_problem(
         )
     if container.get("State") != "running":
         return f"its container had stopped ({container.get('State')}) when the server restarted"
+    lifetime = config.max_lifetime_seconds
+    if lifetime is not None and time.time() - float(container.get("Created") or 0) >= lifetime:
+        return f"its container had reached the sandbox's maximum lifetime ({lifetime:g} s)"
     return None
 
 

@@ -201,6 +201,7 @@ class DockerSandboxProvider(ProviderLifecycle):
             if sandbox is not None:
                 problem = adoption_problem(container, sandbox.session, self.instance, self.config)
                 if problem is None:
+                    sandbox.adoptable(float(container.get("Created") or time.time()))
                     continue
                 sandbox.adoption_failed(problem)
             elif container["Id"] in owned or labels.get(LABEL_SESSION) in live:
@@ -344,13 +345,16 @@ class DockerSandboxProvider(ProviderLifecycle):
 
     async def _reap_idle(self) -> None:
         ttl = self.config.idle_ttl_seconds
-        interval = min(max(ttl / 4, 0.05), 30.0)
+        shortest = min(ttl, self.config.max_lifetime_seconds or ttl)
+        interval = min(max(shortest / 4, 0.05), 30.0)
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
             for sandbox in list(self._sandboxes.values()):
                 try:
-                    await sandbox.retire_if_idle(now, ttl)
+                    # Shielded: a stop (aclose cancels this task) waits for a removal under way, on
+                    # the sandbox's lock, instead of leaving it half done.
+                    await asyncio.shield(sandbox.retire_if_idle(now, ttl))
                 except Exception as exc:  # one failing removal must not stop the reaper
                     log.warning("idle removal of session %s failed: %s", sandbox.session.session_id, exc)
 

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from dispatcher.core.session import Session
@@ -25,6 +26,11 @@ class LiveContainer:
     container_id: str
     stream: AttachStream | None
     channel: AgentChannel | None
+    started: float = field(default_factory=time.monotonic)
+    """When the container started (``time.monotonic``), for ``sandbox.max_lifetime_seconds``."""
+
+    def older_than(self, seconds: float | None, now: float) -> bool:
+        return seconds is not None and now - self.started >= seconds
 
     @property
     def broken(self) -> bool:

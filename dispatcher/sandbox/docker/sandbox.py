@@ -67,6 +67,8 @@ class DockerSandbox(AgentFiles):
         """Why the last container was removed, until a call's result has said so."""
         self._adopt: str | None = None
         """A container a previous server life started for this session, to re-attach (not launch)."""
+        self._adopt_started: float | None = None
+        """When that container started, on this process's monotonic clock."""
 
     @property
     def workspace_root(self) -> str:
@@ -90,6 +92,9 @@ class DockerSandbox(AgentFiles):
                 live = self._live
                 if live is not None and live.broken:
                     await self._discard(live, "its agent or its container had died")
+                    live = None
+                if live is not None and self._active == 1 and self._too_old(live, time.monotonic()):
+                    await self._retire(live)
                     live = None
                 if live is None and self._adopt is not None:
                     await self._adopt_locked()
@@ -147,10 +152,26 @@ class DockerSandbox(AgentFiles):
             )
         await self._discard(live, reason)
 
+    def _too_old(self, live: LiveContainer, now: float) -> bool:
+        return live.older_than(self._provider.config.max_lifetime_seconds, now)
+
+    async def _retire(self, live: LiveContainer) -> None:
+        """Remove a container past ``max_lifetime_seconds`` (not a failure: no recreation counted)."""
+        lifetime = self._provider.config.max_lifetime_seconds
+        await self._discard(live, f"it had reached the sandbox's maximum lifetime ({lifetime:g} s)")
+        self.recreations -= 1
+
     async def retire_if_idle(self, now: float, ttl: float) -> bool:
         """Remove the container after ``ttl`` seconds without calls, unless processes still run
-        in it (a background test run is work, not idleness); True if it did."""
+        in it (a background test run is work, not idleness), or once it is older than
+        ``max_lifetime_seconds`` while no call runs, processes or not; True if it did."""
         live = self._live
+        if live is not None and not self._active and self._too_old(live, now):
+            async with self._lock:
+                if self._live is live and not self._active:
+                    await self._retire(live)
+                    return True
+            return False
         if live is None or self._active or now - self.last_used < ttl or await self._working(live):
             return False
         async with self._lock:
@@ -191,6 +212,10 @@ class DockerSandbox(AgentFiles):
     def expect(self, container_id: str) -> None:
         self._adopt = container_id
 
+    def adoptable(self, created: float) -> None:
+        """The expected container passed its checks; it was created at ``created`` (epoch s)."""
+        self._adopt_started = time.monotonic() - max(0.0, time.time() - created)
+
     def adoption_failed(self, reason: str) -> None:
         """The expected container cannot be re-adopted: the next call starts a fresh one and says why."""
         if self._adopt is not None:
@@ -212,6 +237,8 @@ class DockerSandbox(AgentFiles):
             self._lost = result
             self._provider.container_changed(self.session.session_id, None)
         else:
+            if self._adopt_started is not None:
+                result.started = self._adopt_started
             self._live = result
             self.last_used = time.monotonic()
 

@@ -1,9 +1,11 @@
-"""Idle containers and orphans are removed; busy ones are spared (fake daemon)."""
+"""Idle containers and orphans are removed; busy ones are spared; old ones are not (fake daemon)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+from dispatcher.sandbox.docker.adopt import LABEL_SPEC, adoption_problem, spec_fingerprint
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import INSTANCE, Rig, run
@@ -64,3 +66,42 @@ async def test_orphan_removal_spares_live_sessions(rig: Rig) -> None:
     leftover = rig.fake.add_container({LABEL_INSTANCE: INSTANCE, LABEL_SESSION: "gone"})
     assert await provider.remove_orphans() == 1
     assert sandbox.container_id in rig.fake.containers_by_id and leftover not in rig.fake.containers_by_id
+
+
+async def test_a_container_past_its_lifetime_is_replaced_at_the_next_call_which_says_so(rig: Rig) -> None:
+    sandbox = rig.sandbox(max_lifetime_seconds=0.3)
+    await run(sandbox, BACKGROUND)  # something left running: the lifetime bounds it anyway
+    first = sandbox.container_id
+    await asyncio.sleep(0.4)
+    ran = await run(sandbox, "echo hi")
+    assert ran.result.exit_code == 0 and sandbox.container_id not in (None, first)
+    assert any("maximum lifetime (0.3 s)" in n and "processes left running" in n for n in ran.notices), (
+        ran.notices
+    )
+    assert first not in rig.fake.containers_by_id and sandbox.recreations == 0  # age is not a failure
+
+
+async def test_the_reaper_retires_an_old_container_even_with_processes_running(rig: Rig) -> None:
+    sandbox = rig.sandbox(max_lifetime_seconds=60)
+    await run(sandbox, BACKGROUND)
+    assert not await sandbox.retire_if_idle(time.monotonic() + 30, ttl=600)  # young, and working
+    assert await sandbox.retire_if_idle(time.monotonic() + 61, ttl=600)
+    assert sandbox.container_id is None and rig.fake.containers_alive == []
+
+
+async def test_without_a_lifetime_a_working_container_stays(rig: Rig) -> None:
+    sandbox = rig.sandbox(max_lifetime_seconds=None)
+    await run(sandbox, BACKGROUND)
+    assert not await sandbox.retire_if_idle(time.monotonic() + 10**7, ttl=600)
+    assert sandbox.container_id is not None
+
+
+def test_a_container_past_its_lifetime_is_not_readopted_after_a_restart(rig: Rig) -> None:
+    provider = rig.provider(max_lifetime_seconds=3600)
+    session = rig.session()
+    labels = {LABEL_INSTANCE: INSTANCE, LABEL_SESSION: session.session_id, LABEL_TENANT: session.tenant_id}
+    labels[LABEL_SPEC] = spec_fingerprint(provider.config, session)
+    young = {"Labels": labels, "State": "running", "Created": int(time.time()) - 60}
+    old = {**young, "Created": int(time.time()) - 3601}
+    assert adoption_problem(young, session, INSTANCE, provider.config) is None
+    assert "maximum lifetime (3600 s)" in str(adoption_problem(old, session, INSTANCE, provider.config))
