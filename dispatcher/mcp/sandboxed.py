@@ -3,7 +3,8 @@
 The process starts on the session's first call of one of the server's tools and runs as the
 session's sandbox user in ``/workspace``, under every limit of the container (no network, the
 session's grants, pids/memory); it goes when the container goes (session closed, sandbox
-recreated or retired) and starts again on the next call. Its tools are listed once at boot, in a
+recreated or retired) and starts again on the next call. It does not count as work that keeps an
+unused container from its idle removal (the agent leaves out sessions ``docker exec`` started). Its tools are listed once at boot, in a
 throwaway sandbox of their own (an empty workspace under ``<home>/run/mcp-discovery/<server>``).
 
 With the docker backend the process is attached over ``docker exec`` (stdin/stdout); with the local

@@ -199,10 +199,14 @@ class AgentChannel(AgentLink):
             return "done"
         return "cancel" if cancel_event.is_set() or call.interrupted.is_set() else "timeout"
 
-    async def procs(self, *, kill: bool = False) -> tuple[int, int, int]:
+    async def procs(self, *, kill: bool = False, spare_exec_sessions: bool = False) -> tuple[int, int, int]:
         """(processes commands left running, how many were killed, processes left); ``kill``
-        stops and kills them all (the agent's and init's excepted)."""
-        reply, _ = await self._call({"op": "procs", "kill": kill})
+        stops and kills them all (the agent's and init's excepted). ``spare_exec_sessions``: leave
+        out the processes of sessions the server attached itself (sandboxed MCP servers)."""
+        header = {"op": "procs", "kill": kill}
+        if spare_exec_sessions:
+            header["spare_exec_sessions"] = True
+        reply, _ = await self._call(header)
         counts = tuple(
             self._parse(replies.require, reply, key, int) for key in ("processes", "killed", "left")
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import docker
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
 from dispatcher.sandbox.docker.sandbox import AgentUnavailable
+from dispatcher.sandbox.docker.stdio import DockerStdioProcess
 from tests.integration.conftest import BUSYBOX_IMAGE, ProviderFactory
 from tests.integration.helpers import containers_of, run, runsc_available
 from tests.polling import until
@@ -188,3 +190,31 @@ async def test_a_container_past_its_lifetime_goes_with_what_ran_in_the_backgroun
     )
     ran = await run(sandbox, "pgrep -cf 'sleep 100[1]' || true")  # [1]: not this shell's own line
     assert ran.out.strip() == "0" and sandbox.container_id not in (None, first)
+
+
+@pytest.mark.parametrize("runtime", [None, "runsc"])
+async def test_a_process_the_server_attached_is_not_work_but_a_command_left_running_is(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient, runtime: str | None
+) -> None:
+    """A sandboxed MCP server waits for calls forever: it must not keep an unused container from
+    its idle removal. What a command left running still does (a background build is work)."""
+    if runtime == "runsc" and not runsc_available(docker_client):
+        pytest.skip("runsc is not registered with dockerd")
+    provider = make_provider(SandboxConfig(runtime=runtime))
+    sandbox = provider.sandbox_for(make_provider.session())
+    ran = await run(sandbox, "nohup sleep 1003 >/dev/null 2>&1 & echo started")
+    assert ran.out == "started\n", ran.err
+    later = time.monotonic() + 10_000
+    assert not await sandbox.retire_if_idle(later, ttl=600)  # the command's process is work
+    await run(sandbox, "pkill -f 'sleep 100[3]'; true")
+    server = await DockerStdioProcess.start(sandbox, ["sleep", "1004"], {}, limit=1 << 16)
+    try:
+        for _ in range(100):  # it runs, as the session's MCP server would
+            if (await run(sandbox, "pgrep -cf 'sleep 100[4]'")).out.strip() == "1":
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the attached process never ran")
+        assert await sandbox.retire_if_idle(later, ttl=600)  # and it alone is not work
+    finally:
+        await server.close()

@@ -857,12 +857,29 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _ppid(pid: int) -> int | None:
+    return _stat_number(pid, 1)
+
+
+def _session(pid: int) -> int | None:
+    return _stat_number(pid, 3)
+
+
+def _stat_number(pid: int, index: int) -> int | None:
+    """Field ``index`` (0 is the state) after the name in ``/proc/<pid>/stat``; None once gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
-        return int(raw[raw.rfind(b")") + 2 :].split()[1])
+        return int(raw[raw.rfind(b")") + 2 :].split()[index])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _outside_exec_sessions(found: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+    """``found`` less the sessions ``docker exec`` started: their leader has no parent in the
+    container (parent pid 0), as a process the server attached on its own does (a sandboxed MCP
+    server). Nothing a command starts can have parent 0: it descends from the agent."""
+    leaders = {pid for pid, _, _ in found if _ppid(pid) == 0 and _session(pid) == pid}
+    return [p for p in found if _session(p[0]) not in leaders] if leaders else found
 
 
 def _container_own(found: list[tuple[int, str, int]]) -> set[tuple[int, int]] | None:
@@ -1232,6 +1249,8 @@ class Agent:
         """Count the processes commands left behind; with ``kill``, stop and kill all of them."""
         kill = _field(header, "kill", bool, False)
         found = self._strays.list()
+        if _field(header, "spare_exec_sessions", bool, False):  # asking whether commands still work
+            found = _outside_exec_sessions(found)
         result = {"processes": sum(1 for _, state, _ in found if state not in "ZX"), "killed": 0}
         if kill:
             if os.geteuid() == 0:  # not in a sandbox (sandboxes never run as root): touch nothing

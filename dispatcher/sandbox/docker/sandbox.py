@@ -187,7 +187,9 @@ class DockerSandbox(AgentFiles):
             return False  # no agent to ask (docker exec fallback) or a dead one: nothing to spare
         try:
             processes, _, _ = await asyncio.wait_for(
-                live.channel.procs(), self._provider.config.op_timeout_seconds
+                # An MCP server the session runs here is not work: it may wait for calls forever.
+                live.channel.procs(spare_exec_sessions=True),
+                self._provider.config.op_timeout_seconds,
             )
         except (TimeoutError, SandboxError, FileOpError) as exc:
             log.warning("session %s: cannot count its processes: %s", self.session.session_id, exc)
