@@ -21,24 +21,22 @@ from dispatcher.core.approval import parse_mode
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass, UnknownSessionError
-from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, ToolFailed
+from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
 from dispatcher.core.events import Event
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 from dispatcher.server.session_entry import ServerSession, build_session
-from dispatcher.server.store import (
-    STATE_FILE,
-    SessionStore,
-    StateError,
-    StoredSession,
+from dispatcher.server.store import STATE_FILE, SessionStore, StateError, StoredSession
+from dispatcher.server.store_writer import StateWriter
+from dispatcher.server.stored_policy import (
     mode_in_force_from_json,
+    plan_from_json,
     policy_to_json,
     remembered_from_json,
     session_fields_from_json,
 )
-from dispatcher.server.store_writer import StateWriter
 
 if TYPE_CHECKING:
     from dispatcher.server.tenants import Tenant, TenantDirectory
@@ -119,8 +117,8 @@ class SessionPersistence:
 
         def sink(event: Event) -> None:
             on_event(event)
-            if event.type == TOOL_CONFIRMATION_RESOLVED:
-                # The call remembers the answer right after this event: read it afterwards.
+            if event.type in (TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED):
+                # The call remembers the answer (records the step) around this event: read it after.
                 loop.call_soon(self.save_policy, session_id)
 
         return sink
@@ -133,7 +131,8 @@ class SessionPersistence:
             return
         answers = state.broker.remembered_answers()
         remembered = {tool: decision.value for tool, decision in answers.items()}
-        self.writer.update(session_id, "policy", policy_to_json(remembered, state.session, state.mode))
+        policy = policy_to_json(remembered, state.session, state.mode, state.plan)
+        self.writer.update(session_id, "policy", policy)
 
     def save_policies(self) -> None:
         """Every open session's policy state (a graceful stop: what no event announced)."""
@@ -196,6 +195,7 @@ class SessionPersistence:
         remembered = remembered_from_json(row.policy)
         state = self.dispatcher.session_state(row.session_id)
         state.broker.restore_remembered({tool: Decision(value) for tool, value in remembered.items()})
+        state.plan[:] = plan_from_json(row.policy)
         in_force = mode_in_force_from_json(row.policy)
         if in_force is not None:
             try:

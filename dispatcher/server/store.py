@@ -2,7 +2,7 @@
 
 What one row keeps is what a restarted server needs to give a session back: identity, tenant,
 workspace, role, labels, create time, the per-session policy state (remembered confirmation
-answers; see ``policy_to_json``), the container it owns, its last event seq, its bounded event
+answers, the mode in force, the proposed plan; see ``stored_policy.py``), the container it owns, its last event seq, its bounded event
 history, and the tool calls that were running. The file is the server's own, but it may be stale
 or damaged: anything unreadable refuses the start (``StateError``, exit 2) rather than dropping
 state silently.
@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.event_payloads import payload_from_dict
 from dispatcher.core.events import Event
-from dispatcher.core.session import Session
 
 log = logging.getLogger("dispatcher.server")
 
@@ -103,71 +101,6 @@ class StoredSession:
     last_seq: int = 0
     events: list[Event] = field(default_factory=list)
     running: list[RunningCall] = field(default_factory=list)
-
-
-def policy_to_json(
-    remembered: Mapping[str, str], session: Session | None = None, mode_in_force: str | None = None
-) -> dict[str, Any]:
-    """The per-session policy state as stored: ``remembered`` (tool -> "allow"/"deny"), the
-    session's own policy fields (its approval mode, its capabilities) and the mode in force when
-    it differs (an approved plan made it ``autonomous``). One place to extend."""
-    policy: dict[str, Any] = {"remembered": dict(remembered)}
-    if session is not None:
-        policy["approval_mode"] = session.approval_mode
-        if mode_in_force and mode_in_force != session.approval_mode:
-            policy["mode_in_force"] = str(mode_in_force)
-        caps = session.capabilities
-        if caps is not None:
-            tools = sorted(caps.allowed_tools) if caps.allowed_tools is not None else None
-            fs = [[g.prefix, g.mode] for g in caps.fs_grants] if caps.fs_grants is not None else None
-            policy["capabilities"] = {"tools": tools, "fs": fs}
-    return policy
-
-
-def remembered_from_json(policy: Mapping[str, Any]) -> dict[str, str]:
-    """The remembered answers of a stored policy; anything malformed is dropped, not trusted."""
-    raw = policy.get("remembered")
-    if not isinstance(raw, dict):
-        return {}
-    return {str(k): v for k, v in raw.items() if isinstance(k, str) and v in ("allow", "deny")}
-
-
-def mode_in_force_from_json(policy: Mapping[str, Any]) -> str | None:
-    """The approval mode in force when it differed from the session's own; None otherwise."""
-    mode = policy.get("mode_in_force")
-    return mode if isinstance(mode, str) and mode else None
-
-
-def session_fields_from_json(policy: Mapping[str, Any]) -> dict[str, Any]:
-    """``build_session`` keywords from a stored policy: ``approval_mode`` and ``capabilities`` (the
-    session's, to be intersected again with its tenant's as they are now).
-
-    Raises:
-        ValueError: a field is malformed (a damaged row).
-    """
-    fields: dict[str, Any] = {}
-    mode = policy.get("approval_mode")
-    if mode is not None:
-        if not isinstance(mode, str):
-            raise ValueError("approval_mode must be a string")
-        fields["approval_mode"] = mode
-    caps = policy.get("capabilities")
-    if caps is not None:
-        if not isinstance(caps, dict):
-            raise ValueError("capabilities must be an object")
-        tools, fs = caps.get("tools"), caps.get("fs")
-        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, str) for t in tools)):
-            raise ValueError("capabilities.tools must be a list of names")
-        grants = None
-        if fs is not None:
-            if not isinstance(fs, list) or not all(
-                isinstance(g, list) and len(g) == 2 and isinstance(g[0], str) and g[1] in ("r", "rw")
-                for g in fs
-            ):
-                raise ValueError("capabilities.fs must be a list of [prefix, mode]")
-            grants = tuple(FsGrant(prefix, mode) for prefix, mode in fs)
-        fields["capabilities"] = Capabilities(frozenset(tools) if tools is not None else None, grants)
-    return fields
 
 
 class SessionStore:

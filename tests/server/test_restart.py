@@ -22,6 +22,7 @@ import yaml
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.server.helpers import text_of
 from tests.server.serve_process import REPO, ServeProcess, start_serve
 
 
@@ -336,5 +337,31 @@ def test_an_approved_plan_stays_approved_after_a_restart(tmp_path: Path) -> None
         with server.client() as client, pytest.raises(RequestFailed) as failed:
             client.approve_plan(info.session_id, True)  # it is no longer in plan mode
         assert "autonomous" in failed.value.details
+    finally:
+        server.close()
+
+
+def test_a_proposed_plan_survives_a_restart_and_is_approved_after_it(tmp_path: Path) -> None:
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            info = client.create_session("proj", mode="plan")
+            for n in (1, 2):
+                proposed = client.call(info.session_id, "write_file", {"path": f"f{n}.txt", "content": "x"})
+                assert proposed.is_error and f"step {n}" in text_of(proposed)
+        wait_stored(
+            server.home,
+            "SELECT policy FROM sessions WHERE session_id = ?",
+            (info.session_id,),
+            lambda row: row is not None and '"step": 2' in row[0],
+        )
+    finally:
+        kill9(server)
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            steps, mode = client.approve_plan(info.session_id, True)
+            assert [(s.step, s.tool_name) for s in steps] == [(1, "write_file"), (2, "write_file")]
+            assert mode == "autonomous" and "f2.txt" in str(steps[1].projected_modifications)
     finally:
         server.close()

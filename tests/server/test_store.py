@@ -19,10 +19,9 @@ from dispatcher.server.store import (
     SessionStore,
     StateError,
     StoredSession,
-    policy_to_json,
-    remembered_from_json,
 )
 from dispatcher.server.store_writer import StateWriter
+from dispatcher.server.stored_policy import plan_from_json, policy_to_json, remembered_from_json
 
 
 def _row(session_id: str = "ses_1", **kw: object) -> StoredSession:
@@ -251,7 +250,7 @@ def test_a_second_lock_on_a_home_names_the_holder(tmp_path: Path) -> None:
 def test_a_sessions_own_policy_fields_round_trip() -> None:
     from dispatcher.core.capabilities import Capabilities, FsGrant
     from dispatcher.core.session import Session
-    from dispatcher.server.store import mode_in_force_from_json, session_fields_from_json
+    from dispatcher.server.stored_policy import mode_in_force_from_json, session_fields_from_json
 
     caps = Capabilities(frozenset({"shell"}), (FsGrant("src", "rw"), FsGrant(".", "r")))
     session = Session("ses_1", "/w", approval_mode="plan", capabilities=caps)
@@ -349,3 +348,24 @@ def test_a_damaged_event_row_is_skipped_with_a_log_line_and_the_rest_loads(
     assert stored.last_seq >= 2
     [record] = [r for r in caplog.records if "stored event skipped" in r.getMessage()]
     assert needle in record.getMessage() and getattr(record, "seq", None) == 1
+
+
+def test_a_plan_is_stored_and_read_back_and_a_damaged_step_ends_it() -> None:
+    from dispatcher.core.calls import PlanStep
+
+    steps = [
+        PlanStep(n, "t", f"toolu_{n}", "write_file", "write", f"write_file {n}", (f"f{n}.txt",))
+        for n in (1, 2, 3)
+    ]
+    stored = policy_to_json({}, None, None, steps)
+    assert plan_from_json(stored) == steps
+    assert "plan" not in policy_to_json({}, None, None, [])  # nothing stored for no plan
+    damaged = {**stored, "plan": [stored["plan"][0], {**stored["plan"][1], "step": 7}, stored["plan"][2]]}
+    assert plan_from_json(damaged) == steps[:1]  # not renumbered: the rest is dropped
+    for bad in (
+        "x",
+        [1],
+        [{**stored["plan"][0], "input_summary": 5}],
+        [{**stored["plan"][0], "tool_name": "x" * 300}],
+    ):
+        assert plan_from_json({"plan": bad}) == []
