@@ -71,12 +71,25 @@ class SandboxFailure(enum.StrEnum):
     LAUNCH = "launch"  # the container or its agent did not start (after the retry)
 
 
+class SandboxRemoval(enum.StrEnum):
+    """Why a running sandbox was removed before its session ended."""
+
+    ENFORCED = "enforced"  # a command outlived its kill sequence, or the agent stopped answering
+    DIED = "died"  # its container or its agent died by itself (a fork bomb under gVisor, OOM)
+    PROCESS_LIMIT = "process_limit"  # its pids limit stayed exhausted after the leftovers were killed
+    QUOTA = "quota"  # its tenant went over its disk quota (watched usage)
+    IDLE = "idle"  # unused for sandbox.idle_ttl_seconds
+    LIFETIME = "lifetime"  # older than sandbox.max_lifetime_seconds
+
+
 class SandboxObserver(Protocol):
-    """Told about sandbox launches by a backend; must not block or raise."""
+    """Told about sandbox launches and removals by a backend; must not block or raise."""
 
     def sandbox_launched(self, seconds: float) -> None: ...
 
     def sandbox_failed(self, reason: SandboxFailure) -> None: ...
+
+    def sandbox_removed(self, reason: SandboxRemoval) -> None: ...
 
 
 class _Nothing:
@@ -90,6 +103,9 @@ class _Nothing:
         pass
 
     def sandbox_failed(self, reason: SandboxFailure) -> None:
+        pass
+
+    def sandbox_removed(self, reason: SandboxRemoval) -> None:
         pass
 
 

@@ -30,7 +30,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dispatcher.core.observe import FinishedCall, SandboxFailure
+from dispatcher.core.observe import FinishedCall, SandboxFailure, SandboxRemoval
 
 __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 
@@ -76,6 +76,12 @@ class Metrics:
         self.sandbox_failures = Counter(
             "dispatcher_sandbox_failures", "Sandboxes that could not be launched", ["reason"], registry=r
         )
+        self.sandbox_removals = Counter(
+            "dispatcher_sandbox_removals",
+            "Running sandboxes removed before their session ended, by why",
+            ["reason"],
+            registry=r,
+        )
         self.rpc_requests = Counter(
             "dispatcher_rpc_requests",
             "gRPC requests by method and status code",
@@ -107,6 +113,9 @@ class Metrics:
 
     def sandbox_failed(self, reason: SandboxFailure) -> None:
         self.sandbox_failures.labels(SandboxFailure(reason).value).inc()
+
+    def sandbox_removed(self, reason: SandboxRemoval) -> None:
+        self.sandbox_removals.labels(SandboxRemoval(reason).value).inc()
 
     def rpc_finished(self, method: str, code: grpc.StatusCode) -> None:
         self.rpc_requests.labels(method, code.name).inc()

@@ -14,6 +14,7 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import ProcessLimitExhausted, SandboxError, collect_notices
+from dispatcher.sandbox.docker import exec_guard
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.docker.host import LiveContainer
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
@@ -180,7 +181,7 @@ async def test_process_limit_error_is_clear_when_nothing_frees_it(
     async def refuse(*args: Any, **kw: Any) -> Any:
         raise ProcessLimitExhausted("no process", processes=250)
 
-    monkeypatch.setattr(DockerSandbox, "_guarded_exec", refuse)
+    monkeypatch.setattr(exec_guard, "guarded_exec", refuse)
     ran, notices, refused = await _noted(sandbox, "echo never")
     assert ran is None
     assert refused == (

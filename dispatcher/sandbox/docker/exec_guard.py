@@ -1,6 +1,9 @@
-"""The enforcement around one command in a Docker sandbox: what the agent cannot do for itself.
+"""One command in a Docker sandbox, with the enforcement the agent cannot provide for itself.
 
-The agent runs a command's SIGTERM, grace, SIGKILL sequence. These functions only act when it failed
+``run_command`` is ``DockerSandbox.exec``: the command goes to the agent (or, for an image that
+cannot run it, through plain ``docker exec``), in a fresh sandbox once more when the first never
+answered (the container died, the agent was already gone), after killing the leftovers or in a
+fresh sandbox when the pids limit is exhausted. The agent runs a command's SIGTERM, grace, SIGKILL sequence. These functions only act when it failed
 to: a command that outlives timeout + grace + slack (or cancel + grace + slack), an agent that stops
 answering, or a channel that breaks. Then the container is stopped (``enforce``) and the command
 returns what it streamed so far with ``killed=True``. A channel that broke because the container
@@ -12,30 +15,139 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, Protocol
 
+from dispatcher.core.observe import SandboxRemoval
 from dispatcher.core.sandbox_api import (
     ExecRequest,
     ExecResult,
     FileOpError,
     OutputCallback,
+    ProcessLimitExhausted,
     SandboxError,
     report_notice,
 )
+from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
 from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.fallback import fallback_exec
+from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 
-Enforce = Callable[[str, bool], Awaitable[None]]
+Enforce = Callable[[str, bool, SandboxRemoval], Awaitable[None]]
 """Stop the container for a reason; the flag: tell the next call's result (a notice)."""
 
 
 class ContainerDied(SandboxError):
     """The container stopped under a command that had not answered at all (no output, no exit)."""
+
+
+class GuardedSandbox(Protocol):
+    """What ``run_command`` needs of a session's Docker sandbox (``DockerSandbox``)."""
+
+    session: Session
+
+    @property
+    def host(self) -> ContainerHost: ...
+
+    def using(self) -> AbstractAsyncContextManager[LiveContainer]: ...
+
+    async def enforce(
+        self, live: LiveContainer, reason: str, *, tell: bool = True, kind: SandboxRemoval = ...
+    ) -> None: ...
+
+
+async def run_command(
+    sandbox: GuardedSandbox, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
+) -> ExecResult:
+    """``Sandbox.exec`` for a Docker sandbox.
+
+    Raises:
+        ProcessLimitExhausted: the pids limit stayed exhausted, even in a fresh sandbox.
+        SandboxError: the sandbox failed twice.
+    """
+    config = sandbox.host.config
+    limit = config.pids_limit
+    answered = False
+
+    def relay(stream: Literal["stdout", "stderr"], data: bytes) -> None:
+        nonlocal answered
+        answered = True
+        on_output(stream, data)
+
+    for attempt in range(3):
+        async with sandbox.using() as live:
+            if live.channel is None:
+                return await fallback_exec(
+                    sandbox.host.api,
+                    live.container_id,
+                    config.user_for(sandbox.session.sandbox_uid, sandbox.session.sandbox_gid),
+                    request,
+                    on_output,
+                    cancel_event,
+                    functools.partial(sandbox.enforce, live),
+                )
+
+            async def enforce(
+                reason: str, tell: bool, kind: SandboxRemoval, live: LiveContainer = live
+            ) -> None:
+                await sandbox.enforce(live, reason, tell=tell, kind=kind)
+
+            try:
+                return await guarded_exec(
+                    live.channel,
+                    request,
+                    relay,
+                    cancel_event,
+                    slack=config.enforce_slack_seconds,
+                    enforce=enforce,
+                    running=functools.partial(still_running, sandbox.host.api, live.container_id),
+                )
+            except ContainerDied:
+                if attempt or answered:
+                    raise
+                # gVisor's sandbox can die of a fork bomb just after that bomb's call returned,
+                # under the next command. Its sandbox is gone whatever it did: once more.
+                report_notice(
+                    "the sandbox's container died before this command answered anything; it ran"
+                    " once more in a fresh sandbox (any effect it had on the workspace before"
+                    " may have happened twice)"
+                )
+            except NotDelivered:
+                if attempt:
+                    raise
+                # The agent was dead before the command went out: nothing of it ran, so it
+                # runs in the fresh sandbox (already discarded by guarded_exec).
+            except ProcessLimitExhausted as exc:
+                if attempt == 0 and await kill_leftovers(
+                    live.channel,
+                    exc.processes,
+                    timeout=config.op_timeout_seconds,
+                    pids_limit=limit,
+                    session_id=sandbox.session.session_id,
+                ):
+                    continue
+                if attempt < 2:
+                    await sandbox.enforce(
+                        live,
+                        f"its process limit ({limit}) stayed exhausted",
+                        tell=False,
+                        kind=SandboxRemoval.PROCESS_LIMIT,
+                    )
+                    continue
+                raise ProcessLimitExhausted(
+                    f"cannot start the command: the sandbox's process limit ({limit}) is exhausted"
+                    f" ({exc.processes} processes left running by earlier commands), even in a fresh"
+                    " sandbox",
+                    processes=exc.processes,
+                ) from None
+    raise AssertionError("unreachable")
 
 
 async def guarded_exec(
@@ -77,15 +189,15 @@ async def guarded_exec(
                 continue
             if loop.time() >= deadline:
                 call.cancel()
-                await enforce("command outlived its kill sequence", True)
+                await enforce("command outlived its kill sequence", True, SandboxRemoval.ENFORCED)
                 return killed_result(request, cancel_event, started)
         return call.result()
     except AgentUnresponsive as exc:
-        await enforce(f"agent unresponsive: {exc}", True)
+        await enforce(f"agent unresponsive: {exc}", True, SandboxRemoval.ENFORCED)
         return killed_result(request, cancel_event, started)
     except SandboxError as exc:
         died = not isinstance(exc, NotDelivered) and not await running()
-        await enforce(f"agent channel failed: {exc}", not isinstance(exc, NotDelivered))
+        await enforce(f"agent channel failed: {exc}", not isinstance(exc, NotDelivered), SandboxRemoval.DIED)
         if died:
             raise ContainerDied(f"the sandbox's container stopped: {exc}") from exc
         raise

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dispatcher.core.observe import SandboxObserver
 from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.client import DockerAPI
@@ -47,6 +48,11 @@ class ContainerHost(Protocol):
 
     @property
     def config(self) -> SandboxConfig: ...
+
+    @property
+    def observer(self) -> SandboxObserver:
+        """Told each removal of a running sandbox (metrics)."""
+        ...
 
     async def launch(self, session: Session) -> LiveContainer:
         """A new running container for ``session`` (its agent attached when the image can run it).

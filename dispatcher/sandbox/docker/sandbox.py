@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import TypeVar
 
+from dispatcher.core.observe import SandboxRemoval
 from dispatcher.core.sandbox_api import (
     ExecRequest,
     ExecResult,
     FileOpError,
     OutputCallback,
-    ProcessLimitExhausted,
     SandboxError,
     report_notice,
 )
@@ -38,8 +37,7 @@ from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import AgentChannel, NotDelivered
 from dispatcher.sandbox.docker.adopt import reattach
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
-from dispatcher.sandbox.docker.exec_guard import ContainerDied, guarded_exec, kill_leftovers, still_running
-from dispatcher.sandbox.docker.fallback import fallback_exec
+from dispatcher.sandbox.docker.exec_guard import run_command
 from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
@@ -78,6 +76,20 @@ class DockerSandbox(AgentFiles):
     def container_id(self) -> str | None:
         return self._live.container_id if self._live else None
 
+    @property
+    def host(self) -> ContainerHost:
+        """The backend that made it: its Docker API and its config."""
+        return self._provider
+
+    @contextlib.asynccontextmanager
+    async def using(self) -> AsyncIterator[LiveContainer]:
+        """The live container (created or re-adopted on demand), counted as in use for the block."""
+        live = await self._acquire()
+        try:
+            yield live
+        finally:
+            self._release()
+
     # -- lifecycle -----------------------------------------------------------------------
 
     async def _acquire(self) -> LiveContainer:
@@ -91,7 +103,7 @@ class DockerSandbox(AgentFiles):
                     raise SandboxError(f"session {self.session.session_id} is closed")
                 live = self._live
                 if live is not None and live.broken:
-                    await self._discard(live, "its agent or its container had died")
+                    await self._discard(live, "its agent or its container had died", SandboxRemoval.DIED)
                     live = None
                 if live is not None and self._active == 1 and self._too_old(live, time.monotonic()):
                     await self._retire(live)
@@ -117,10 +129,11 @@ class DockerSandbox(AgentFiles):
         self._active -= 1
         self.last_used = time.monotonic()
 
-    async def _discard(self, live: LiveContainer, reason: str) -> None:
+    async def _discard(self, live: LiveContainer, reason: str, kind: SandboxRemoval) -> None:
         """Forget ``live`` and remove its container, unless a newer one already replaced it."""
         if self._live is not live:
             return
+        self._provider.observer.sandbox_removed(kind)
         self._live = None
         self._lost = reason
         self.recreations += 1
@@ -133,13 +146,20 @@ class DockerSandbox(AgentFiles):
         )
         await self._provider.destroy(live)
 
-    async def stop_for(self, reason: str) -> None:
+    async def stop_for(self, reason: str, kind: SandboxRemoval = SandboxRemoval.QUOTA) -> None:
         """Remove the running container now (a quota was exceeded); the next call decides anew."""
         async with self._lock:
             if self._live is not None:
-                await self._discard(self._live, reason)
+                await self._discard(self._live, reason, kind)
 
-    async def enforce(self, live: LiveContainer, reason: str, *, tell: bool = True) -> None:
+    async def enforce(
+        self,
+        live: LiveContainer,
+        reason: str,
+        *,
+        tell: bool = True,
+        kind: SandboxRemoval = SandboxRemoval.ENFORCED,
+    ) -> None:
         """Stop the container of a misbehaving sandbox; the next call recreates it.
 
         ``tell``: say so in this call's result (not when the call goes on in a fresh sandbox,
@@ -150,7 +170,7 @@ class DockerSandbox(AgentFiles):
                 f"the sandbox was removed ({reason}); the next call gets a fresh one, without this"
                 " one's /tmp files and processes"
             )
-        await self._discard(live, reason)
+        await self._discard(live, reason, kind)
 
     def _too_old(self, live: LiveContainer, now: float) -> bool:
         return live.older_than(self._provider.config.max_lifetime_seconds, now)
@@ -158,7 +178,9 @@ class DockerSandbox(AgentFiles):
     async def _retire(self, live: LiveContainer) -> None:
         """Remove a container past ``max_lifetime_seconds`` (not a failure: no recreation counted)."""
         lifetime = self._provider.config.max_lifetime_seconds
-        await self._discard(live, f"it had reached the sandbox's maximum lifetime ({lifetime:g} s)")
+        await self._discard(
+            live, f"it had reached the sandbox's maximum lifetime ({lifetime:g} s)", SandboxRemoval.LIFETIME
+        )
         self.recreations -= 1
 
     async def retire_if_idle(self, now: float, ttl: float) -> bool:
@@ -177,7 +199,9 @@ class DockerSandbox(AgentFiles):
         async with self._lock:
             if self._live is not live or self._active or now - self.last_used < ttl:
                 return False
-            await self._discard(live, f"it had been idle for {now - self.last_used:.0f} s")
+            await self._discard(
+                live, f"it had been idle for {now - self.last_used:.0f} s", SandboxRemoval.IDLE
+            )
             self.recreations -= 1  # idleness is not a failure
             return True
 
@@ -269,91 +293,8 @@ class DockerSandbox(AgentFiles):
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
     ) -> ExecResult:
-        limit = self._provider.config.pids_limit
-        answered = False
-
-        def relay(stream: Literal["stdout", "stderr"], data: bytes) -> None:
-            nonlocal answered
-            answered = True
-            on_output(stream, data)
-
-        for attempt in range(3):
-            live = await self._acquire()
-            try:
-                if live.channel is None:
-                    return await fallback_exec(
-                        self._provider.api,
-                        live.container_id,
-                        self._provider.config.user_for(self.session.sandbox_uid, self.session.sandbox_gid),
-                        request,
-                        on_output,
-                        cancel_event,
-                        functools.partial(self.enforce, live),
-                    )
-                try:
-                    return await self._guarded_exec(live, live.channel, request, relay, cancel_event)
-                except ContainerDied:
-                    if attempt or answered:
-                        raise
-                    # gVisor's sandbox can die of a fork bomb just after that bomb's call returned,
-                    # under the next command. Its sandbox is gone whatever it did: once more.
-                    report_notice(
-                        "the sandbox's container died before this command answered anything; it ran"
-                        " once more in a fresh sandbox (any effect it had on the workspace before"
-                        " may have happened twice)"
-                    )
-                except NotDelivered:
-                    if attempt:
-                        raise
-                    # The agent was dead before the command went out: nothing of it ran, so it
-                    # runs in the fresh sandbox (already discarded by _guarded_exec).
-                except ProcessLimitExhausted as exc:
-                    if attempt == 0 and await self._kill_leftovers(live, exc.processes):
-                        continue
-                    if attempt < 2:
-                        await self.enforce(live, f"its process limit ({limit}) stayed exhausted", tell=False)
-                        continue
-                    raise ProcessLimitExhausted(
-                        f"cannot start the command: the sandbox's process limit ({limit}) is exhausted"
-                        f" ({exc.processes} processes left running by earlier commands), even in a fresh"
-                        " sandbox",
-                        processes=exc.processes,
-                    ) from None
-            finally:
-                self._release()
-        raise AssertionError("unreachable")
-
-    async def _kill_leftovers(self, live: LiveContainer, processes: int) -> bool:
-        assert live.channel is not None
-        cfg = self._provider.config
-        return await kill_leftovers(
-            live.channel,
-            processes,
-            timeout=cfg.op_timeout_seconds,
-            pids_limit=cfg.pids_limit,
-            session_id=self.session.session_id,
-        )
-
-    async def _guarded_exec(
-        self,
-        live: LiveContainer,
-        channel: AgentChannel,
-        request: ExecRequest,
-        on_output: OutputCallback,
-        cancel_event: asyncio.Event,
-    ) -> ExecResult:
-        async def enforce(reason: str, tell: bool) -> None:
-            await self.enforce(live, reason, tell=tell)
-
-        return await guarded_exec(
-            channel,
-            request,
-            on_output,
-            cancel_event,
-            slack=self._provider.config.enforce_slack_seconds,
-            enforce=enforce,
-            running=functools.partial(still_running, self._provider.api, live.container_id),
-        )
+        """See ``Sandbox.exec``: through the agent, guarded (``exec_guard.run_command``)."""
+        return await run_command(self, request, on_output, cancel_event)
 
     # -- file operations -----------------------------------------------------------------
 
@@ -389,7 +330,12 @@ class DockerSandbox(AgentFiles):
                 # A request the agent answered with an error (``internal``) leaves the channel and
                 # the session's other calls intact; only a broken channel means a broken agent.
                 if live.channel.broken:
-                    await self.enforce(live, f"{what}: {exc}", tell=not isinstance(exc, NotDelivered))
+                    await self.enforce(
+                        live,
+                        f"{what}: {exc}",
+                        tell=not isinstance(exc, NotDelivered),
+                        kind=SandboxRemoval.DIED,
+                    )
                 raise
         finally:
             self._release()
@@ -407,7 +353,7 @@ class DockerSandbox(AgentFiles):
                 yield live.channel
             except SandboxError as exc:
                 if live.channel.broken:
-                    await self.enforce(live, f"{what}: {exc}")
+                    await self.enforce(live, f"{what}: {exc}", kind=SandboxRemoval.DIED)
                 raise
         finally:
             self._release()

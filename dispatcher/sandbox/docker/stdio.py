@@ -58,11 +58,10 @@ class DockerStdioProcess:
         Raises:
             SandboxError: the container could not be started or the exec failed.
         """
-        # The sandbox's own acquire/release: the container is made or re-adopted as for any call,
-        # and counts as in use while the exec is set up.
-        live = await sandbox._acquire()
-        try:
-            provider = sandbox._provider
+        # The container is made or re-adopted as for any call, and counts as in use while the
+        # exec is set up.
+        async with sandbox.using() as live:
+            provider = sandbox.host
             session = sandbox.session
             user = provider.config.user_for(session.sandbox_uid, session.sandbox_gid)
             pidfile = f"/tmp/.dispatcher-stdio-{uuid.uuid4().hex}"
@@ -79,8 +78,6 @@ class DockerStdioProcess:
             )
             sock, leftover = await provider.api.exec_attach(exec_id)
             stream = await open_attach_stream(sock, leftover, exec_id, limit=limit)
-        finally:
-            sandbox._release()
         return cls(sandbox, live.container_id, user, pidfile, stream)
 
     def stderr_tail(self) -> str:
@@ -96,7 +93,7 @@ class DockerStdioProcess:
         """SIGKILL its process group inside the container, then drop the attachment."""
         if not self._gone.is_set():
             with contextlib.suppress(Exception):
-                await self._sandbox._provider.api.exec_run(
+                await self._sandbox.host.api.exec_run(
                     self._container_id, ["sh", "-c", _KILL, "kill", self._pidfile], user=self._user
                 )
         self._stream.close()
