@@ -37,6 +37,12 @@ def local_config(**overrides: Any) -> dict[str, Any]:
     }
 
 
+def wait_policy(home: Path, session_id: str, fragment: str) -> None:
+    """Poll until the session's stored policy JSON holds ``fragment``."""
+    query = "SELECT policy FROM sessions WHERE session_id = ?"
+    wait_stored(home, query, (session_id,), lambda row: row is not None and fragment in row[0])
+
+
 def wait_stored(
     home: Path, query: str, args: tuple[Any, ...], ok: Callable[[Any], bool], timeout: float = 20
 ) -> None:
@@ -189,12 +195,7 @@ def test_a_remembered_answer_survives_a_restart(tmp_path: Path) -> None:
 
             result = client.call(info.session_id, "shell", {"command": "true"}, on_event=answer)
             assert not result.is_error
-        wait_stored(
-            server.home,
-            "SELECT policy FROM sessions WHERE session_id = ?",
-            (info.session_id,),
-            lambda row: row is not None and '"shell": "allow"' in row[0],
-        )
+        wait_policy(server.home, info.session_id, '"shell": "allow"')
     finally:
         kill9(server)
     server = start_serve(tmp_path, data=config)
@@ -324,12 +325,7 @@ def test_an_approved_plan_stays_approved_after_a_restart(tmp_path: Path) -> None
             info = client.create_session("proj", mode="plan")
             _, mode = client.approve_plan(info.session_id, True)
             assert mode == "autonomous"
-        wait_stored(
-            server.home,
-            "SELECT policy FROM sessions WHERE session_id = ?",
-            (info.session_id,),
-            lambda row: row is not None and '"mode_in_force": "autonomous"' in row[0],
-        )
+        wait_policy(server.home, info.session_id, '"mode_in_force": "autonomous"')
     finally:
         kill9(server)
     server = start_serve(tmp_path, data=local_config())
@@ -349,12 +345,7 @@ def test_a_proposed_plan_survives_a_restart_and_is_approved_after_it(tmp_path: P
             for n in (1, 2):
                 proposed = client.call(info.session_id, "write_file", {"path": f"f{n}.txt", "content": "x"})
                 assert proposed.is_error and f"step {n}" in text_of(proposed)
-        wait_stored(
-            server.home,
-            "SELECT policy FROM sessions WHERE session_id = ?",
-            (info.session_id,),
-            lambda row: row is not None and '"step": 2' in row[0],
-        )
+        wait_policy(server.home, info.session_id, '"step": 2')
     finally:
         kill9(server)
     server = start_serve(tmp_path, data=local_config())
