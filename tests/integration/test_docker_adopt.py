@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import docker
 import pytest
 
 from dispatcher.core.sandbox_api import collect_notices
 from dispatcher.sandbox.docker.config import SandboxConfig
 from tests.integration.conftest import ProviderFactory
-from tests.integration.helpers import run
+from tests.integration.helpers import run, runsc_available
 
 pytestmark = pytest.mark.docker
 
@@ -21,23 +22,27 @@ KILL_SLEEP = (
 )
 
 
+@pytest.mark.parametrize("runtime", [None, "runsc"])
 async def test_a_readopted_sandbox_counts_the_old_agents_background_work(
-    make_provider: ProviderFactory,
+    make_provider: ProviderFactory, docker_client: docker.DockerClient, runtime: str | None
 ) -> None:
-    first = make_provider()
+    if runtime == "runsc" and not runsc_available(docker_client):
+        pytest.skip("runsc is not registered with dockerd")
+    first = make_provider(SandboxConfig(runtime=runtime))
     session = make_provider.session()
     sandbox = first.sandbox_for(session)
-    assert (await run(sandbox, BACKGROUND)).result.exit_code == 0
+    assert (await run(sandbox, BACKGROUND + " echo kept > /tmp/kept")).result.exit_code == 0
     container = sandbox.container_id
     assert container is not None
     await first.detach_all()  # a graceful stop that keeps the session: its agent exits, sleep stays
 
-    second = make_provider(SandboxConfig(), instance=first.instance)
+    second = make_provider(SandboxConfig(runtime=runtime), instance=first.instance)
     second.expect_container(session, container)
     assert await second.remove_orphans() == 0
     await second.adopt_all()
     again = second.sandbox_for(session)
     assert again.container_id == container and again.adopting is None
+    assert (await run(again, "cat /tmp/kept")).out == "kept\n"  # the same container, its /tmp kept
     # The idle reaper spares a sandbox while something commands started still runs in it, even
     # when an earlier agent started it...
     assert not await again.retire_if_idle(time.monotonic() + 3600, ttl=1)
