@@ -78,7 +78,24 @@ def config_schema() -> dict[str, Any]:
     """The JSON Schema (2020-12) of the config file, as editors and CI linters take it."""
     schema = ConfigFile.model_json_schema(mode="validation")
     _closed_pattern_maps(schema)
+    sections = {f"#/$defs/{name}" for name, d in schema["$defs"].items() if d.get("type") == "object"}
+    _null_sections(schema, sections)
     return {"$schema": SCHEMA_DIALECT, **schema, "title": "dispatcher serve --config FILE"}
+
+
+def _null_sections(node: Any, sections: set[str]) -> None:
+    """A section may be given as null (its defaults), as the loader takes it: every plain
+    reference to a section becomes "that section or null"."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, dict) and value.get("$ref") in sections:
+                ref = value.pop("$ref")
+                value["anyOf"] = [{"$ref": ref}, {"type": "null"}]
+            elif key != "anyOf":  # an optional section already takes null
+                _null_sections(value, sections)
+    elif isinstance(node, list):
+        for value in node:
+            _null_sections(value, sections)
 
 
 def _closed_pattern_maps(node: Any) -> None:
