@@ -21,6 +21,9 @@ def add_verbs(verbs: Any) -> None:
     check = verbs.add_parser(
         "config-check",
         help="validate a config file as serve would, without starting (exit 2 naming each bad key)",
+        description="Validate FILE as `dispatcher serve --config FILE` would before it starts: every "
+        "key, the checks across keys, the TLS files, and the custom tools (their modules are "
+        "imported, as serve does). Nothing is written; Docker and MCP servers are not contacted.",
     )
     check.add_argument("config", metavar="FILE")
     check.set_defaults(func=_check)
@@ -41,8 +44,11 @@ def _schema(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     """Raises ConfigError (main prints it and exits 2) when the file is not valid."""
     from dispatcher.config.load import load_config
+    from dispatcher.server.app import load_tool_factory
 
     config = load_config(args.config)
+    for i, spec in enumerate(config.custom_tools):
+        load_tool_factory(spec, f"tools[{i}]")
     tenants = f"{len(config.tenants)} tenant(s)" if config.tenants else "the single default tenant"
     print(f"{args.config}: valid ({tenants}, sandbox backend {config.sandbox_backend})")
     return 0

@@ -165,3 +165,9 @@ def test_config_check_says_valid_or_exits_2_naming_each_bad_key(
     assert main(["config-check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "tenants[1].token_sha256: token already belongs to another tenant" in err
+    unloadable = tmp_path / "tools.yaml"
+    unloadable.write_text(
+        yaml.safe_dump({"tools": ["tests.server.tools:make_echo_tool", "no.such.module:x"]})
+    )
+    assert main(["config-check", str(unloadable)]) == 2  # imported as serve would
+    assert "tools[1]: cannot load" in capsys.readouterr().err
