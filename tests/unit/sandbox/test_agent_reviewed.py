@@ -63,3 +63,12 @@ def test_a_patch_of_a_file_that_changed_since_its_review_is_refused(workspace: P
     assert (workspace / "f.py").read_bytes() == b"a\nb\nc\n" and not leftovers(workspace)
     ws.patch("f.py", b"b\n", b"B\n", None, sha(b"a\nb\nc\n"))
     assert (workspace / "f.py").read_bytes() == b"a\nB\nc\n"
+
+
+def test_a_file_grown_past_any_review_is_refused_without_reading_it(workspace: Path) -> None:
+    ws = Workspace(str(workspace))
+    with open(workspace / "big.bin", "wb") as f:  # sparse: 1 GiB that costs nothing to make
+        f.truncate(1 << 30)
+    with pytest.raises(OpError) as caught:
+        ws.write("big.bin", b"x", None, sha(b""))
+    assert refused(caught) and (workspace / "big.bin").stat().st_size == 1 << 30
