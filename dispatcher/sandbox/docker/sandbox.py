@@ -58,6 +58,12 @@ class DockerSandbox(AgentFiles):
         self._lock = asyncio.Lock()
         self._closed = False
         self._active = 0
+        """Calls using the container or waiting to."""
+        self._running = 0
+        """Calls using the container."""
+        self._quiet = asyncio.Event()
+        """Set while no call uses the container."""
+        self._quiet.set()
         self.last_used = time.monotonic()
         self.recreations = 0
         """Containers removed by enforcement or idleness (tests and metrics read it)."""
@@ -93,40 +99,62 @@ class DockerSandbox(AgentFiles):
     # -- lifecycle -----------------------------------------------------------------------
 
     async def _acquire(self) -> LiveContainer:
-        """The live container, created (or recreated) on demand; counts the call as active."""
+        """The live container, created (or recreated) on demand; counts the call as active.
+
+        A container past ``max_lifetime_seconds`` is retired here once no call runs in it: a new
+        call waits for the running ones (each bounded by its timeout), so calls kept overlapping
+        cannot keep an old container forever.
+        """
         self._active += 1
         self.last_used = time.monotonic()
         try:
-            async with self._lock:
-                if self._closed:
-                    # A call that raced CloseSession must not bring a container back to life.
-                    raise SandboxError(f"session {self.session.session_id} is closed")
-                live = self._live
-                if live is not None and live.broken:
-                    await self._discard(live, "its agent or its container had died", SandboxRemoval.DIED)
-                    live = None
-                if live is not None and self._active == 1 and self._too_old(live, time.monotonic()):
-                    await self._retire(live)
-                    live = None
-                if live is None and self._adopt is not None:
-                    await self._adopt_locked()
-                    live = self._live
-                if live is None:
-                    live = self._live = await self._provider.launch(self.session)
-                    self._provider.container_changed(self.session.session_id, live.container_id)
-                if self._lost is not None and report_notice(
-                    f"the sandbox was recreated for this call: the previous one was removed ({self._lost});"
-                    " its /tmp files and the processes left running in it are gone"
-                    " (the workspace is intact)"
-                ):
-                    self._lost = None
-                return live
+            while True:
+                async with self._lock:
+                    live = await self._usable()
+                    if live is not None:
+                        self._running += 1
+                        self._quiet.clear()
+                        return live
+                await self._quiet.wait()  # an old container: its running calls end first
         except BaseException:
-            self._release()
+            self._active -= 1
+            self.last_used = time.monotonic()
             raise
+
+    async def _usable(self) -> LiveContainer | None:
+        """Under the lock: the container a call may use now, launched if need be; None while an
+        old container still runs calls."""
+        if self._closed:
+            # A call that raced CloseSession must not bring a container back to life.
+            raise SandboxError(f"session {self.session.session_id} is closed")
+        live = self._live
+        if live is not None and live.broken:
+            await self._discard(live, "its agent or its container had died", SandboxRemoval.DIED)
+            live = None
+        if live is not None and self._too_old(live, time.monotonic()):
+            if self._running:
+                return None
+            await self._retire(live)
+            live = None
+        if live is None and self._adopt is not None:
+            await self._adopt_locked()
+            live = self._live
+        if live is None:
+            live = self._live = await self._provider.launch(self.session)
+            self._provider.container_changed(self.session.session_id, live.container_id)
+        if self._lost is not None and report_notice(
+            f"the sandbox was recreated for this call: the previous one was removed ({self._lost});"
+            " its /tmp files and the processes left running in it are gone"
+            " (the workspace is intact)"
+        ):
+            self._lost = None
+        return live
 
     def _release(self) -> None:
         self._active -= 1
+        self._running -= 1
+        if not self._running:
+            self._quiet.set()
         self.last_used = time.monotonic()
 
     async def _discard(self, live: LiveContainer, reason: str, kind: SandboxRemoval) -> None:

@@ -9,7 +9,7 @@ from dispatcher.sandbox.docker.adopt import LABEL_SPEC, adoption_problem, spec_f
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import INSTANCE, Rig, run
-from tests.unit.sandbox.fake_containers import BACKGROUND
+from tests.unit.sandbox.fake_containers import BACKGROUND, IGNORE_TERM
 
 
 async def test_an_idle_container_is_removed_and_the_next_call_says_so(rig: Rig) -> None:
@@ -105,3 +105,20 @@ def test_a_container_past_its_lifetime_is_not_readopted_after_a_restart(rig: Rig
     old = {**young, "Created": int(time.time()) - 3601}
     assert adoption_problem(young, session, INSTANCE, provider.config) is None
     assert "maximum lifetime (3600 s)" in str(adoption_problem(old, session, INSTANCE, provider.config))
+
+
+async def test_overlapping_calls_cannot_keep_an_old_container(rig: Rig) -> None:
+    """New calls wait for the old container's running calls (bounded by their timeouts), then it
+    goes: however the calls overlap, no container outlives its lifetime by more than that."""
+    sandbox = rig.sandbox(max_lifetime_seconds=0.3)
+    await run(sandbox, "echo first")
+    old = sandbox.container_id
+    running = asyncio.create_task(run(sandbox, IGNORE_TERM, timeout=0.8, grace=0.1))
+    await asyncio.sleep(0.4)  # old now, and a call still runs in it
+    b, c = await asyncio.gather(run(sandbox, "echo b"), run(sandbox, "echo c"))
+    first = await running
+    assert first.result.timed_out and not any("removed" in n for n in first.notices)  # not cut short
+    assert b.stdout == b"ran: echo b\n" and c.stdout == b"ran: echo c\n"
+    assert sandbox.container_id not in (None, old) and old not in rig.fake.containers_by_id
+    told = [n for n in b.notices + c.notices if "maximum lifetime" in n]
+    assert len(told) == 1, b.notices + c.notices  # one retirement, told once; both ran in the new one
