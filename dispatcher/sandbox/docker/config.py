@@ -158,8 +158,9 @@ class SandboxConfig(Section):
     """Stop (and remove) a session's container after this long without calls; recreated on the next."""
     max_lifetime_seconds: Seconds | None = 86_400.0
     """Remove a session's container once it is this old, at the first moment no call runs in it,
-    background processes or not (``null``: no limit); the next call gets a fresh one and is told.
-    Bounds how long anything a command leaves running can live."""
+    background processes or not (``null``: no limit); a new call waits for the running ones (each
+    bounded by its timeout), then gets a fresh one and is told. Bounds how long anything a command
+    leaves running can live."""
     instance: Text | None = None
     """Overrides the instance label the server derives from its state directory."""
     chown_workspace: StrictBool = True
