@@ -236,6 +236,8 @@ class Workspace:
         mask = os.umask(0)
         os.umask(mask)
         self._new_mode = 0o666 & ~mask
+        self.dir_mode = 0o777 & ~mask
+        """What a directory made without a mode of its own gets (the umask applied)."""
         self._locks = [threading.Lock() for _ in range(64)]  # striped: one read-modify-write at a time
 
     def resolve(self, path: str) -> str:
@@ -1393,8 +1395,7 @@ class _DirWalker:
             start -= 1
         fd = self._fds[prefixes[start - 1]] if start else self._base
         if len(self._fds) + len(parts) - start > WALKER_FDS:
-            self.close()
-            self._fds = {"": self._base}
+            self.reset()
             start, fd = 0, self._base
         for i in range(start, len(parts)):
             fd = self._open(fd, parts[i], prefixes[i], member, create)
@@ -1417,6 +1418,11 @@ class _DirWalker:
                     member, f"{_clean(rel)} in {self._what} is not a directory (a file or a symlink)"
                 ) from None
             raise
+
+    def reset(self) -> None:
+        """Close every cached descriptor; the next ``get`` walks again from the base."""
+        self.close()
+        self._fds = {"": self._base}
 
     def close(self) -> None:
         """Close every descriptor it opened (not the base)."""
@@ -1652,7 +1658,8 @@ class _Upload:
         dest = _DirWalker(self.dest_fd, "the workspace")
         staged = _DirWalker(self.stage_fd, "the upload")
         try:
-            self._check_destination(dest)
+            kinds = self._check_destination(dest)
+            moved = self._move_new_trees(kinds, staged, dest)
             dirs = sorted(
                 (rel for rel, (kind, _, _) in self.entries.items() if kind == "dir"),
                 key=lambda r: r.count("/"),
@@ -1660,7 +1667,7 @@ class _Upload:
             for rel in dirs:
                 dest.get(rel, rel, create=True)
             for rel, (kind, _, _) in self.entries.items():
-                if kind == "file":
+                if kind == "file" and rel.partition("/")[0] not in moved:
                     head, _, name = rel.rpartition("/")
                     src_dir = staged.get(head, rel, create=False)
                     os.replace(name, name, src_dir_fd=src_dir, dst_dir_fd=dest.get(head, rel, create=True))
@@ -1674,8 +1681,34 @@ class _Upload:
             dest.close()
             staged.close()
 
-    def _check_destination(self, dest: _DirWalker) -> None:
+    def _move_new_trees(self, kinds: Mapping[str, str], staged: _DirWalker, dest: _DirWalker) -> set[str]:
+        """Move each staged top-level directory the workspace has nothing of in one rename, not
+        file by file; returns their names. A name that appeared meanwhile is left to the per-file
+        moves (rename never follows a link there, and never replaces anything but an empty
+        directory). Directories the archive did not list get the mode they would have got."""
+        tops = {rel.partition("/")[0] for rel in self.entries if "/" in rel or self.entries[rel][0] == "dir"}
+        moved: set[str] = set()
+        for top in sorted(t for t in tops if t and kinds.get(t) == "missing"):
+            try:
+                os.rename(top, top, src_dir_fd=self.stage_fd, dst_dir_fd=self.dest_fd)
+            except OSError:
+                continue
+            moved.add(top)
+        if moved:
+            staged.reset()  # its cached descriptors point into the moved trees: walk anew
+            implicit = {
+                prefix
+                for rel in self.entries
+                if rel.partition("/")[0] in moved
+                for prefix in itertools.accumulate(rel.split("/")[:-1], lambda a, b: f"{a}/{b}")
+            } - {rel for rel, (kind, _, _) in self.entries.items() if kind == "dir"}
+            for rel in implicit:
+                os.fchmod(dest.get(rel, rel, create=False), self.agent.ws.dir_mode)
+        return moved
+
+    def _check_destination(self, dest: _DirWalker) -> dict[str, str]:
         """Refuse before moving anything: a symlink or a file on a member's way, or a kind clash.
+        Returns what each path it looked at is in the workspace (``missing``, ``dir``, ...).
 
         The descriptors opened here (never following a link) are the ones the commit then uses.
         """
@@ -1717,6 +1750,7 @@ class _Upload:
                 if kind == "dir" and found != "dir" and found != "missing":
                     what = "a symbolic link" if found == "link" else "a file"
                     raise OpError("conflict", f"{rel}: is {what} in the workspace, not a directory")
+        return kinds
 
     def _cleanup(self) -> None:
         with contextlib.suppress(OSError):

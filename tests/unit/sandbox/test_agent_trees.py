@@ -163,3 +163,43 @@ async def test_deep_and_wide_archives(sandbox: LocalSandbox, workspace: Path) ->
     assert (workspace / "w0000").stat().st_mode & 0o755 == 0o755
     with pytest.raises(TransferRefused, match="deep"):
         await upload(sandbox, "x", member("/".join(["d"] * 1100) + "/f"))
+
+
+async def test_new_trees_move_whole_and_look_as_if_moved_file_by_file(
+    sandbox: LocalSandbox, workspace: Path
+) -> None:
+    """A top-level directory the workspace does not have is moved in one rename; one it has is
+    merged file by file. Either way: the archive's modes and times, and the mode a directory the
+    archive does not list would have got."""
+    (workspace / "dest" / "kept").mkdir(parents=True)
+    (workspace / "dest" / "kept" / "old.txt").write_text("old")
+    umask = os.umask(0)
+    os.umask(umask)
+    await upload(
+        sandbox,
+        "dest",
+        member("new/listed", None, mode=0o750),
+        member("new/listed/a.txt", b"a", mode=0o640),
+        member("new/implicit/deeper/b.txt", b"b"),
+        member("kept/c.txt", b"c"),
+        member("top.txt", b"t"),
+    )
+    dest = workspace / "dest"
+    assert names(dest) == [
+        "kept",
+        "kept/c.txt",
+        "kept/old.txt",
+        "new",
+        "new/implicit",
+        "new/implicit/deeper",
+        "new/implicit/deeper/b.txt",
+        "new/listed",
+        "new/listed/a.txt",
+        "top.txt",
+    ]
+    mode = lambda p: (dest / p).stat().st_mode & 0o777  # noqa: E731
+    assert mode("new/listed") == 0o750 and (dest / "new/listed").stat().st_mtime == MTIME
+    assert mode("new") == mode("new/implicit") == mode("new/implicit/deeper") == 0o777 & ~umask
+    assert mode("new/listed/a.txt") == 0o640 and (dest / "new/listed/a.txt").stat().st_mtime == MTIME
+    assert (dest / "kept" / "old.txt").read_text() == "old" and (dest / "kept" / "c.txt").read_text() == "c"
+    assert not [p for p in os.listdir(dest) if p.startswith(".")]  # no staging left
