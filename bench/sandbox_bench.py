@@ -71,6 +71,28 @@ async def _cold(env: BenchEnv, provider: DockerSandboxProvider, name: str) -> li
     return samples
 
 
+THINK_SECONDS = 1.0
+"""How long a model takes to send its first tool call after the session is made (a low guess)."""
+
+
+async def _started_on_create(env: BenchEnv) -> list[float]:
+    """New session → first result when ``start_on_create`` started the container meanwhile."""
+    provider = DockerSandboxProvider(SandboxConfig(start_on_create=True), instance=env.instance)
+    samples = []
+    try:
+        for _ in range(env.cold_iterations):
+            session = _session(env, "on-create")
+            provider.session_created(session)
+            await asyncio.sleep(THINK_SECONDS)
+            started = time.perf_counter()
+            await _exec_true(provider.sandbox_for(session))
+            samples.append((time.perf_counter() - started) * 1000)
+            await provider.close_session(session.session_id)
+    finally:
+        await provider.aclose()
+    return samples
+
+
 async def _tool(tool: type[Tool], context: ToolContext, **input: Any) -> None:
     await tool().execute(input, context)
 
@@ -131,6 +153,14 @@ async def _runc_rows(env: BenchEnv) -> list[Row]:
         )
         rows.append(
             row("sandbox", "new session → first result (cold)", await _cold(env, provider, "cold"), "runc")
+        )
+        rows.append(
+            row(
+                "sandbox",
+                f"new session → first result, start_on_create, call {THINK_SECONDS:g} s later",
+                await _started_on_create(env),
+                "the container was started at creation",
+            )
         )
         return rows
     finally:

@@ -154,6 +154,7 @@ class DispatcherServer:
             default_ids=_default_ids(config),
         )
         self.sessions = SessionManager(dispatcher)
+        self.sessions.on_created = provider.session_created
         self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
         self.health = health_aio.HealthServicer()
         opts = config.server

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
+from dispatcher.core.session import Session
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
@@ -53,6 +54,8 @@ class SessionManager:
         self._idle.set()
         self.persistence: SessionPersistence | None = None
         """Where sessions are stored to survive a restart (None: they do not)."""
+        self.on_created: Callable[[Session], None] | None = None
+        """Told each new session once it is open (the sandbox backend may start its sandbox)."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -108,6 +111,8 @@ class SessionManager:
         if self.persistence is not None:
             self.persistence.attach(entry)
         state.sessions[session.session_id] = entry
+        if self.on_created is not None:
+            self.on_created(session)
         log.info(
             "session created",
             extra={"tenant_id": tenant.tenant_id, "session_id": session.session_id, "workspace": name},

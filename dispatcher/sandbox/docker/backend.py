@@ -86,6 +86,8 @@ class DockerSandboxProvider(ProviderLifecycle):
         # A burst of new sessions on a small machine: launching them all at once makes every agent
         # miss its start deadline; a few at a time makes each one fast.
         self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
+        self._starting: set[asyncio.Task[None]] = set()
+        """Containers started at session creation (``start_on_create``), until they are up."""
         self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
         """Told each launch's duration and each launch that failed (metrics)."""
         self.on_container: Callable[[str, str | None], None] | None = None
@@ -118,7 +120,7 @@ class DockerSandboxProvider(ProviderLifecycle):
         if self._deaths:
             with contextlib.suppress(Exception):
                 self._deaths.close()
-        for task in (self._reaper, self._watcher):
+        for task in (self._reaper, self._watcher, *self._starting):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -215,6 +217,25 @@ class DockerSandboxProvider(ProviderLifecycle):
         return removed
 
     # -- after a restart ------------------------------------------------------------------
+
+    def session_created(self, session: Session) -> None:
+        """With ``start_on_create``: launch the session's container now, in the background (a
+        failure is logged; the first call launches again and reports it)."""
+        if not self.config.start_on_create or self._closed:
+            return
+        # The handle now, so a CloseSession that comes first closes this very sandbox.
+        sandbox = self.sandbox_for(session)
+        task = asyncio.get_running_loop().create_task(self._start(sandbox), name="sandbox-start")
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    @staticmethod
+    async def _start(sandbox: DockerSandbox) -> None:
+        try:
+            async with sandbox.using():
+                pass
+        except Exception as exc:  # the first call tries again and says why
+            log.info("starting session %s's sandbox at creation failed: %s", sandbox.session.session_id, exc)
 
     def expect_container(self, session: Session, container_id: str) -> None:
         """A restarted server gives ``session`` back: ``container_id`` (its stored container) is

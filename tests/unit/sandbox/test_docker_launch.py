@@ -14,6 +14,7 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.docker.client import DockerUnavailable
 from dispatcher.sandbox.docker.image_check import ImageUnusable
 from dispatcher.sandbox.docker.sandbox import AgentUnavailable
+from tests.polling import until
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_containers import HANG, IGNORE_TERM
 from tests.unit.sandbox.fake_docker import api_error
@@ -122,3 +123,25 @@ async def test_start_up_names_a_missing_daemon_and_a_missing_image(rig: Rig) -> 
     rig.fake.images.clear()
     with pytest.raises(SandboxError, match=r"is missing \(run `make images`\)"):
         await provider.check_ready()
+
+
+async def test_start_on_create_launches_in_the_background_and_the_first_call_finds_it(rig: Rig) -> None:
+    provider = rig.provider(start_on_create=True)
+    session = rig.session()
+    provider.session_created(session)
+    await until(lambda: len(rig.fake.containers_alive) == 1, "the container started at creation")
+    ran = await run(provider.sandbox_for(session), "echo hi")
+    assert ran.stdout == b"ran: echo hi\n" and not ran.notices
+    assert rig.fake.calls.count("create_container") == 1  # the call launched nothing
+    closed_at_once = rig.session("gone")
+    provider.session_created(closed_at_once)
+    await provider.close_session(closed_at_once.session_id)  # before its container was up
+    await asyncio.sleep(0.2)
+    assert len(rig.fake.containers_alive) == 1  # nothing started for a closed session stays
+
+
+async def test_without_start_on_create_a_new_session_starts_nothing(rig: Rig) -> None:
+    provider = rig.provider()
+    provider.session_created(rig.session())
+    await asyncio.sleep(0.2)
+    assert rig.fake.calls.count("create_container") == 0
