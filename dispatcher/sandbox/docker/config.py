@@ -154,10 +154,11 @@ class SandboxConfig(Section):
     """docker-init as pid 1 reaps zombies that sandboxed commands leave behind."""
     runtime: Text | None = None
     """None for the daemon's default (runc) or "runsc" for gVisor."""
-    start_on_create: StrictBool = False
-    """Start a session's container when the session is created, in the background, instead of at
-    its first sandboxed call: the model's first call then finds it running (a container per open
-    session, whether it calls a sandboxed tool or not; the idle TTL still removes unused ones)."""
+    start_on_create: StrictBool = True
+    """Start a session's container when the session is created, in the background, so the model's
+    first call finds it running (about 4 ms instead of a launch's 230 ms). Each open session then
+    holds a container whether it calls a sandboxed tool or not (bounded by ``max_sessions``; the
+    idle TTL still removes unused ones). ``false``: launch at the first sandboxed call."""
     idle_ttl_seconds: Seconds = 600.0
     """Stop (and remove) a session's container after this long without calls; recreated on the next."""
     max_lifetime_seconds: Seconds | None = 86_400.0

@@ -141,7 +141,7 @@ async def test_start_on_create_launches_in_the_background_and_the_first_call_fin
 
 
 async def test_without_start_on_create_a_new_session_starts_nothing(rig: Rig) -> None:
-    provider = rig.provider()
+    provider = rig.provider(start_on_create=False)
     provider.session_created(rig.session())
     await asyncio.sleep(0.2)
     assert rig.fake.calls.count("create_container") == 0
