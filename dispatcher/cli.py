@@ -84,9 +84,9 @@ def _run_server(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, listen=args.listen, home=args.home)
     if args.metrics_listen is not None:
-        from dispatcher.observe_config import check_metrics_listen
+        from dispatcher.config_base import check_listen
 
-        listen = check_metrics_listen(args.metrics_listen, "--metrics-listen")
+        listen = check_listen(args.metrics_listen, "--metrics-listen")
         config = dataclasses.replace(
             config, observe=dataclasses.replace(config.observe, metrics_listen=listen)
         )

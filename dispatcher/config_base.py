@@ -29,12 +29,12 @@ from dispatcher.core.errors import ConfigError
 __all__ = [
     "HostPort",
     "KeyProblem",
-    "Name",
     "PositiveInt",
     "Seconds",
     "Section",
     "Text",
     "check_host_port",
+    "check_listen",
     "config_error",
     "dotted",
     "validate_section",
@@ -44,7 +44,6 @@ PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 Seconds = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 """A positive, finite number of seconds (an integer is fine)."""
 Text = Annotated[str, Strict(), Field(min_length=1)]
-Name = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
 
 
 def check_host_port(value: object) -> str:
@@ -58,6 +57,18 @@ def check_host_port(value: object) -> str:
         if sep and host and port.isdigit() and int(port) <= 65535 and not any(c.isspace() for c in value):
             return value
     raise ValueError(f"expected HOST:PORT, got {value!r}")
+
+
+def check_listen(value: object, where: str) -> str:
+    """``check_host_port`` for an address given outside a section (a flag, the environment).
+
+    Raises:
+        ConfigError: naming ``where``.
+    """
+    try:
+        return check_host_port(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 HostPort = Annotated[

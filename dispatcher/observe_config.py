@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field
 
-from dispatcher.config_base import HostPort, Section, check_host_port, validate_section
+from dispatcher.config_base import HostPort, Section, validate_section
 from dispatcher.core.errors import ConfigError
 
-__all__ = ["MetricsSection", "ObserveConfig", "TracingSection", "check_metrics_listen", "parse_observe"]
+__all__ = ["MetricsSection", "ObserveConfig", "TracingSection", "parse_observe"]
 
 OTEL_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
 
@@ -74,18 +74,6 @@ def parse_observe(data: Mapping[str, Any]) -> ObserveConfig:
         validate_section(MetricsSection, data.get("metrics"), "metrics"),
         validate_section(TracingSection, data.get("tracing"), "tracing"),
     )
-
-
-def check_metrics_listen(value: Any, where: str = "metrics.listen") -> str:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6), as ``listen`` is parsed.
-
-    Raises:
-        ConfigError: not of that form.
-    """
-    try:
-        return check_host_port(value)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
 
 
 def otel_missing() -> str | None:

@@ -31,7 +31,7 @@ from dispatcher.config.sections import (
     ToolConfirmation,
     UidRange,
 )
-from dispatcher.config_base import check_host_port, validate_section
+from dispatcher.config_base import check_listen, validate_section
 from dispatcher.core.approval import ApprovalMode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
@@ -153,11 +153,7 @@ def _build(
     env: Mapping[str, str],
 ) -> Config:
     file: ConfigFile = validate_section(ConfigFile, data, "")
-    listen_addr = listen or env.get(ENV_LISTEN) or file.listen
-    try:
-        check_host_port(listen_addr)
-    except ValueError as exc:
-        raise ConfigError(f"listen: {exc}") from None
+    listen_addr = check_listen(listen or env.get(ENV_LISTEN) or file.listen, "listen")
     home_dir = Path(home or env.get(ENV_HOME) or file.home).expanduser().absolute()
     tenants = _tenants(file.tenants or (), home_dir)
     audit_path = Path(file.audit_log).expanduser() if file.audit_log else home_dir / "audit.jsonl"
