@@ -163,7 +163,7 @@ def _field(header: Mapping[str, Any], key: str, kind: type, default: Any = ...) 
     return value
 
 
-def _expected(header: Mapping[str, Any], op: str) -> str | None:
+def _expected(header: Mapping[str, Any]) -> str | None:
     """``expect_sha256`` of a write or patch (review mode): what the file must still be."""
     value = header.get("expect_sha256")
     if value is not None and type(value) is not str:
@@ -666,10 +666,8 @@ def _content_sha256(dfd: int, name: str) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "not a file"
-        if (
-            st.st_size > MAX_PAYLOAD
-        ):  # never what a review showed (it reads at most 8 MiB): no need to read it
-            return "too large"
+        if st.st_size > MAX_PAYLOAD:
+            return "too large"  # never what a review showed (it reads at most 8 MiB): not read
         digest = hashlib.sha256()
         while chunk := os.read(fd, 1 << 20):
             digest.update(chunk)
@@ -864,29 +862,27 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _ppid(pid: int) -> int | None:
-    return _stat_number(pid, 1)
+    return _parent_and_session(pid)[0]
 
 
-def _session(pid: int) -> int | None:
-    return _stat_number(pid, 3)
-
-
-def _stat_number(pid: int, index: int) -> int | None:
-    """Field ``index`` (0 is the state) after the name in ``/proc/<pid>/stat``; None once gone."""
+def _parent_and_session(pid: int) -> tuple[int | None, int | None]:
+    """(parent pid, session id) from ``/proc/<pid>/stat``, in one read; Nones once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
-        return int(raw[raw.rfind(b")") + 2 :].split()[index])
+        fields = raw[raw.rfind(b")") + 2 :].split()  # after the name: state, ppid, pgrp, session
+        return int(fields[1]), int(fields[3])
     except (OSError, ValueError, IndexError):
-        return None
+        return None, None
 
 
 def _outside_exec_sessions(found: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
     """``found`` less the sessions ``docker exec`` started: their leader has no parent in the
     container (parent pid 0), as a process the server attached on its own does (a sandboxed MCP
     server). Nothing a command starts can have parent 0: it descends from the agent."""
-    leaders = {pid for pid, _, _ in found if _ppid(pid) == 0 and _session(pid) == pid}
-    return [p for p in found if _session(p[0]) not in leaders] if leaders else found
+    ids = {pid: _parent_and_session(pid) for pid, _, _ in found}
+    leaders = {pid for pid, (ppid, session) in ids.items() if ppid == 0 and session == pid}
+    return [p for p in found if ids[p[0]][1] not in leaders] if leaders else found
 
 
 def _container_own(found: list[tuple[int, str, int]]) -> set[tuple[int, int]] | None:
@@ -1127,14 +1123,14 @@ class Agent:
                     path, _count(header, "max_bytes"), _field(header, "strict", bool), approved
                 )
             elif op == "write":
-                ws.write(path, payload, approved, _expected(header, op))
+                ws.write(path, payload, approved, _expected(header))
             elif op == "append":
                 ws.append(path, payload)
             elif op == "patch":
                 split = _field(header, "old_len", int)
                 if not 0 <= split <= len(payload):
                     raise OpError("bad_request", "old_len out of range")
-                ws.patch(path, payload[:split], payload[split:], approved, _expected(header, op))
+                ws.patch(path, payload[:split], payload[split:], approved, _expected(header))
             elif op == "exists":
                 result["exists"] = ws.exists(path)
             elif op == "stat":
