@@ -10,7 +10,7 @@ from typing import Any
 from dispatcher.core.confirmation import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
-from dispatcher.core.session import Session
+from dispatcher.core.session import Session, SessionStatus
 
 __all__ = ["Call", "PlanStep", "SessionState"]
 
@@ -71,9 +71,16 @@ class Call:
 
 @dataclass(eq=False)
 class SessionState:
+    """One session as the registry (``core/session_registry.py``) holds it: its description, where
+    it is in its life, and what it carries between calls."""
+
     session: Session
     bus: EventBus
     semaphore: asyncio.Semaphore
+    create_time: float = 0.0
+    """Wall-clock seconds when the session was first created (kept across restarts)."""
+    status: SessionStatus = SessionStatus.OPEN
+    """Changed only by the registry."""
     broker: ConfirmationBroker = field(default_factory=ConfirmationBroker)
     calls: set[Call] = field(default_factory=set)
     cleanups: set[asyncio.Future[Any]] = field(default_factory=set)  # strong refs to background stops

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,8 @@ from dispatcher.core.pipeline import CallRun, PipelineDeps
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
-from dispatcher.core.session import Session
+from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.session_registry import SessionRegistry
 from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.timeouts import check_timeout_names
 from dispatcher.core.types import ToolDefinition, ToolFactory, ToolResultBlock, ToolUseBlock
@@ -30,7 +30,6 @@ from dispatcher.core.types import ToolDefinition, ToolFactory, ToolResultBlock, 
 __all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
 
 _UNRESTRICTED = Capabilities()
-_CLOSED_IDS_KEPT = 10_000
 
 
 class ToolDispatcher:
@@ -51,9 +50,11 @@ class ToolDispatcher:
         self._provider = sandbox_provider
         self._audit = audit
         self._deps = PipelineDeps(self.config, self.registry, sandbox_provider, self.policy, audit, observer)
-        self._sessions: dict[str, SessionState] = {}
-        # Recently closed ids (bounded): a late dispatch must not silently bring a session back.
-        self._closed: OrderedDict[str, None] = OrderedDict()
+        cfg = self.config
+        self.sessions = SessionRegistry(
+            concurrency=cfg.concurrency, history=cfg.event_history, history_bytes=cfg.event_history_bytes
+        )
+        """The one owner of the sessions' lives; the server subscribes its listeners here."""
 
     # -- registry -------------------------------------------------------------------------
 
@@ -80,21 +81,16 @@ class ToolDispatcher:
 
     # -- sessions -------------------------------------------------------------------------
 
-    def open_session(self, session: Session, *, start_seq: int = 0) -> EventBus:
-        """Start tracking a session (idempotent) and return its event bus.
+    def open_session(self, session: Session) -> EventBus:
+        """Open a session (already open: nothing happens) and return its event bus.
 
-        ``start_seq``: a session a restarted server gives back goes on from its last event seq.
+        Raises:
+            UnknownSessionError: the session was closed (its id is not reused).
         """
-        state = self._sessions.get(session.session_id)
+        state = self.sessions.find(session.session_id)
         if state is None:
-            bus = EventBus(
-                session.session_id,
-                history=self.config.event_history,
-                history_bytes=self.config.event_history_bytes,
-                start_seq=start_seq,
-            )
-            state = SessionState(session, bus, asyncio.Semaphore(self.config.concurrency))
-            self._sessions[session.session_id] = state
+            self._check_not_ended(session.session_id)
+            state = self.sessions.open(session)
         return state.bus
 
     def session(self, session_id: str) -> Session:
@@ -103,7 +99,7 @@ class ToolDispatcher:
         Raises:
             UnknownSessionError: the session is not open.
         """
-        return self._state(session_id).session
+        return self.sessions.get(session_id).session
 
     def broker(self, session_id: str) -> ConfirmationBroker:
         """The session's confirmation broker (its remembered answers are session state).
@@ -111,7 +107,7 @@ class ToolDispatcher:
         Raises:
             UnknownSessionError: the session is not open.
         """
-        return self._state(session_id).broker
+        return self.sessions.get(session_id).broker
 
     def session_state(self, session_id: str) -> SessionState:
         """The session's runtime state: approval mode in force, proposed plan (``core/approval.py``).
@@ -119,7 +115,7 @@ class ToolDispatcher:
         Raises:
             UnknownSessionError: the session is not open.
         """
-        return self._state(session_id)
+        return self.sessions.get(session_id)
 
     def events(self, session_id: str) -> EventBus:
         """The session's event bus.
@@ -127,21 +123,19 @@ class ToolDispatcher:
         Raises:
             UnknownSessionError: the session is not open.
         """
-        return self._state(session_id).bus
+        return self.sessions.get(session_id).bus
 
     async def close_session(self, session_id: str) -> None:
-        """Cancel the session's calls, remove its sandbox and end its event streams."""
-        if session_id not in self._sessions:
+        """Cancel the session's calls, remove its sandbox and end its event streams; the registry's
+        listeners are told once it has ended. Not open: nothing happens."""
+        state = self.sessions.begin_close(session_id)
+        if state is None:
             return
-        await self.cancel_session_tools(session_id)
-        state = self._sessions.pop(session_id)
-        self._closed[session_id] = None
-        while len(self._closed) > _CLOSED_IDS_KEPT:
-            self._closed.popitem(last=False)
         try:
+            await self._cancel_calls(list(state.calls))
             await self._provider.close_session(session_id)
         finally:
-            state.bus.close()
+            self.sessions.finish_close(state)
 
     async def aclose(self, *, keep_sessions: bool = False) -> None:
         """Close every session and the sandbox provider.
@@ -150,10 +144,8 @@ class ToolDispatcher:
         provider (which must have been detached from them first), so a restart can give them back.
         """
         if keep_sessions:
-            for state in self._sessions.values():
-                state.bus.close()
-            self._sessions.clear()
-        for session_id in list(self._sessions):
+            self.sessions.let_go()
+        for session_id in self.sessions.live_ids():
             await self.close_session(session_id)
         await self._provider.aclose()
         if self._audit is not None:
@@ -165,7 +157,7 @@ class ToolDispatcher:
         Raises:
             UnknownSessionError: the session is not open.
         """
-        self._state(session.session_id)
+        self.sessions.get(session.session_id)
         return self._provider.sandbox_for(session)
 
     def audit_record(self, kind: str, **fields: Any) -> None:
@@ -173,23 +165,22 @@ class ToolDispatcher:
         if self._audit is not None:
             self._audit.record(kind, **fields)
 
-    def _state(self, session_id: str) -> SessionState:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise UnknownSessionError(f"unknown session {session_id!r}") from None
+    def _check_not_ended(self, session_id: str) -> None:
+        status = self.sessions.status(session_id)
+        if status is not None:
+            raise UnknownSessionError(f"session {session_id!r} is {status.value}")
 
     # -- cancellation and confirmation ----------------------------------------------------
 
     async def cancel_session_tools(self, session_id: str) -> None:
         """Cancel every in-flight call of the session; returns when they have all ended."""
-        state = self._sessions.get(session_id)
+        state = self.sessions.find(session_id)
         if state is not None:
             await self._cancel_calls(list(state.calls))
 
     async def cancel_tool_uses(self, session_id: str, tool_use_ids: Sequence[str]) -> None:
         """Cancel the in-flight calls with these ids (a client went away mid-Dispatch)."""
-        state = self._sessions.get(session_id)
+        state = self.sessions.find(session_id)
         if state is not None:
             wanted = set(tool_use_ids)
             await self._cancel_calls([c for c in state.calls if c.tool_use_id in wanted])
@@ -212,7 +203,7 @@ class ToolDispatcher:
             UnknownSessionError: no such session.
             UnknownConfirmationError: no such request in the session.
         """
-        return self._state(session_id).broker.resolve(request_id, decision, remember=remember)
+        return self.sessions.get(session_id).broker.resolve(request_id, decision, remember=remember)
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -230,11 +221,13 @@ class ToolDispatcher:
         Raises:
             UnknownSessionError: the session was closed (an unknown one is opened on first use).
         """
-        if session.session_id not in self._sessions and session.session_id in self._closed:
-            raise UnknownSessionError(f"session {session.session_id!r} is closed")
-        self.open_session(session)
-        state = self._sessions[session.session_id]
+        state = self.sessions.find(session.session_id)
+        if state is None:
+            self._check_not_ended(session.session_id)
+            state = self.sessions.open(session)
         call = Call(tool_use.id)
+        if state.status is SessionStatus.CLOSING:
+            call.cancel()  # it came too late to run: its result says it was cancelled
         state.calls.add(call)
         run = CallRun(self._deps, state, session, tool_use, turn_id, call)
         try:

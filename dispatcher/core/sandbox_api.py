@@ -27,7 +27,9 @@ from dispatcher.core.errors import DispatcherError, ToolExecutionError
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 
 if TYPE_CHECKING:
+    from dispatcher.core.calls import SessionState
     from dispatcher.core.session import Session
+    from dispatcher.core.session_registry import Restoration
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
 
@@ -231,6 +233,9 @@ class ProviderLifecycle:
     """What a server does with its sandbox backend besides handing out sandboxes: checks and
     sweeps at start, giving containers back after a restart, letting go at a stop that keeps the
     sessions. Each hook does nothing here; a backend overrides those it needs (the Docker one all).
+
+    A provider is a listener of the session registry (``core/session_registry.py``): a session
+    opened is ``session_created``, one given back is ``expect_container`` of its stored container.
     """
 
     observer: SandboxObserver = NO_SANDBOX_OBSERVER
@@ -265,6 +270,18 @@ class ProviderLifecycle:
     async def detach_all(self) -> None:
         """Let go of every sandbox without removing it (a stop that keeps the sessions)."""
 
+    # -- SessionListener --------------------------------------------------------------------
+
+    def session_opened(self, state: SessionState) -> None:
+        self.session_created(state.session)
+
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        if restored.container_id:
+            self.expect_container(state.session, restored.container_id)
+
+    def session_closed(self, state: SessionState) -> None:
+        """Nothing: the dispatcher removed the sandbox (``close_session``) before it was closed."""
+
 
 class ServedProvider(SandboxProvider, Protocol):
     """A provider a server runs: sandboxes plus the lifecycle hooks of ``ProviderLifecycle``."""
@@ -279,3 +296,6 @@ class ServedProvider(SandboxProvider, Protocol):
     def session_created(self, session: Session) -> None: ...
     async def adopt_all(self) -> None: ...
     async def detach_all(self) -> None: ...
+    def session_opened(self, state: SessionState) -> None: ...
+    def session_restored(self, state: SessionState, restored: Restoration) -> None: ...
+    def session_closed(self, state: SessionState) -> None: ...

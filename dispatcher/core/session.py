@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from dispatcher.core.blocks import Role
@@ -11,6 +12,20 @@ from dispatcher.core.blocks import Role
 if TYPE_CHECKING:
     from dispatcher.core.capabilities import Capabilities
     from dispatcher.core.policy import ConfirmationPolicy
+
+
+class SessionStatus(StrEnum):
+    """Where a session is in its life; ``core/session_registry.py`` owns the transitions.
+
+    ``OPEN -> CLOSING -> CLOSED``. Only an open session takes new requests; a closing one is
+    cancelling its calls and stopping its sandbox, and is already "not found" to clients. The
+    lifecycle issue adds ``PAUSED`` (held, its sandbox frozen, resumed by its next call) and
+    ``EXPIRED`` (ended by a clock, like ``CLOSED`` but remembered with when and why).
+    """
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)

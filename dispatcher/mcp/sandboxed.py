@@ -13,6 +13,7 @@ backend (tests, development) it is a host process in the session's workspace dir
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 from pathlib import Path
@@ -59,6 +60,7 @@ class SessionHandles:
     def __init__(self, config: McpServerConfig) -> None:
         self._config = config
         self._handles: dict[str, McpServerHandle] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     def handle_for(self, context: ToolContext) -> McpServerHandle:
         handle = self._handles.get(context.session_id)
@@ -77,10 +79,20 @@ class SessionHandles:
             if conn is not None and conn.ended.is_set():
                 del self._handles[session_id]
 
+    def forget(self, session_id: str) -> None:
+        """The session closed: stop its server process now (in the background) and drop its handle."""
+        handle = self._handles.pop(session_id, None)
+        if handle is not None:
+            task = asyncio.get_running_loop().create_task(handle.aclose(), name=f"mcp-close:{session_id}")
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
     async def aclose(self) -> None:
         handles, self._handles = list(self._handles.values()), {}
         for handle in handles:
             await handle.aclose()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def discovery_session(home: Path, config: McpServerConfig) -> Session:

@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.core.calls import SessionState
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
 from dispatcher.core.jsonlimits import shape_problem
 from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.schema import check_schema
+from dispatcher.core.session_registry import BaseSessionListener
 from dispatcher.core.types import ToolContext, ToolDefinition
 from dispatcher.core.visible import visible
 from dispatcher.mcp.config import MAX_TOOL_NAME, McpServerConfig
@@ -42,8 +44,9 @@ MAX_SCHEMA_CHARS = 64 << 10
 _TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
-class McpServers:
-    """Every configured server's handle, and the registration of their tools."""
+class McpServers(BaseSessionListener):
+    """Every configured server's handle, and the registration of their tools; a listener of the
+    session registry (a closed session's ``run: sandbox`` processes go with it)."""
 
     def __init__(
         self,
@@ -128,6 +131,10 @@ class McpServers:
         finally:
             await handle.aclose()
             await self._provider.close_session(session.session_id)
+
+    def session_closed(self, state: SessionState) -> None:
+        for handles in self._per_session.values():
+            handles.forget(state.session.session_id)
 
     async def aclose(self) -> None:
         """Stop every server process."""

@@ -29,7 +29,7 @@ from dispatcher.server.auth import AuthInterceptor
 from dispatcher.server.decode import DecodeGuardInterceptor
 from dispatcher.server.home_lock import HomeLock
 from dispatcher.server.observability import Observability
-from dispatcher.server.persistence import SessionPersistence
+from dispatcher.server.persistence import IN_MEMORY, Persistence, SessionPersistence
 from dispatcher.server.servicer import DispatcherServicer
 from dispatcher.server.sessions import SessionManager
 from dispatcher.server.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
@@ -139,10 +139,11 @@ class DispatcherServer:
         # (the tenants' uids below are allocated into <home>/uids.json).
         self._home_lock = HomeLock(config.home)
         self._home_lock.acquire()
+        self.persistence: Persistence = IN_MEMORY
         try:
             self._build(config, dispatcher, provider)
         except BaseException:
-            self._home_lock.release()
+            self._close_state()
             raise
 
     def _build(self, config: Config, dispatcher: ToolDispatcher, provider: ServedProvider) -> None:
@@ -153,9 +154,17 @@ class DispatcherServer:
             uid_file=config.home / UIDS_FILE,
             default_ids=_default_ids(config),
         )
-        self.sessions = SessionManager(dispatcher)
-        self.sessions.on_created = provider.session_created
+        # The home is locked: its state.db is this server's (a damaged one fails the build).
+        self.persistence = SessionPersistence.open(config.home, dispatcher)
+        provider.on_container = self.persistence.container_changed
         self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        # Told of each session in this order (closed in the reverse): stored, its sandbox started
+        # or re-adopted, its MCP processes, counted.
+        self.sessions = SessionManager(
+            dispatcher,
+            persistence=self.persistence,
+            listeners=(provider, self.mcp, *self.observability.session_listeners),
+        )
         self.health = health_aio.HealthServicer()
         opts = config.server
         self._server = grpc.aio.server(
@@ -190,7 +199,6 @@ class DispatcherServer:
         )
         self.port = 0
         self._stopped = asyncio.Event()
-        self.persistence: SessionPersistence | None = None
         self._adopting: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
@@ -202,7 +210,6 @@ class DispatcherServer:
             StateError: another server holds the home, or its ``state.db`` is unusable.
         """
         try:
-            self.persistence = SessionPersistence.open(self.config.home, self.dispatcher)
             return await self._start()
         except BaseException:
             self.observability.stop()
@@ -229,7 +236,7 @@ class DispatcherServer:
         await self.provider.remove_orphans()  # containers left by a previous run, but those re-adopted
         # Re-attach the agents in the background; a first call waits for its own.
         self._adopting = asyncio.create_task(self.provider.adopt_all(), name="adopt-containers")
-        self.observability.start(self.sessions.open_by_tenant)
+        self.observability.start()
         await self._server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -258,8 +265,8 @@ class DispatcherServer:
         if self._adopting is not None:
             self._adopting.cancel()
             await asyncio.gather(self._adopting, return_exceptions=True)
-        keep = self.persistence is not None and not self.config.shutdown_remove_sessions
-        if keep and self.persistence is not None:
+        keep = not self.config.shutdown_remove_sessions
+        if keep:
             self.persistence.save_policies()
         await self.sessions.aclose(keep_sessions=keep)
         if keep:  # the containers stay for the next start to re-adopt
@@ -272,20 +279,15 @@ class DispatcherServer:
         log.info("stopped")
 
     def _restore_sessions(self) -> None:
-        """Give back the sessions stored by the previous run; their containers are expected."""
-        assert self.persistence is not None
-        self.sessions.persistence = self.persistence
-        self.provider.on_container = self.persistence.container_changed
-        adopt = self.persistence.restore(self.sessions, self.tenants)
-        for session, container_id in adopt:
-            self.provider.expect_container(session, container_id)
-        if adopt or self.sessions.count():
+        """Give back the sessions stored by the previous run (the provider, a listener, expects
+        their containers)."""
+        self.persistence.restore(self.sessions, self.tenants)
+        if self.sessions.count():
             log.info("stored sessions given back", extra={"sessions": self.sessions.count()})
 
     def _close_state(self) -> None:
-        if self.persistence is not None:
-            self.persistence.close()
-            self.persistence = None
+        self.persistence.close()
+        self.persistence = IN_MEMORY
         self._home_lock.release()
 
     async def wait_stopped(self) -> None:

@@ -10,10 +10,9 @@ Each server has its own registry, so several servers in one process (tests) do n
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -21,16 +20,17 @@ import grpc
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
     ProcessCollector,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
+from dispatcher.core.calls import SessionState
 from dispatcher.core.observe import FinishedCall, SandboxFailure, SandboxRemoval
+from dispatcher.core.session_registry import BaseSessionListener, Restoration
 
 __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 
@@ -39,11 +39,11 @@ log = logging.getLogger("dispatcher.server.metrics")
 _CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 _WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _LAUNCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
-_COLLECT_TIMEOUT = 5.0  # a scrape does not wait longer than this for the event loop
 
 
-class Metrics:
-    """The dispatcher's metrics in one registry; implements ``CallObserver`` and ``SandboxObserver``."""
+class Metrics(BaseSessionListener):
+    """The dispatcher's metrics in one registry; implements ``CallObserver`` and ``SandboxObserver``,
+    and listens to the session registry (sessions open per tenant)."""
 
     def __init__(self, tenants: Iterable[str]) -> None:
         self.registry = CollectorRegistry()
@@ -88,16 +88,27 @@ class Metrics:
             ["method", "code"],
             registry=r,
         )
-        self._sessions = _SessionsCollector(tuple(tenants))
-        r.register(self._sessions)
+        self.sessions_open = Gauge(
+            "dispatcher_sessions_open", "Open sessions per tenant", ["tenant"], registry=r
+        )
+        self._tenants = frozenset(tenants)
+        for tenant in self._tenants:  # configured tenants only: every series exists from the start
+            self.sessions_open.labels(tenant)
 
-    def bind_sessions(
-        self, open_sessions: Callable[[], Mapping[str, int]], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        """Where open sessions are counted, and the loop that owns them: a scrape (on the HTTP
-        thread) counts them there."""
-        self._sessions.open_sessions = open_sessions
-        self._sessions.loop = loop
+    # SessionListener: a session counts from its open (or its return after a restart) to its close
+    def session_opened(self, state: SessionState) -> None:
+        self._count(state, 1)
+
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        self._count(state, 1)
+
+    def session_closed(self, state: SessionState) -> None:
+        self._count(state, -1)
+
+    def _count(self, state: SessionState, delta: int) -> None:
+        tenant = state.session.tenant_id
+        if tenant in self._tenants:  # a label comes from a closed set: the configured tenants
+            self.sessions_open.labels(tenant).inc(delta)
 
     # CallObserver
     def call_finished(self, call: FinishedCall) -> None:
@@ -119,41 +130,6 @@ class Metrics:
 
     def rpc_finished(self, method: str, code: grpc.StatusCode) -> None:
         self.rpc_requests.labels(method, code.name).inc()
-
-
-class _SessionsCollector(Collector):
-    """``dispatcher_sessions_open{tenant}``, read at scrape time: no bookkeeping on the hot path."""
-
-    def __init__(self, tenants: tuple[str, ...]) -> None:
-        self.tenants = tenants
-        self.open_sessions: Callable[[], Mapping[str, int]] = dict
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("dispatcher_sessions_open", "Open sessions per tenant", labels=["tenant"])
-        counts = self._read()
-        for tenant in self.tenants:  # configured tenants only: every series exists from the start
-            family.add_metric([tenant], counts.get(tenant, 0))
-        yield family
-
-    def _read(self) -> Mapping[str, int]:
-        loop = self.loop
-        if loop is None:
-            return {}
-        done: concurrent.futures.Future[Mapping[str, int]] = concurrent.futures.Future()
-
-        def read() -> None:
-            try:
-                done.set_result(dict(self.open_sessions()))
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        try:
-            loop.call_soon_threadsafe(read)
-            return done.result(timeout=_COLLECT_TIMEOUT)
-        except Exception as exc:  # the loop is closed or busy: report zeros rather than fail the scrape
-            log.warning("sessions_open not read: %r", exc)
-            return {}
 
 
 class MetricsServer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -14,6 +14,7 @@ from dispatcher.config.load import Config
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver, FinishedCall
 from dispatcher.core.sandbox_api import ProviderLifecycle, ServedProvider
+from dispatcher.core.session_registry import SessionListener
 
 if TYPE_CHECKING:  # imported for real only when turned on: prometheus_client, the otel extra
     from dispatcher.server.metrics import Metrics, MetricsServer
@@ -76,15 +77,19 @@ class Observability:
         if self.metrics is not None:
             provider.observer = self.metrics
 
-    def start(self, open_sessions: Callable[[], Mapping[str, int]]) -> None:
+    @property
+    def session_listeners(self) -> tuple[SessionListener, ...]:
+        """What counts sessions (the metrics, when on), for the session registry."""
+        return () if self.metrics is None else (self.metrics,)
+
+    def start(self) -> None:
         """Serve ``/metrics`` (on its own thread).
 
         Raises:
             ConfigError: the metrics address cannot be bound.
         """
-        if self.server is None or self.metrics is None:
+        if self.server is None:
             return
-        self.metrics.bind_sessions(open_sessions, asyncio.get_running_loop())
         try:
             port = self.server.start()
         except OSError as exc:

@@ -1,11 +1,13 @@
 """Sessions that survive a restart: what the server stores as they change, and gives back at start.
 
-``SessionManager`` calls ``created`` (the row is committed before CreateSession answers) and
-``closed``; every event of a session goes to the background writer through its bus's sink; a
-remembered confirmation answer and a change of container are queued the same way. At start,
-``restore`` re-opens every stored session whose tenant and workspace still exist, with its event
-history and seq, its remembered answers, a ``tool.failed`` "server restarted" event for each call
-that was running, and returns the containers the sandbox provider is to re-adopt.
+``SessionPersistence`` is the first listener of the session registry: a new session's row is
+committed when it opens (before CreateSession answers) and deleted when it closes; every event of
+a session goes to the background writer through its bus's sink; a remembered confirmation answer
+and a change of container are queued the same way. At start, ``restore`` gives back every stored
+session whose tenant and workspace still exist, through the one path that opens sessions, with its
+event history and seq, its remembered answers and its container (which the sandbox provider, a
+listener too, re-adopts), then a ``tool.failed`` "server restarted" event for each call that was
+running. ``MemoryPersistence`` takes its place where nothing is kept: sessions end with the process.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.core.approval import parse_mode
+from dispatcher.core.calls import SessionState
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass, UnknownSessionError
@@ -25,9 +28,10 @@ from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP
 from dispatcher.core.events import Event
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
+from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionListener
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
-from dispatcher.server.session_entry import ServerSession, build_session
+from dispatcher.server.session_entry import build_session
 from dispatcher.server.store import STATE_FILE, SessionStore, StateError, StoredSession
 from dispatcher.server.store_writer import StateWriter
 from dispatcher.server.stored_policy import (
@@ -43,9 +47,58 @@ if TYPE_CHECKING:
 
 
 class Restores(Protocol):
-    """Where the sessions given back at a start are registered (the ``SessionManager``)."""
+    """Where the sessions given back at a start are opened (the ``SessionManager``)."""
 
-    def restored(self, tenant: Tenant, entry: ServerSession) -> None: ...
+    def restore(self, tenant: Tenant, session: Session, restored: Restoration) -> SessionState: ...
+
+
+class Persistence(SessionListener, Protocol):
+    """Where sessions are kept to survive a restart; the session registry's first listener."""
+
+    def save_policy(self, session_id: str) -> None:
+        """Keep the session's policy state as it is now (remembered answers, mode in force, plan)."""
+        ...
+
+    def save_policies(self) -> None:
+        """Every open session's policy state (a graceful stop: what no event announced)."""
+        ...
+
+    def container_changed(self, session_id: str, container_id: str | None) -> None: ...
+
+    def restore(self, manager: Restores, tenants: TenantDirectory) -> None:
+        """Give back, through ``manager``, the sessions kept by the previous run.
+
+        Raises:
+            StateError: what was kept cannot be read.
+        """
+        ...
+
+    def close(self) -> None:
+        """Keep what is still queued and let go of the store."""
+        ...
+
+
+class MemoryPersistence(BaseSessionListener):
+    """Keeps nothing beyond the registry itself: sessions end with the process."""
+
+    def save_policy(self, session_id: str) -> None:
+        pass
+
+    def save_policies(self) -> None:
+        pass
+
+    def container_changed(self, session_id: str, container_id: str | None) -> None:
+        pass
+
+    def restore(self, manager: Restores, tenants: TenantDirectory) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+IN_MEMORY = MemoryPersistence()
+"""Stateless, so one serves every manager that keeps nothing."""
 
 
 log = logging.getLogger("dispatcher.server.persistence")
@@ -56,7 +109,7 @@ RESTARTED_MESSAGE = (
 )
 
 
-class SessionPersistence:
+class SessionPersistence(BaseSessionListener):
     """The link between the open sessions and ``<home>/state.db``."""
 
     def __init__(self, store: SessionStore, writer: StateWriter, dispatcher: ToolDispatcher) -> None:
@@ -80,33 +133,37 @@ class SessionPersistence:
         """Commit what is queued and close the file (graceful stop)."""
         self.writer.close()
 
-    # -- as sessions change ---------------------------------------------------------------
+    # -- as sessions change (a listener of the session registry) ------------------------------
 
-    def created(self, entry: ServerSession) -> None:
+    def session_opened(self, state: SessionState) -> None:
         """Store a new session (synchronously: it must exist before it is acknowledged)."""
-        s = entry.session
+        s = state.session
         self.store.put_session(
             StoredSession(
                 session_id=s.session_id,
                 tenant_id=s.tenant_id,
-                workspace=entry.workspace,
+                workspace=s.workspace_name,
                 workspace_path=s.workspace_path,
                 role=s.role.value,
                 labels=dict(s.labels),
-                create_time=entry.create_time,
+                create_time=state.create_time,
                 policy=policy_to_json({}, s),
             )
         )
+        self._attach(state, ())
 
-    def attach(self, entry: ServerSession, stored_events: list[Event] | None = None) -> None:
-        """Persist the session's events from now on (its bus is open in the dispatcher)."""
-        sid = entry.session.session_id
-        self.writer.track(sid, stored_events or ())
-        self.dispatcher.events(sid).sink = self._sink(sid)
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        """A session given back is stored already: only follow its events from now on."""
+        self._attach(state, restored.events)
 
-    def closed(self, session_ids: list[str]) -> None:
-        """Forget closed sessions: rows, events, running calls."""
-        self.writer.forget(session_ids)
+    def session_closed(self, state: SessionState) -> None:
+        """Forget a closed session: its row, events, running calls."""
+        self.writer.forget([state.session.session_id])
+
+    def _attach(self, state: SessionState, stored_events: tuple[Event, ...]) -> None:
+        sid = state.session.session_id
+        self.writer.track(sid, stored_events)
+        state.bus.sink = self._sink(sid)
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         self.writer.update(session_id, "container_id", container_id)
@@ -141,8 +198,8 @@ class SessionPersistence:
 
     # -- at start -------------------------------------------------------------------------
 
-    def restore(self, manager: Restores, tenants: TenantDirectory) -> list[tuple[Session, str]]:
-        """Re-open the stored sessions; returns (session, container id) pairs to re-adopt.
+    def restore(self, manager: Restores, tenants: TenantDirectory) -> None:
+        """Give back the stored sessions through ``manager``.
 
         Sessions whose tenant is no longer configured, or whose workspace is gone or is no longer
         a plain directory, are closed (their rows deleted, their containers left to the orphan
@@ -151,7 +208,6 @@ class SessionPersistence:
         Raises:
             StateError: the file cannot be read.
         """
-        adopt: list[tuple[Session, str]] = []
         dropped: list[str] = []
         for row in self.store.load():
             try:
@@ -175,36 +231,12 @@ class SessionPersistence:
                 )
                 dropped.append(row.session_id)
                 continue
-            session = self._reopen(manager, tenant, row, path)
-            if row.container_id:
-                adopt.append((session, row.container_id))
+            self._reopen(manager, tenant, row, path)
         self.writer.forget(dropped)
-        return adopt
 
-    def _reopen(self, manager: Restores, tenant: Tenant, row: StoredSession, path: str) -> Session:
-        try:
-            role = Role(row.role)
-            fields = session_fields_from_json(row.policy)
-            if "approval_mode" in fields:
-                fields["approval_mode"] = parse_mode(fields["approval_mode"])
-        except ValueError as exc:
-            raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
-        session = build_session(tenant, row.session_id, row.workspace, path, role, row.labels, **fields)
-        bus = self.dispatcher.open_session(session, start_seq=row.last_seq)
-        bus.restore(row.events)
-        remembered = remembered_from_json(row.policy)
-        state = self.dispatcher.session_state(row.session_id)
-        state.broker.restore_remembered({tool: Decision(value) for tool, value in remembered.items()})
-        state.plan[:] = plan_from_json(row.policy)
-        in_force = mode_in_force_from_json(row.policy)
-        if in_force is not None:
-            try:
-                state.mode = parse_mode(in_force)
-            except ValueError as exc:
-                raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
-        entry = ServerSession(session, row.workspace, row.create_time)
-        manager.restored(tenant, entry)
-        self.attach(entry, row.events)
+    def _reopen(self, manager: Restores, tenant: Tenant, row: StoredSession, path: str) -> None:
+        session, restored = self._restoration(tenant, row, path)
+        bus = manager.restore(tenant, session, restored).bus
         for call in row.running:
             bus.publish(
                 ToolFailed(
@@ -225,7 +257,33 @@ class SessionPersistence:
                 "running_calls": len(row.running),
             },
         )
-        return session
+
+    def _restoration(self, tenant: Tenant, row: StoredSession, path: str) -> tuple[Session, Restoration]:
+        """The session as its tenant allows it now, and what it is given back with.
+
+        Raises:
+            StateError: the row is damaged.
+        """
+        try:
+            role = Role(row.role)
+            fields = session_fields_from_json(row.policy)
+            if "approval_mode" in fields:
+                fields["approval_mode"] = parse_mode(fields["approval_mode"])
+            in_force = mode_in_force_from_json(row.policy)
+            mode = parse_mode(in_force) if in_force is not None else None
+        except ValueError as exc:
+            raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
+        session = build_session(tenant, row.session_id, row.workspace, path, role, row.labels, **fields)
+        remembered = remembered_from_json(row.policy)
+        return session, Restoration(
+            create_time=row.create_time,
+            last_seq=row.last_seq,
+            events=tuple(row.events),
+            remembered={tool: Decision(value) for tool, value in remembered.items()},
+            mode=mode,
+            plan=tuple(plan_from_json(row.policy)),
+            container_id=row.container_id,
+        )
 
 
 def _mode_problem(tenant: Tenant, policy: Mapping[str, Any]) -> str | None:

@@ -1,28 +1,17 @@
-"""One open session as the server holds it, and how the core's Session for it is made (new, or
-given back after a restart): below both the session manager and the persistence that restores."""
+"""How the core's Session for a tenant's workspace is made (new, or given back after a restart):
+below both the session manager and the persistence that restores."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.session import Session
 from dispatcher.core.types import Role
 from dispatcher.server.tenants import Tenant
 
-__all__ = ["ServerSession", "build_session"]
-
-
-@dataclass(slots=True)
-class ServerSession:
-    """One open session: the core's view plus what the server needs to police it."""
-
-    session: Session
-    workspace: str
-    create_time: float
-    closing: bool = False
+__all__ = ["build_session"]
 
 
 def build_session(

@@ -43,8 +43,7 @@ def decide_plan(
         )
     except ValueError as exc:
         raise FailedPrecondition(str(exc)) from None
-    if sessions.persistence is not None:  # the mode in force survives a restart
-        sessions.persistence.save_policy(session_id)
+    sessions.persistence.save_policy(session_id)  # the mode in force survives a restart
     log.info(
         "plan %s",
         "approved" if decision is Decision.ALLOW else "rejected",

@@ -1,40 +1,42 @@
-"""The server-side registry of sessions: which tenant owns what, quotas, watchers, and shutdown."""
+"""The server's side of sessions: tenants (who owns what, quotas), watchers, and shutdown.
+
+Which sessions exist and whether one is open is the core's ``SessionRegistry``
+(``dispatcher.sessions``); this module checks a tenant's requests against it, and opens sessions
+there, new (``create``) or given back after a restart (``restore``), by one path.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import secrets
-import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from dispatcher.core.calls import SessionState
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
 from dispatcher.core.session import Session
+from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
+from dispatcher.server.persistence import IN_MEMORY, Persistence
 from dispatcher.server.request_checks import check_id, check_labels
-from dispatcher.server.session_entry import ServerSession as ServerSession
 from dispatcher.server.session_entry import build_session
 from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.wire.convert import SessionInfo
 from dispatcher.wire.convert_policy import narrow_capabilities
-
-if TYPE_CHECKING:
-    from dispatcher.server.persistence import SessionPersistence
 
 log = logging.getLogger("dispatcher.server.sessions")
 
 
 @dataclass(slots=True)
 class _TenantState:
-    sessions: dict[str, ServerSession] = field(default_factory=dict)
     active_dispatches: int = 0
     watch_streams: int = 0
 
@@ -42,8 +44,21 @@ class _TenantState:
 class SessionManager:
     """Creates, finds and closes sessions per tenant. A session of another tenant does not exist."""
 
-    def __init__(self, dispatcher: ToolDispatcher) -> None:
+    def __init__(
+        self,
+        dispatcher: ToolDispatcher,
+        *,
+        persistence: Persistence = IN_MEMORY,
+        listeners: Sequence[SessionListener] = (),
+    ) -> None:
+        """``persistence`` (default: in memory, nothing survives the process) is told of every
+        session first, then ``listeners`` in their order; they are closed in the reverse order."""
         self.dispatcher = dispatcher
+        self.registry = dispatcher.sessions
+        self.persistence = persistence
+        # Stored first: a session exists once it is stored, before its sandbox starts or anyone
+        # counts it; on close the store forgets it last.
+        self.registry.subscribe(self.persistence, *listeners)
         self._tenants: dict[str, _TenantState] = {}
         self._watchers: set[Subscription] = set()
         self._calls: dict[str, set[DispatchCall]] = {}  # session id -> its running Dispatch calls
@@ -52,10 +67,6 @@ class SessionManager:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self.persistence: SessionPersistence | None = None
-        """Where sessions are stored to survive a restart (None: they do not)."""
-        self.on_created: Callable[[Session], None] | None = None
-        """Told each new session once it is open (the sandbox backend may start its sandbox)."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -68,7 +79,7 @@ class SessionManager:
         *,
         approval_mode: str | None = None,
         capabilities: Capabilities | None = None,
-    ) -> ServerSession:
+    ) -> SessionState:
         """Open a session in ``workspace`` (made if missing) under the tenant's root, in
         ``approval_mode`` (None: the first of the tenant's ``approval_modes``), with ``capabilities``
         narrowing the tenant's (never widening them).
@@ -81,9 +92,8 @@ class SessionManager:
         """
         self._check_open()
         check_labels(labels)
-        state = self._state(tenant)
         limit = tenant.quotas.max_sessions
-        if limit is not None and len(state.sessions) >= limit:
+        if limit is not None and self.registry.count(tenant.tenant_id) >= limit:
             raise QuotaExceeded(
                 f"tenant {tenant.tenant_id!r} already has {limit} open sessions (max_sessions)"
             )
@@ -104,90 +114,80 @@ class SessionManager:
             approval_mode=mode,
             capabilities=narrowed,
         )
-        entry = ServerSession(session, name, time.time())
-        if self.persistence is not None:  # stored before the session is acknowledged
-            self.persistence.created(entry)
-        self.dispatcher.open_session(session)
-        if self.persistence is not None:
-            self.persistence.attach(entry)
-        state.sessions[session.session_id] = entry
-        if self.on_created is not None:
-            self.on_created(session)
+        return self._open(tenant, session, None)
+
+    def restore(self, tenant: Tenant, session: Session, restored: Restoration) -> SessionState:
+        """Give back a session a restarted server had (no quota: it was admitted before)."""
+        return self._open(tenant, session, restored)
+
+    def _open(self, tenant: Tenant, session: Session, restored: Restoration | None) -> SessionState:
+        """The one way a session opens: in the registry, whose listeners store it (a new one before
+        it is acknowledged), start or re-adopt its sandbox and count it."""
+        state = self.registry.open(session, restored=restored)
         log.info(
-            "session created",
-            extra={"tenant_id": tenant.tenant_id, "session_id": session.session_id, "workspace": name},
+            "session created" if restored is None else "session given back",
+            extra={
+                "tenant_id": tenant.tenant_id,
+                "session_id": session.session_id,
+                "workspace": session.workspace_name,
+            },
         )
-        return entry
+        return state
 
-    def restored(self, tenant: Tenant, entry: ServerSession) -> None:
-        """Register a session a restarted server gives back (already open in the dispatcher)."""
-        self._state(tenant).sessions[entry.session.session_id] = entry
-
-    def get(self, tenant: Tenant, session_id: str) -> ServerSession:
+    def get(self, tenant: Tenant, session_id: str) -> SessionState:
         """The tenant's open session.
 
         Raises:
-            UnknownSessionError: no such session for this tenant (other tenants' look the same).
+            UnknownSessionError: no such open session for this tenant (other tenants' look the same).
             InvalidRequest: the id is longer than any session id.
         """
         check_id("session_id", session_id)
-        entry = self._state(tenant).sessions.get(session_id)
-        if entry is None or entry.closing:
-            raise UnknownSessionError(f"no session {session_id!r}")
-        return entry
+        if self.registry.is_open(session_id):
+            state = self.registry.get(session_id)
+            if state.session.tenant_id == tenant.tenant_id:
+                return state
+        raise UnknownSessionError(f"no session {session_id!r}")
 
     def count(self) -> int:
         """Open sessions, every tenant's."""
-        return sum(len(state.sessions) for state in self._tenants.values())
+        return len(self.registry)
 
-    def open_by_tenant(self) -> dict[str, int]:
-        """Open sessions per tenant id (the metrics' sessions_open)."""
-        return {tenant_id: len(state.sessions) for tenant_id, state in self._tenants.items()}
-
-    def list_for(self, tenant: Tenant) -> list[ServerSession]:
+    def list_for(self, tenant: Tenant) -> list[SessionState]:
         return sorted(
-            (s for s in self._state(tenant).sessions.values() if not s.closing), key=lambda s: s.create_time
+            (s for s in self.registry if s.session.tenant_id == tenant.tenant_id), key=lambda s: s.create_time
         )
 
     async def close(self, tenant: Tenant, session_id: str) -> None:
         """Cancel the session's tools, stop its sandbox and forget it; the workspace stays."""
-        entry = self.get(tenant, session_id)
-        entry.closing = True
+        state = self.get(tenant, session_id)
+        self.registry.begin_close(session_id)  # from here on it is not found
         try:
             await self._start_waiting(session_id)
             await self.dispatcher.close_session(session_id)
         finally:
-            self._state(tenant).sessions.pop(session_id, None)
-            if self.persistence is not None:
-                self.persistence.closed([session_id])
+            self.registry.finish_close(state)
         log.info("session closed", extra={"tenant_id": tenant.tenant_id, "session_id": session_id})
 
-    def info(self, entry: ServerSession) -> SessionInfo:
-        s = entry.session
-        try:
-            last_seq = self.dispatcher.events(s.session_id).last_seq
-            runtime = self.dispatcher.session_state(s.session_id)
-            mode, plan = runtime.mode, tuple(runtime.plan)
-        except UnknownSessionError:
-            last_seq, mode, plan = 0, s.approval_mode, ()
+    def info(self, state: SessionState) -> SessionInfo:
+        s = state.session
         return SessionInfo(
             session_id=s.session_id,
-            workspace=entry.workspace,
+            workspace=s.workspace_name,
             workspace_path=s.workspace_path,
             role=s.role,
             labels=dict(s.labels),
-            create_time=entry.create_time,
-            last_event_seq=last_seq,
-            approval_mode=mode,
+            create_time=state.create_time,
+            last_event_seq=state.bus.last_seq,
+            approval_mode=state.mode,
             capabilities=s.capabilities or Capabilities(),
-            plan=plan,
+            plan=tuple(state.plan),
         )
 
     # --- calls ---------------------------------------------------------------------------------
 
     def tools(self, tenant: Tenant, session_id: str) -> list[ToolDefinition]:
-        entry = self.get(tenant, session_id)
-        return sorted(self.dispatcher.get_definitions_for_session(entry.session), key=lambda d: d.name)
+        state = self.get(tenant, session_id)
+        return sorted(self.dispatcher.get_definitions_for_session(state.session), key=lambda d: d.name)
 
     @asynccontextmanager
     async def dispatch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
@@ -228,7 +228,7 @@ class SessionManager:
     async def dispatch(
         self,
         tenant: Tenant,
-        entry: ServerSession,
+        state: SessionState,
         turn_id: str,
         tool_uses: Sequence[ToolUseBlock],
         *,
@@ -239,10 +239,10 @@ class SessionManager:
         Raises:
             QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
         """
-        session_id = entry.session.session_id
+        session_id = state.session.session_id
         async with self.dispatch_slot(tenant):
             call = DispatchCall(
-                self.dispatcher, entry.session, turn_id, tool_uses, spawn=self.spawn, max_pending=max_pending
+                self.dispatcher, state.session, turn_id, tool_uses, spawn=self.spawn, max_pending=max_pending
             )
             calls = self._calls.setdefault(session_id, set())
             calls.add(call)
@@ -332,7 +332,7 @@ class SessionManager:
 
     async def cancel_all(self) -> None:
         """Cancel the tools of every session (shutdown); returns when they have ended."""
-        ids = [sid for state in self._tenants.values() for sid in state.sessions]
+        ids = self.registry.live_ids()
         for sid in ids:
             await self._start_waiting(sid)
         await asyncio.gather(
@@ -349,17 +349,11 @@ class SessionManager:
             await asyncio.wait(tuple(self._background), timeout=timeout)
         if keep_sessions:
             return
-        for tenant_id, state in self._tenants.items():
-            for session_id in list(state.sessions):
-                try:
-                    await self.dispatcher.close_session(session_id)
-                except Exception:
-                    log.exception(
-                        "closing session failed", extra={"tenant_id": tenant_id, "session_id": session_id}
-                    )
-                state.sessions.pop(session_id, None)
-                if self.persistence is not None:
-                    self.persistence.closed([session_id])
+        for session_id in self.registry.live_ids():
+            try:
+                await self.dispatcher.close_session(session_id)
+            except Exception:
+                log.exception("closing session failed", extra={"session_id": session_id})
 
     def _check_open(self) -> None:
         if self._draining:

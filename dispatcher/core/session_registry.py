@@ -1,0 +1,234 @@
+"""The one owner of a session's life: which sessions exist, where each is in its life, and who is told.
+
+Every "is this session open?" is answered here (``get``). A session is opened new or given back
+after a restart by the same ``open``; what else must happen then (storing it, starting its
+sandbox, counting it) is done by listeners that subscribed, told in their subscription order:
+
+- ``session_opened``: a new session. A listener that raises undoes the open: the listeners already
+  told are told ``session_closed`` (in reverse), the session is dropped and the error goes to the
+  caller (a session that could not be stored is never acknowledged).
+- ``session_restored``: a session a restarted server gives back, with what was stored. Instead of
+  ``session_opened``, so that persistence does not write again what it just read. Errors as above.
+- ``session_closed``: in reverse subscription order (the first to know is the last to forget).
+  Every listener is told even when one raises (logged): a listener cannot keep a session open.
+
+``OPEN -> CLOSING -> CLOSED`` (``SessionStatus``); the lifecycle issue adds ``PAUSED`` and
+``EXPIRED`` as further states and events of this registry. The work of closing (cancelling calls,
+stopping the sandbox) is the dispatcher's, between ``begin_close`` and ``finish_close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dispatcher.core.calls import PlanStep, SessionState
+from dispatcher.core.confirmation import Decision
+from dispatcher.core.errors import UnknownSessionError
+from dispatcher.core.events import Event, EventBus
+from dispatcher.core.session import Session, SessionStatus
+
+__all__ = ["BaseSessionListener", "Restoration", "SessionListener", "SessionRegistry", "SessionStatus"]
+
+log = logging.getLogger("dispatcher.core.sessions")
+
+ENDED_IDS_KEPT = 10_000
+"""Ended session ids remembered (oldest forgotten first): a late dispatch must not silently bring
+a closed session back, and its caller is told it was closed rather than that it never existed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restoration:
+    """What a restarted server gives a session back with (read from the store, already checked)."""
+
+    create_time: float
+    last_seq: int = 0
+    """The last event seq the previous life gave: the bus goes on after it."""
+    events: tuple[Event, ...] = ()
+    """The retained event history, oldest first (replayed to watchers)."""
+    remembered: Mapping[str, Decision] = field(default_factory=dict)
+    """Confirmation answers remembered for the rest of the session, per tool."""
+    mode: str | None = None
+    """The approval mode in force when it differs from the session's own (an approved plan)."""
+    plan: tuple[PlanStep, ...] = ()
+    container_id: str | None = None
+    """The sandbox container the previous life used (re-adopted by the provider)."""
+
+
+class SessionListener(Protocol):
+    """Told of sessions' lives by the registry; see the module docstring for the order and errors."""
+
+    def session_opened(self, state: SessionState) -> None: ...
+
+    def session_restored(self, state: SessionState, restored: Restoration) -> None: ...
+
+    def session_closed(self, state: SessionState) -> None: ...
+
+
+class BaseSessionListener:
+    """A listener that ignores every event: subclass it and override what matters to you (events
+    added later then need no change in listeners that do not care)."""
+
+    def session_opened(self, state: SessionState) -> None:
+        """A new session is open."""
+
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        """A session is open again after a restart, with what was stored."""
+
+    def session_closed(self, state: SessionState) -> None:
+        """The session has ended (its calls are over and its sandbox is stopped)."""
+
+
+class SessionRegistry:
+    """The sessions of one dispatcher, by id, with their state and their listeners."""
+
+    def __init__(self, *, concurrency: int = 4, history: int = 10_000, history_bytes: int = 8 << 20) -> None:
+        """Each session's calls run at most ``concurrency`` at a time; its event bus replays at most
+        ``history`` events and ``history_bytes`` bytes (``DispatcherConfig``)."""
+        self._concurrency = concurrency
+        self._history = history
+        self._history_bytes = history_bytes
+        self._live: dict[str, SessionState] = {}
+        self._ended: OrderedDict[str, SessionStatus] = OrderedDict()
+        self._listeners: list[SessionListener] = []
+
+    def subscribe(self, *listeners: SessionListener) -> None:
+        """Add listeners, told after those already subscribed (and closed before them)."""
+        self._listeners.extend(listeners)
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def open(
+        self, session: Session, *, create_time: float | None = None, restored: Restoration | None = None
+    ) -> SessionState:
+        """Open ``session`` (new, or with ``restored`` what a restart gives back) and tell the listeners.
+
+        Raises:
+            ValueError: a session with this id is already open or closing.
+            Exception: whatever a listener raised (the session is then not open).
+        """
+        sid = session.session_id
+        if sid in self._live:
+            raise ValueError(f"session {sid!r} is already open")
+        state = self._new_state(session, create_time, restored)
+        self._ended.pop(sid, None)
+        self._live[sid] = state
+        told: list[SessionListener] = []
+        try:
+            for listener in self._listeners:
+                if restored is None:
+                    listener.session_opened(state)
+                else:
+                    listener.session_restored(state, restored)
+                told.append(listener)
+        except BaseException:
+            log.warning("opening session %s failed in a listener: undone", sid)
+            self._end(state, reversed(told))
+            raise
+        return state
+
+    def _new_state(
+        self, session: Session, create_time: float | None, restored: Restoration | None
+    ) -> SessionState:
+        bus = EventBus(
+            session.session_id,
+            history=self._history,
+            history_bytes=self._history_bytes,
+            start_seq=restored.last_seq if restored is not None else 0,
+        )
+        if create_time is None:
+            create_time = restored.create_time if restored is not None else time.time()
+        state = SessionState(session, bus, asyncio.Semaphore(self._concurrency), create_time=create_time)
+        if restored is not None:
+            bus.restore(restored.events)
+            state.broker.restore_remembered(dict(restored.remembered))
+            state.plan[:] = restored.plan
+            if restored.mode is not None:
+                state.mode = restored.mode
+        return state
+
+    # -- the one answer to "is it open?" -----------------------------------------------------
+
+    def get(self, session_id: str) -> SessionState:
+        """The open session.
+
+        Raises:
+            UnknownSessionError: it is not open (never was, is closing, or has ended).
+        """
+        state = self._live.get(session_id)
+        if state is not None and state.status is SessionStatus.OPEN:
+            return state
+        status = state.status if state is not None else self._ended.get(session_id)
+        if status is None:
+            raise UnknownSessionError(f"unknown session {session_id!r}")
+        raise UnknownSessionError(f"session {session_id!r} is {status.value}")
+
+    def is_open(self, session_id: str) -> bool:
+        state = self._live.get(session_id)
+        return state is not None and state.status is SessionStatus.OPEN
+
+    def status(self, session_id: str) -> SessionStatus | None:
+        """Where the session is in its life; None: never seen (or ended too long ago)."""
+        state = self._live.get(session_id)
+        return state.status if state is not None else self._ended.get(session_id)
+
+    def find(self, session_id: str) -> SessionState | None:
+        """The session if it is not over yet (open or closing): for work that must reach it while it
+        closes (cancelling its calls)."""
+        return self._live.get(session_id)
+
+    def __iter__(self) -> Iterator[SessionState]:
+        """The open sessions (not those closing)."""
+        return (s for s in tuple(self._live.values()) if s.status is SessionStatus.OPEN)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def count(self, tenant_id: str) -> int:
+        """The tenant's open sessions and those still closing (they hold a sandbox until closed)."""
+        return sum(1 for s in self._live.values() if s.session.tenant_id == tenant_id)
+
+    def live_ids(self) -> list[str]:
+        """Every session not over yet, closing ones included."""
+        return list(self._live)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def begin_close(self, session_id: str) -> SessionState | None:
+        """Mark the session closing (new requests find it no more); the closing one if it already
+        was; None if it is not open."""
+        state = self._live.get(session_id)
+        if state is not None:
+            state.status = SessionStatus.CLOSING
+        return state
+
+    def finish_close(self, state: SessionState) -> None:
+        """The session has ended: forget it, remember that it was closed, tell the listeners (once)."""
+        if self._live.get(state.session.session_id) is state:
+            self._end(state, reversed(self._listeners))
+
+    def let_go(self) -> None:
+        """Forget every session without closing it and without telling anyone (a stop that keeps
+        the sessions stored for the next start); their event streams end."""
+        states, self._live = list(self._live.values()), {}
+        for state in states:
+            state.bus.close()
+
+    def _end(self, state: SessionState, listeners: Iterator[SessionListener]) -> None:
+        sid = state.session.session_id
+        state.status = SessionStatus.CLOSED
+        self._live.pop(sid, None)
+        self._ended[sid] = state.status
+        while len(self._ended) > ENDED_IDS_KEPT:
+            self._ended.popitem(last=False)
+        state.bus.close()
+        for listener in listeners:
+            try:
+                listener.session_closed(state)
+            except Exception:
+                log.exception("a listener failed on session %s's close", sid, extra={"session_id": sid})
