@@ -84,6 +84,9 @@ class SessionState:
     broker: ConfirmationBroker = field(default_factory=ConfirmationBroker)
     calls: set[Call] = field(default_factory=set)
     cleanups: set[asyncio.Future[Any]] = field(default_factory=set)  # strong refs to background stops
+    waiting: set[Callable[[], None]] = field(default_factory=set)
+    """Starters of calls accepted but not started yet (a Dispatch whose client reads slowly): run
+    before the session's calls are cancelled, so that the cancel reaches those calls too."""
     mode: str = ""
     """The approval mode in force (``core/approval.py``): the session's, until an approved plan
     turns ``plan`` into ``autonomous``."""

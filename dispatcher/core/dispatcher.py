@@ -132,7 +132,7 @@ class ToolDispatcher:
         if state is None:
             return
         try:
-            await self._cancel_calls(list(state.calls))
+            await self._cancel_all(state)
             await self._provider.close_session(session_id)
         finally:
             self.sessions.finish_close(state)
@@ -176,7 +176,17 @@ class ToolDispatcher:
         """Cancel every in-flight call of the session; returns when they have all ended."""
         state = self.sessions.find(session_id)
         if state is not None:
-            await self._cancel_calls(list(state.calls))
+            await self._cancel_all(state)
+
+    async def _cancel_all(self, state: SessionState) -> None:
+        starters = tuple(state.waiting)
+        for start in starters:
+            start()
+        if starters:
+            # New tasks run their first step, which registers the call, before this task resumes:
+            # asyncio runs ready callbacks in order.
+            await asyncio.sleep(0)
+        await self._cancel_calls(list(state.calls))
 
     async def cancel_tool_uses(self, session_id: str, tool_use_ids: Sequence[str]) -> None:
         """Cancel the in-flight calls with these ids (a client went away mid-Dispatch)."""

@@ -61,7 +61,6 @@ class SessionManager:
         self.registry.subscribe(self.persistence, *listeners)
         self._tenants: dict[str, _TenantState] = {}
         self._watchers: set[Subscription] = set()
-        self._calls: dict[str, set[DispatchCall]] = {}  # session id -> its running Dispatch calls
         self._background: set[asyncio.Task[None]] = set()
         self._draining = False
         self._in_flight = 0
@@ -162,7 +161,6 @@ class SessionManager:
         state = self.get(tenant, session_id)
         self.registry.begin_close(session_id)  # from here on it is not found
         try:
-            await self._start_waiting(session_id)
             await self.dispatcher.close_session(session_id)
         finally:
             self.registry.finish_close(state)
@@ -239,33 +237,21 @@ class SessionManager:
         Raises:
             QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
         """
-        session_id = state.session.session_id
         async with self.dispatch_slot(tenant):
             call = DispatchCall(
                 self.dispatcher, state.session, turn_id, tool_uses, spawn=self.spawn, max_pending=max_pending
             )
-            calls = self._calls.setdefault(session_id, set())
-            calls.add(call)
+            # Its tool_uses still waiting for the client to read start when the session's calls are
+            # cancelled (or it closes), so that the cancel reaches them too.
+            start_all = call.start_all
+            state.waiting.add(start_all)
             try:
                 yield call
             finally:
-                calls.discard(call)
-                if not calls:
-                    self._calls.pop(session_id, None)
-
-    async def _start_waiting(self, session_id: str) -> None:
-        """Start the tool_uses still waiting for their client to read, so a cancel reaches them."""
-        calls = tuple(self._calls.get(session_id, ()))
-        for call in calls:
-            call.start_all()
-        if calls:
-            # New tasks run their first step, which registers the call with the core, before this
-            # task resumes: asyncio runs ready callbacks in order.
-            await asyncio.sleep(0)
+                state.waiting.discard(start_all)
 
     async def cancel(self, tenant: Tenant, session_id: str) -> None:
         self.get(tenant, session_id)
-        await self._start_waiting(session_id)
         await self.dispatcher.cancel_session_tools(session_id)
 
     def resolve(
@@ -333,8 +319,6 @@ class SessionManager:
     async def cancel_all(self) -> None:
         """Cancel the tools of every session (shutdown); returns when they have ended."""
         ids = self.registry.live_ids()
-        for sid in ids:
-            await self._start_waiting(sid)
         await asyncio.gather(
             *(self.dispatcher.cancel_session_tools(sid) for sid in ids), return_exceptions=True
         )

@@ -80,7 +80,7 @@ async def test_waiting_tool_uses_start_when_the_session_is_cancelled(tmp_path: P
     items = call.items()
     await anext(items)
     await until(lambda: call.running == 0)
-    call.start_all()  # what SessionManager does before cancelling the session's calls
+    call.start_all()  # what the dispatcher does before cancelling the session's calls
     assert call.started == 40
     results = [i async for i in items if isinstance(i, ToolResultBlock)]
     assert len(results) == 40  # nothing was lost while they waited
