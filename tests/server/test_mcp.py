@@ -225,6 +225,22 @@ async def test_run_sandbox_gives_each_session_its_own_process_in_its_workspace(
     assert not _exists(int(pid_one)) and not _exists(int(pid_two))
 
 
+async def test_closing_a_session_stops_its_run_sandbox_process_and_only_its(
+    make_server: ServerFactory, markers: Path
+) -> None:
+    # The MCP servers listen to the session registry: a close reaches the session's process even
+    # where no container goes with it (the local backend runs it on the host).
+    h = await make_server(mcp_servers={"fx": fixture_server(markers, run="sandbox")})
+    agent = h.client()
+    one, two = await agent.create_session("one"), await agent.create_session("two")
+    pid_one = int(text_of(await agent.call(one.session_id, "mcp_fx_where", {})).split(" ", 1)[0])
+    pid_two = int(text_of(await agent.call(two.session_id, "mcp_fx_where", {})).split(" ", 1)[0])
+    await agent.close_session(one.session_id)
+    await until(lambda: not _exists(pid_one), "the closed session's MCP process to stop")
+    assert _exists(pid_two)
+    assert not (await agent.call(two.session_id, "mcp_fx_where", {})).is_error
+
+
 async def test_a_message_over_the_limit_ends_the_server_and_fails_the_call(
     make_server: ServerFactory, markers: Path
 ) -> None:
