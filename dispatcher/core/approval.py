@@ -9,8 +9,9 @@ Modes (``Session.approval_mode``; the README's Policy section has the table):
 - ``plan``: NONE/READ calls run as in cautious; a call with side effects does not run: it becomes a
   proposed step of the session's plan (``tool.step_proposed``) and its result says so. Once a human
   approves the plan (``ApprovePlan``) the session behaves as ``autonomous``.
-- ``review``: writes of ``write_file``/``patch_file`` are staged: the request carries the diff, and
-  an accepted change is applied atomically in the sandbox (``core/review.py``); the rest as cautious.
+- ``review``: writes of tools that can preview them (``Previewable``: ``write_file``, ``patch_file``)
+  are staged: the request carries the diff, and an accepted change is applied atomically in the
+  sandbox (``core/review.py``); the rest as cautious.
 - ``audit``: nothing asks, every call is recorded (audit log decision ``audit``).
 
 In every mode a ``deny`` of the tenant's policy (per tool or per class) stays a deny, a per-tool
@@ -41,13 +42,13 @@ from dispatcher.core.event_payloads import (
     ToolStepProposed,
 )
 from dispatcher.core.policy import ConfirmationPolicy, Mode
-from dispatcher.core.review import REVIEWED_TOOLS
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import SideEffect, ToolDefinition
 from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
     from dispatcher.core.calls import SessionState
+    from dispatcher.core.registry import RegisteredTool
     from dispatcher.core.run_state import RunState
 
 __all__ = [
@@ -125,7 +126,7 @@ def policy_mode(run: RunState, definition: ToolDefinition) -> Mode:
     if mode is Mode.DENY:
         run.decision = "policy_denied"
         raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
-    if run.state.mode == ApprovalMode.REVIEW and definition.name in REVIEWED_TOOLS:
+    if _reviewed(run, definition) is not None:
         return Mode.PROMPT  # every write is reviewed; the path is resolved first, to be shown
     if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
         return Mode.PROMPT  # held back as a step; resolved first, so the step shows its real paths
@@ -143,8 +144,9 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
     """
     if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
         propose(run, definition, input_)
-    if run.state.mode == ApprovalMode.REVIEW and definition.name in REVIEWED_TOOLS:
-        await _review(run, definition, input_)
+    reviewed = _reviewed(run, definition)
+    if reviewed is not None:
+        await _review(run, reviewed, input_)
         return
     if mode is Mode.AUTO:
         return
@@ -168,15 +170,23 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
         raise ToolUserDenied("User denied this operation.")
 
 
-async def _review(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -> None:
+def _reviewed(run: RunState, definition: ToolDefinition) -> RegisteredTool | None:
+    """The tool, when review mode stages this call: the session reviews and the tool previews."""
+    if run.state.mode != ApprovalMode.REVIEW:
+        return None
+    registered = run.deps.registry.get(definition.name)
+    return registered if registered is not None and registered.previews else None
+
+
+async def _review(run: RunState, registered: RegisteredTool, input_: dict[str, Any]) -> None:
     """Stage the write, ask with its diff, and let it run only if accepted and still current.
     Remembered answers do not apply: in review mode every change is seen."""
-    staged = await review.stage(run, input_)
-    decision, _ = await ask(run, definition, input_, diff=staged.diff)
+    staged = await review.stage(run, registered, input_)
+    decision, _ = await ask(run, registered.definition, input_, diff=staged.diff)
     run.decision = f"review_{decision.value}"
     if decision is Decision.DENY:
         raise ToolUserDenied(f"The reviewer rejected the change to {staged.path}; the file was not changed.")
-    await review.check_unchanged(run, staged, input_)
+    await review.check_unchanged(run, staged)
     # Checked again by the sandbox just before its rename: a change made after this check is
     # never overwritten either.
     run.reviewed_sha256 = staged.before_sha256

@@ -12,7 +12,7 @@ from jsonschema import Draft7Validator
 
 from dispatcher.core.errors import RegistrySealedError, ToolNameConflictError, ToolRegistrationError
 from dispatcher.core.schema import check_schema
-from dispatcher.core.types import Role, SideEffect, Tool, ToolDefinition, ToolFactory
+from dispatcher.core.types import Previewable, Role, SideEffect, Tool, ToolDefinition, ToolFactory
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -23,6 +23,8 @@ class RegisteredTool:
     factory: ToolFactory
     validator: Draft7Validator
     builtin: bool
+    previews: bool = False
+    """Its tools are ``Previewable``: review mode stages their writes as diffs."""
 
 
 class ToolRegistry:
@@ -67,8 +69,11 @@ class ToolRegistry:
             if existing.builtin and not builtin:
                 raise ToolNameConflictError(f"tool {definition.name!r} conflicts with a built-in tool")
             raise ToolRegistrationError(f"tool {definition.name!r} is already registered")
+        previews = isinstance(first, Previewable)
+        if previews:
+            written_input(definition)  # raises if the file it previews is not one input
         validator = check_schema(definition.name, definition.input_schema)
-        self._tools[definition.name] = RegisteredTool(definition, factory, validator, builtin)
+        self._tools[definition.name] = RegisteredTool(definition, factory, validator, builtin, previews)
         return definition
 
     def unregister(self, name: str) -> None:
@@ -129,6 +134,21 @@ def _check_definition(definition: ToolDefinition) -> None:
             raise ToolRegistrationError(f"tool {definition.name!r}: requires_fs names unknown input {key!r}")
     if definition.timeout_seconds is not None and definition.timeout_seconds <= 0:
         raise ToolRegistrationError(f"tool {definition.name!r}: timeout_seconds must be positive")
+
+
+def written_input(definition: ToolDefinition) -> str:
+    """The input naming the file a ``Previewable`` tool replaces: its one ``rw`` path.
+
+    Raises:
+        ToolRegistrationError: it has no ``rw`` path, or several.
+    """
+    keys = [key for key, mode in definition.requires_fs if mode == "rw"]
+    if len(keys) != 1:
+        raise ToolRegistrationError(
+            f"tool {definition.name!r} offers preview() but has {len(keys)} rw paths in requires_fs; "
+            "a preview is of exactly one file"
+        )
+    return keys[0]
 
 
 def to_anthropic(definition: ToolDefinition) -> dict[str, Any]:

@@ -1,38 +1,40 @@
 """Review mode (spec 004): a write is staged and shown as a diff; it is applied only once a human
 accepts it, per file (``ResolveConfirmation``) or per batch (``ResolveConfirmations``).
 
-Staging reads the file where the call will write it (the path resolved in the sandbox), computes
-the change the call would make and publishes it as the ``diff`` of a ``tool.confirmation_requested``
-event. Nothing is written before the answer. On accept the call runs as usual, at the path that was
+Which calls are staged, and what they would change, is the tools' to say: a ``Previewable`` tool
+(``core/types.py``) computes the file its call would leave from the file as it is; nothing here
+knows a tool by name or an input but the path ``requires_fs`` marks ``rw``.
+
+Staging reads the file where the call will write it (the path resolved in the sandbox), asks the
+tool for the change and publishes it as the ``diff`` of a ``tool.confirmation_requested`` event.
+Nothing is written before the answer. On accept the call runs as usual, at the path that was
 resolved and shown, and only if the file is still what the diff was made from (otherwise it is
 refused unchanged and the model is told to call again): checked here first, then again by the
-sandbox just before it renames the new file into place (``expect_sha256``); ``write_file`` and ``patch_file`` replace the
+sandbox just before it renames the new file into place (``expect_sha256``); the tool writes the
 file atomically (temp file + rename in the sandbox). On reject nothing is written and the result
-says so. A patch that would not apply is refused at staging: no question is asked about a change
+says so. A change that would not apply is refused at staging: no question is asked about a change
 that cannot happen.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import difflib
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.core.errors import ToolExecutionError, ToolUserDenied
+from dispatcher.core.registry import RegisteredTool, written_input
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
 from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.types import Previewable
 
 if TYPE_CHECKING:
     from dispatcher.core.run_state import RunState
 
-__all__ = ["REVIEWED_TOOLS", "Staged", "check_unchanged", "stage"]
+__all__ = ["Staged", "check_unchanged", "stage"]
 
-REVIEWED_TOOLS = frozenset({"write_file", "patch_file"})
-"""The writes review mode stages; other calls with side effects ask as in cautious mode."""
 READ_LIMIT = 8 << 20
 """Most bytes of the current file staging reads to diff against."""
 DIFF_MAX_LINES = 5_000
@@ -48,34 +50,32 @@ class Staged:
     """A write waiting for its review: where, what it would change, and what the file was."""
 
     path: str  # as resolved in the sandbox, workspace-relative
+    given: str  # as the call wrote it
     before_sha256: str
     diff: str
 
 
-async def stage(run: RunState, input_: dict[str, Any]) -> Staged:
-    """The change ``input_`` (a write_file or patch_file call) would make, without making it.
+async def stage(run: RunState, registered: RegisteredTool, input_: dict[str, Any]) -> Staged:
+    """The change ``input_`` (a call of a ``Previewable`` tool) would make, without making it.
 
     Raises:
-        ToolExecutionError: the patch would not apply, or the file cannot be read.
+        ToolError: the change would not apply (the tool's own error), or the file cannot be read.
     """
+    tool = registered.factory()
+    if not isinstance(tool, Previewable):  # registered as previewing: its factory changed its mind
+        raise ToolExecutionError(f"tool {registered.definition.name!r} no longer offers preview()")
+    key = written_input(registered.definition)
     sandbox = run.deps.provider.sandbox_for(run.session)
-    path = run.resolved.get("path") or str(input_["path"])
-    before = await _current(sandbox, str(input_["path"]), path)
-    if run.tool_name == "patch_file":
-        after = _patched(before or b"", str(input_["old"]), str(input_["new"]), path)
-    elif input_.get("encoding") == "base64":
-        try:
-            after = base64.b64decode(str(input_["content"]), validate=True)
-        except (binascii.Error, ValueError):
-            raise ToolExecutionError("content is not valid base64; nothing was written") from None
-    else:
-        after = str(input_["content"]).encode("utf-8", "surrogatepass")
+    given = str(input_[key])
+    path = run.resolved.get(key) or given
+    before = await _current(sandbox, given, path)
+    after = tool.preview(input_, before)
     # Off the event loop: even bounded, a diff of thousands of lines takes a noticeable while.
     diff = await asyncio.to_thread(_diff, path, before, after)
-    return Staged(path, _sha(before), truncate_head_tail(diff, DIFF_CHARS))
+    return Staged(path, given, _sha(before), truncate_head_tail(diff, DIFF_CHARS))
 
 
-async def check_unchanged(run: RunState, staged: Staged, input_: dict[str, Any]) -> None:
+async def check_unchanged(run: RunState, staged: Staged) -> None:
     """After the accept: refuse if the file changed since it was diffed (what was reviewed is not
     what would be written).
 
@@ -83,7 +83,7 @@ async def check_unchanged(run: RunState, staged: Staged, input_: dict[str, Any])
         ToolUserDenied: the file changed.
     """
     sandbox = run.deps.provider.sandbox_for(run.session)
-    if _sha(await _current(sandbox, str(input_["path"]), staged.path)) != staged.before_sha256:
+    if _sha(await _current(sandbox, staged.given, staged.path)) != staged.before_sha256:
         raise ToolUserDenied(
             f"{staged.path} changed after the change to it was reviewed; nothing was written. "
             "Read the file again and repeat the call to have it reviewed again."
@@ -107,26 +107,6 @@ async def _current(sandbox: Sandbox, given: str, real: str) -> bytes | None:
             "nothing was written"
         )
     return data
-
-
-def _patched(before: bytes, old: str, new: str, path: str) -> bytes:
-    text = before.decode("utf-8", "surrogateescape")
-    candidates = [(old, new)]
-    if "\n" in old and "\r\n" not in old:  # the tool's other line ending, as patch_file tries
-        candidates.append((old.replace("\n", "\r\n"), new.replace("\r\n", "\n").replace("\n", "\r\n")))
-    for o, n in candidates:
-        count = text.count(o)
-        if count == 1:
-            return text.replace(o, n, 1).encode("utf-8", "surrogateescape")
-        if count > 1:
-            raise ToolExecutionError(
-                f"`old` occurs {count} times in {path}; it must occur exactly once. Include more "
-                "surrounding lines to make it unique. The file was not changed."
-            )
-    raise ToolExecutionError(
-        f"`old` was not found in {path}. It must match the file exactly; read the file again and copy "
-        "the text. The file was not changed."
-    )
 
 
 def _diff(path: str, before: bytes | None, after: bytes) -> str:

@@ -118,5 +118,21 @@ class Tool(Protocol):
     async def cancel(self) -> bool: ...
 
 
+@runtime_checkable
+class Previewable(Protocol):
+    """What a tool that replaces one file whole may offer besides ``execute``: the content the
+    call would leave, computed without writing. The file is the input named by the one ``rw``
+    entry of its ``requires_fs``. Review mode (spec 004) shows a human this as a diff before the
+    call runs; the tool writes exactly this, so what is reviewed is what is written."""
+
+    def preview(self, input: Mapping[str, Any], current: bytes | None) -> bytes:
+        """The file's bytes after the call, given its bytes now (None: there is no file).
+
+        Raises:
+            ToolError: the call cannot apply to ``current``; nothing is to be written.
+        """
+        ...
+
+
 ToolFactory = Callable[[], Tool]
 AsyncCallback = Callable[[], Awaitable[None]]

@@ -1,7 +1,12 @@
-"""``patch_file {path, old, new}``: replace text that occurs exactly once, atomically."""
+"""``patch_file {path, old, new}``: replace text that occurs exactly once, atomically.
+
+``patched`` is the one definition of what a patch does: the tool writes what it computes, and
+review mode shows the same as its diff (``preview``)."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.core.sandbox_api import FileOpError
@@ -10,7 +15,7 @@ from dispatcher.tools._common import PATH_SCHEMA, FileTool, explain, start, work
 
 
 class PatchFileTool(FileTool):
-    """Edits a workspace file str_replace-style."""
+    """Edits a workspace file str_replace-style; ``Previewable`` (review mode diffs its change)."""
 
     definition = ToolDefinition(
         name="patch_file",
@@ -36,80 +41,113 @@ class PatchFileTool(FileTool):
     )
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """Apply the replacement or explain why it could not be applied."""
+        """Apply the replacement or explain why it could not be applied.
+
+        The file is read, changed here by ``preview`` (the one definition of what a patch does,
+        review mode's too) and written back whole, atomically and only over the bytes it was read
+        as: a change made meanwhile is refused by the sandbox just before its rename, never lost.
+        """
         start(context)
         path: str = input["path"]
-        old: str = input["old"]
-        new: str = input["new"]
         approved = context.resolved.get("path")  # where it really was when confirmed: used exactly
+        files = context.workspace_files
         try:
-            await _patch_any_newline(context, path, old, new, approved)
+            current = await files.read_bytes(path, approved=approved)
         except FileOpError as exc:
-            if exc.code == "no_match":
+            raise explain(exc, path) from exc
+        read_as = hashlib.sha256(current).hexdigest()
+        if context.reviewed_sha256 not in (None, read_as):
+            raise FileOpError("changed", _changed_after_review(path))
+        after = self.preview(input, current)
+        try:
+            await files.write_bytes(path, after, approved=approved, expect_sha256=read_as)
+        except FileOpError as exc:
+            if exc.code == "changed" and context.reviewed_sha256 is None:
                 raise FileOpError(
-                    "no_match",
-                    f"`old` was not found in {path}. It must match the file exactly, including "
-                    "whitespace and indentation; read the file again and copy the text. "
-                    f"{await _newline_note(context, path, old, approved)}The file was not changed.",
-                ) from exc
-            if exc.code == "multiple_matches":
-                raise FileOpError(
-                    "multiple_matches",
-                    f"{exc.message}. `old` must occur exactly once; include more surrounding lines "
-                    "to make it unique. The file was not changed.",
+                    "changed",
+                    f"{path} changed while it was being patched (written meanwhile, or replaced by a "
+                    "link); nothing was written. Read the file again and repeat the call.",
                 ) from exc
             raise explain(exc, path) from exc
-        removed, added = old.count("\n") + 1, new.count("\n") + 1
+        removed, added = input["old"].count("\n") + 1, input["new"].count("\n") + 1
         return ToolOutput(
             content=[TextBlock(f"Patched {path}: replaced {removed} line(s) with {added} line(s)")],
             metadata={"replacements": 1},
             files_modified=[workspace_path(context, approved or path)],
         )
 
+    def preview(self, input: Mapping[str, Any], current: bytes | None) -> bytes:
+        """The file after the replacement (see ``patched``).
+
+        Raises:
+            FileOpError: no file (``ENOENT``), or ``old`` does not occur exactly once.
+        """
+        path = str(input["path"])
+        if current is None:
+            raise explain(FileOpError("ENOENT", f"{path}: no such file"), path)
+        return patched(current, str(input["old"]), str(input["new"]), path)
+
+
+def patched(data: bytes, old: str, new: str, path: str) -> bytes:
+    """``data`` with the one occurrence of ``old`` replaced by ``new``.
+
+    As given first; when that finds nothing and ``old`` spans lines, with the other line ending.
+    Models send ``\n``: in a CRLF file, ``old`` then matches with ``\r\n`` and ``new`` is put in
+    with ``\r\n`` too, so the file keeps one line ending (and the other way round). Matching is
+    on the UTF-8 bytes: UTF-8 is self-synchronising, so a byte match is a character match.
+
+    Raises:
+        FileOpError: ``no_match`` (no attempt matched), ``multiple_matches`` (an attempt matched
+            more than once), ``decode`` (the text cannot be UTF-8).
+    """
+    attempts = [(old, new)]
+    if "\n" in old:
+        crlf = "\r\n" in old
+        attempts.append((_lf(old), _lf(new)) if crlf else (old.replace("\n", "\r\n"), _crlf(new)))
+    for old_text, new_text in attempts:
+        needle = _encode(old_text, path)
+        count = data.count(needle) if needle else 0
+        if count == 1:
+            return data.replace(needle, _encode(new_text, path), 1)
+        if count > 1:
+            raise FileOpError(
+                "multiple_matches",
+                f"{path}: the text to replace occurs {count} times. `old` must occur exactly once; "
+                "include more surrounding lines to make it unique. The file was not changed.",
+            )
+    raise FileOpError(
+        "no_match",
+        f"`old` was not found in {path}. It must match the file exactly, including whitespace and "
+        f"indentation; read the file again and copy the text. {_newline_note(data, old)}The file "
+        "was not changed.",
+    )
+
 
 def _lf(text: str) -> str:
     return text.replace("\r\n", "\n")
 
 
-async def _patch_any_newline(
-    context: ToolContext, path: str, old: str, new: str, approved: str | None
-) -> None:
-    """Patch as given; when that finds nothing and ``old`` spans lines, try the other line ending.
+def _crlf(text: str) -> str:
+    return _lf(text).replace("\n", "\r\n")
 
-    Models send ``\n``: in a CRLF file, ``old`` then matches with ``\r\n`` and ``new`` is
-    written with ``\r\n`` too, so the file keeps one line ending. Each attempt is atomic and
-    changes nothing when it does not match.
 
-    Raises:
-        FileOpError: no attempt matched exactly once (the first attempt's error), or another failure.
-    """
+def _encode(text: str, path: str) -> bytes:
     try:
-        await context.workspace_files.patch(
-            path, old, new, approved=approved, expect_sha256=context.reviewed_sha256
-        )
-        return
-    except FileOpError as exc:
-        if exc.code != "no_match" or "\n" not in old:
-            raise
-        first = exc
-    crlf = "\r\n" in old
-    other_old = _lf(old) if crlf else old.replace("\n", "\r\n")
-    other_new = _lf(new) if crlf else _lf(new).replace("\n", "\r\n")
-    try:
-        await context.workspace_files.patch(
-            path, other_old, other_new, approved=approved, expect_sha256=context.reviewed_sha256
-        )
-    except FileOpError as exc:
-        raise (first if exc.code == "no_match" else exc) from None
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FileOpError("decode", f"{path}: text cannot be encoded as UTF-8") from None
 
 
-async def _newline_note(context: ToolContext, path: str, old: str, approved: str | None) -> str:
+def _changed_after_review(path: str) -> str:
+    return (
+        f"{path} changed after the change to it was reviewed; nothing was written. Read the file "
+        "again and repeat the call to have it reviewed again."
+    )
+
+
+def _newline_note(data: bytes, old: str) -> str:
     """Why the line endings may be the reason ``old`` did not match ('' when they are not)."""
-    try:
-        head = await context.workspace_files.read_bytes(path, max_bytes=1 << 20, approved=approved)
-    except FileOpError:
-        return ""
-    file_crlf, file_lf = b"\r\n" in head, b"\n" in head.replace(b"\r\n", b"")
+    file_crlf, file_lf = b"\r\n" in data, b"\n" in data.replace(b"\r\n", b"")
     if file_crlf and file_lf:
         return (
             "The file mixes CRLF (\\r\\n) and LF (\\n) line endings, so `old` must use the same "

@@ -110,7 +110,7 @@ def definition(max_bytes: int) -> ToolDefinition:
 
 
 class WriteFileTool(FileTool):
-    """Creates or overwrites a workspace file."""
+    """Creates or overwrites a workspace file; ``Previewable`` (review mode diffs its change)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_WRITE_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -127,23 +127,16 @@ class WriteFileTool(FileTool):
         size = _size(input)
         if size is not None and size > self.max_bytes:  # called without the dispatcher's check
             raise ToolValidationError(f"content is {size:,} bytes, more than {self.max_bytes:,}")
+        data = self.preview(input, None)
         try:
-            if binary:
-                try:
-                    data = decode_base64(content)
-                except ValueError as exc:
-                    raise ToolValidationError(str(exc)) from None
-                await context.workspace_files.write_bytes(path, data, approved=approved, expect_sha256=expect)
-            else:
-                await context.workspace_files.write(path, content, approved=approved, expect_sha256=expect)
+            await context.workspace_files.write_bytes(path, data, approved=approved, expect_sha256=expect)
         except FileOpError as exc:
             raise explain(exc, path) from exc
+        size = len(data)
         if binary:
-            size = len(data)
             what = f"{size:,} bytes"
             metadata: dict[str, Any] = {"bytes": size}
         else:
-            size = len(content.encode("utf-8", errors="surrogatepass"))
             lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
             what = f"{lines} line{'' if lines == 1 else 's'} ({size:,} bytes)"
             metadata = {"bytes": size, "lines": lines}
@@ -152,3 +145,21 @@ class WriteFileTool(FileTool):
             metadata=metadata,
             files_modified=[workspace_path(context, approved or path)],
         )
+
+    def preview(self, input: Mapping[str, Any], current: bytes | None) -> bytes:
+        """The bytes written: the content whatever the file was.
+
+        Raises:
+            ToolValidationError: base64 content that does not decode.
+            FileOpError: text that cannot be UTF-8 (``decode``).
+        """
+        content = str(input["content"])
+        if input.get("encoding") == "base64":
+            try:
+                return decode_base64(content)
+            except ValueError as exc:
+                raise ToolValidationError(str(exc)) from None
+        try:
+            return content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FileOpError("decode", f"{input['path']}: text cannot be encoded as UTF-8") from None

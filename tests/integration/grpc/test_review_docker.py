@@ -61,6 +61,29 @@ async def test_review_applies_an_accepted_patch_in_the_sandbox(docker_harness: H
     assert not (root / "dropped.txt").exists()
 
 
+async def test_review_applies_a_crlf_patch_to_an_lf_file_as_every_mode_does(docker_harness: Harness) -> None:
+    """Issue 19: ``old`` with CRLF in an LF file is applied by patch_file in every mode; review
+    mode's staging once refused it as not found. Staged, approved, and the file as expected."""
+    client = docker_harness.client(TOKEN_BETA)
+    root = docker_harness.tmp / "ws-beta" / "default"
+    setup = await client.create_session(mode="autonomous")
+    made = await client.call(setup.session_id, "shell", {"command": "printf 'x\\na\\nb\\n' > crlf.txt"})
+    assert not made.is_error, text_of(made)
+    sid = (await client.create_session(mode="review")).session_id
+    patch = {"path": "crlf.txt", "old": "a\r\nb", "new": "A\r\nB"}
+    task = asyncio.create_task(_results(client, sid, [ToolUseBlock("p", "patch_file", patch)]))
+    async for event in client.watch(sid):
+        if event.type in ("tool.confirmation_requested", "tool.failed"):
+            break
+    assert event.type == "tool.confirmation_requested", event.payload  # not refused at staging
+    assert "-a\n-b\n+A\n+B\n" in str(event.payload.diff)
+    assert (root / "crlf.txt").read_bytes() == b"x\na\nb\n"  # staged, not applied
+    await client.resolve_confirmation(sid, str(event.payload.request_id), Decision.ALLOW)
+    results = await asyncio.wait_for(task, 60)
+    assert not results["p"].is_error, text_of(results["p"])
+    assert (root / "crlf.txt").read_bytes() == b"x\nA\nB\n"
+
+
 async def _results(client: object, sid: str, uses: list[ToolUseBlock]) -> dict[str, ToolResultBlock]:
     out = {}
     async for item in client.dispatch(sid, uses):  # type: ignore[attr-defined]

@@ -13,8 +13,7 @@ from dispatcher.core import ConfirmationPolicy, Decision, Session, TextBlock, To
 from dispatcher.core import event_payloads as ep
 from dispatcher.core import events as ev
 from dispatcher.core.approval import ApprovalMode, approve_plan, parse_mode
-from dispatcher.core.errors import ToolExecutionError
-from dispatcher.core.review import _diff, _patched
+from dispatcher.core.review import _diff
 from dispatcher.core.types import SideEffect
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.unit.core.toolkit import definition, next_event
@@ -101,12 +100,7 @@ def test_parse_mode() -> None:
         parse_mode("yolo")
 
 
-def test_review_patch_staging_and_diffs() -> None:
-    assert _patched(b"a\r\nb\r\n", "a\nb\n", "c\n", "f") == b"c\r\n"  # the other line ending, as the tool
-    with pytest.raises(ToolExecutionError, match="occurs 2 times"):
-        _patched(b"x x", "x", "y", "f")
-    with pytest.raises(ToolExecutionError, match="not found"):
-        _patched(b"abc", "zzz", "y", "f")
+def test_review_diffs() -> None:
     assert _diff("f", None, b"new\n").startswith("--- /dev/null\n+++ b/f\n")
     assert "Binary file f: 2 bytes -> 1 bytes" in _diff("f", b"\x00\x01", b"\xff")
     assert "\\ No newline at end of file" in _diff("f", b"a", b"b")

@@ -1,15 +1,17 @@
-"""write_file and patch_file through the local agent: atomicity, modes, matches, escapes."""
+"""write_file and patch_file through the local agent: atomicity, modes, matches, escapes, races."""
 
 from __future__ import annotations
 
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.sandbox_api import FileOpError
-from dispatcher.tools.patch_file import PatchFileTool
+from dispatcher.sandbox.local import LocalSandbox
+from dispatcher.tools.patch_file import PatchFileTool, patched
 from dispatcher.tools.write_file import WriteFileTool
 from tests.unit.tools.conftest import Harness, text_of
 
@@ -112,3 +114,53 @@ async def test_patch_on_mixed_line_endings_says_so(harness: Harness, workspace: 
     assert info.value.code == "no_match"
     assert "mixes CRLF" in info.value.message and "not changed" in info.value.message
     assert target.read_bytes() == b"one\r\ntwo\nthree\r\n"
+
+
+def test_patched_is_the_one_patch_semantics() -> None:
+    """What review mode shows and what patch_file writes: both are ``patched``."""
+    assert patched(b"a\r\nb\r\n", "a\nb\n", "c\n", "f") == b"c\r\n"  # LF old in a CRLF file
+    assert patched(b"x\na\nb\n", "a\r\nb", "A\r\nB", "f") == b"x\nA\nB\n"  # CRLF old in an LF file
+    assert patched("é\n".encode(), "é", "e", "f") == b"e\n"
+    with pytest.raises(FileOpError, match="occurs 2 times") as info:
+        patched(b"x x", "x", "y", "f")
+    assert info.value.code == "multiple_matches"
+    with pytest.raises(FileOpError, match="`old` was not found in f") as info:
+        patched(b"abc", "zzz", "y", "f")
+    assert info.value.code == "no_match"
+    with pytest.raises(FileOpError) as info:
+        patched(b"abc", "\udcff", "y", "f")
+    assert info.value.code == "decode"
+    tool = PatchFileTool()
+    with pytest.raises(FileOpError) as info:
+        tool.preview({"path": "f", "old": "a", "new": "b"}, None)
+    assert info.value.code == "ENOENT"
+
+
+class _ChangedAfterRead:
+    """The sandbox's files, with something else writing ``target`` just after patch_file read it."""
+
+    def __init__(self, sandbox: LocalSandbox, target: Path) -> None:
+        self._sandbox = sandbox
+        self._target = target
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sandbox, name)
+
+    async def read_bytes(self, path: str, **kw: object) -> bytes:
+        data = await self._sandbox.read_bytes(path, **kw)  # type: ignore[arg-type]
+        self._target.write_text("changed meanwhile\n")
+        return data
+
+
+async def test_patch_refuses_a_change_made_after_its_read_and_keeps_it(
+    harness: Harness, workspace: Path
+) -> None:
+    """The agent compares what patch_file read with the file just before its rename."""
+    target = workspace / "m.py"
+    target.write_text("x = 1\n")
+    context = replace(harness.context(), workspace_files=_ChangedAfterRead(harness.sandbox, target))
+    with pytest.raises(FileOpError) as info:
+        await PatchFileTool().execute({"path": "m.py", "old": "x = 1", "new": "x = 2"}, context)
+    assert info.value.code == "changed" and "changed while it was being patched" in info.value.message
+    assert target.read_text() == "changed meanwhile\n"
+    assert [p.name for p in workspace.iterdir()] == ["m.py"]  # no temp file left

@@ -1,0 +1,123 @@
+"""One patch semantics (issue 19, item 4): the same patch_file call does the same thing in every
+approval mode. The case that once split them: ``old`` written with CRLF in an LF file, which
+patch_file applies (the other line ending) and review mode's staging used to refuse as not found."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
+from dispatcher.core import events as ev
+from dispatcher.core.approval import ApprovalMode, approve_plan
+from dispatcher.core.errors import ToolRegistrationError
+from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolOutput, ToolResultBlock
+from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
+from dispatcher.tools import PatchFileTool, WriteFileTool
+from tests.unit.core.toolkit import OBJ, definition, next_event
+
+BEFORE = b"x\na\nb\n"
+CRLF_PATCH = {"path": "f.txt", "old": "a\r\nb", "new": "A\r\nB"}
+AFTER = b"x\nA\nB\n"
+
+
+async def _dispatch_allowing(d: ToolDispatcher, session: Session, use: ToolUseBlock) -> ToolResultBlock:
+    """Dispatch ``use``, accepting every question it asks (none in some modes); the session is
+    opened here (idempotent), so its history replays a question asked before the subscription."""
+    async with d.open_session(session).subscribe() as sub:
+
+        async def allow_all() -> None:
+            async for event in sub:
+                if event.type == ev.TOOL_CONFIRMATION_REQUESTED:
+                    d.resolve_confirmation(session.session_id, event.payload.request_id, Decision.ALLOW)
+
+        answerer = asyncio.create_task(allow_all())
+        try:
+            return await d.dispatch(use, session, turn_id="t")
+        finally:
+            answerer.cancel()
+
+
+@pytest.mark.parametrize("mode", list(ApprovalMode))
+async def test_a_crlf_old_patches_an_lf_file_in_every_mode(
+    provider: FakeSandboxProvider, session: Session, mode: ApprovalMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def no_patch_op(*args: object, **kwargs: object) -> None:
+        raise AssertionError("patch_file computes the patch itself; the sandbox's patch op is unused")
+
+    monkeypatch.setattr(FakeSandbox, "patch", no_patch_op)
+    d = ToolDispatcher(provider, policy=ConfirmationPolicy())
+    d.register(WriteFileTool)
+    d.register(PatchFileTool)
+    moded = replace(session, approval_mode=mode)
+    sandbox = provider.sandbox_for(moded)
+    await sandbox.write_bytes("f.txt", BEFORE)
+    use = ToolUseBlock("p", "patch_file", dict(CRLF_PATCH))
+    result = await _dispatch_allowing(d, moded, use)
+    if mode is ApprovalMode.PLAN:  # proposed, not run; once the plan is approved it runs unasked
+        assert result.is_error and "plan mode" in result.content[0].text  # type: ignore[union-attr]
+        assert await sandbox.read_bytes("f.txt") == BEFORE
+        approve_plan(d.session_state(session.session_id), allow=True)
+        result = await _dispatch_allowing(d, moded, replace(use, id="p2"))
+    assert not result.is_error, result.content
+    assert await sandbox.read_bytes("f.txt") == AFTER
+    assert result.files_modified == ("f.txt",)
+    await d.aclose()
+
+
+class Upcase:
+    """A user tool nobody in the core knows by name: it offers preview(), so review mode stages it."""
+
+    definition = definition(
+        "upcase",
+        SideEffect.WRITE,
+        input_schema={**OBJ, "properties": {"file": {"type": "string"}}, "required": ["file"]},
+        requires_fs=(("file", "rw"),),
+    )
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
+        current = await context.workspace_files.read_bytes(input["file"])
+        new = self.preview(input, current)
+        await context.workspace_files.write_bytes(input["file"], new, expect_sha256=context.reviewed_sha256)
+        return ToolOutput([TextBlock("ok")], files_modified=[input["file"]])
+
+    def preview(self, input: Mapping[str, Any], current: bytes | None) -> bytes:
+        return (current or b"").upper()
+
+    async def cancel(self) -> bool:
+        return False
+
+
+async def test_review_stages_any_tool_that_previews_by_its_rw_path(
+    provider: FakeSandboxProvider, session: Session
+) -> None:
+    d = ToolDispatcher(provider, policy=ConfirmationPolicy.preset("autonomous"))
+    d.register(Upcase)
+    reviewing = replace(session, approval_mode=ApprovalMode.REVIEW)
+    sandbox = provider.sandbox_for(reviewing)
+    await sandbox.write_bytes("u.txt", b"quiet\n")
+    async with d.open_session(reviewing).subscribe() as sub:
+        task = asyncio.create_task(d.dispatch(ToolUseBlock("u", "upcase", {"file": "u.txt"}), reviewing))
+        request = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
+        assert "-quiet\n+QUIET\n" in request.payload.diff
+        assert await sandbox.read_bytes("u.txt") == b"quiet\n"  # staged, not written
+        d.resolve_confirmation("s1", request.payload.request_id, Decision.ALLOW)
+        assert not (await task).is_error
+    assert await sandbox.read_bytes("u.txt") == b"QUIET\n"
+    await d.aclose()
+
+
+def test_a_tool_that_previews_must_name_one_file() -> None:
+    class TwoFiles(Upcase):
+        definition = replace(Upcase.definition, requires_fs=(("file", "rw"), ("file", "rw")))
+
+    class NoFile(Upcase):
+        definition = replace(Upcase.definition, requires_fs=(("file", "r"),))
+
+    for factory in (TwoFiles, NoFile):
+        with pytest.raises(ToolRegistrationError, match="a preview is of exactly one file"):
+            ToolDispatcher(FakeSandboxProvider()).register(factory)
