@@ -114,7 +114,7 @@ async def test_patch_file_patches_the_approved_file_or_nothing(
     input_ = {"path": "d/f", "old": "elsewhere", "new": "pwned"}
     asked, result = await approve(d, session, sandbox, "patch_file", input_, SWAP)
     assert asked.payload.projected_modifications == ("d/f",)
-    assert_changed(result, "written")
+    assert_changed(result, "read")  # patch_file reads the approved file first: refused there
     assert (workspace(session) / "other" / "f").read_text() == "elsewhere\n"
 
 
