@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast
 
 from dispatcher.core import review
+from dispatcher.core.audit import AuditDecision
 from dispatcher.core.calls import PlanStep as PlanStep
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.display import confirmation_text
@@ -68,6 +69,9 @@ MAX_PLAN_STEPS = 200
 PLAN_SUMMARY_CHARS = 2_000
 """A step keeps its input this long (head and tail): approving a plan switches the mode, it does not
 approve these exact calls, which the model makes again."""
+_ANSWERED = {Decision.ALLOW: AuditDecision.ALLOW, Decision.DENY: AuditDecision.DENY}
+_REMEMBERED = {Decision.ALLOW: AuditDecision.REMEMBERED_ALLOW, Decision.DENY: AuditDecision.REMEMBERED_DENY}
+_REVIEWED = {Decision.ALLOW: AuditDecision.REVIEW_ALLOW, Decision.DENY: AuditDecision.REVIEW_DENY}
 
 
 class ApprovalMode(StrEnum):
@@ -124,14 +128,14 @@ def policy_mode(run: RunState, definition: ToolDefinition) -> Mode:
         always_prompt=definition.always_prompt,
     )
     if mode is Mode.DENY:
-        run.decision = "policy_denied"
+        run.decision = AuditDecision.POLICY_DENIED
         raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
     if _reviewed(run, definition) is not None:
         return Mode.PROMPT  # every write is reviewed; the path is resolved first, to be shown
     if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
         return Mode.PROMPT  # held back as a step; resolved first, so the step shows its real paths
     if run.state.mode == ApprovalMode.AUDIT and mode is Mode.AUTO:
-        run.decision = "audit"  # the audit log's record of the call says it ran unasked, for review
+        run.decision = AuditDecision.AUDIT  # its audit record says it ran unasked, for review
     return mode
 
 
@@ -153,7 +157,7 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
     broker = run.state.broker
     remembered = None if definition.always_prompt else broker.remembered(definition.name)
     if remembered is not None:
-        run.decision = f"remembered_{remembered.value}"
+        run.decision = _REMEMBERED[remembered]
         # Watchers see why the call ran (or was refused) without a question.
         run.emit(ToolConfirmationResolved(request_id="", decision=remembered.value, reason="remembered"))
         if remembered is Decision.DENY:
@@ -165,7 +169,7 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
     decision, remember = await ask(run, definition, input_)
     if (remember or mode is Mode.PROMPT_ONCE) and not definition.always_prompt:
         broker.remember(definition.name, decision)  # an always-prompt tool is never remembered
-    run.decision = decision.value
+    run.decision = _ANSWERED[decision]
     if decision is Decision.DENY:
         raise ToolUserDenied("User denied this operation.")
 
@@ -183,7 +187,7 @@ async def _review(run: RunState, registered: RegisteredTool, input_: dict[str, A
     Remembered answers do not apply: in review mode every change is seen."""
     staged = await review.stage(run, registered, input_)
     decision, _ = await ask(run, registered.definition, input_, diff=staged.diff)
-    run.decision = f"review_{decision.value}"
+    run.decision = _REVIEWED[decision]
     if decision is Decision.DENY:
         raise ToolUserDenied(f"The reviewer rejected the change to {staged.path}; the file was not changed.")
     await review.check_unchanged(run, staged)
@@ -195,7 +199,7 @@ async def _review(run: RunState, registered: RegisteredTool, input_: dict[str, A
 def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -> None:
     """Record the call as the next step of the session's plan, publish it, and refuse to run it."""
     if len(run.state.plan) >= MAX_PLAN_STEPS:
-        run.decision = "plan_full"
+        run.decision = AuditDecision.PLAN_FULL
         raise ToolUserDenied(
             f"The session is in plan mode and its plan already has {MAX_PLAN_STEPS} steps: "
             f"{definition.name!r} was not run nor recorded. Stop and wait for the plan's approval."
@@ -211,7 +215,7 @@ def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -
         projected_modifications=tuple(projected(definition, run.resolved)),
     )
     run.state.plan.append(step)
-    run.decision = "plan_proposed"
+    run.decision = AuditDecision.PLAN_PROPOSED
     run.emit(
         ToolStepProposed(
             step=step.step,
@@ -242,7 +246,7 @@ async def ask(
     shown = confirmation_text(definition.name, input_, config.confirmation_max_chars)
     if shown.too_long:
         # Approving part of an input would be approving the rest unseen: refuse instead.
-        run.decision = "too_long_to_confirm"
+        run.decision = AuditDecision.TOO_LONG_TO_CONFIRM
         raise ToolPermissionDenied(
             f"The input of {definition.name!r} is {shown.chars:,} characters; a confirmation request "
             f"shows at most {config.confirmation_max_chars:,}, so the call is refused unseen"
@@ -271,7 +275,7 @@ async def ask(
         run.emit(ToolConfirmationResolved(request_id=request_id, decision="deny", reason="cancelled"))
         raise ToolCancelled("Tool call was cancelled while waiting for confirmation")
     run.emit(ToolConfirmationResolved(request_id=request_id, decision="deny", reason="timeout"))
-    run.decision = "confirmation_timeout"
+    run.decision = AuditDecision.CONFIRMATION_TIMEOUT
     raise ConfirmationTimeout(
         f"No confirmation for {definition.name!r} within {config.confirmation_timeout:g} s"
     )

@@ -13,11 +13,34 @@ import json
 import os
 import threading
 import time
+from enum import StrEnum
 from typing import Any, Final, TextIO
 
 DISPATCHED: Final = "tool.call.dispatched"
 DENIED: Final = "tool.call.denied"
 COMPLETED: Final = "tool.call.completed"
+
+
+class AuditDecision(StrEnum):
+    """A record's ``decision``: how the call was let through or refused. A closed set; each value is
+    the string the records have always carried, so their readers see no difference."""
+
+    AUTO = "auto"  # the policy let it run unasked
+    AUDIT = "audit"  # audit mode: ran unasked, on record for later review
+    ALLOW = "allow"  # a human allowed it when asked
+    DENY = "deny"  # a human denied it when asked
+    REMEMBERED_ALLOW = "remembered_allow"  # an earlier answer, remembered for the session
+    REMEMBERED_DENY = "remembered_deny"
+    REVIEW_ALLOW = "review_allow"  # review mode: the staged change was accepted
+    REVIEW_DENY = "review_deny"  # ... rejected
+    PLAN_PROPOSED = "plan_proposed"  # plan mode: recorded as a step, not run
+    PLAN_FULL = "plan_full"  # plan mode: the plan is full, neither run nor recorded
+    POLICY_DENIED = "policy_denied"  # the confirmation policy denies the tool
+    CAPABILITY_DENIED = "capability_denied"  # not among the session's tools
+    FS_DENIED = "fs_denied"  # a path outside the session's grants, or escaping the workspace
+    TOO_LONG_TO_CONFIRM = "too_long_to_confirm"  # its input is too long to show a human whole
+    CONFIRMATION_TIMEOUT = "confirmation_timeout"  # nobody answered in time
+    CLIENT = "client"  # a tree transfer the client asked for: nobody is asked
 
 
 class AuditSink(abc.ABC):

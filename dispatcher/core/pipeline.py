@@ -11,7 +11,7 @@ import time
 from typing import Any, cast
 
 from dispatcher.core import approval, call_record
-from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED
+from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import (
     ToolCancelled,
@@ -132,7 +132,7 @@ class CallRun(RunState):
             raise ToolNotFound(f"Unknown tool {self.tool_use.name!r}")
         caps = self.session.capabilities or _UNRESTRICTED
         if not caps.check_tool(self.tool_use.name):
-            self.decision = "capability_denied"
+            self.decision = AuditDecision.CAPABILITY_DENIED
             raise ToolPermissionDenied(f"Tool {self.tool_use.name!r} is not allowed for this session")
         return registered
 
@@ -169,7 +169,7 @@ class CallRun(RunState):
                 continue
             resolved = resolve_workspace_path(value, root)
             if not caps.check_fs(resolved, mode, root=root):
-                self.decision = "fs_denied"
+                self.decision = AuditDecision.FS_DENIED
                 verb = "write" if mode == "rw" else "read"
                 raise ToolPermissionDenied(f"Path {value!r} is not granted for {verb} access in this session")
 
@@ -189,14 +189,14 @@ class CallRun(RunState):
             try:
                 real = await sandbox.resolve(value)
             except WorkspaceEscapeError:
-                self.decision = "fs_denied"
+                self.decision = AuditDecision.FS_DENIED
                 raise
             except SandboxError as exc:
                 raise ToolExecutionError(
                     f"The sandbox failed while checking {value!r}; it will be recreated", exc
                 ) from exc
             if not caps.check_fs(real, mode, relative=True):
-                self.decision = "fs_denied"
+                self.decision = AuditDecision.FS_DENIED
                 verb = "write" if mode == "rw" else "read"
                 raise ToolPermissionDenied(
                     f"Path {value!r} (really {real!r}) is not granted for {verb} access in this session"

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.core.audit import AuditSink
+from dispatcher.core.audit import AuditDecision, AuditSink
 from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.display import summarize
 from dispatcher.core.event_payloads import EventPayload
@@ -59,7 +59,7 @@ class RunState:
         self.ended = False  # the call's last audit record is written (exactly one per call)
         self.run_started: float | None = None  # set at tool.called: durations exclude confirmation waits
         self.tool_name = tool_use.name
-        self.decision = "auto"
+        self.decision = AuditDecision.AUTO  # the audit records' decision; steps change it
         self._summary: Any = None
         self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
         self.reviewed_sha256: str | None = None  # review mode: what the accepted diff was made from

@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED
+from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import DispatcherError, ToolError, ToolPermissionDenied
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
@@ -154,10 +154,10 @@ class TreeTransfers:
         try:
             real = await sandbox.resolve(path or ".")
         except ToolPermissionDenied:
-            audit["decision"] = "fs_denied"
+            audit["decision"] = AuditDecision.FS_DENIED
             raise
         if not _granted(caps, real, mode):
-            audit["decision"] = "fs_denied"
+            audit["decision"] = AuditDecision.FS_DENIED
             verb = "write" if mode == "rw" else "read"
             raise ToolPermissionDenied(f"Path {path!r} is not granted for {verb} access in this session")
 
@@ -168,7 +168,7 @@ class TreeTransfers:
             tenant=session.tenant_id,
             session=session.session_id,
             tool=tool,
-            decision="client",  # the client asked for it: no confirmation
+            decision=AuditDecision.CLIENT,  # the client asked for it: no confirmation
             input=fields["input"],
         )
         fields["dispatched"] = True
@@ -177,7 +177,7 @@ class TreeTransfers:
         self, session: Session, tool: str, fields: dict[str, Any], started: float, exc: BaseException | None
     ) -> None:
         ran = fields.pop("dispatched", False)
-        fields.setdefault("decision", "client")  # the client asked for it: no confirmation
+        fields.setdefault("decision", AuditDecision.CLIENT)  # the client asked for it: no confirmation
         self._dispatcher.audit_record(
             COMPLETED if ran else DENIED,
             tenant=session.tenant_id,
