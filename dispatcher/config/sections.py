@@ -15,7 +15,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StringC
 
 from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text
 from dispatcher.core.approval import ApprovalMode
-from dispatcher.core.capabilities import Capabilities, FsMode
+from dispatcher.core.blocks import GrantMode
+from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import PRESETS, Mode, PolicyLayer
 from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
@@ -224,7 +225,7 @@ class FsGrantSection(Section):
 
     path: Annotated[str, Field(strict=True)]
     """Relative to the workspace ("." is all of it)."""
-    mode: Literal["r", "rw"] = "r"
+    mode: GrantMode = "r"
     """``r``: read only; ``rw``: read and write."""
 
 
@@ -237,7 +238,7 @@ class CapabilitiesSection(Section):
     """Workspace paths the tools may touch (omit: the whole workspace)."""
 
     def capabilities(self) -> Capabilities:
-        grants: list[tuple[str, FsMode]] | None = None
+        grants: list[tuple[str, GrantMode]] | None = None
         if self.fs is not None:
             grants = [(g.path, g.mode) for g in self.fs]
         return Capabilities.of(self.tools, grants)

@@ -26,7 +26,11 @@ class Role(StrEnum):
     WORKER = "worker"
 
 
-FsMode = Literal["r", "rw", "cwd"]  # cwd: a command's working directory (see Capabilities.check_fs)
+GrantMode = Literal["r", "rw"]
+"""What a filesystem grant gives (spec 003): read, or read and write."""
+FsMode = Literal[GrantMode, "cwd"]
+"""How a tool uses a path (``requires_fs``) and what a grant is checked for: a grant's modes, or
+``cwd``, a command's working directory (see ``Capabilities.check_fs``)."""
 
 
 @dataclass(frozen=True, slots=True)

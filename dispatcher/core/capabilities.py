@@ -5,9 +5,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
-FsMode = Literal["r", "rw"]
+from dispatcher.core.blocks import FsMode, GrantMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,7 +14,7 @@ class FsGrant:
     """Access to a path prefix inside the workspace ("." is the whole workspace)."""
 
     prefix: str
-    mode: FsMode
+    mode: GrantMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +26,7 @@ class Capabilities:
 
     @classmethod
     def of(
-        cls, tools: Iterable[str] | None = None, fs: Iterable[tuple[str, FsMode]] | None = None
+        cls, tools: Iterable[str] | None = None, fs: Iterable[tuple[str, GrantMode]] | None = None
     ) -> Capabilities:
         """From tool names and ``(path, mode)`` grants (None: unrestricted); paths are normalised."""
         return cls(
@@ -53,9 +52,7 @@ class Capabilities:
     def check_tool(self, name: str) -> bool:
         return self.allowed_tools is None or name in self.allowed_tools
 
-    def check_fs(
-        self, path: str, mode: FsMode | Literal["cwd"], *, root: str = "/", relative: bool = False
-    ) -> bool:
+    def check_fs(self, path: str, mode: FsMode, *, root: str = "/", relative: bool = False) -> bool:
         """True when some grant covers ``path`` (absolute under ``root``, or relative) for ``mode``.
 
         Mode ``cwd`` (a command's working directory) also accepts the directories above a grant, as

@@ -6,13 +6,13 @@ import builtins
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from jsonschema import Draft7Validator
 
 from dispatcher.core.errors import RegistrySealedError, ToolNameConflictError, ToolRegistrationError
 from dispatcher.core.schema import check_schema
-from dispatcher.core.types import Previewable, Role, SideEffect, Tool, ToolDefinition, ToolFactory
+from dispatcher.core.types import FsMode, Previewable, Role, SideEffect, Tool, ToolDefinition, ToolFactory
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -126,7 +126,7 @@ def _check_definition(definition: ToolDefinition) -> None:
     if not isinstance(definition.side_effect, SideEffect):
         raise ToolRegistrationError(f"tool {definition.name!r} must declare a SideEffect")
     for key, mode in definition.requires_fs:
-        if mode not in ("r", "rw", "cwd"):
+        if mode not in get_args(FsMode):
             raise ToolRegistrationError(
                 f"tool {definition.name!r}: requires_fs mode for {key!r} must be r, rw or cwd"
             )

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from dispatcher.core.approval import MAX_PLAN_STEPS, PLAN_SUMMARY_CHARS
+from dispatcher.core.blocks import GrantMode
 from dispatcher.core.calls import PlanStep
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.session import Session
@@ -95,7 +96,7 @@ def session_fields_from_json(policy: Mapping[str, Any]) -> dict[str, Any]:
         grants = None
         if fs is not None:
             if not isinstance(fs, list) or not all(
-                isinstance(g, list) and len(g) == 2 and isinstance(g[0], str) and g[1] in ("r", "rw")
+                isinstance(g, list) and len(g) == 2 and isinstance(g[0], str) and g[1] in get_args(GrantMode)
                 for g in fs
             ):
                 raise ValueError("capabilities.fs must be a list of [prefix, mode]")

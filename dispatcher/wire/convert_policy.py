@@ -10,6 +10,7 @@ import posixpath
 from collections.abc import Iterable
 
 from dispatcher.core.approval import ApprovalMode, PlanStep
+from dispatcher.core.blocks import GrantMode
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.types import SideEffect
 from dispatcher.v1 import dispatcher_pb2 as pb
@@ -57,6 +58,7 @@ def capabilities_from_pb(
         out = []
         for i, grant in enumerate(msg.fs.grants):
             where = f"capabilities.fs.grants[{i}]"
+            mode: GrantMode
             if grant.access == pb.FS_ACCESS_READ_WRITE:
                 mode = "rw"
             elif grant.access == pb.FS_ACCESS_READ or not check:
@@ -64,7 +66,7 @@ def capabilities_from_pb(
             else:
                 raise ValueError(f"{where}.access: must be FS_ACCESS_READ or FS_ACCESS_READ_WRITE")
             path = _grant_path(grant.path, where) if check else grant.path
-            out.append(FsGrant(path, mode))  # type: ignore[arg-type]
+            out.append(FsGrant(path, mode))
         grants = tuple(out)
     return Capabilities(tools, grants)
 

@@ -59,3 +59,16 @@ def test_intersect_narrows() -> None:
 def test_config_errors_name_the_key(section: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match="^" + key.replace("[", r"\[").replace("]", r"\]")):
         parse_capabilities(section)
+
+
+def test_one_fs_mode_vocabulary() -> None:
+    """A use of a path is a grant's mode or ``cwd``; a grant cannot be ``cwd`` (issue 19)."""
+    from typing import get_args
+
+    from dispatcher.core import capabilities, types
+    from dispatcher.core.blocks import FsMode, GrantMode
+
+    assert get_args(FsMode) == (*get_args(GrantMode), "cwd") == ("r", "rw", "cwd")
+    assert capabilities.FsMode is types.FsMode is FsMode
+    with pytest.raises(ConfigError):
+        parse_capabilities({"fs": [{"path": "src", "mode": "cwd"}]})
