@@ -33,7 +33,7 @@ def describe(event: Event, prefix: str) -> str:
     if isinstance(p, ep.ToolCompleted):
         return f"{p.tool_name} completed in {p.duration_ms:.1f} ms"
     if isinstance(p, ep.ToolFailed):
-        return f"{p.tool_name} failed: {p.error_class}: {p.message}"
+        return f"{p.tool_name} failed: {p.error_class}{f' ({p.reason})' if p.reason else ''}: {p.message}"
     if isinstance(p, ep.ToolInputInvalid):
         return f"{p.tool_name} input invalid: {'; '.join(p.errors)}"
     if isinstance(p, ep.ToolConfirmationRequested):
@@ -116,7 +116,10 @@ class CallPrinter:
         if "exit_code" in result.metadata:
             print(f"  exit code {result.metadata['exit_code']}", file=self._err)
         if result.is_error:
-            print(f"  error: {result.error_class}", file=self._err)
+            print(
+                f"  error: {result.error_class}{f' ({result.reason})' if result.reason else ''}",
+                file=self._err,
+            )
         self._out.flush()
 
 
@@ -132,6 +135,7 @@ def result_dict(result: ToolResultBlock) -> dict[str, Any]:
         "tool_use_id": result.tool_use_id,
         "is_error": result.is_error,
         "error_class": result.error_class,
+        "reason": result.reason,
         "content": [
             {"type": "text", "text": b.text}
             if isinstance(b, TextBlock)

@@ -130,12 +130,20 @@ class DispatcherClient(ClientBase):
         return [convert.tool_from_pb(t) for t in resp.tools]
 
     def dispatch(
-        self, session_id: str, tool_uses: Sequence[ToolUseBlock | tuple[str, Any]], *, turn_id: str = ""
+        self,
+        session_id: str,
+        tool_uses: Sequence[ToolUseBlock | tuple[str, Any]],
+        *,
+        turn_id: str = "",
+        ordering: str | None = None,
     ) -> Iterator[DispatchItem]:
         """Events and one ToolResultBlock per tool_use, as they come. Closing the iterator early
         cancels the call (and so its tools)."""
         req = pb.DispatchRequest(
-            session_id=session_id, turn_id=turn_id, tool_uses=[base.tool_use(t) for t in tool_uses]
+            session_id=session_id,
+            turn_id=turn_id,
+            tool_uses=[base.tool_use(t) for t in tool_uses],
+            ordering=convert.ordering_to_pb(ordering),  # None: the server's default
         )
         call = self._stub.Dispatch(req, metadata=self._metadata)
         return self._stream(call, base.dispatch_item)

@@ -93,10 +93,18 @@ class AsyncDispatcherClient(ClientBase):
         return [convert.tool_from_pb(t) for t in resp.tools]
 
     async def dispatch(
-        self, session_id: str, tool_uses: Sequence[ToolUseBlock | tuple[str, Any]], *, turn_id: str = ""
+        self,
+        session_id: str,
+        tool_uses: Sequence[ToolUseBlock | tuple[str, Any]],
+        *,
+        turn_id: str = "",
+        ordering: str | None = None,
     ) -> AsyncIterator[DispatchItem]:
         req = pb.DispatchRequest(
-            session_id=session_id, turn_id=turn_id, tool_uses=[base.tool_use(t) for t in tool_uses]
+            session_id=session_id,
+            turn_id=turn_id,
+            tool_uses=[base.tool_use(t) for t in tool_uses],
+            ordering=convert.ordering_to_pb(ordering),  # None: the server's default
         )
         call = self._stub.Dispatch(req, metadata=self._metadata)
         items: AsyncIterator[DispatchItem] = self._stream(call, base.dispatch_item)

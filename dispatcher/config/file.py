@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN
 from dispatcher.config.sections import (
     DispatcherSection,
+    DispatchSection,
     LogSection,
     SandboxSection,
     ServerOptions,
@@ -54,6 +55,7 @@ class ConfigFile(Section):
     tls: TlsFiles | None = None
     """Serve over TLS (plaintext without; fine on loopback only)."""
     dispatcher: DispatcherSection = Field(default_factory=DispatcherSection)
+    dispatch: DispatchSection = Field(default_factory=DispatchSection)
     timeouts: Annotated[Timeouts, _null_is({})] = Field(default_factory=dict)
     """Per tool name, seconds (0 < t <= 86400); over the tool's own limit and the class defaults."""
     tool_confirmation: ToolConfirmation | None = None

@@ -35,6 +35,7 @@ from dispatcher.config_base import check_listen, validate_section
 from dispatcher.core.approval import ApprovalMode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
+from dispatcher.core.ordering import Ordering
 from dispatcher.core.policy import ConfirmationPolicy, PolicyLayer
 from dispatcher.core.settings import DispatcherConfig
 from dispatcher.mcp import config as mcp_config
@@ -56,6 +57,8 @@ __all__ = [
 ]
 
 DEFAULT_TENANT = "default"
+WRITE_INPUT_MARGIN = 64 << 10
+"""What a write_file input needs besides its base64 content (the path, the keys, escapes)."""
 HOME_STATE = ("run", "volumes", TOKEN_FILE, "state.db", "audit.jsonl", "uids.json", "server.lock")
 """What the server keeps in its home besides workspaces; no tenant root may hold or be inside it."""
 
@@ -165,7 +168,7 @@ def _build(
         log_format=file.log.format,
         log_level=file.log.level,
         server=file.server,
-        dispatcher=_dispatcher_config(file.dispatcher, file.server, file.timeouts),
+        dispatcher=_dispatcher_config(file.dispatcher, file.server, file.timeouts, file.dispatch.ordering),
         policy=ConfirmationPolicy().merged(tool_confirmation),
         sandbox_backend=file.sandbox.backend,
         sandbox=file.sandbox.docker(),
@@ -313,32 +316,43 @@ def _check_workspace_roots(tenants: tuple[TenantConfig, ...], home: Path, audit:
 
 
 def _dispatcher_config(
-    section: DispatcherSection, server: ServerOptions, timeouts: Mapping[str, float]
+    section: DispatcherSection, server: ServerOptions, timeouts: Mapping[str, float], ordering: Ordering
 ) -> DispatcherConfig:
-    """The ``dispatcher:`` section, with the result byte budget fitted to the message limit.
+    """The ``dispatcher:`` section, its byte limits fitted into one another: a result into
+    ``server.max_message_bytes``, a tool input into ``server.max_request_bytes``, a write_file's
+    content (as base64) into a tool input. A limit the file leaves out comes down with a smaller
+    one; a limit it sets that does not fit is an error.
 
     Raises:
-        ConfigError: ``result_budget_bytes`` or ``max_write_bytes`` does not leave room in
-            ``server.max_message_bytes``.
+        ConfigError: naming the key that does not fit, and what it must fit.
     """
-    room = server.max_message_bytes - RESULT_MESSAGE_MARGIN
     given = section.model_fields_set
+    room = server.max_message_bytes - RESULT_MESSAGE_MARGIN
     if "result_budget_bytes" in given and section.result_budget_bytes > room:
         raise ConfigError(
             f"dispatcher.result_budget_bytes: {section.result_budget_bytes} leaves no room in "
             f"server.max_message_bytes ({server.max_message_bytes}); at most {room}"
         )
-    if "max_write_bytes" in given and section.max_write_bytes > room:
+    input_room = server.max_request_bytes - RESULT_MESSAGE_MARGIN
+    if "max_input_bytes" in given and section.max_input_bytes > input_room:
         raise ConfigError(
-            f"dispatcher.max_write_bytes: {section.max_write_bytes} must be positive and fit in "
-            f"server.max_message_bytes ({server.max_message_bytes}); at most {room}"
+            f"dispatcher.max_input_bytes: {section.max_input_bytes} leaves no room in "
+            f"server.max_request_bytes ({server.max_request_bytes}); at most {input_room}"
         )
-    # A smaller message limit takes the default budgets down with it.
+    max_input = max(min(section.max_input_bytes, input_room), 1)
+    write_room = max((max_input - WRITE_INPUT_MARGIN) // 4 * 3, 1)  # base64: 4 characters per 3 bytes
+    if "max_write_bytes" in given and section.max_write_bytes > write_room:
+        raise ConfigError(
+            f"dispatcher.max_write_bytes: {section.max_write_bytes} as base64 does not fit "
+            f"dispatcher.max_input_bytes ({max_input}); at most {write_room}"
+        )
     return DispatcherConfig(
         **{
             **section.model_dump(),
             "result_budget_bytes": max(min(section.result_budget_bytes, room), 1),
-            "max_write_bytes": max(min(section.max_write_bytes, room), 1),
+            "max_input_bytes": max_input,
+            "max_write_bytes": min(section.max_write_bytes, write_room),
             "timeouts": dict(timeouts),
+            "ordering": ordering,
         }
     )

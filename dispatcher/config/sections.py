@@ -17,6 +17,7 @@ from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Te
 from dispatcher.core.approval import ApprovalMode
 from dispatcher.core.blocks import GrantMode
 from dispatcher.core.capabilities import Capabilities
+from dispatcher.core.ordering import Ordering
 from dispatcher.core.policy import PRESETS, Mode, PolicyLayer
 from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
@@ -36,7 +37,10 @@ class ServerOptions(Section):
     """``server:``: transport knobs of the gRPC server."""
 
     max_message_bytes: PositiveInt = 4 << 20
-    """Largest request or response message; a bigger request is RESOURCE_EXHAUSTED."""
+    """Largest message the server sends (a result is fitted under it, less 64 KiB)."""
+    max_request_bytes: PositiveInt = 8 << 20
+    """Largest request message the server receives; a bigger one is RESOURCE_EXHAUSTED as a whole.
+    Leaves room for one tool input of ``dispatcher.max_input_bytes`` and its siblings."""
     keepalive_time_s: Seconds = 30.0
     """Seconds between keepalive pings on an idle connection."""
     keepalive_timeout_s: Seconds = 10.0
@@ -146,6 +150,13 @@ class ShutdownSection(Section):
     instead of keeping them for the next start."""
 
 
+def _lower_name(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+_ORDERING_NAMES = tuple(o.value for o in Ordering) + tuple(o.value.upper() for o in Ordering)
+
+
 class DispatcherSection(Section):
     """``dispatcher:``: knobs of the dispatch pipeline; defaults are spec 000's."""
 
@@ -171,8 +182,21 @@ class DispatcherSection(Section):
     event_history_bytes: PositiveInt = _PIPELINE.event_history_bytes
     """Per session: the oldest events leave the replay history beyond this many (estimated) bytes."""
     max_write_bytes: PositiveInt = _PIPELINE.max_write_bytes
-    """Largest file one write_file writes (decoded bytes). The request carrying it must also fit
-    ``server.max_message_bytes`` (base64 adds a third)."""
+    """Largest file one write_file writes (decoded bytes); more is that call's validation error.
+    Its input, base64 included (a third more), must fit ``max_input_bytes``."""
+    max_input_bytes: PositiveInt = _PIPELINE.max_input_bytes
+    """Largest input_json of one tool_use; more is that call's validation error (reason
+    ``input_too_large``), its siblings run. At most ``server.max_request_bytes`` less 64 KiB."""
+
+
+class DispatchSection(Section):
+    """``dispatch:``: how a Dispatch request runs when it does not say."""
+
+    ordering: Annotated[
+        Ordering, BeforeValidator(_lower_name, json_schema_input_type=Literal[_ORDERING_NAMES])
+    ] = _PIPELINE.ordering
+    """How one message's calls run relative to each other when its DispatchRequest leaves
+    ``ordering`` unset: ``concurrent`` (spec 000), ``sequential`` or ``reads_concurrent``."""
 
 
 def _lower(value: object) -> object:

@@ -33,6 +33,7 @@ from dispatcher.core.confirmation import Decision
 from dispatcher.core.display import confirmation_text
 from dispatcher.core.errors import (
     ConfirmationTimeout,
+    FailureReason,
     ToolCancelled,
     ToolPermissionDenied,
     ToolUserDenied,
@@ -129,7 +130,10 @@ def policy_mode(run: RunState, definition: ToolDefinition) -> Mode:
     )
     if mode is Mode.DENY:
         run.decision = AuditDecision.POLICY_DENIED
-        raise ToolPermissionDenied(f"Tool {definition.name!r} is denied by the confirmation policy")
+        raise ToolPermissionDenied(
+            f"Tool {definition.name!r} is denied by the confirmation policy",
+            reason=FailureReason.POLICY_DENIED,
+        )
     if _reviewed(run, definition) is not None:
         return Mode.PROMPT  # every write is reviewed; the path is resolved first, to be shown
     if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
@@ -163,7 +167,8 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
         if remembered is Decision.DENY:
             raise ToolUserDenied(
                 f"User denied {definition.name!r} earlier and asked to remember it: refused for the rest "
-                "of this session without asking."
+                "of this session without asking.",
+                reason=FailureReason.REMEMBERED_DENY,
             )
         return
     decision, remember = await ask(run, definition, input_)
@@ -202,7 +207,8 @@ def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -
         run.decision = AuditDecision.PLAN_FULL
         raise ToolUserDenied(
             f"The session is in plan mode and its plan already has {MAX_PLAN_STEPS} steps: "
-            f"{definition.name!r} was not run nor recorded. Stop and wait for the plan's approval."
+            f"{definition.name!r} was not run nor recorded. Stop and wait for the plan's approval.",
+            reason=FailureReason.PLAN_FULL,
         )
     shown = confirmation_text(definition.name, input_, run.config.confirmation_max_chars)
     step = PlanStep(
@@ -228,7 +234,8 @@ def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -
     raise ToolUserDenied(
         f"The session is in plan mode: {definition.name!r} was not run. It is recorded as step "
         f"{step.step} of the proposed plan; calls with side effects run once a human approves the "
-        "plan. Reads still run: go on planning, then stop and wait for the approval."
+        "plan. Reads still run: go on planning, then stop and wait for the approval.",
+        reason=FailureReason.PLAN_PROPOSED,
     )
 
 
@@ -249,7 +256,8 @@ async def ask(
         run.decision = AuditDecision.TOO_LONG_TO_CONFIRM
         raise ToolPermissionDenied(
             f"The input of {definition.name!r} is {shown.chars:,} characters; a confirmation request "
-            f"shows at most {config.confirmation_max_chars:,}, so the call is refused unseen"
+            f"shows at most {config.confirmation_max_chars:,}, so the call is refused unseen",
+            reason=FailureReason.TOO_LONG_TO_CONFIRM,
         )
     broker = run.state.broker
     request_id, answer = broker.open()

@@ -17,6 +17,7 @@ from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import EventBus
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.ordering import CHANGES, MessageOrder, Ordering
 from dispatcher.core.pipeline import CallRun, PipelineDeps
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
@@ -218,30 +219,67 @@ class ToolDispatcher:
     # -- dispatch -------------------------------------------------------------------------
 
     async def dispatch_all(
-        self, tool_uses: Sequence[ToolUseBlock], session: Session, *, turn_id: str = ""
+        self,
+        tool_uses: Sequence[ToolUseBlock],
+        session: Session,
+        *,
+        turn_id: str = "",
+        ordering: Ordering | None = None,
     ) -> list[ToolResultBlock]:
-        """Dispatch one assistant message's tool_uses concurrently; results come back 1:1, in order."""
-        return list(await asyncio.gather(*(self.dispatch(t, session, turn_id=turn_id) for t in tool_uses)))
+        """Dispatch one assistant message's tool_uses (``ordering``, None: the configured one);
+        results come back 1:1, in order."""
+        order = self.message_order(tool_uses, ordering)
+        return list(
+            await asyncio.gather(
+                *(
+                    self.dispatch(t, session, turn_id=turn_id, order=order, index=i)
+                    for i, t in enumerate(tool_uses)
+                )
+            )
+        )
+
+    def message_order(self, tool_uses: Sequence[ToolUseBlock], ordering: Ordering | None) -> MessageOrder:
+        """The gates of one message's calls (``core/ordering.py``); None: the configured ordering."""
+        changes = []
+        for tool_use in tool_uses:
+            registered = self.registry.get(tool_use.name)
+            changes.append(registered is not None and registered.definition.side_effect in CHANGES)
+        return MessageOrder(ordering or self.config.ordering, changes)
 
     async def dispatch(
-        self, tool_use: ToolUseBlock, session: Session, *, turn_id: str = ""
+        self,
+        tool_use: ToolUseBlock,
+        session: Session,
+        *,
+        turn_id: str = "",
+        order: MessageOrder | None = None,
+        index: int = 0,
     ) -> ToolResultBlock:
         """Run one tool_use through the ten steps; always returns a result, never raises a tool error.
+
+        ``order``, ``index``: the call is ``index`` of a message run in that order (it reports its end).
 
         Raises:
             UnknownSessionError: the session was closed (an unknown one is opened on first use).
         """
         state = self.sessions.find(session.session_id)
         if state is None:
-            self._check_not_ended(session.session_id)
+            try:
+                self._check_not_ended(session.session_id)
+            except UnknownSessionError:
+                if order is not None:
+                    order.ended(index)
+                raise
             state = self.sessions.open(session)
         call = Call(tool_use.id)
         if state.status is SessionStatus.CLOSING:
             call.cancel()  # it came too late to run: its result says it was cancelled
         state.calls.add(call)
-        run = CallRun(self._deps, state, session, tool_use, turn_id, call)
+        run = CallRun(self._deps, state, session, tool_use, turn_id, call, order, index)
         try:
             return await run.execute()
         finally:
             state.calls.discard(call)
             call.done.set()
+            if order is not None:
+                order.ended(index)

@@ -27,6 +27,33 @@ class ToolErrorClass(StrEnum):
     CONFIRMATION_TIMEOUT = "confirmation_timeout"
 
 
+class FailureReason(StrEnum):
+    """Why a call failed, finer than its ``ToolErrorClass``: the closed list clients act on
+    (``ToolResult.reason``, ``ToolFailed.reason``). Each reason belongs to one class, noted here;
+    spec 003's slugs are tool_not_found, invalid_args, fs_denied, tool_failed, and its
+    permission_denied is capability_denied."""
+
+    TOOL_NOT_FOUND = "tool_not_found"  # NOT_FOUND: no such tool, or hidden from this session's role
+    INVALID_ARGS = "invalid_args"  # VALIDATION_ERROR: not JSON, or not the tool's schema
+    INPUT_TOO_LARGE = "input_too_large"  # VALIDATION_ERROR: input_json over dispatcher.max_input_bytes
+    CAPABILITY_DENIED = "capability_denied"  # PERMISSION_DENIED: the session may not use the tool
+    FS_DENIED = "fs_denied"  # PERMISSION_DENIED: a path is not granted for that access
+    WORKSPACE_ESCAPE = "workspace_escape"  # PERMISSION_DENIED: a path leads out of the workspace
+    POLICY_DENIED = "policy_denied"  # PERMISSION_DENIED: the confirmation policy denies the tool
+    TOO_LONG_TO_CONFIRM = "too_long_to_confirm"  # PERMISSION_DENIED: input too long to show a human
+    USER_DENIED = "user_denied"  # USER_DENIED: a human answered deny
+    REMEMBERED_DENY = "remembered_deny"  # USER_DENIED: an earlier deny with remember=true
+    PLAN_PROPOSED = "plan_proposed"  # USER_DENIED: plan mode held the call as a step; nobody denied it
+    PLAN_FULL = "plan_full"  # USER_DENIED: plan mode, and the plan has no room for another step
+    TIMEOUT = "timeout"  # TIMEOUT
+    CANCELLED = "cancelled"  # CANCELLED
+    CONFIRMATION_TIMEOUT = "confirmation_timeout"  # CONFIRMATION_TIMEOUT
+    TOOL_FAILED = "tool_failed"  # EXECUTION_ERROR: the tool ran and failed
+    QUOTA = "quota"  # EXECUTION_ERROR: a sandbox limit is full (its disk quota, its process limit)
+    SANDBOX_FAILED = "sandbox_failed"  # EXECUTION_ERROR: the sandbox broke; it is recreated
+    SERVER_RESTARTED = "server_restarted"  # EXECUTION_ERROR: running when the server stopped (events only)
+
+
 class DispatcherError(Exception):
     """Root of every error this package raises."""
 
@@ -63,6 +90,7 @@ class ToolError(DispatcherError):
     """
 
     error_class: ClassVar[ToolErrorClass] = ToolErrorClass.EXECUTION_ERROR
+    default_reason: ClassVar[FailureReason] = FailureReason.TOOL_FAILED
 
     def __init__(
         self,
@@ -71,20 +99,25 @@ class ToolError(DispatcherError):
         tool_use_id: str = "",
         is_user_visible: bool = True,
         output: ToolOutput | None = None,
+        reason: FailureReason | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.tool_use_id = tool_use_id
         self.is_user_visible = is_user_visible
         self.output = output
+        self.reason = reason or self.default_reason
+        """Why, finer than the class; raise sites that know better pass it."""
 
 
 class ToolNotFound(ToolError, LookupError):
     error_class = ToolErrorClass.NOT_FOUND
+    default_reason = FailureReason.TOOL_NOT_FOUND
 
 
 class ToolValidationError(ToolError, ValueError):
     error_class = ToolErrorClass.VALIDATION_ERROR
+    default_reason = FailureReason.INVALID_ARGS
 
     def __init__(self, message: str, validation_errors: list[str] | None = None, **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
@@ -93,18 +126,23 @@ class ToolValidationError(ToolError, ValueError):
 
 class ToolPermissionDenied(ToolError, PermissionError):
     error_class = ToolErrorClass.PERMISSION_DENIED
+    default_reason = FailureReason.FS_DENIED
 
 
 class WorkspaceEscapeError(ToolPermissionDenied):
     """A path resolves outside the session's workspace root."""
 
+    default_reason = FailureReason.WORKSPACE_ESCAPE
+
 
 class ToolUserDenied(ToolError):
     error_class = ToolErrorClass.USER_DENIED
+    default_reason = FailureReason.USER_DENIED
 
 
 class ToolTimeout(ToolError, TimeoutError):
     error_class = ToolErrorClass.TIMEOUT
+    default_reason = FailureReason.TIMEOUT
 
 
 class ToolExecutionError(ToolError):
@@ -117,7 +155,9 @@ class ToolExecutionError(ToolError):
 
 class ToolCancelled(ToolError):
     error_class = ToolErrorClass.CANCELLED
+    default_reason = FailureReason.CANCELLED
 
 
 class ConfirmationTimeout(ToolError, TimeoutError):
     error_class = ToolErrorClass.CONFIRMATION_TIMEOUT
+    default_reason = FailureReason.CONFIRMATION_TIMEOUT

@@ -14,6 +14,7 @@ from dispatcher.core import approval, call_record
 from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import (
+    FailureReason,
     ToolCancelled,
     ToolError,
     ToolErrorClass,
@@ -36,7 +37,7 @@ from dispatcher.core.observe import log_fields
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.policy import Mode
 from dispatcher.core.registry import RegisteredTool
-from dispatcher.core.result_size import fit_result, image_overflow
+from dispatcher.core.result_size import fit_chars, fit_result, image_overflow
 from dispatcher.core.run_state import PipelineDeps as PipelineDeps
 from dispatcher.core.run_state import RunState
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
@@ -51,6 +52,7 @@ from dispatcher.core.types import (
     ToolDefinition,
     ToolOutput,
     ToolResultBlock,
+    UnparsedInput,
 )
 from dispatcher.core.visible import unescape
 
@@ -60,6 +62,7 @@ log = logging.getLogger("dispatcher.core")
 _UNRESTRICTED = Capabilities()
 _VALIDATION_ERRORS_SHOWN = 20
 _VALIDATION_ERROR_CHARS = 500  # jsonschema messages quote the offending value whole
+_FOREVER = 10.0**9  # a gate has no time limit of its own: the calls it waits for have theirs
 
 
 class CallRun(RunState):
@@ -94,6 +97,7 @@ class CallRun(RunState):
         try:
             registered = self.lookup()  # step 1
             input_ = self.validate(registered)  # step 2
+            await self.wait_turn()  # the message's ordering: the calls this one depends on end first
             sandbox = self.deps.provider.sandbox_for(self.session)
             self.check_scope(registered.definition, input_, sandbox.workspace_root)  # step 3, lexical
             mode = self.policy_mode(registered.definition)  # a deny needs no sandbox
@@ -133,7 +137,10 @@ class CallRun(RunState):
         caps = self.session.capabilities or _UNRESTRICTED
         if not caps.check_tool(self.tool_use.name):
             self.decision = AuditDecision.CAPABILITY_DENIED
-            raise ToolPermissionDenied(f"Tool {self.tool_use.name!r} is not allowed for this session")
+            raise ToolPermissionDenied(
+                f"Tool {self.tool_use.name!r} is not allowed for this session",
+                reason=FailureReason.CAPABILITY_DENIED,
+            )
         return registered
 
     def validate(self, registered: RegisteredTool) -> dict[str, Any]:
@@ -144,8 +151,11 @@ class CallRun(RunState):
         if not errors and check is not None:
             errors = check(self.tool_use.input)[:_VALIDATION_ERRORS_SHOWN]
         if errors:
+            given = self.tool_use.input
             raise ToolValidationError(
-                "Invalid input for tool " + repr(self.tool_name) + ": " + "; ".join(errors), errors
+                "Invalid input for tool " + repr(self.tool_name) + ": " + "; ".join(errors),
+                errors,
+                reason=given.reason if isinstance(given, UnparsedInput) else FailureReason.INVALID_ARGS,
             )
         input_: dict[str, Any] = self.tool_use.input
         return _unescaped_paths(registered.definition, input_)
@@ -193,7 +203,9 @@ class CallRun(RunState):
                 raise
             except SandboxError as exc:
                 raise ToolExecutionError(
-                    f"The sandbox failed while checking {value!r}; it will be recreated", exc
+                    f"The sandbox failed while checking {value!r}; it will be recreated",
+                    exc,
+                    reason=FailureReason.SANDBOX_FAILED,
                 ) from exc
             if not caps.check_fs(real, mode, relative=True):
                 self.decision = AuditDecision.FS_DENIED
@@ -202,6 +214,23 @@ class CallRun(RunState):
                     f"Path {value!r} (really {real!r}) is not granted for {verb} access in this session"
                 )
             self.resolved[key] = real
+
+    async def wait_turn(self) -> None:
+        """Wait for the calls of the message this one must follow (``core/ordering.py``).
+
+        Raises:
+            ToolCancelled: the call was cancelled meanwhile.
+        """
+        order = self.order
+        plan = self.state.mode == approval.ApprovalMode.PLAN  # steps are numbered in message order
+        if order is None or not order.waits_for(self.index, plan=plan):
+            return
+        waiter = asyncio.ensure_future(order.wait(self.index, plan=plan))
+        try:
+            if not await self.call.wait(waiter, _FOREVER):
+                raise ToolCancelled("Tool call was cancelled while it waited for the calls before it")
+        finally:
+            waiter.cancel()
 
     def policy_mode(self, definition: ToolDefinition) -> Mode:
         """The confirmation mode of this call (``core/approval.py``); raises on a policy deny."""
@@ -313,24 +342,27 @@ class CallRun(RunState):
                     message=message,
                     duration_ms=round(self.run_ms(), 3),
                     partial_output=truncate_head_tail(partial, 4_000) if partial else "",
+                    reason=exc.reason,
                 )
             )
         self.audit(DENIED if denied else COMPLETED, error_class.value)
         output = exc.output
         if output is None:
-            return self._block(ToolOutput([TextBlock(message)], success=False), True, error_class)
-        if not _first_text(output).startswith(message) and error_class is not ToolErrorClass.EXECUTION_ERROR:
+            output = ToolOutput([TextBlock(message)], success=False)
+        elif (
+            not _first_text(output).startswith(message) and error_class is not ToolErrorClass.EXECUTION_ERROR
+        ):
             output.content = [TextBlock(message), *output.content]
-        return self._block(output, True, error_class)
+        return self._block(output, True, error_class, exc.reason)
 
     def _block(
-        self, output: ToolOutput, is_error: bool, error_class: ToolErrorClass | None
+        self,
+        output: ToolOutput,
+        is_error: bool,
+        error_class: ToolErrorClass | None,
+        reason: FailureReason | None = None,
     ) -> ToolResultBlock:
-        budget = self.config.result_budget_chars
-        content = tuple(
-            TextBlock(truncate_head_tail(b.text, budget)) if isinstance(b, TextBlock) else b
-            for b in output.content
-        )
+        content = fit_chars(output.content, self.config.result_budget_chars)  # per result, not per block
         metadata = dict(output.metadata)
         if self.notices:  # first, where neither truncation nor a hasty reader misses them
             content = (*(TextBlock(f"[sandbox: {n}]") for n in self.notices), *content)
@@ -343,6 +375,7 @@ class CallRun(RunState):
             metadata=metadata,
             files_modified=tuple(output.files_modified or ()),
             command_executed=output.command_executed,
+            reason=reason or "",
         )
         return fit_result(block, self.config.result_budget_bytes)  # bytes, images, valid UTF-8
 
@@ -361,7 +394,9 @@ def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str, extra: dict[s
     except SandboxError as exc:
         log.error("sandbox failure in tool %s: %s", tool_name, exc, extra=extra)
         raise ToolExecutionError(
-            f"The sandbox failed while running {tool_name!r}; it will be recreated", exc
+            f"The sandbox failed while running {tool_name!r}; it will be recreated",
+            exc,
+            reason=FailureReason.SANDBOX_FAILED,
         ) from exc
     except Exception as exc:
         log.exception("tool %s raised an unexpected exception", tool_name, extra=extra)

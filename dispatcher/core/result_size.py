@@ -49,6 +49,31 @@ def image_overflow(content: Sequence[ContentBlock], budget: int) -> str | None:
     )
 
 
+def fit_chars(content: Sequence[ContentBlock], budget: int) -> tuple[ContentBlock, ...]:
+    """``content`` with its text blocks cut head+tail so that together they hold about ``budget``
+    characters: the budget is the result's, not each block's. Blocks under an equal share stay
+    whole; the longer ones share what is left equally (each gets a cut marker of its own)."""
+    lengths = [len(b.text) for b in content if isinstance(b, TextBlock)]
+    if sum(lengths) <= budget:
+        return tuple(content)
+    share = _fair_share(lengths, budget)
+    return tuple(
+        TextBlock(truncate_head_tail(b.text, max(share, 1))) if isinstance(b, TextBlock) else b
+        for b in content
+    )
+
+
+def _fair_share(lengths: Sequence[int], budget: int) -> int:
+    """The largest cap such that ``sum(min(n, cap))`` stays within ``budget``."""
+    left, count = budget, len(lengths)
+    for n in sorted(lengths):
+        if n * count > left:
+            return left // count
+        left -= n
+        count -= 1
+    return budget
+
+
 def fit_content(content: Sequence[ContentBlock], budget: int) -> tuple[list[ContentBlock], list[str]]:
     """The blocks that fit ``budget`` bytes, in order, and a description of each image left out.
 

@@ -13,6 +13,7 @@ from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.display import summarize
 from dispatcher.core.event_payloads import EventPayload
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.ordering import MessageOrder
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import SandboxProvider
@@ -46,8 +47,12 @@ class RunState:
         tool_use: ToolUseBlock,
         turn_id: str,
         call: Call,
+        order: MessageOrder | None = None,
+        index: int = 0,
     ) -> None:
         self.deps = deps
+        self.order = order  # the gates of the message this call is part of (None: no gate)
+        self.index = index  # this call's position in the message
         self.config = deps.config
         self.state = state
         self.session = session

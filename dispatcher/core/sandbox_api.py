@@ -23,7 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from dispatcher.core.errors import DispatcherError, ToolExecutionError
+from dispatcher.core.errors import DispatcherError, FailureReason, ToolExecutionError
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 
 if TYPE_CHECKING:
@@ -38,6 +38,9 @@ class SandboxError(DispatcherError):
     """The sandbox itself failed (container gone, agent dead, protocol violation)."""
 
 
+_QUOTA_CODES = frozenset({"ENOSPC", "EDQUOT"})
+
+
 class FileOpError(ToolExecutionError):
     """A file operation failed for an ordinary reason; ``code`` is an errno name or slug.
 
@@ -47,12 +50,16 @@ class FileOpError(ToolExecutionError):
     """
 
     def __init__(self, code: str, message: str, **kw: object) -> None:
+        if code in _QUOTA_CODES:
+            kw.setdefault("reason", FailureReason.QUOTA)
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.code = code
 
 
 class ProcessLimitExhausted(ToolExecutionError):
     """No process could be started: the sandbox's process (pids) limit is full."""
+
+    default_reason = FailureReason.QUOTA
 
     def __init__(self, message: str, *, processes: int, **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]

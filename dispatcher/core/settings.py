@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dispatcher.core.display import SHOW_LIMIT
+from dispatcher.core.ordering import Ordering
 from dispatcher.core.result_size import RESULT_BUDGET_BYTES
 
 __all__ = ["DispatcherConfig"]
@@ -30,6 +31,11 @@ class DispatcherConfig:
     event_history: int = 10_000
     event_history_bytes: int = 8 << 20
     """Per session: the oldest events leave the replay history beyond this many (estimated) bytes."""
+    ordering: Ordering = Ordering.CONCURRENT
+    """How a message's calls run when its Dispatch does not say (``dispatch.ordering``)."""
+    max_input_bytes: int = 6 << 20
+    """Largest input_json of one tool_use; a bigger one is that call's validation error
+    (``input_too_large``), never parsed. Holds a base64 ``write_file`` of ``max_write_bytes``."""
     max_write_bytes: int = (4 << 20) - (64 << 10)
     """Largest file one write_file writes (decoded bytes); stated in its description and errors.
     The request carrying it must also fit ``server.max_message_bytes`` (base64 adds a third)."""

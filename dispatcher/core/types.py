@@ -15,7 +15,7 @@ from dispatcher.core.blocks import Role as Role
 from dispatcher.core.blocks import SideEffect as SideEffect
 from dispatcher.core.blocks import TextBlock as TextBlock
 from dispatcher.core.blocks import ToolOutput as ToolOutput
-from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.errors import FailureReason, ToolErrorClass
 from dispatcher.core.sandbox_api import Sandbox, WorkspaceFileAPI
 
 
@@ -61,6 +61,8 @@ class UnparsedInput:
     error: str
     problem: str = "input is not valid JSON"
     """What is wrong in general; ``error`` says where or how (an input too deep to parse is refused)."""
+    reason: FailureReason = FailureReason.INVALID_ARGS
+    """``input_too_large``: over ``max_input_bytes``, so never parsed (``raw`` is then empty)."""
 
     def __str__(self) -> str:
         return f"<{self.problem}: {self.error}>"
@@ -77,6 +79,9 @@ class ToolResultBlock:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     files_modified: tuple[str, ...] = ()
     command_executed: str | None = None
+    reason: str = ""
+    """Why it failed, finer than ``error_class``: a ``FailureReason`` value ("" on success; a
+    client may receive values a newer server added)."""
 
 
 OutputSink = Callable[[str, str], None]

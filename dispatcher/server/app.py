@@ -175,7 +175,7 @@ class DispatcherServer:
                 DecodeGuardInterceptor(),
             ],
             options=[
-                ("grpc.max_receive_message_length", opts.max_message_bytes),
+                ("grpc.max_receive_message_length", opts.max_request_bytes),
                 ("grpc.max_send_message_length", opts.max_message_bytes),
                 ("grpc.keepalive_time_ms", int(opts.keepalive_time_s * 1000)),
                 ("grpc.keepalive_timeout_ms", int(opts.keepalive_timeout_s * 1000)),

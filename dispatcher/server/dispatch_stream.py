@@ -30,6 +30,7 @@ from typing import Any
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import TOOL_OUTPUT_DELTA, Event
+from dispatcher.core.ordering import Ordering
 from dispatcher.core.result_size import result_bytes
 from dispatcher.core.session import Session
 from dispatcher.core.types import TextBlock, ToolResultBlock, ToolUseBlock
@@ -86,11 +87,13 @@ class DispatchCall:
         spawn: Callable[[Coroutine[Any, Any, None]], object],
         max_pending: int = 4096,
         pending_bytes: int = PENDING_RESULT_BYTES,
+        ordering: Ordering | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._session = session
         self._turn_id = turn_id
         self._tool_uses = tuple(tool_uses)
+        self._order = dispatcher.message_order(self._tool_uses, ordering)  # None: the configured one
         self._ids = frozenset(tu.id for tu in tool_uses)
         self._queue = _CallQueue(max_pending)
         self._tasks: dict[str, asyncio.Task[ToolResultBlock]] = {}
@@ -128,8 +131,12 @@ class DispatchCall:
             self._start(self._tool_uses[len(self._tasks)])
 
     def _start(self, tu: ToolUseBlock) -> None:
+        # Started in message order: a call only ever waits for calls started before it.
+        index = len(self._tasks)
         task = asyncio.create_task(
-            self._dispatcher.dispatch(tu, self._session, turn_id=self._turn_id),
+            self._dispatcher.dispatch(
+                tu, self._session, turn_id=self._turn_id, order=self._order, index=index
+            ),
             name=f"dispatch:{self._session.session_id}:{tu.id}",
         )
         # The id travels with the callback: a task name is for humans, and ids may contain ":".

@@ -39,7 +39,8 @@ class _TenantInputs:
 class InputParser:
     """Turns a request's ToolUse messages into domain blocks, big ones off the event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_input_bytes: int | None = None) -> None:
+        self._max_input_bytes = max_input_bytes  # per tool_use: over it, never parsed
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dispatcher-input")
         self._per_tenant: dict[str, _TenantInputs] = {}
 
@@ -47,14 +48,16 @@ class InputParser:
         """The blocks of ``msgs``; never raises for bad JSON (that becomes a validation result)."""
         size = sum(len(m.input_json) for m in msgs)
         if size <= INLINE_BYTES:
-            return convert.tool_uses_from_pb(msgs)
+            return convert.tool_uses_from_pb(msgs, self._max_input_bytes)
         state = self._per_tenant.setdefault(tenant_id, _TenantInputs())
         loop = asyncio.get_running_loop()
         async with state.lock:
             delay = state.next_at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            blocks = await loop.run_in_executor(self._worker, convert.tool_uses_from_pb, msgs)
+            blocks = await loop.run_in_executor(
+                self._worker, convert.tool_uses_from_pb, msgs, self._max_input_bytes
+            )
             state.next_at = loop.time() + size / BIG_INPUT_BYTES_PER_SECOND
         return blocks
 

@@ -23,7 +23,7 @@ from dispatcher.core.approval import parse_mode
 from dispatcher.core.calls import SessionState
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.dispatcher import ToolDispatcher
-from dispatcher.core.errors import ToolErrorClass, UnknownSessionError
+from dispatcher.core.errors import FailureReason, ToolErrorClass, UnknownSessionError
 from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
 from dispatcher.core.events import Event
 from dispatcher.core.sandbox_api import SandboxError
@@ -103,7 +103,7 @@ IN_MEMORY = MemoryPersistence()
 
 log = logging.getLogger("dispatcher.server.persistence")
 
-RESTARTED = "server restarted"
+RESTARTED = FailureReason.SERVER_RESTARTED
 RESTARTED_MESSAGE = (
     "server restarted: the call was running when the server stopped, and its result was never delivered"
 )

@@ -71,7 +71,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     ) -> None:
         self._sessions = sessions
         self._max_pending = max_pending_events
-        self._inputs = InputParser()
+        self._inputs = InputParser(sessions.dispatcher.config.max_input_bytes)
         self._transfers = TransferHandlers(
             sessions, transfers or TreeTransfers(sessions.dispatcher, AgentTreeTransport())
         )
@@ -126,10 +126,14 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     async def Dispatch(self, request: pb.DispatchRequest, context: Ctx) -> AsyncIterator[pb.DispatchResponse]:
         tenant = current_tenant()
         check_dispatch_request(request.turn_id, [(tu.id, tu.name) for tu in request.tool_uses])
+        try:
+            ordering = convert.ordering_from_pb(request.ordering)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         entry = self._sessions.get(tenant, request.session_id)
         tool_uses = await self._inputs.tool_uses(tenant.tenant_id, request.tool_uses)
         async with self._sessions.dispatch(
-            tenant, entry, request.turn_id, tool_uses, max_pending=self._max_pending
+            tenant, entry, request.turn_id, tool_uses, max_pending=self._max_pending, ordering=ordering
         ) as call:
             async for item in call.items():
                 if isinstance(item, ToolResultBlock):

@@ -20,6 +20,7 @@ from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
+from dispatcher.core.ordering import Ordering
 from dispatcher.core.session import Session
 from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
@@ -231,6 +232,7 @@ class SessionManager:
         tool_uses: Sequence[ToolUseBlock],
         *,
         max_pending: int = 4096,
+        ordering: Ordering | None = None,
     ) -> AsyncIterator[DispatchCall]:
         """One Dispatch call of the session, holding one of the tenant's dispatch slots.
 
@@ -239,7 +241,13 @@ class SessionManager:
         """
         async with self.dispatch_slot(tenant):
             call = DispatchCall(
-                self.dispatcher, state.session, turn_id, tool_uses, spawn=self.spawn, max_pending=max_pending
+                self.dispatcher,
+                state.session,
+                turn_id,
+                tool_uses,
+                spawn=self.spawn,
+                max_pending=max_pending,
+                ordering=ordering,
             )
             # Its tool_uses still waiting for the client to read start when the session's calls are
             # cancelled (or it closes), so that the cancel reaches them too.

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dispatcher.core.errors import ToolCancelled, ToolExecutionError, ToolTimeout
+from dispatcher.core.errors import FailureReason, ToolCancelled, ToolExecutionError, ToolTimeout
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, SandboxError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.tools.text import DeltaEmitter, HeadTailBuffer
@@ -175,7 +175,7 @@ class ShellTool:
             return ToolCancelled("command cancelled; " + note, output=output)
         if elapsed >= timeout:
             return ToolTimeout(f"command timed out after {timeout:g} s; " + note, output=output)
-        return ToolExecutionError(note, underlying=exc, output=output)
+        return ToolExecutionError(note, underlying=exc, output=output, reason=FailureReason.SANDBOX_FAILED)
 
 
 def _output(command: str, buffer: HeadTailBuffer, metadata: dict[str, Any], note: str | None) -> ToolOutput:

@@ -81,9 +81,16 @@ class _ErrorClassEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorClass
     ERROR_CLASS_VALIDATION_ERROR: _ErrorClass.ValueType  # 2
     """input_json is not valid JSON or does not match the tool's input schema."""
     ERROR_CLASS_PERMISSION_DENIED: _ErrorClass.ValueType  # 3
-    """A path escapes the workspace, or the tenant's grants do not allow the call."""
+    """The call is not allowed: the session may not use the tool (reason capability_denied), a path is
+    not granted (fs_denied) or escapes the workspace (workspace_escape), the confirmation policy
+    denies the tool (policy_denied), or the input is too long to show a human (too_long_to_confirm).
+    """
     ERROR_CLASS_USER_DENIED: _ErrorClass.ValueType  # 4
-    """A human (or the policy) denied the confirmation."""
+    """The approval step did not let the call run: a human denied it (reason user_denied), an earlier
+    remembered deny applied (remembered_deny), or a plan-mode session held it back as a proposed
+    step (plan_proposed, plan_full: nobody denied anything; the model calls it again once the plan
+    is approved).
+    """
     ERROR_CLASS_TIMEOUT: _ErrorClass.ValueType  # 5
     """The call exceeded its time limit."""
     ERROR_CLASS_EXECUTION_ERROR: _ErrorClass.ValueType  # 6
@@ -103,9 +110,16 @@ ERROR_CLASS_NOT_FOUND: ErrorClass.ValueType  # 1
 ERROR_CLASS_VALIDATION_ERROR: ErrorClass.ValueType  # 2
 """input_json is not valid JSON or does not match the tool's input schema."""
 ERROR_CLASS_PERMISSION_DENIED: ErrorClass.ValueType  # 3
-"""A path escapes the workspace, or the tenant's grants do not allow the call."""
+"""The call is not allowed: the session may not use the tool (reason capability_denied), a path is
+not granted (fs_denied) or escapes the workspace (workspace_escape), the confirmation policy
+denies the tool (policy_denied), or the input is too long to show a human (too_long_to_confirm).
+"""
 ERROR_CLASS_USER_DENIED: ErrorClass.ValueType  # 4
-"""A human (or the policy) denied the confirmation."""
+"""The approval step did not let the call run: a human denied it (reason user_denied), an earlier
+remembered deny applied (remembered_deny), or a plan-mode session held it back as a proposed
+step (plan_proposed, plan_full: nobody denied anything; the model calls it again once the plan
+is approved).
+"""
 ERROR_CLASS_TIMEOUT: ErrorClass.ValueType  # 5
 """The call exceeded its time limit."""
 ERROR_CLASS_EXECUTION_ERROR: ErrorClass.ValueType  # 6
@@ -115,6 +129,42 @@ ERROR_CLASS_CANCELLED: ErrorClass.ValueType  # 7
 ERROR_CLASS_CONFIRMATION_TIMEOUT: ErrorClass.ValueType  # 8
 """Nobody answered the confirmation request in time."""
 Global___ErrorClass: _TypeAlias = ErrorClass  # noqa: Y015
+
+class _Ordering:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OrderingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Ordering.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ORDERING_UNSPECIFIED: _Ordering.ValueType  # 0
+    """Not set: the server's default, `dispatch.ordering` in its config (ORDERING_CONCURRENT unless set)."""
+    ORDERING_CONCURRENT: _Ordering.ValueType  # 1
+    """Every call starts at once (spec 000 §4.1): a message's calls must not depend on each other."""
+    ORDERING_SEQUENTIAL: _Ordering.ValueType  # 2
+    """Each call starts only after the one before it in the message has ended."""
+    ORDERING_READS_CONCURRENT: _Ordering.ValueType  # 3
+    """NONE and READ calls run concurrently; a WRITE, EXECUTE or NETWORK call starts only after every
+    call before it in the message has ended, and the calls after it wait for it. A call to an
+    unknown tool counts as a read.
+    """
+
+class Ordering(_Ordering, metaclass=_OrderingEnumTypeWrapper):
+    """How the tool_uses of one DispatchRequest are run relative to each other. The per-session
+    concurrency cap (dispatcher.concurrency, default 4) applies in every ordering.
+    """
+
+ORDERING_UNSPECIFIED: Ordering.ValueType  # 0
+"""Not set: the server's default, `dispatch.ordering` in its config (ORDERING_CONCURRENT unless set)."""
+ORDERING_CONCURRENT: Ordering.ValueType  # 1
+"""Every call starts at once (spec 000 §4.1): a message's calls must not depend on each other."""
+ORDERING_SEQUENTIAL: Ordering.ValueType  # 2
+"""Each call starts only after the one before it in the message has ended."""
+ORDERING_READS_CONCURRENT: Ordering.ValueType  # 3
+"""NONE and READ calls run concurrently; a WRITE, EXECUTE or NETWORK call starts only after every
+call before it in the message has ended, and the calls after it wait for it. A call to an
+unknown tool counts as a read.
+"""
+Global___Ordering: _TypeAlias = Ordering  # noqa: Y015
 
 class _Decision:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -693,6 +743,7 @@ class ToolResult(_message.Message):
     METADATA_JSON_FIELD_NUMBER: _builtins.int
     FILES_MODIFIED_FIELD_NUMBER: _builtins.int
     COMMAND_EXECUTED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     tool_use_id: _builtins.str
     """The ToolUse.id this answers."""
     is_error: _builtins.bool
@@ -703,6 +754,17 @@ class ToolResult(_message.Message):
     """Tool-specific metadata as a JSON object (shell: {"exit_code": N, ...})."""
     command_executed: _builtins.str
     """The command the call ran, for execute tools."""
+    reason: _builtins.str
+    """Why the call failed, finer than error_class, for programs to act on; "" when is_error is false.
+    One of a closed list (dispatcher.core.errors.FailureReason, the README's "Failure reasons"):
+      tool_not_found (NOT_FOUND); invalid_args, input_too_large (VALIDATION_ERROR);
+      capability_denied, fs_denied, workspace_escape, policy_denied, too_long_to_confirm
+      (PERMISSION_DENIED); user_denied, remembered_deny, plan_proposed, plan_full (USER_DENIED);
+      timeout (TIMEOUT); cancelled (CANCELLED); confirmation_timeout (CONFIRMATION_TIMEOUT);
+      tool_failed, quota, sandbox_failed, server_restarted (EXECUTION_ERROR).
+    A plan-mode hold is plan_proposed, never user_denied: no human denied anything. Clients must
+    accept values they do not know (a newer server may add some) and then go by error_class.
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentBlock]:
         """What the tool returned (or the error text)."""
@@ -723,10 +785,11 @@ class ToolResult(_message.Message):
         metadata_json: _builtins.str = ...,
         files_modified: _abc.Iterable[_builtins.str] | None = ...,
         command_executed: _builtins.str | None = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_command_executed", b"_command_executed", "command_executed", b"command_executed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_command_executed", b"_command_executed", "command_executed", b"command_executed", "content", b"content", "error_class", b"error_class", "files_modified", b"files_modified", "is_error", b"is_error", "metadata_json", b"metadata_json", "tool_use_id", b"tool_use_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_command_executed", b"_command_executed", "command_executed", b"command_executed", "content", b"content", "error_class", b"error_class", "files_modified", b"files_modified", "is_error", b"is_error", "metadata_json", b"metadata_json", "reason", b"reason", "tool_use_id", b"tool_use_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__command_executed: _TypeAlias = _typing.Literal["command_executed"]  # noqa: Y015
     _WhichOneofArgType__command_executed: _TypeAlias = _typing.Literal["_command_executed", b"_command_executed"]  # noqa: Y015
@@ -766,7 +829,12 @@ Global___ToolCalled: _TypeAlias = ToolCalled  # noqa: Y015
 
 @_typing.final
 class ToolOutputDelta(_message.Message):
-    """Payload of `tool.output_delta`: a chunk of a running tool's output."""
+    """Payload of `tool.output_delta`: a chunk of a running tool's output. Deltas flow for the whole run
+    (the result keeps only head and tail). Each stream (Dispatch, every WatchSession) buffers a bounded
+    number of bytes for its client; a client that reads too slowly gets, in place of the deltas it
+    missed, one delta whose text is "[... N bytes of output skipped: this stream fell behind ...]",
+    carrying the seq of the last delta it replaces. The call itself never waits for a slow reader.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -827,6 +895,7 @@ class ToolFailed(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
     PARTIAL_OUTPUT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     """Name of the tool."""
     error_class: Global___ErrorClass.ValueType
@@ -837,6 +906,10 @@ class ToolFailed(_message.Message):
     """Wall time of the call in milliseconds."""
     partial_output: _builtins.str
     """What the tool printed before it failed (cancel, timeout), cut head+tail; empty if nothing."""
+    reason: _builtins.str
+    """Why, finer than error_class: the same closed list as ToolResult.reason (server_restarted: the
+    call was running when the server stopped, and no result was ever sent).
+    """
     def __init__(
         self,
         *,
@@ -845,10 +918,11 @@ class ToolFailed(_message.Message):
         message: _builtins.str = ...,
         duration_ms: _builtins.float = ...,
         partial_output: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_ms", b"duration_ms", "error_class", b"error_class", "message", b"message", "partial_output", b"partial_output", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_ms", b"duration_ms", "error_class", b"error_class", "message", b"message", "partial_output", b"partial_output", "reason", b"reason", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1369,13 +1443,22 @@ class DispatchRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TURN_ID_FIELD_NUMBER: _builtins.int
     TOOL_USES_FIELD_NUMBER: _builtins.int
+    ORDERING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session to run the tools in."""
     turn_id: _builtins.str
     """Caller's id for the assistant turn; echoed in events."""
+    ordering: Global___Ordering.ValueType
+    """How the calls run relative to each other (UNSPECIFIED: the server's default, concurrent unless
+    its config says otherwise). Plan-mode steps are numbered in message order whatever this says.
+    """
     @_builtins.property
     def tool_uses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolUse]:
-        """The tool calls of one assistant message; at least one, ids unique."""
+        """The tool calls of one assistant message; at least one, ids unique. Each input_json may hold at
+        most dispatcher.max_input_bytes (default 6 MiB; more is that call's validation_error, reason
+        input_too_large), and the whole request at most server.max_request_bytes (default 8 MiB; more
+        is RESOURCE_EXHAUSTED).
+        """
 
     def __init__(
         self,
@@ -1383,10 +1466,11 @@ class DispatchRequest(_message.Message):
         session_id: _builtins.str = ...,
         turn_id: _builtins.str = ...,
         tool_uses: _abc.Iterable[Global___ToolUse] | None = ...,
+        ordering: Global___Ordering.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "tool_uses", b"tool_uses", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ordering", b"ordering", "session_id", b"session_id", "tool_uses", b"tool_uses", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -142,8 +142,9 @@ class ToolDispatcherServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Dispatch(self, request, context):
-        """Runs one assistant message's tool_uses concurrently. Streams this call's events and exactly one
-        `result` per tool_use, then ends. Cancelling the call cancels its tools.
+        """Runs one assistant message's tool_uses, concurrently or in order as `ordering` says. Streams this
+        call's events and exactly one `result` per tool_use, then ends. Cancelling the call cancels its
+        tools.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

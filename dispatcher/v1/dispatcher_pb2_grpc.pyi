@@ -56,8 +56,9 @@ class ToolDispatcherStub:
     ListTools: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ListToolsRequest, _dispatcher_pb2.ListToolsResponse]
     """Lists the tools the session may call."""
     Dispatch: _grpc.UnaryStreamMultiCallable[_dispatcher_pb2.DispatchRequest, _dispatcher_pb2.DispatchResponse]
-    """Runs one assistant message's tool_uses concurrently. Streams this call's events and exactly one
-    `result` per tool_use, then ends. Cancelling the call cancels its tools.
+    """Runs one assistant message's tool_uses, concurrently or in order as `ordering` says. Streams this
+    call's events and exactly one `result` per tool_use, then ends. Cancelling the call cancels its
+    tools.
     """
     CancelSessionTools: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.CancelSessionToolsRequest, _dispatcher_pb2.CancelSessionToolsResponse]
     """Cancels every in-flight tool call of the session; their results say `cancelled`."""
@@ -107,8 +108,9 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     ListTools: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ListToolsRequest, _dispatcher_pb2.ListToolsResponse]  # type: ignore[assignment]
     """Lists the tools the session may call."""
     Dispatch: _aio.UnaryStreamMultiCallable[_dispatcher_pb2.DispatchRequest, _dispatcher_pb2.DispatchResponse]  # type: ignore[assignment]
-    """Runs one assistant message's tool_uses concurrently. Streams this call's events and exactly one
-    `result` per tool_use, then ends. Cancelling the call cancels its tools.
+    """Runs one assistant message's tool_uses, concurrently or in order as `ordering` says. Streams this
+    call's events and exactly one `result` per tool_use, then ends. Cancelling the call cancels its
+    tools.
     """
     CancelSessionTools: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.CancelSessionToolsRequest, _dispatcher_pb2.CancelSessionToolsResponse]  # type: ignore[assignment]
     """Cancels every in-flight tool call of the session; their results say `cancelled`."""
@@ -191,8 +193,9 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatcher_pb2.DispatchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_dispatcher_pb2.DispatchResponse], _abc.AsyncIterator[_dispatcher_pb2.DispatchResponse]]:
-        """Runs one assistant message's tool_uses concurrently. Streams this call's events and exactly one
-        `result` per tool_use, then ends. Cancelling the call cancels its tools.
+        """Runs one assistant message's tool_uses, concurrently or in order as `ordering` says. Streams this
+        call's events and exactly one `result` per tool_use, then ends. Cancelling the call cancels its
+        tools.
         """
 
     @_abc_1.abstractmethod

@@ -16,8 +16,9 @@ from dispatcher.core import jsonlimits
 from dispatcher.core.approval import PlanStep
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.errors import FailureReason, ToolErrorClass
 from dispatcher.core.events import Event
+from dispatcher.core.ordering import Ordering
 from dispatcher.core.types import (
     ContentBlock,
     ImageBlock,
@@ -149,12 +150,23 @@ def tool_from_pb(msg: pb.Tool) -> ToolInfo:
     )
 
 
-def tool_use_from_pb(msg: pb.ToolUse) -> ToolUseBlock:
+def tool_use_from_pb(msg: pb.ToolUse, max_input_bytes: int | None = None) -> ToolUseBlock:
     """Invalid JSON is not a request error: the core turns the placeholder into a validation result.
 
-    So is JSON too deep or too large in values to handle: it is refused before it is parsed.
+    So is JSON too deep or too large in values to handle: it is refused before it is parsed, and
+    so is an input of more than ``max_input_bytes`` (it is not even kept).
     """
     tool_input: Any
+    size = _input_bytes(msg.input_json, max_input_bytes)
+    if max_input_bytes is not None and size > max_input_bytes:
+        tool_input = UnparsedInput(
+            "",
+            f"{size:,} bytes, more than the limit of {max_input_bytes:,} bytes for one tool input "
+            "(dispatcher.max_input_bytes); send large files with UploadFiles",
+            problem="input is too large",
+            reason=FailureReason.INPUT_TOO_LARGE,
+        )
+        return ToolUseBlock(id=msg.id, name=msg.name, input=tool_input)
     try:
         tool_input = jsonlimits.loads(msg.input_json) if msg.input_json.strip() else {}
     except jsonlimits.InputShapeError as exc:
@@ -162,6 +174,13 @@ def tool_use_from_pb(msg: pb.ToolUse) -> ToolUseBlock:
     except (ValueError, RecursionError) as exc:
         tool_input = UnparsedInput(msg.input_json, str(exc))
     return ToolUseBlock(id=msg.id, name=msg.name, input=tool_input)
+
+
+def _input_bytes(text: str, limit: int | None) -> int:
+    """UTF-8 bytes of ``text``, counted only when its length alone cannot settle the limit."""
+    if limit is None or len(text) > limit or len(text) * 4 <= limit:
+        return len(text)  # over by characters already, or under even at 4 bytes a character
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def tool_use_to_pb(block: ToolUseBlock) -> pb.ToolUse:
@@ -189,6 +208,7 @@ def result_to_pb(result: ToolResultBlock) -> pb.ToolResult:
         content=[_content_to_pb(b) for b in result.content],
         metadata_json=json.dumps(dict(result.metadata), default=str) if result.metadata else "{}",
         files_modified=list(result.files_modified),
+        reason=result.reason if result.is_error else "",
     )
     if result.command_executed is not None:
         msg.command_executed = result.command_executed
@@ -204,6 +224,7 @@ def result_from_pb(msg: pb.ToolResult) -> ToolResultBlock:
         metadata=json.loads(msg.metadata_json) if msg.metadata_json else {},
         files_modified=tuple(msg.files_modified),
         command_executed=msg.command_executed if msg.HasField("command_executed") else None,
+        reason=msg.reason,
     )
 
 
@@ -241,6 +262,7 @@ def event_to_pb(event: Event) -> pb.Event:
                 message=p.message,
                 duration_ms=p.duration_ms,
                 partial_output=p.partial_output,
+                reason=p.reason,
             )
         )
     elif isinstance(p, ep.ToolInputInvalid):
@@ -315,6 +337,7 @@ def _payload_from_pb(msg: pb.Event) -> ep.EventPayload | None:
             message=f.message,
             duration_ms=f.duration_ms,
             partial_output=f.partial_output,
+            reason=f.reason,
         )
     if kind == "input_invalid":
         return ep.ToolInputInvalid(
@@ -383,5 +406,32 @@ def session_from_pb(msg: pb.Session) -> SessionInfo:
     )
 
 
-def tool_uses_from_pb(msgs: Sequence[pb.ToolUse]) -> list[ToolUseBlock]:
-    return [tool_use_from_pb(m) for m in msgs]
+def tool_uses_from_pb(msgs: Sequence[pb.ToolUse], max_input_bytes: int | None = None) -> list[ToolUseBlock]:
+    return [tool_use_from_pb(m, max_input_bytes) for m in msgs]
+
+
+_ORDERING_TO_PB = {
+    Ordering.CONCURRENT: pb.ORDERING_CONCURRENT,
+    Ordering.SEQUENTIAL: pb.ORDERING_SEQUENTIAL,
+    Ordering.READS_CONCURRENT: pb.ORDERING_READS_CONCURRENT,
+}
+_ORDERING_FROM_PB = {v: k for k, v in _ORDERING_TO_PB.items()}
+
+
+def ordering_to_pb(ordering: Ordering | str | None) -> pb.Ordering.ValueType:
+    """UNSPECIFIED for None (the server then applies its default)."""
+    return pb.ORDERING_UNSPECIFIED if ordering is None else _ORDERING_TO_PB[Ordering(ordering)]
+
+
+def ordering_from_pb(value: int) -> Ordering | None:
+    """None for UNSPECIFIED (the server's default).
+
+    Raises:
+        ValueError: a value this server does not know.
+    """
+    if value == pb.ORDERING_UNSPECIFIED:
+        return None
+    try:
+        return _ORDERING_FROM_PB[value]  # type: ignore[index]
+    except KeyError:
+        raise ValueError(f"ordering: unknown value {value}") from None

@@ -174,6 +174,7 @@ def test_a_call_running_at_kill_9_is_failed_with_server_restarted(tmp_path: Path
             )
             failed = seen[-1]
             assert "server restarted" in failed.payload.message
+            assert failed.payload.reason == "server_restarted"  # a program need not parse the text
             assert [e.type for e in seen[:1]] == ["tool.called"]  # replayed from the stored history
         wait_stored(server.home, "SELECT count(*) FROM running_calls", (), lambda row: row[0] == 0)
     finally:

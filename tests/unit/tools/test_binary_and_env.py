@@ -125,11 +125,12 @@ def test_max_write_bytes_config_key(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("dispatcher: {max_write_bytes: 2048}\n")
     assert load_config(path, home=str(tmp_path), env={}).dispatcher.max_write_bytes == 2048
-    path.write_text("dispatcher: {max_write_bytes: 8388608}\n")  # more than a 4 MiB message holds
+    path.write_text("dispatcher: {max_write_bytes: 8388608}\n")  # as base64, more than a 6 MiB input
     with pytest.raises(ConfigError, match="max_write_bytes"):
         load_config(path, home=str(tmp_path), env={})
-    path.write_text("server: {max_message_bytes: 1048576}\n")
-    assert load_config(path, home=str(tmp_path), env={}).dispatcher.max_write_bytes < 1 << 20
+    path.write_text("server: {max_request_bytes: 1048576}\n")  # the defaults come down with it
+    loaded = load_config(path, home=str(tmp_path), env={}).dispatcher
+    assert loaded.max_input_bytes < 1 << 20 and loaded.max_write_bytes * 4 // 3 < loaded.max_input_bytes
 
 
 # -- read_file: binary and big files ------------------------------------------------------------
