@@ -15,14 +15,15 @@ Example::
     listen: 127.0.0.1:50051
     home: ~/.dispatcher
     log: {format: json, level: info}
-    server: {max_message_bytes: 4194304, grace_seconds: 10}
+    server: {max_message_bytes: 4194304, max_request_bytes: 8388608, grace_seconds: 10}
     # UploadFiles / DownloadFiles per request: archive bytes, entries, downloaded content bytes
     # server: {max_upload_bytes: 1073741824, max_upload_files: 100000, max_download_bytes: 1073741824}
     tls: {cert_file: server.pem, key_file: server.key}   # optional; client_ca_file for mutual TLS
     shutdown: {remove_sessions: false}   # true: a graceful stop closes every session (default: kept)
     metrics: {listen: 127.0.0.1:9464}    # Prometheus /metrics (off by default; --metrics-listen)
     tracing: {otlp_endpoint: http://127.0.0.1:4317}   # OTLP spans; needs dispatcher[otel]
-    dispatcher: {concurrency: 4, confirmation_timeout: 300, max_write_bytes: 4128768}
+    dispatcher: {concurrency: 4, confirmation_timeout: 300, max_write_bytes: 4128768, max_input_bytes: 6291456}
+    dispatch: {ordering: concurrent}   # when a Dispatch does not say: sequential | reads_concurrent
     # default_timeout: 60 (NONE/READ/WRITE tools), execute_timeout: 600 (EXECUTE/NETWORK, shell)
     timeouts: {shell: 1800, read_file: 10}         # per tool, seconds (0 < t <= 86400)
     tool_confirmation:            # exactly spec 000's structure

@@ -60,7 +60,8 @@ class ToolFailed:
     partial_output: str = ""
     """What the tool printed before it failed (timeout, cancel); "" when nothing."""
     reason: str = ""
-    """Why, finer than the error class: a ``FailureReason`` value; "" when nothing."""
+    """Why, finer than the error class: a ``FailureReason`` value; "" when nothing. (Events stored
+    before the values were slugs replay as written: ``server restarted``.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +158,6 @@ def payload_from_dict(type: str, data: Mapping[str, Any]) -> EventPayload:
                 raise ValueError(f"{type}: field {f.name!r} is missing")
             continue
         kwargs[f.name] = _checked(type, f.name, str(f.type), data[f.name])
-    if cls is ToolFailed and kwargs.get("reason") == "server restarted":
-        kwargs["reason"] = "server_restarted"  # as versions before FailureReason stored it
     return cls(**kwargs)
 
 

@@ -7,10 +7,10 @@ import dataclasses
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from dispatcher.core.event_payloads import (
     EVENT_TYPES,
@@ -23,9 +23,13 @@ from dispatcher.core.event_payloads import (
     TOOL_OUTPUT_DELTA,
     TOOL_STEP_PROPOSED,
     EventPayload,
+    ToolOutputDelta,
 )
 
+T = TypeVar("T")
+
 __all__ = [
+    "DEFAULT_MAX_BYTES",
     "EVENT_TYPES",
     "TOOL_CALLED",
     "TOOL_COMPLETED",
@@ -35,11 +39,13 @@ __all__ = [
     "TOOL_INPUT_INVALID",
     "TOOL_OUTPUT_DELTA",
     "TOOL_STEP_PROPOSED",
+    "Backlog",
     "Event",
     "EventBus",
     "EventPayload",
     "Subscription",
     "estimate_bytes",
+    "gap_text",
 ]
 
 
@@ -92,6 +98,120 @@ def estimate_bytes(value: Any) -> int:
     return total
 
 
+# Backlogs ------------------------------------------------------------------------------------
+#
+# What one reader of events has not read yet. Every stream that follows a session (a Dispatch, each
+# WatchSession) queues events for its client. A client that reads more slowly than a tool prints
+# must neither slow the tool down nor grow the server's memory, and it must know it missed
+# something. So past ``max_bytes`` (or ``max_items``) queued, a ``tool.output_delta`` is skipped
+# and counted per call; before that call's next event reaches the queue, one delta saying
+# ``[... N bytes of output skipped ...]`` takes the skipped ones' place, with the seq of the last of
+# them (so the seqs a reader sees still only increase). Every other event, and anything queued with
+# ``put`` (a Dispatch's results), is never skipped: those are bounded where they are made.
+
+DEFAULT_MAX_BYTES = 1 << 20
+"""Per reader: (estimated) bytes of events queued before output deltas are skipped."""
+_MARKER_BYTES = 512
+
+
+def gap_text(skipped: int) -> str:
+    """The text of the delta that stands for ``skipped`` bytes of output a reader missed."""
+    return f"\n[... {skipped:,} bytes of output skipped: this stream fell behind ...]\n"
+
+
+@dataclass(slots=True)
+class _Gap:
+    last: Event  # the last delta skipped: the marker takes its seq and stream
+    skipped: int = 0  # UTF-8 bytes of text skipped
+
+
+class Backlog(Generic[T]):
+    """A FIFO of events and other items (``T``) for one reader; see the module docstring."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_items: int = 4096) -> None:
+        self._items: deque[tuple[Event | T, int]] = deque()
+        self._gaps: dict[tuple[str, str], _Gap] = {}
+        self._max_bytes = max_bytes
+        self._max_items = max_items
+        self._wakeup = asyncio.Event()
+        self.bytes = 0
+        """Estimated bytes queued now."""
+        self.skipped = 0
+        """Output deltas skipped so far."""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Event | T]:
+        """What is queued now, oldest first, without taking it."""
+        return (item for item, _ in tuple(self._items))
+
+    def offer(self, event: Event, *, bounded: bool = True) -> None:
+        """Queue ``event``, unless it is an output delta that does not fit (``bounded``: False for
+        events that live in the bus's history anyway, a replay: they cost this reader no bytes)."""
+        key = (event.turn_id, event.tool_use_id)
+        if event.type == TOOL_OUTPUT_DELTA and bounded and not self._fits(event.size):
+            gap = self._gaps.get(key)
+            if gap is None:
+                gap = self._gaps[key] = _Gap(event)
+            gap.last = event
+            text = event.payload.text if isinstance(event.payload, ToolOutputDelta) else ""
+            gap.skipped += len(text.encode("utf-8", "surrogatepass"))
+            self.skipped += 1
+            return
+        gap = self._gaps.pop(key, None)
+        if gap is not None:
+            self._append(_marker(gap), _MARKER_BYTES)
+        self._append(event, event.size)
+
+    def put(self, item: T, size: int) -> None:
+        """Queue ``item``, never skipped (a call's gap is marked before its final event already)."""
+        self._append(item, size)
+
+    async def get(self) -> Event | T:
+        """The oldest item; waits for one."""
+        while not self._items:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        item, size = self._items.popleft()
+        self.bytes -= size
+        return item
+
+    def get_nowait(self) -> Event | T | None:
+        """The oldest item, or None."""
+        if not self._items:
+            return None
+        item, size = self._items.popleft()
+        self.bytes -= size
+        return item
+
+    async def wait(self) -> None:
+        """Until an item is queued or ``wake`` is called."""
+        if not self._items:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    def wake(self) -> None:
+        """Wake a waiting ``get`` (whoever closes the reader's stream calls it)."""
+        self._wakeup.set()
+
+    def _fits(self, size: int) -> bool:
+        return self.bytes + size <= self._max_bytes and len(self._items) < self._max_items
+
+    def _append(self, item: Event | T, size: int) -> None:
+        self._items.append((item, size))
+        self.bytes += size
+        self._wakeup.set()
+
+
+def _marker(gap: _Gap) -> Event:
+    last = gap.last
+    stream = last.payload.stream if isinstance(last.payload, ToolOutputDelta) else "stdout"
+    return dataclasses.replace(
+        last, payload=ToolOutputDelta(stream=stream, text=gap_text(gap.skipped)), size=_MARKER_BYTES
+    )
+
+
 EventFilter = Callable[[Event], bool]
 _EVENT_OVERHEAD = 256  # the Event object, its seq and time, the deque slot
 
@@ -99,52 +219,58 @@ _EVENT_OVERHEAD = 256  # the Event object, its seq and time, the deque slot
 class Subscription:
     """An async iterator of events; replays history first, then follows live.
 
-    A subscriber that falls behind by more than ``max_pending`` loses ``tool.output_delta``
-    events (counted in ``dropped``) rather than growing memory; other events are never dropped.
+    A subscriber that falls behind by more than ``max_pending`` events or ``max_bytes`` (estimated)
+    bytes misses live ``tool.output_delta`` events rather than growing memory or slowing anyone,
+    and gets one delta saying how many bytes it missed in their place (``core/backlog.py``); other
+    events are never dropped.
     """
 
     def __init__(
-        self, bus: EventBus, event_filter: EventFilter | None, max_pending: int, after_seq: int = 0
+        self,
+        bus: EventBus,
+        event_filter: EventFilter | None,
+        max_pending: int,
+        after_seq: int = 0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self._bus = bus
         self._filter = event_filter
         # Nothing at or below the client's cursor is delivered, replayed or live: a cursor ahead
         # of the bus (a client that saw a later server life, or guessed) must not get old seqs.
         self._after_seq = after_seq
-        self._max_pending = max_pending
-        self._pending: deque[Event] = deque()
-        self._wakeup = asyncio.Event()
+        self._pending: Backlog[Event] = Backlog(max_bytes, max_pending)
         self._closed = False
-        self.dropped = 0
 
-    def _offer(self, event: Event) -> None:
+    @property
+    def dropped(self) -> int:
+        """Output deltas this subscriber missed."""
+        return self._pending.skipped
+
+    def _offer(self, event: Event, *, replay: bool = False) -> None:
         if event.seq <= self._after_seq:
             return
         if self._filter is not None and not self._filter(event):
             return
-        if event.type == TOOL_OUTPUT_DELTA and len(self._pending) >= self._max_pending:
-            self.dropped += 1
-            return
-        self._pending.append(event)
-        self._wakeup.set()
+        self._pending.offer(event, bounded=not replay)
 
     def close(self) -> None:
         """Stop following; pending events are still delivered, then iteration ends."""
         if not self._closed:
             self._closed = True
             self._bus._unsubscribe(self)
-            self._wakeup.set()
+            self._pending.wake()
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
 
     async def __anext__(self) -> Event:
-        while not self._pending:
+        while True:
+            event = self._pending.get_nowait()
+            if event is not None:
+                return event
             if self._closed:
                 raise StopAsyncIteration
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        return self._pending.popleft()
+            await self._pending.wait()
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -169,6 +295,7 @@ class EventBus:
         history: int = 10_000,
         history_bytes: int = 8 << 20,
         max_pending: int = 4096,
+        max_pending_bytes: int = DEFAULT_MAX_BYTES,
         start_seq: int = 0,
     ) -> None:
         """``start_seq``: the last seq a previous life of the session gave (a restarted server
@@ -181,6 +308,7 @@ class EventBus:
         """Estimated bytes the replay history holds now (never more than ``history_bytes``)."""
         self._subscribers: list[Subscription] = []
         self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes  # per subscriber (core/backlog.py)
         self._seq = start_seq
         self._closed = False
         self.sink: Callable[[Event], None] | None = None
@@ -225,10 +353,10 @@ class EventBus:
         ``publish`` returns: a caller may rely on that (for example to tap events into its own queue
         at the moment they happen). It must be quick and must not publish.
         """
-        sub = Subscription(self, event_filter, self._max_pending, after_seq or 0)
+        sub = Subscription(self, event_filter, self._max_pending, after_seq or 0, self._max_pending_bytes)
         if after_seq is not None:
             for event in self._history:
-                sub._offer(event)
+                sub._offer(event, replay=True)
         if self._closed:
             sub.close()
         else:

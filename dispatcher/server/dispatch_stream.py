@@ -7,8 +7,10 @@ Ordering: a result is always sent after every event of its call. The bus calls t
 filter synchronously at publish time, in publish order; the filter here is used as a tap that puts
 matching events into this call's queue there and then. A call's result is queued when its dispatch
 returns, i.e. after its last event was published, so one FIFO queue gives the right order without
-any timing assumption. Like the bus's own subscriptions, the tap drops ``tool.output_delta`` events
-(never others) when the client falls more than ``max_pending`` items behind.
+any timing assumption. Like the bus's own subscriptions, the queue is a ``core/backlog.py``: when the
+client falls more than ``max_pending`` items or ``DEFAULT_MAX_BYTES`` behind, it skips
+``tool.output_delta`` events (never others, never results) and marks the gap, so that a slow client
+never slows a tool down.
 
 Memory: results are never dropped, so what a client that does not read can make the server hold is
 bounded at the start instead. Each running tool_use reserves the most one result may weigh
@@ -23,13 +25,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.events import TOOL_OUTPUT_DELTA, Event
+from dispatcher.core.events import Backlog, Event
 from dispatcher.core.ordering import Ordering
 from dispatcher.core.result_size import result_bytes
 from dispatcher.core.session import Session
@@ -40,38 +41,6 @@ log = logging.getLogger("dispatcher.server.dispatch")
 Item = Event | ToolResultBlock
 PENDING_RESULT_BYTES = 16 << 20
 """Default per Dispatch: bytes of results (and events) held for a client that has not read them."""
-
-
-class _CallQueue:
-    """Unbounded for events that matter, bounded for output deltas; counts the bytes it holds."""
-
-    def __init__(self, max_pending: int) -> None:
-        self._items: deque[tuple[Item, int]] = deque()
-        self._wakeup = asyncio.Event()
-        self._max_pending = max_pending
-        self.dropped = 0
-        self.bytes = 0
-
-    def put(self, item: Item) -> None:
-        if (
-            isinstance(item, Event)
-            and item.type == TOOL_OUTPUT_DELTA
-            and len(self._items) >= self._max_pending
-        ):
-            self.dropped += 1
-            return
-        size = item.size if isinstance(item, Event) else result_bytes(item)
-        self._items.append((item, size))
-        self.bytes += size
-        self._wakeup.set()
-
-    async def get(self) -> Item:
-        while not self._items:
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        item, size = self._items.popleft()
-        self.bytes -= size
-        return item
 
 
 class DispatchCall:
@@ -95,7 +64,7 @@ class DispatchCall:
         self._tool_uses = tuple(tool_uses)
         self._order = dispatcher.message_order(self._tool_uses, ordering)  # None: the configured one
         self._ids = frozenset(tu.id for tu in tool_uses)
-        self._queue = _CallQueue(max_pending)
+        self._queue: Backlog[ToolResultBlock] = Backlog(max_items=max_pending)
         self._tasks: dict[str, asyncio.Task[ToolResultBlock]] = {}
         self._spawn = spawn
         self._pending_bytes = pending_bytes
@@ -146,7 +115,7 @@ class DispatchCall:
 
     def _tap(self, event: Event) -> bool:
         if event.turn_id == self._turn_id and event.tool_use_id in self._ids:
-            self._queue.put(event)
+            self._queue.offer(event)
         return False  # nothing for the subscription itself: the queue already has it
 
     async def items(self) -> AsyncIterator[Item]:
@@ -180,10 +149,10 @@ class DispatchCall:
                     # The client went away (or the server is stopping): cancel what still runs, in a
                     # task of its own because this one is being cancelled.
                     self._spawn(self._abandon())
-        if self._queue.dropped:
+        if self._queue.skipped:
             log.warning(
-                "slow client: dropped output deltas",
-                extra={"session_id": self._session.session_id, "dropped": self._queue.dropped},
+                "slow client: skipped output deltas",
+                extra={"session_id": self._session.session_id, "dropped": self._queue.skipped},
             )
 
     def _result_ready(self, tool_use_id: str, task: asyncio.Task[ToolResultBlock]) -> None:
@@ -192,20 +161,20 @@ class DispatchCall:
             return
         exc = task.exception()
         if exc is None:
-            self._queue.put(task.result())
+            result = task.result()
+            self._queue.put(result, result_bytes(result))
             self._start_more()
             return
         # The core turns every tool failure into a result; an exception here is a core bug. The
         # caller still gets exactly one result for the tool_use.
         log.error("dispatch raised", exc_info=exc, extra={"session_id": self._session.session_id})
-        self._queue.put(
-            ToolResultBlock(
-                tool_use_id=tool_use_id,
-                content=(TextBlock("internal error in the dispatcher (see the server log)"),),
-                is_error=True,
-                error_class=ToolErrorClass.EXECUTION_ERROR,
-            )
+        failed = ToolResultBlock(
+            tool_use_id=tool_use_id,
+            content=(TextBlock("internal error in the dispatcher (see the server log)"),),
+            is_error=True,
+            error_class=ToolErrorClass.EXECUTION_ERROR,
         )
+        self._queue.put(failed, result_bytes(failed))
         self._start_more()
 
     async def _abandon(self) -> None:

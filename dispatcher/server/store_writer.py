@@ -25,10 +25,13 @@ log = logging.getLogger("dispatcher.server.store")
 
 BATCH_SECONDS = 0.005
 """How long the writer lets events gather after the first one before it commits them."""
-MAX_QUEUED_BYTES = 64 << 20
+MAX_QUEUED_BYTES = 8 << 20
 """Most (estimated) event bytes waiting for the thread. Beyond it output deltas are not stored
 (their replay after a restart has a gap); every other event still is, so which calls ran and how
-they ended stays true. A tenant printing faster than the disk writes cannot grow server memory."""
+they ended stays true. A tenant printing faster than the disk writes cannot grow server memory by
+more than this (live output flows for the whole run: 100 MiB of it must not cost 64 MiB here).
+What is stored stays within each session's ``event_history_bytes``: the writer prunes as it goes,
+so the file does not grow with the output either."""
 _TERMINAL = frozenset({ev.TOOL_COMPLETED, ev.TOOL_FAILED, ev.TOOL_INPUT_INVALID})
 
 

@@ -69,8 +69,9 @@ class DeltaEmitter:
     """Turns raw output chunks into few, bounded ``emit(stream, text)`` calls.
 
     Output is held until ``min_bytes`` are pending or ``interval`` seconds passed, so a chatty
-    command produces at most a few events per interval. After ``budget`` bytes, deltas stop
-    (with one notice) while the caller keeps collecting the result.
+    command produces at most a few events per interval, each of at most ``max_bytes``. Deltas flow
+    for the whole run, however long: what a slow reader cannot take is skipped for that reader
+    alone (``core/backlog.py``), and the result keeps its own head and tail.
     """
 
     def __init__(
@@ -79,22 +80,19 @@ class DeltaEmitter:
         *,
         min_bytes: int = 4096,
         interval: float = 0.05,
-        budget: int = 1 << 20,
+        max_bytes: int = 64 << 10,
     ) -> None:
         self._emit = emit
         self._min_bytes = min_bytes
         self._interval = interval
-        self._budget = budget
+        self._max_bytes = max_bytes
         self._pending: dict[str, bytearray] = {}
         self._decoders: dict[str, codecs.IncrementalDecoder] = {}
         self._timer: asyncio.TimerHandle | None = None
         self.sent = 0
-        self.stopped = False
 
     def feed(self, stream: str, data: bytes) -> None:
         """Queue a chunk; flushes when enough is pending, else arms the timer."""
-        if self.stopped:
-            return
         pending = self._pending.setdefault(stream, bytearray())
         pending += data
         if sum(len(p) for p in self._pending.values()) >= self._min_bytes:
@@ -103,34 +101,27 @@ class DeltaEmitter:
             self._timer = asyncio.get_running_loop().call_later(self._interval, self.flush)
 
     def flush(self) -> None:
-        """Emit everything pending (within the budget)."""
+        """Emit everything pending, in deltas of at most ``max_bytes``."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         for stream, pending in self._pending.items():
-            if self.stopped or not pending:
-                continue
-            room = self._budget - self.sent
-            chunk = bytes(pending[:room])
-            self.sent += len(chunk)
+            decoder = self._decoder(stream)
+            for start in range(0, len(pending), self._max_bytes):
+                chunk = bytes(pending[start : start + self._max_bytes])
+                self.sent += len(chunk)
+                text = decoder.decode(chunk)
+                if text:
+                    self._emit(stream, text)
             pending.clear()
-            text = self._decoder(stream).decode(chunk)
-            if text:
-                self._emit(stream, text)
-            if self.sent >= self._budget:
-                self.stopped = True
-                self._emit(stream, f"\n[... output streaming stopped after {self._budget:,} bytes ...]\n")
-        if self.stopped:
-            self._pending.clear()
 
     def close(self) -> None:
         """Flush what is left, including a character cut at the very end."""
         self.flush()
-        if not self.stopped:
-            for stream, decoder in self._decoders.items():
-                text = decoder.decode(b"", final=True)
-                if text:
-                    self._emit(stream, text)
+        for stream, decoder in self._decoders.items():
+            text = decoder.decode(b"", final=True)
+            if text:
+                self._emit(stream, text)
 
     def _decoder(self, stream: str) -> codecs.IncrementalDecoder:
         decoder = self._decoders.get(stream)

@@ -6,6 +6,7 @@ import asyncio
 
 from dispatcher.core import event_payloads as ep
 from dispatcher.core import events as ev
+from dispatcher.core.event_payloads import ToolCompleted, ToolOutputDelta
 from dispatcher.core.events import EventBus
 
 _SAMPLES: dict[str, ep.EventPayload] = {
@@ -67,6 +68,29 @@ async def test_slow_subscriber_drops_only_output_deltas() -> None:
     events = await drain(sub)
     assert [e.type for e in events].count(ev.TOOL_OUTPUT_DELTA) == 4 and sub.dropped == 6
     assert [e.type for e in events][-3:] == [ev.TOOL_COMPLETED] * 3
+
+
+async def test_a_subscriber_past_its_bytes_gets_one_gap_marker_before_the_calls_next_event() -> None:
+    bus = EventBus("s", max_pending_bytes=64 << 10)
+    sub = bus.subscribe()
+    for _ in range(40):  # 40 x 4 KiB: about 16 fit, the rest are skipped
+        bus.publish(ToolOutputDelta("stdout", "x" * 4096), turn_id="t", tool_use_id="u")
+    last = bus.publish(ToolCompleted("shell", 1.0), turn_id="t", tool_use_id="u")
+    events = await drain(sub)
+    texts = [e.payload.text for e in events if isinstance(e.payload, ToolOutputDelta)]
+    marker = texts[-1]
+    shown = sum(len(t) for t in texts[:-1])
+    assert marker == ev.gap_text(40 * 4096 - shown) and sub.dropped == 40 - len(texts[:-1])
+    assert events[-1] is last and events[-2].seq == last.seq - 1  # the last skipped delta's seq
+    assert [e.seq for e in events] == sorted({e.seq for e in events})
+
+
+async def test_replayed_history_is_not_cut_by_the_byte_bound() -> None:
+    bus = EventBus("s", max_pending_bytes=16 << 10)
+    for _ in range(20):
+        bus.publish(ToolOutputDelta("stdout", "y" * 4096), turn_id="t", tool_use_id="u")
+    events = await drain(bus.subscribe(after_seq=0))  # they are in the history's memory anyway
+    assert len(events) == 20
 
 
 async def test_close_ends_subscriptions_after_draining() -> None:
