@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2] / "dispatcher"
 LAYERS: dict[str, int] = {
     "dispatcher.trees": 0,  # a leaf utility (tar streams on the client side)
     "dispatcher.v1": 0,  # generated code of the contract
+    "dispatcher.egress": 0,  # the egress proxy and its policy: stdlib only, below core and sandbox
     "dispatcher.core": 1,
     "dispatcher.config_base": 2,  # what every config section model shares (pydantic)
     "dispatcher.sandbox": 3,
@@ -41,6 +42,17 @@ FORBIDDEN_THIRD_PARTY = {
     "dispatcher.tools": {"grpc", "docker"},
     "dispatcher.wire": {"grpc", "docker", "yaml"},
     "dispatcher.config_base": {"grpc", "docker", "yaml"},
+    "dispatcher.egress": {
+        "grpc",
+        "docker",
+        "yaml",
+        "pydantic",
+        "prometheus_client",
+        "opentelemetry",
+        "mcp",
+        "h11",
+        "aiohttp",
+    },
 }
 
 
