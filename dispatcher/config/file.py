@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN
+from dispatcher.config.egress import EgressSection
 from dispatcher.config.sections import (
     DispatcherSection,
     DispatchSection,
@@ -65,6 +66,9 @@ class ConfigFile(Section):
     """Custom tool factories, ``module:callable`` (each call makes one fresh tool)."""
     mcp_servers: Annotated[McpServers, _null_is({})] = Field(default_factory=dict)
     """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>``."""
+    egress: EgressSection = Field(default_factory=EgressSection)
+    """Which hosts sandboxes reach through the server's egress proxy (default: none); the default
+    tenant's, and the base every ``tenants[].egress`` is laid over."""
     tenants: tuple[TenantSection, ...] | None = None
     """Without it: one tenant, ``default``, whose token is generated into ``<home>/token``."""
     tenant_uids: UidRange = Field(default_factory=UidRange)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN, ENV_HOME, ENV_LISTEN, TOKEN_FILE, hash_token
+from dispatcher.config.egress import EgressSection, egress_policy
 from dispatcher.config.file import ConfigFile
 from dispatcher.config.sections import (
     RESULT_MESSAGE_MARGIN,
@@ -38,6 +39,7 @@ from dispatcher.core.errors import ConfigError
 from dispatcher.core.ordering import Ordering
 from dispatcher.core.policy import ConfirmationPolicy, PolicyLayer
 from dispatcher.core.settings import DispatcherConfig
+from dispatcher.egress.policy import EgressPolicy
 from dispatcher.mcp import config as mcp_config
 from dispatcher.mcp.config import McpServerConfig
 from dispatcher.observe_config import ObserveConfig
@@ -79,6 +81,8 @@ class TenantConfig:
     """Host gid; None: the uid."""
     approval_modes: tuple[ApprovalMode, ...] = tuple(ApprovalMode)
     """The approval modes its sessions may choose; the first is what a session that names none gets."""
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    """Its ``egress:`` (laid over the top level's); ``capabilities.egress_allow`` is its ``allow``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,8 @@ class Config:
     """None: plaintext (fine on loopback; use TLS for anything else)."""
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     """``metrics:`` and ``tracing:`` (dispatcher/observe_config.py)."""
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    """The top-level ``egress:``: the default tenant's."""
     source: Path | None = None
 
     @property
@@ -158,7 +164,7 @@ def _build(
     file: ConfigFile = validate_section(ConfigFile, data, "")
     listen_addr = check_listen(listen or env.get(ENV_LISTEN) or file.listen, "listen")
     home_dir = Path(home or env.get(ENV_HOME) or file.home).expanduser().absolute()
-    tenants = _tenants(file.tenants or (), home_dir)
+    tenants = _tenants(file.tenants or (), home_dir, file.egress)
     audit_path = Path(file.audit_log).expanduser() if file.audit_log else home_dir / "audit.jsonl"
     _check_workspace_roots(tenants, home_dir, audit_path)
     tool_confirmation = file.tool_confirmation.layer() if file.tool_confirmation else None
@@ -180,6 +186,7 @@ def _build(
         tls=file.tls,
         shutdown_remove_sessions=file.shutdown.remove_sessions,
         observe=ObserveConfig.of(file.metrics, file.tracing),
+        egress=egress_policy(file.egress),
         source=source,
     )
 
@@ -203,7 +210,13 @@ def ensure_default_tenant(config: Config) -> tuple[Config, str | None]:
         fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(token + "\n")
-    tenant = TenantConfig(DEFAULT_TENANT, (hash_token(token),), config.home / "workspaces")
+    tenant = TenantConfig(
+        DEFAULT_TENANT,
+        (hash_token(token),),
+        config.home / "workspaces",
+        capabilities=Capabilities(egress_allow=config.egress.allow),
+        egress=config.egress,
+    )
     return dataclasses.replace(config, tenants=(tenant,)), generated
 
 
@@ -248,7 +261,9 @@ def parse_timeouts(section: Any, *, where: str = "timeouts") -> dict[str, float]
     return timeouts
 
 
-def _tenants(sections: tuple[TenantSection, ...], home: Path) -> tuple[TenantConfig, ...]:
+def _tenants(
+    sections: tuple[TenantSection, ...], home: Path, egress: EgressSection
+) -> tuple[TenantConfig, ...]:
     """Each tenant's own: ids, tokens and uids are never shared."""
     seen_ids: set[str] = set()
     seen_hashes: set[str] = set()
@@ -271,17 +286,19 @@ def _tenants(sections: tuple[TenantSection, ...], home: Path) -> tuple[TenantCon
             seen_uids[item.uid] = item.id
         # A relative root is under the server's home, never under whatever directory it started in.
         root = item.workspace_root
+        tenant_egress = egress_policy(item.egress.over(egress) if item.egress else egress)
         out.append(
             TenantConfig(
                 tenant_id=item.id,
                 token_sha256=item.token_sha256,
                 workspace_root=home / Path(root).expanduser() if root else home / "workspaces" / item.id,
-                capabilities=item.capabilities(),
+                capabilities=dataclasses.replace(item.capabilities(), egress_allow=tenant_egress.allow),
                 policy_overrides=item.tool_confirmation.layer() if item.tool_confirmation else None,
                 quotas=item.quotas,
                 uid=item.uid,
                 gid=item.gid if item.gid is not None else item.uid,
                 approval_modes=item.approval_modes,
+                egress=tenant_egress,
             )
         )
     return tuple(out)

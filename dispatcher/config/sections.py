@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StringConstraints, model_validator
 
+from dispatcher.config.egress import EgressSection
 from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text
 from dispatcher.core.approval import ApprovalMode
 from dispatcher.core.blocks import GrantMode
@@ -320,6 +321,8 @@ class TenantSection(CapabilitiesSection):
     """Host gid (omit: the uid)."""
     approval_modes: Annotated[tuple[ApprovalMode, ...], BeforeValidator(_modes)] = tuple(ApprovalMode)
     """The approval modes its sessions may choose; the first is what a session that names none gets."""
+    egress: EgressSection | None = None
+    """What its sandboxes reach through the egress proxy: keys laid over the top-level ``egress:``."""
 
     @model_validator(mode="after")
     def _gid_needs_uid(self) -> TenantSection:

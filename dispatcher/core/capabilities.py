@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dispatcher.core.blocks import FsMode, GrantMode
+from dispatcher.egress.policy import meet
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,9 @@ class Capabilities:
 
     allowed_tools: frozenset[str] | None = None
     fs_grants: tuple[FsGrant, ...] | None = None
+    egress_allow: tuple[str, ...] | None = None
+    """Host patterns the sandbox may reach through the egress proxy (``dispatcher.egress.policy``);
+    a tenant's are its ``egress.allow``, a session's the effective list (None: not narrowed)."""
 
     @classmethod
     def of(
@@ -47,7 +51,7 @@ class Capabilities:
             grants = self.fs_grants
         else:
             grants = tuple(g for g in other.fs_grants if self.check_fs(g.prefix, g.mode, relative=True))
-        return Capabilities(tools, grants)
+        return Capabilities(tools, grants, _meet_hosts(self.egress_allow, other.egress_allow))
 
     def check_tool(self, name: str) -> bool:
         return self.allowed_tools is None or name in self.allowed_tools
@@ -82,3 +86,11 @@ def _meet(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] 
     if b is None:
         return a
     return a & b
+
+
+def _meet_hosts(a: tuple[str, ...] | None, b: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return meet(a, b)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, IPNetwork, canonical, parse_networks
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_PORTS",
     "EgressPolicy",
     "PolicyDecision",
@@ -27,6 +29,7 @@ __all__ = [
     "Verdict",
     "covers",
     "decide",
+    "effective",
     "explain",
     "matches",
     "meet",
@@ -184,6 +187,11 @@ def meet(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
     out = [p for p in b if any(covers(q, p) for q in a)]
     out += [p for p in a if any(covers(q, p) for q in b) and p not in out]
     return tuple(sorted(set(out)))
+
+
+def effective(tenant: Sequence[str], session: Sequence[str] | None) -> tuple[str, ...]:
+    """A session's effective list: its tenant's, narrowed by the session's own (None: not narrowed)."""
+    return tuple(tenant) if session is None else meet(tenant, session)
 
 
 def narrow(

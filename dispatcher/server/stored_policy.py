@@ -56,6 +56,8 @@ def policy_to_json(
             tools = sorted(caps.allowed_tools) if caps.allowed_tools is not None else None
             fs = [[g.prefix, g.mode] for g in caps.fs_grants] if caps.fs_grants is not None else None
             policy["capabilities"] = {"tools": tools, "fs": fs}
+            if caps.egress_allow is not None:  # absent: the tenant's list when given back
+                policy["capabilities"]["egress_allow"] = list(caps.egress_allow)
     return policy
 
 
@@ -101,7 +103,14 @@ def session_fields_from_json(policy: Mapping[str, Any]) -> dict[str, Any]:
             ):
                 raise ValueError("capabilities.fs must be a list of [prefix, mode]")
             grants = tuple(FsGrant(prefix, mode) for prefix, mode in fs)
-        fields["capabilities"] = Capabilities(frozenset(tools) if tools is not None else None, grants)
+        egress = caps.get("egress_allow")
+        if egress is not None and not (isinstance(egress, list) and all(isinstance(p, str) for p in egress)):
+            raise ValueError("capabilities.egress_allow must be a list of host patterns")
+        fields["capabilities"] = Capabilities(
+            frozenset(tools) if tools is not None else None,
+            grants,
+            tuple(egress) if egress is not None else None,
+        )
     return fields
 
 

@@ -6,7 +6,7 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from dispatcher.config.load import TenantConfig
@@ -15,6 +15,7 @@ from dispatcher.core.approval import ApprovalMode, parse_mode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.egress.policy import EgressPolicy
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 from dispatcher.server.errors import InvalidRequest, Unauthenticated
 from dispatcher.server.uids import allocate
@@ -38,6 +39,8 @@ class Tenant:
     gid: int | None = None
     approval_modes: tuple[ApprovalMode, ...] = tuple(ApprovalMode)
     """The modes its sessions may choose (``tenants[].approval_modes``); the first is the default."""
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    """What its sandboxes reach through the egress proxy; ``capabilities.egress_allow`` is its list."""
 
 
 def allowed_mode(tenant: Tenant, name: str | None) -> ApprovalMode:
@@ -136,6 +139,7 @@ class TenantDirectory:
                 uid=uid,
                 gid=gid,
                 approval_modes=cfg.approval_modes,
+                egress=cfg.egress,
             )
             self._by_id[tenant.tenant_id] = tenant
             for digest in cfg.token_sha256:

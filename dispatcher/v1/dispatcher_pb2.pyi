@@ -424,6 +424,7 @@ class SessionCapabilities(_message.Message):
 
     TOOLS_FIELD_NUMBER: _builtins.int
     FS_FIELD_NUMBER: _builtins.int
+    EGRESS_ALLOW_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def tools(self) -> Global___ToolNames:
         """Not set: the tenant's tools. Set: only these; each must be a tool the tenant may use."""
@@ -434,15 +435,24 @@ class SessionCapabilities(_message.Message):
         that access.
         """
 
+    @_builtins.property
+    def egress_allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Host patterns the sandbox may reach through the egress proxy: an exact host, or "*." and a
+        domain for any subdomain. In CreateSession: empty keeps the tenant's egress.allow; otherwise
+        only these, each within the tenant's list (a wider one is INVALID_ARGUMENT). In Session: the
+        effective list (empty: no host without a human's approval, or none at all under unknown: deny).
+        """
+
     def __init__(
         self,
         *,
         tools: Global___ToolNames | None = ...,
         fs: Global___FsGrants | None = ...,
+        egress_allow: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["fs", b"fs", "tools", b"tools"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fs", b"fs", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress_allow", b"egress_allow", "fs", b"fs", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,11 +13,13 @@ from dispatcher.core.approval import ApprovalMode, PlanStep
 from dispatcher.core.blocks import GrantMode
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.types import SideEffect
+from dispatcher.egress.policy import narrow
 from dispatcher.v1 import dispatcher_pb2 as pb
 
 MAX_SESSION_TOOLS = 1024
 MAX_SESSION_GRANTS = 64
 MAX_GRANT_PATH_CHARS = 4096
+MAX_SESSION_EGRESS = 256
 
 
 def mode_from_pb(value: int) -> ApprovalMode | None:
@@ -68,7 +70,12 @@ def capabilities_from_pb(
             path = _grant_path(grant.path, where) if check else grant.path
             out.append(FsGrant(path, mode))
         grants = tuple(out)
-    return Capabilities(tools, grants)
+    egress: tuple[str, ...] | None = None
+    if msg.egress_allow:  # empty: the tenant's list
+        if check and len(msg.egress_allow) > MAX_SESSION_EGRESS:
+            raise ValueError(f"capabilities.egress_allow: at most {MAX_SESSION_EGRESS} patterns")
+        egress = tuple(msg.egress_allow)
+    return Capabilities(tools, grants, egress)
 
 
 def _grant_path(path: str, where: str) -> str:
@@ -100,16 +107,19 @@ def capabilities_to_pb(caps: Capabilities | None) -> pb.SessionCapabilities:
                 ]
             )
         )
+    msg.egress_allow.extend(caps.egress_allow or ())
     return msg
 
 
 def session_capabilities_to_pb(
-    tools: Iterable[str] | None = None, fs: Iterable[tuple[str, str]] | None = None
+    tools: Iterable[str] | None = None,
+    fs: Iterable[tuple[str, str]] | None = None,
+    egress_allow: Iterable[str] | None = None,
 ) -> pb.SessionCapabilities | None:
-    """Client side: the request message (None when neither is given)."""
-    if tools is None and fs is None:
+    """Client side: the request message (None when none is given)."""
+    if tools is None and fs is None and not egress_allow:
         return None
-    msg = pb.SessionCapabilities()
+    msg = pb.SessionCapabilities(egress_allow=list(egress_allow or ()))
     if tools is not None:
         msg.tools.CopyFrom(pb.ToolNames(names=list(tools)))
     if fs is not None:
@@ -150,6 +160,9 @@ def narrow_capabilities(
                 f"capabilities.fs.grants[{i}]: {access} access to {grant.prefix!r} is more than this "
                 "tenant's grants allow"
             )
+    if requested.egress_allow is not None:
+        wanted = narrow(tenant.egress_allow or (), requested.egress_allow, where="capabilities.egress_allow")
+        requested = Capabilities(requested.allowed_tools, requested.fs_grants, wanted)
     return tenant.intersect(requested)
 
 
