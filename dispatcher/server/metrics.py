@@ -31,6 +31,7 @@ from prometheus_client import (
 from dispatcher.core.calls import SessionState
 from dispatcher.core.observe import FinishedCall, SandboxFailure, SandboxRemoval
 from dispatcher.core.session_registry import BaseSessionListener, Restoration
+from dispatcher.egress.record import Direction, Outcome
 
 __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 
@@ -42,8 +43,8 @@ _LAUNCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
 class Metrics(BaseSessionListener):
-    """The dispatcher's metrics in one registry; implements ``CallObserver`` and ``SandboxObserver``,
-    and listens to the session registry (sessions open per tenant)."""
+    """The dispatcher's metrics in one registry; implements ``CallObserver``, ``SandboxObserver`` and
+    ``EgressObserver``, and listens to the session registry (sessions open per tenant)."""
 
     def __init__(self, tenants: Iterable[str]) -> None:
         self.registry = CollectorRegistry()
@@ -94,6 +95,18 @@ class Metrics(BaseSessionListener):
         self._tenants = frozenset(tenants)
         for tenant in self._tenants:  # configured tenants only: every series exists from the start
             self.sessions_open.labels(tenant)
+        self.egress_connections = Counter(
+            "dispatcher_egress_connections",
+            "Sandbox connection attempts through the egress proxy, by decision (allowed, refused, failed)",
+            ["tenant", "decision"],
+            registry=r,
+        )
+        self.egress_bytes_relayed = Counter(
+            "dispatcher_egress_bytes",
+            "Bytes relayed by the egress proxy, by direction (out: from the sandbox, in: to it)",
+            ["tenant", "direction"],
+            registry=r,
+        )
 
     # SessionListener: a session counts from its open (or its return after a restart) to its close
     def session_opened(self, state: SessionState) -> None:
@@ -127,6 +140,13 @@ class Metrics(BaseSessionListener):
 
     def sandbox_removed(self, reason: SandboxRemoval) -> None:
         self.sandbox_removals.labels(SandboxRemoval(reason).value).inc()
+
+    # EgressObserver (labels: configured tenants and the closed sets of dispatcher.egress.record)
+    def egress_connection(self, tenant: str, decision: str) -> None:
+        self.egress_connections.labels(tenant, Outcome(decision).value).inc()
+
+    def egress_bytes(self, tenant: str, direction: str, count: int) -> None:
+        self.egress_bytes_relayed.labels(tenant, Direction(direction).value).inc(count)
 
     def rpc_finished(self, method: str, code: grpc.StatusCode) -> None:
         self.rpc_requests.labels(method, code.name).inc()

@@ -21,6 +21,7 @@ from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, IPAddress, parse_n
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.egress.proxy import EgressContext, EgressLimits, serve_tunnel
 from dispatcher.egress.streams import SocketTunnel
+from tests.polling import until
 
 LOOPBACK_OPEN = parse_networks(n for n in DEFAULT_DENY_NETWORKS if n != "127.0.0.0/8")
 """The bench's and these tests' deny_networks: the default without 127.0.0.0/8."""
@@ -124,12 +125,8 @@ class Harness:
         return [r for r in self.audit.records if r["kind"] == "egress.connection"]
 
     async def settled(self, count: int) -> list[dict[str, Any]]:
-        """The audit records once ``count`` attempts have finished (polled with a deadline)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while len(self.records()) < count:
-            assert loop.time() < deadline, f"only {len(self.records())} of {count} attempts finished"
-            await asyncio.sleep(0.005)
+        """The audit records once ``count`` attempts have finished."""
+        await until(lambda: len(self.records()) >= count, f"{count} finished attempts")
         return self.records()
 
 
@@ -179,6 +176,7 @@ async def harness() -> AsyncIterator[Callable[..., Any]]:
         allow: Sequence[str] | None = None,
         answers: dict[str, Sequence[str]] | None = None,
         limits: EgressLimits | None = None,
+        observer: Any = None,
         **kwargs: Any,
     ) -> Harness:
         policy = policy or EgressPolicy()
@@ -192,7 +190,7 @@ async def harness() -> AsyncIterator[Callable[..., Any]]:
             resolver=resolver,
             connector=connector,
             audit=audit,
-            observer=metrics,
+            observer=observer or metrics,
             limits=limits or EgressLimits(),
             **kwargs,
         )

@@ -14,6 +14,7 @@ from dispatcher.egress.networks import OwnEndpoints
 from dispatcher.egress.policy import EgressPolicy, Unknown
 from dispatcher.egress.prompt import PromptAnswer, PromptVerdict
 from dispatcher.egress.proxy import EgressLimits
+from tests.polling import until
 from tests.unit.egress.conftest import LOOPBACK_OPEN, Harness, Origin
 
 Make = Callable[..., Any]
@@ -292,11 +293,7 @@ async def test_a_remembered_allow_holds_for_the_session_and_concurrent_asks_shar
     human = Human(PromptAnswer(PromptVerdict.ALLOW, remember=True))
     h = await _prompted(harness, origin, human)
     waiting = [asyncio.ensure_future(h.request(connect("origin.test", origin.port))) for _ in range(3)]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while not human.asked:
-        assert loop.time() < deadline
-        await asyncio.sleep(0.005)
+    await until(lambda: bool(human.asked), "the question")
     human.release.set()
     for answer in await asyncio.gather(*waiting):
         assert b" 200 " in answer.split(b"\r\n", 1)[0]
