@@ -24,12 +24,14 @@ from dispatcher.core.ordering import Ordering
 from dispatcher.core.session import Session
 from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
+from dispatcher.egress.policy import effective
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
 from dispatcher.server.persistence import IN_MEMORY, Persistence
 from dispatcher.server.request_checks import check_id, check_labels
 from dispatcher.server.session_entry import build_session
 from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
+from dispatcher.tools.shell import describe_network
 from dispatcher.wire.convert import SessionInfo
 from dispatcher.wire.convert_policy import narrow_capabilities
 
@@ -186,7 +188,10 @@ class SessionManager:
 
     def tools(self, tenant: Tenant, session_id: str) -> list[ToolDefinition]:
         state = self.get(tenant, session_id)
-        return sorted(self.dispatcher.get_definitions_for_session(state.session), key=lambda d: d.name)
+        caps = state.session.capabilities
+        allow = effective(tenant.egress.allow, caps.egress_allow if caps is not None else None)
+        defs = self.dispatcher.get_definitions_for_session(state.session)
+        return sorted((describe_network(d, allow, tenant.egress) for d in defs), key=lambda d: d.name)
 
     @asynccontextmanager
     async def dispatch_slot(self, tenant: Tenant) -> AsyncIterator[None]:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dispatcher.core.errors import FailureReason, ToolCancelled, ToolExecutionError, ToolTimeout
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, SandboxError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
+from dispatcher.egress.policy import EgressPolicy, Unknown
 from dispatcher.tools.text import DeltaEmitter, HeadTailBuffer
 
 DEFAULT_TIMEOUT = 600.0
@@ -49,6 +51,44 @@ def check_env(input_: Mapping[str, Any]) -> list[str]:
     if size > MAX_ENV_BYTES:
         errors.append(f"$.env: {size:,} bytes of names and values, more than {MAX_ENV_BYTES:,}")
     return errors
+
+
+MAX_HOSTS_SHOWN = 32
+
+
+def network_sentence(allow: Sequence[str], policy: EgressPolicy) -> str:
+    """What a session's sandbox can reach, for the model: nothing, or the allowed hosts."""
+    ports = ", ".join(str(p) for p in policy.ports)
+    prompt = policy.unknown is Unknown.PROMPT
+    if not allow and not prompt:
+        return (
+            "Network: none. The sandbox reaches no host: pip, npm, git and curl fail at once with "
+            "'403 egress refused' saying so; use what is installed or in the workspace."
+        )
+    hosts = ", ".join(allow[:MAX_HOSTS_SHOWN]) + (" and more" if len(allow) > MAX_HOSTS_SHOWN else "")
+    listed = (
+        f"to these hosts on ports {ports}: {hosts} ('*.' = any subdomain)" if allow else "to no listed host"
+    )
+    others = (
+        "other hosts are asked about: a human allows or refuses each"
+        if prompt
+        else "other hosts are refused at once"
+    )
+    return (
+        "Network: only through the sandbox's HTTP(S) proxy (already set in the environment), "
+        f"{listed}; {others}. A refusal is a '403 egress refused' that says why."
+    )
+
+
+def describe_network(
+    definition: ToolDefinition, allow: Sequence[str], policy: EgressPolicy
+) -> ToolDefinition:
+    """``definition`` as a session sees it: shell's description says what its network reaches."""
+    if definition is not ShellTool.definition:
+        return definition
+    return dataclasses.replace(
+        definition, description=f"{definition.description} {network_sentence(allow, policy)}"
+    )
 
 
 class ShellTool:
