@@ -32,6 +32,7 @@ if [ "$(id -u)" = 0 ] && ! command -v prometheus >/dev/null 2>&1; then
 fi
 bash scripts/ensure-docker.sh
 if [ -f scripts/ensure-runsc.sh ]; then bash scripts/ensure-runsc.sh; fi
+bash scripts/ensure-kubectl-debian.sh
 bash sandbox_images/build.sh
 # The Node.js example client is part of the suite (the polyglot claim is tested).
 if command -v npm >/dev/null 2>&1 && [ ! -d examples/node/node_modules ]; then

@@ -15,6 +15,7 @@ import socket
 import ssl
 import subprocess
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,15 @@ def _no_checks(obj: Obj) -> list[Cause]:
     return []
 
 
+def _document(build: Callable[[web.Request], Obj]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A handler answering with a fixed-shape JSON document (discovery)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(build(request))
+
+    return handler
+
+
 class Api:
     """Request handlers over one store and one pod runtime."""
 
@@ -66,12 +76,12 @@ class Api:
         app.router.add_get("/api/v1/{plural:namespaces}", self.list_or_watch)
         app.router.add_post("/api/v1/{plural:namespaces}", self.create)
         app.router.add_get("/api/v1/{plural:namespaces}/{name}", self.get)
-        app.router.add_get("/version", lambda r: web.json_response(discovery.VERSION))
-        app.router.add_get("/api", lambda r: web.json_response(discovery.api_versions(r.host)))
-        app.router.add_get("/apis", lambda r: web.json_response(discovery.GROUPS))
-        app.router.add_get("/api/v1", lambda r: web.json_response(discovery.resources("")))
+        app.router.add_get("/version", _document(lambda r: discovery.VERSION))
+        app.router.add_get("/api", _document(lambda r: discovery.api_versions(r.host)))
+        app.router.add_get("/apis", _document(lambda r: discovery.GROUPS))
+        app.router.add_get("/api/v1", _document(lambda r: discovery.resources("")))
         app.router.add_get(
-            "/apis/{group}/v1", lambda r: web.json_response(discovery.resources(r.match_info["group"]))
+            "/apis/{group}/v1", _document(lambda r: discovery.resources(r.match_info["group"]))
         )
         return app
 
@@ -131,9 +141,11 @@ class Api:
                 await response.write(json.dumps(event.wire()).encode() + b"\n")
 
         with contextlib.suppress(TimeoutError, ConnectionResetError):
-            await asyncio.wait_for(stream(), timeout)
-        await events.aclose()
-        await response.write_eof()
+            try:
+                await asyncio.wait_for(stream(), timeout)
+            finally:
+                await events.aclose()
+            await response.write_eof()  # the timeout ended it: a clean end of the stream
         return response
 
     # -- write ----------------------------------------------------------------------------
@@ -165,8 +177,7 @@ class Api:
                 name = (body.get("metadata") or {}).get("name", "")
                 raise forbidden("pods", name, f'pod rejected: RuntimeClass "{runtime_class}" not found')
             body.pop("status", None)
-            obj = self.store.create(kind, namespace, body, validate_pod)
-            obj = self.store.update(POD, namespace, obj["metadata"]["name"], initial_status) or obj
+            obj = self.store.create(kind, namespace, body, validate_pod, initial_status)
             self.runtime.launch(obj)
         else:
             obj = self.store.create(kind, namespace, body, _no_checks)
@@ -290,19 +301,25 @@ class StandIn:
 
     def start(self) -> StandIn:
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     async def _start(self) -> None:
+        self.runtime.start(asyncio.get_running_loop())
+        self._runner = web.AppRunner(
+            Api(self.store, self.runtime, self.token).app(), handle_signals=False, shutdown_timeout=1
+        )
+        await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
-        self.runtime.start(asyncio.get_running_loop())
-        self._runner = web.AppRunner(Api(self.store, self.runtime, self.token).app(), handle_signals=False)
-        await self._runner.setup()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.ca_path, self._key_path)
         self.url = f"https://127.0.0.1:{sock.getsockname()[1]}"
-        await web.SockSite(self._runner, sock, ssl_context=context, shutdown_timeout=1).start()
+        await web.SockSite(self._runner, sock, ssl_context=context).start()
 
     def create_namespace(self, name: str) -> None:
         """Make a namespace (kubectl's typed ``create namespace`` sends protobuf, which this refuses)."""

@@ -150,8 +150,15 @@ class Store:
             if watcher.wants(event):
                 watcher.queue.put_nowait(event)
 
-    def create(self, kind: Kind, namespace: str, body: Obj, checks: Callable[[Obj], list[Cause]]) -> Obj:
-        """Store a new object; its server-set metadata filled in.
+    def create(
+        self,
+        kind: Kind,
+        namespace: str,
+        body: Obj,
+        checks: Callable[[Obj], list[Cause]],
+        fill: Callable[[Obj], None] | None = None,
+    ) -> Obj:
+        """Store a new object; its server-set metadata filled in, then ``fill`` (e.g. a Pod's status).
 
         Raises:
             ApiError: 422 when ``body`` is invalid, 409 when the name is taken.
@@ -177,6 +184,8 @@ class Store:
             meta["namespace"] = namespace
         else:
             obj["status"] = {"phase": "Active"}
+        if fill is not None:
+            fill(obj)
         self._objects[key] = obj
         self._publish("ADDED", kind, namespace, obj)
         return copy.deepcopy(obj)
