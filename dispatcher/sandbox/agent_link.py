@@ -1,8 +1,8 @@
 """The agent protocol's link: one framed byte stream to one agent, its calls in flight, and what
 breaks it.
 
-Everything the agent sends is untrusted. Frames are size-bounded and every field is
-type-checked; any violation, or the stream ending, breaks the link: pending and future calls
+Everything the agent sends is untrusted. Frames are size-bounded and every message is decoded
+and checked through ``agent.protocol``, the schema both ends share; any violation, or the stream ending, breaks the link: pending and future calls
 fail with ``SandboxError`` and the owner (the Docker or local backend) replaces the agent.
 ``channel.AgentChannel`` adds the typed operations (files, exec, processes) on top.
 """
@@ -12,23 +12,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
-from dispatcher.core.sandbox_api import (
-    OutputCallback,
-    SandboxError,
+from dispatcher.core.errors import ToolPermissionDenied, WorkspaceEscapeError
+from dispatcher.core.sandbox_api import FileOpError, OutputCallback, SandboxError
+from dispatcher.sandbox.agent.protocol import (
+    PREFIX,
+    Error,
+    Exit,
+    Message,
+    Output,
+    Ping,
+    ProtocolError,
+    Request,
+    decode_header,
+    decode_prefix,
+    encode_request,
+    response_head,
 )
-from dispatcher.sandbox import replies
-from dispatcher.sandbox.agent.agent import PREFIX, ProtocolError, decode_header, decode_prefix, encode_frame
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FRAME = 32 << 20  # largest payload either way: caps file reads and writes
 MAX_HEADER = 64 << 10  # agent headers are small; bulk data travels in payloads
 KILL_WAIT_SECONDS = 2.0  # after SIGKILL, how long the group may take before the agent is given up
-_T = TypeVar("_T")
+MAX_MESSAGE = 1000  # characters of an agent error message passed on
+_AGENT_FAULTS = frozenset({"bad_request", "internal", "protocol"})  # the agent blames the host
+_R = TypeVar("_R", bound=Message)
 
 
 class AgentUnresponsive(SandboxError):
@@ -51,13 +62,14 @@ class FrameWriter(Protocol):
 
 @dataclass(eq=False)
 class _Call:
-    future: asyncio.Future[tuple[dict[str, Any], bytes]]
+    request: Request[Any]  # its reply is decoded, and checked, against it
+    future: asyncio.Future[Message]
 
 
 @dataclass(eq=False)
 class ExecCall:
     on_output: OutputCallback
-    done: asyncio.Future[dict[str, Any]]
+    done: asyncio.Future[Exit | Error]
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     callback_error: BaseException | None = None
 
@@ -120,21 +132,21 @@ class AgentLink:
         self._pending[rid] = call
         return rid
 
-    async def _send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
+    async def _send(self, rid: int, request: Request[Any]) -> None:
         try:
-            self._writer.write(encode_frame(header, payload))
+            self._writer.write(encode_request(rid, request))
             await self._writer.drain()
         except (OSError, RuntimeError) as exc:
             raise self._fail(SandboxError(f"cannot write to the agent: {exc}")) from exc
 
-    def _post(self, header: Mapping[str, Any]) -> None:
+    def _post(self, request: Request[Any]) -> None:
         """Send without waiting for buffer space or an answer (signals must not block)."""
         if self._failure is not None:
             return
         rid = self._next_id
         self._next_id += 1  # the agent's answer arrives as a late reply and is ignored
         try:
-            self._writer.write(encode_frame({"id": rid, **header}))
+            self._writer.write(encode_request(rid, request))
         except (OSError, RuntimeError) as exc:
             self._fail(SandboxError(f"cannot write to the agent: {exc}"))
 
@@ -159,71 +171,69 @@ class AgentLink:
             self._fail(SandboxError(f"reading from the agent failed: {exc!r}"))
 
     def _deliver(self, header: dict[str, Any], payload: bytes) -> None:
-        kind = replies.require(header, "type", str)
-        rid = header.get("id")
-        if kind == "error":
-            replies.check_error(header)
-            if rid is None:
-                raise ProtocolError(f"agent rejected a frame: {header['message'][: replies.MAX_MESSAGE]}")
-        if type(rid) is not int:
-            raise ProtocolError("response without an integer id")
+        """Hand a response to its caller, decoded through the protocol (``ProtocolError`` if it
+        breaks it: the read loop then breaks the link)."""
+        rid, kind = response_head(header)
         call = self._pending.get(rid)
         if call is None:
             if 0 < rid < self._next_id:
                 return  # a late answer to a call nobody waits for any more
             raise ProtocolError(f"response to request {rid}, which was never sent")
         if isinstance(call, _Call):
-            if kind not in ("result", "error"):
+            if kind == "result":
+                reply: Message = call.request.decode_reply(header, payload)
+            elif kind == "error":
+                reply = Error.decode(header)
+            else:
                 raise ProtocolError(f"unexpected {kind!r} frame for a file request")
             del self._pending[rid]
             if not call.future.done():  # a cancelled caller's future may already be done
-                call.future.set_result((header, payload))
+                call.future.set_result(reply)
             return
         if kind == "output":
-            self._deliver_output(call, replies.output_stream(header, payload), payload)
+            self._deliver_output(call, Output.decode(header, payload))
             return
         if kind == "exit":
-            replies.check_exit(header)
-        elif kind != "error":
+            end: Exit | Error = Exit.decode(header)
+        elif kind == "error":
+            end = Error.decode(header)
+        else:
             raise ProtocolError(f"unexpected {kind!r} frame for a command")
         del self._pending[rid]
         if not call.done.done():
-            call.done.set_result(header)
+            call.done.set_result(end)
 
-    def _deliver_output(self, call: ExecCall, stream: Literal["stdout", "stderr"], payload: bytes) -> None:
+    def _deliver_output(self, call: ExecCall, output: Output) -> None:
         if call.callback_error is not None:
             return
         try:
-            call.on_output(stream, payload)
+            call.on_output("stdout" if output.stream == "stdout" else "stderr", output.data)
         except Exception as exc:  # the consumer's bug: stop the command, report after it is gone
             call.callback_error = exc
             call.interrupted.set()
 
-    async def _call(self, header: Mapping[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    async def call(self, request: Request[_R]) -> _R:
+        """One request and the reply that ends it, checked against the request.
+
+        Raises:
+            FileOpError, WorkspaceEscapeError, ToolPermissionDenied: the agent's error answer.
+            SandboxError: the channel is broken, or broke over a reply that broke the protocol.
+        """
         self._usable()
-        future: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
-        rid = self._register(_Call(future))
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        rid = self._register(_Call(request, future))
         try:
-            await self._send({"id": rid, **header}, payload)
-            reply, body = await future
+            await self._send(rid, request)
+            reply = await future
         finally:
             self._pending.pop(rid, None)
             if future.done() and not future.cancelled():
                 # A failed send failed this future too (``_fail``); its error is the one raised.
                 # Marked as seen, or the garbage collector logs it later, from any thread.
                 future.exception()
-        if reply["type"] == "error":
-            raise replies.error_for(reply)
-        return reply, body
-
-    async def request(self, header: Mapping[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
-        """One request and its single answer, for ops without a method here (tree transfers).
-
-        Raises:
-            FileOpError, WorkspaceEscapeError, ToolPermissionDenied: the agent's error answer.
-            SandboxError: the channel is broken.
-        """
-        return await self._call(header, payload)
+        if isinstance(reply, Error):
+            raise error_for(reply)
+        return cast(_R, reply)  # decoded by ``request.decode_reply``: of its reply type
 
     def violation(self, what: str) -> SandboxError:
         """Break the channel over an answer that broke the protocol, and return the error."""
@@ -232,13 +242,6 @@ class AgentLink:
     def _violation(self, what: str) -> SandboxError:
         return self._fail(SandboxError(f"agent protocol violation: {what}"))
 
-    def _parse(self, parser: Callable[..., _T], *args: Any) -> _T:
-        """Run a reply parser; a reply it rejects breaks the channel."""
-        try:
-            return parser(*args)
-        except ProtocolError as exc:
-            raise self._violation(str(exc)) from None
-
     async def ping(self, timeout: float = 5.0) -> int:
         """Round-trip to the agent; returns the protocol version it speaks.
 
@@ -246,11 +249,10 @@ class AgentLink:
             AgentUnresponsive: no answer within ``timeout`` (the channel is then broken).
         """
         try:
-            reply, _ = await asyncio.wait_for(self._call({"op": "ping"}), timeout)
+            pong = await asyncio.wait_for(self.call(Ping()), timeout)
         except TimeoutError:
             raise self._fail(AgentUnresponsive(f"no answer to ping within {timeout} s")) from None
-        version: int = self._parse(replies.require, reply, "version", int)
-        return version
+        return pong.version
 
     def abort(self, reason: str) -> None:
         """Break the channel now (its container is gone); pending calls fail with ``reason``."""
@@ -274,3 +276,20 @@ async def settled(future: asyncio.Future[Any], timeout: float) -> bool:
     if not future.done():
         await asyncio.wait([future], timeout=max(timeout, 0.0))
     return future.done()
+
+
+def encodable(value: str) -> str:
+    """Lone surrogates (legal in JSON escapes) replaced, so the text can be encoded downstream."""
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def error_for(error: Error) -> Exception:
+    """The exception an agent's ``error`` answer stands for."""
+    message = encodable(error.message[:MAX_MESSAGE])
+    if error.code == "escape":
+        return WorkspaceEscapeError(message)
+    if error.code == "denied":
+        return ToolPermissionDenied(message)
+    if error.code in _AGENT_FAULTS:
+        return SandboxError(f"agent refused the request ({error.code}): {message}")
+    return FileOpError(error.code, message)

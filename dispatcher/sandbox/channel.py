@@ -7,10 +7,13 @@ agent sends; this adds the operations: workspace files, exec with its kill seque
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+import posixpath
+from typing import Any, Literal, cast
 
 from dispatcher.core.sandbox_api import (
+    DirEntry,
     DirListing,
+    EntryKind,
     ExecRequest,
     ExecResult,
     FileOpError,
@@ -19,11 +22,25 @@ from dispatcher.core.sandbox_api import (
     ProcessLimitExhausted,
     SandboxError,
 )
-from dispatcher.sandbox import replies
+from dispatcher.sandbox.agent.protocol import (
+    Append,
+    Delete,
+    Error,
+    Exec,
+    Exists,
+    ListDir,
+    Patch,
+    Procs,
+    Read,
+    Resolve,
+    SendSignal,
+    Stat,
+    Write,
+)
 from dispatcher.sandbox.agent_link import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME
 from dispatcher.sandbox.agent_link import KILL_WAIT_SECONDS as KILL_WAIT_SECONDS
 from dispatcher.sandbox.agent_link import MAX_HEADER as MAX_HEADER
-from dispatcher.sandbox.agent_link import AgentLink, ExecCall, settled
+from dispatcher.sandbox.agent_link import AgentLink, ExecCall, encodable, error_for, settled
 from dispatcher.sandbox.agent_link import AgentUnresponsive as AgentUnresponsive
 from dispatcher.sandbox.agent_link import FrameWriter as FrameWriter
 from dispatcher.sandbox.agent_link import NotDelivered as NotDelivered
@@ -40,12 +57,8 @@ class AgentChannel(AgentLink):
         """Read at most ``max_bytes`` (``too_large`` if the file is bigger and no cap was asked)."""
         strict = max_bytes is None or max_bytes > self._max_frame
         cap = self._max_frame if max_bytes is None or strict else max(max_bytes, 0)
-        header = {"op": "read", "path": path, "max_bytes": cap, "strict": strict}
-        reply, body = await self._call(_pinned(header, approved))
-        size = self._parse(replies.require, reply, "size", int)
-        if len(body) > cap or size < 0:
-            raise self._violation("read returned more than was asked")
-        return body
+        reply = await self.call(Read(path, cap, strict, approved))
+        return reply.data
 
     async def read(self, path: str) -> str:
         """Read a UTF-8 text file."""
@@ -65,8 +78,7 @@ class AgentChannel(AgentLink):
     ) -> None:
         """Atomic replace (temp file in the same directory + rename), keeping the mode; makes parents;
         with ``expect_sha256``, only if the file is still that (checked by the agent before the rename)."""
-        header = _expecting(_pinned({"op": "write", "path": path}, approved), expect_sha256)
-        await self._call(header, self._payload(path, data))
+        await self.call(Write(path, self._payload(path, data), approved, expect_sha256))
 
     async def write(
         self, path: str, content: str, *, approved: str | None = None, expect_sha256: str | None = None
@@ -76,42 +88,47 @@ class AgentChannel(AgentLink):
 
     async def append(self, path: str, content: str) -> None:
         """Append text as UTF-8, creating the file if needed."""
-        await self._call({"op": "append", "path": path}, self._payload(path, _encode(path, content)))
+        await self.call(Append(path, self._payload(path, _encode(path, content))))
 
     async def exists(self, path: str) -> bool:
         """True if the path exists inside the workspace."""
-        reply, _ = await self._call({"op": "exists", "path": path})
-        return bool(self._parse(replies.require, reply, "exists", bool))
+        return (await self.call(Exists(path))).exists
 
     async def stat(self, path: str, *, approved: str | None = None) -> FileStat:
         """Kind, size, mode and mtime; symlinks are followed (inside the workspace)."""
-        reply, _ = await self._call(_pinned({"op": "stat", "path": path}, approved))
-        return self._parse(replies.stat_result, reply, self._root)
+        reply = await self.call(Stat(path, approved))
+        rel = reply.path
+        full = self._root if rel == "." else posixpath.join(self._root, encodable(rel))
+        return FileStat(
+            path=full, kind=_kind(reply.kind), size=reply.size, mode=reply.mode, mtime=reply.mtime
+        )
 
     async def list(self, path: str, *, limit: int = 1000, approved: str | None = None) -> DirListing:
         """Up to ``limit`` entries sorted by name; ``truncated`` when more existed."""
-        header = {"op": "list", "path": path, "limit": max(limit, 0)}
-        reply, body = await self._call(_pinned(header, approved))
-        return self._parse(replies.listing, reply, body, max(limit, 0))
+        reply = await self.call(ListDir(path, max(limit, 0), approved))
+        # Names and targets keep the lone surrogates of bytes that were not UTF-8 (os.fsdecode's
+        # convention) so that list_dir can show them escaped and unambiguously; the core makes any
+        # text it returns encodable, so a tool that passes one on unescaped cannot break a stream.
+        entries = tuple(DirEntry(e.name, _kind(e.kind), e.size, e.target) for e in reply.entries)
+        return DirListing(entries=entries, truncated=reply.truncated)
 
     async def delete(self, path: str) -> None:
         """Remove a file, a symlink or an empty directory."""
-        await self._call({"op": "delete", "path": path})
+        await self.call(Delete(path))
 
     async def resolve(self, path: str) -> str:
         """The real path inside the workspace, relative to it, symlinks followed where the files are."""
-        reply, _ = await self._call({"op": "resolve", "path": path})
-        return self._parse(replies.relative_path, reply)
+        # Exact: a name's undecodable bytes stay lone surrogates, so the path can be handed back as
+        # the approved one; whoever shows it escapes them (``visible``).
+        return (await self.call(Resolve(path))).path
 
     async def patch(
         self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
     ) -> None:
         """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
         old_b, new_b = _encode(path, old), _encode(path, new)
-        header = _expecting(
-            _pinned({"op": "patch", "path": path, "old_len": len(old_b)}, approved), expect_sha256
-        )
-        await self._call(header, self._payload(path, old_b + new_b))
+        self._payload(path, old_b + new_b)
+        await self.call(Patch(path, old_b, new_b, approved, expect_sha256))
 
     # -- processes --------------------------------------------------------------------------
 
@@ -134,25 +151,16 @@ class AgentChannel(AgentLink):
             raise SandboxError(f"stdin of {len(stdin)} bytes is more than {self._max_frame}")
         call = ExecCall(on_output, loop.create_future())
         rid = self._register(call)
-        header = {
-            "id": rid,
-            "op": "exec",
-            "command": request.command,
-            "cwd": request.cwd,
-            "env": dict(request.env),
-            "stdin": stdin is not None,
-        }
-        if request.approved_cwd is not None:
-            header["approved_cwd"] = request.approved_cwd
+        command = Exec(request.command, request.cwd, dict(request.env), stdin, request.approved_cwd)
         timed_out = cancelled = killed = False
         try:
-            await self._send(header, stdin or b"")
+            await self._send(rid, command)
             outcome = await self._wait_first(call, cancel_event, request.timeout)
             if outcome != "done":
                 timed_out, cancelled = outcome == "timeout", outcome == "cancel"
-                self._post({"op": "signal", "exec_id": rid, "signal": "TERM"})
+                self._post(SendSignal(rid, "TERM"))
                 if not await settled(call.done, request.grace_seconds):
-                    self._post({"op": "signal", "exec_id": rid, "signal": "KILL"})
+                    self._post(SendSignal(rid, "KILL"))
                     killed = True
                     if not await settled(call.done, self._kill_wait):
                         self._pending.pop(rid, None)
@@ -160,20 +168,19 @@ class AgentChannel(AgentLink):
             reply = call.done.result()
         finally:
             if self._pending.pop(rid, None) is not None:
-                self._post({"op": "signal", "exec_id": rid, "signal": "KILL"})  # abandoned: leave nothing
+                self._post(SendSignal(rid, "KILL"))  # abandoned: leave nothing
             if call.done.done() and not call.done.cancelled():
                 call.done.exception()  # as in _call: a failed send must not leave it unretrieved
         if call.callback_error is not None:
             raise call.callback_error
-        if reply["type"] == "error":
-            if reply["code"] == "proc_limit":  # refused before anything ran
-                processes = self._parse(replies.require, reply, "processes", int)
-                message = replies.error_for(reply)
-                raise ProcessLimitExhausted(str(message), processes=max(processes, 0))
-            raise replies.error_for(reply)
+        if isinstance(reply, Error):
+            if reply.code == "proc_limit":  # refused before anything ran
+                processes = max(reply.processes or 0, 0)
+                raise ProcessLimitExhausted(str(error_for(reply)), processes=processes)
+            raise error_for(reply)
         return ExecResult(
-            exit_code=reply.get("exit_code"),
-            signal=reply.get("signal"),
+            exit_code=reply.exit_code,
+            signal=reply.signal,
             timed_out=timed_out,
             cancelled=cancelled,
             killed=killed,
@@ -203,30 +210,13 @@ class AgentChannel(AgentLink):
         """(processes commands left running, how many were killed, processes left); ``kill``
         stops and kills them all (the agent's and init's excepted). ``spare_exec_sessions``: leave
         out the processes of sessions the server attached itself (sandboxed MCP servers)."""
-        header = {"op": "procs", "kill": kill}
-        if spare_exec_sessions:
-            header["spare_exec_sessions"] = True
-        reply, _ = await self._call(header)
-        counts = tuple(
-            self._parse(replies.require, reply, key, int) for key in ("processes", "killed", "left")
-        )
-        if min(counts) < 0:
-            raise self._violation("negative process count")
-        return counts[0], counts[1], counts[2]
+        reply = await self.call(Procs(kill, spare_exec_sessions))
+        return reply.processes, reply.killed, reply.left
 
 
-def _pinned(header: dict[str, Any], approved: str | None) -> dict[str, Any]:
-    """The request with the approved path, when there is one (the agent then uses exactly it)."""
-    if approved is not None:
-        header["approved"] = approved
-    return header
-
-
-def _expecting(header: dict[str, Any], expect_sha256: str | None) -> dict[str, Any]:
-    """The request with the content the file must still have (review mode), when there is one."""
-    if expect_sha256 is not None:
-        header["expect_sha256"] = expect_sha256
-    return header
+def _kind(kind: str) -> EntryKind:
+    """A kind the protocol checked (``KINDS``), typed for the core."""
+    return cast(EntryKind, kind)
 
 
 def _encode(path: str, text: str) -> bytes:

@@ -21,7 +21,6 @@ from dispatcher.core.sandbox_api import (
     ProviderLifecycle,
     SandboxError,
 )
-from dispatcher.sandbox.agent import agent as agent_module
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
 from dispatcher.sandbox.grants import agent_grant_args
@@ -29,7 +28,8 @@ from dispatcher.sandbox.grants import agent_grant_args
 if TYPE_CHECKING:
     from dispatcher.core.session import Session
 
-AGENT_PATH = os.path.abspath(agent_module.__file__)
+AGENT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent")
+"""The agent package's directory, which ``python3 -I`` runs as it is (its ``__main__.py``)."""
 STOP_TIMEOUT_SECONDS = 2.0  # after closing its stdin, before the agent is killed outright
 
 

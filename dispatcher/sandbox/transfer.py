@@ -23,8 +23,15 @@ from dispatcher.core.transfer import (
     TransferTooLarge,
     UploadSummary,
 )
-from dispatcher.sandbox import replies
-from dispatcher.sandbox.agent.agent import ProtocolError
+from dispatcher.sandbox.agent.protocol import (
+    TarBegin,
+    TarChunk,
+    TarEnd,
+    TarRead,
+    UntarBegin,
+    UntarChunk,
+    UntarEnd,
+)
 from dispatcher.sandbox.channel import AgentChannel
 
 WINDOW = 4  # chunks in flight towards (upload) or from (download) the agent
@@ -58,13 +65,11 @@ class AgentTreeTransport:
         """The chunks of a tar of ``path``, read from the agent as the consumer asks for them."""
         async with _channel(sandbox, "download") as channel:
             try:
-                reply, _ = await channel.request(
-                    {"op": "tar_begin", "path": path or ".", "max_bytes": limits.max_download_bytes}
-                )
+                started = await channel.call(TarBegin(path or ".", limits.max_download_bytes))
             except FileOpError as exc:
                 raise _transfer_error(exc, sandbox) from None
-            download_id = _id(channel, reply, "download")
-            reads: list[asyncio.Future[tuple[dict[str, Any], bytes]]] = []
+            download_id = started.download
+            reads: list[asyncio.Future[TarChunk]] = []
             try:
                 yield _download_chunks(channel, download_id, reads, sandbox, limits)
             finally:
@@ -72,7 +77,7 @@ class AgentTreeTransport:
                     read.cancel()
                 if not channel.broken:
                     with contextlib.suppress(Exception):
-                        await channel.request({"op": "tar_end", "download": download_id})
+                        await channel.call(TarEnd(download_id))
 
 
 @contextlib.asynccontextmanager
@@ -87,15 +92,8 @@ async def _channel(sandbox: Sandbox, what: str) -> AsyncIterator[AgentChannel]:
 async def _upload(
     channel: AgentChannel, path: str, chunks: AsyncIterable[bytes], limits: TransferLimits
 ) -> UploadSummary:
-    reply, _ = await channel.request(
-        {
-            "op": "untar_begin",
-            "path": path,
-            "max_files": limits.max_upload_files,
-            "max_bytes": limits.max_upload_bytes,
-        }
-    )
-    upload_id = _id(channel, reply, "upload")
+    started = await channel.call(UntarBegin(path, limits.max_upload_files, limits.max_upload_bytes))
+    upload_id = started.upload
     inflight: set[asyncio.Future[Any]] = set()
     try:
         sent = 0
@@ -117,17 +115,10 @@ async def _upload(
         # The agent answers every chunk, even after a failure; collect them before ending.
         await asyncio.gather(*inflight, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await channel.request({"op": "untar_end", "upload": upload_id, "commit": False})
+            await channel.call(UntarEnd(upload_id, commit=False))
         raise
-    reply, _ = await channel.request({"op": "untar_end", "upload": upload_id, "commit": True})
-    try:
-        return UploadSummary(
-            files=_count(reply, "files"),
-            directories=_count(reply, "directories"),
-            bytes=_count(reply, "bytes"),
-        )
-    except ProtocolError as exc:
-        raise channel.violation(str(exc)) from None
+    moved = await channel.call(UntarEnd(upload_id, commit=True))
+    return UploadSummary(files=moved.files, directories=moved.directories, bytes=moved.bytes)
 
 
 def _raise_first(done: set[asyncio.Future[Any]]) -> None:
@@ -139,18 +130,18 @@ def _raise_first(done: set[asyncio.Future[Any]]) -> None:
 
 
 def _chunk(channel: AgentChannel, upload_id: int, piece: bytes) -> Awaitable[Any]:
-    return channel.request({"op": "untar_chunk", "upload": upload_id}, piece)
+    return channel.call(UntarChunk(upload_id, piece))
 
 
 async def _download_chunks(
     channel: AgentChannel,
     download_id: int,
-    reads: list[asyncio.Future[tuple[dict[str, Any], bytes]]],
+    reads: list[asyncio.Future[TarChunk]],
     sandbox: Sandbox,
     limits: TransferLimits,
 ) -> AsyncIterator[bytes]:
     def ask() -> None:
-        reads.append(asyncio.ensure_future(channel.request({"op": "tar_read", "download": download_id})))
+        reads.append(asyncio.ensure_future(channel.call(TarRead(download_id))))
 
     for _ in range(WINDOW):
         ask()
@@ -159,35 +150,18 @@ async def _download_chunks(
     budget = limits.max_download_bytes + limits.max_download_bytes // 8 + (64 << 20)
     while reads:
         try:
-            reply, body = await reads.pop(0)
+            chunk = await reads.pop(0)
         except FileOpError as exc:
             raise _transfer_error(exc, sandbox) from None
-        try:
-            eof = replies.require(reply, "eof", bool)
-        except ProtocolError as exc:
-            raise channel.violation(str(exc)) from None
-        if eof:
+        if chunk.eof:
             return
+        body = chunk.data
         budget -= len(body)
         if budget < 0:
             raise channel.violation("the download passes what max_download_bytes allows")
         ask()
         for start in range(0, len(body), PIECE):  # gRPC messages stay small whatever the agent sends
             yield body[start : start + PIECE]
-
-
-def _id(channel: AgentChannel, reply: dict[str, Any], key: str) -> int:
-    try:
-        return int(replies.require(reply, key, int))
-    except ProtocolError as exc:
-        raise channel.violation(str(exc)) from None
-
-
-def _count(reply: dict[str, Any], key: str) -> int:
-    value = replies.require(reply, key, int)
-    if value < 0:
-        raise ProtocolError(f"field {key!r} is negative")
-    return int(value)
 
 
 def _transfer_error(exc: FileOpError, sandbox: Sandbox) -> Exception:

@@ -15,7 +15,7 @@ import secrets
 from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, SandboxConfig
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
 from dispatcher.sandbox.docker.client import DockerAPI

@@ -1,7 +1,7 @@
 """What runs inside a fake container (see ``fake_docker.py``): execs as scripted programs.
 
 Each attached exec is the far end of a socket pair, written in docker's multiplexed stream
-format: the agent (speaking the real protocol, with frames from ``agent.py``) or the
+format: the agent (speaking the real protocol, with frames from ``agent/protocol.py``) or the
 ``docker exec`` fallback wrapper. A command's behaviour is chosen by its text.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.sandbox.agent.agent import (
+from dispatcher.sandbox.agent.protocol import (
     PREFIX,
     PROTOCOL_VERSION,
     decode_header,

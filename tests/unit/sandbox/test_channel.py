@@ -10,7 +10,7 @@ import pytest
 
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.sandbox_api import ExecRequest, FileOpError, SandboxError
-from dispatcher.sandbox.agent.agent import CHUNK, PREFIX, decode_header, decode_prefix, encode_frame
+from dispatcher.sandbox.agent.protocol import CHUNK, PREFIX, decode_header, decode_prefix, encode_frame
 from dispatcher.sandbox.channel import MAX_HEADER, AgentChannel, AgentUnresponsive
 
 WAIT = 2.0

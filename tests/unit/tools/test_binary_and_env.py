@@ -13,7 +13,7 @@ from dispatcher.core import ConfirmationPolicy, Session, ToolDispatcher, ToolErr
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.types import ToolResultBlock
-from dispatcher.sandbox.agent.agent import command_env
+from dispatcher.sandbox.agent.processes import command_env
 from dispatcher.sandbox.local import LocalSandboxProvider
 from dispatcher.tools import builtin_factories
 from dispatcher.tools.read_file import READ_CAP, ReadFileTool

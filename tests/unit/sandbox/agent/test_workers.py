@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import threading
 
-from dispatcher.sandbox.agent import agent
+from dispatcher.sandbox.agent import processes
+from dispatcher.sandbox.agent.workers import Workers
 
 
 def test_workers_are_started_ahead_and_never_exceed_their_limit() -> None:
-    workers = agent._Workers("t-workers", 2, 3)
+    workers = Workers("t-workers", 2, 3)
     # Counted by name: other tests' threads may come and go meanwhile.
     ours = [t for t in threading.enumerate() if t.name.startswith("t-workers-")]
     assert len(ours) == 2  # running before any request
@@ -33,7 +34,7 @@ def test_workers_are_started_ahead_and_never_exceed_their_limit() -> None:
 
 
 def test_strays_are_what_started_after_the_agent() -> None:
-    strays = agent._Strays()
+    strays = processes._Strays()
     # On this host other processes come and go; what ran before the agent is never a stray.
     spared = {1, os.getpid(), os.getppid()}
     assert not spared & {p for p, _, _ in strays.list()}

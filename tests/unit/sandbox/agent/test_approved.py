@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core.sandbox_api import FileOpError
-from dispatcher.sandbox.agent.agent import OpError, Workspace
+from dispatcher.sandbox.agent.workspace import OpError, Workspace
 from dispatcher.sandbox.local import LocalSandbox
 from tests.integration.helpers import run
 
@@ -113,8 +113,8 @@ def test_approved_paths_work_when_nothing_changed(tree: Path) -> None:
     assert ws.read("link/f", 100, True, approved) == (b"patched\n", 8)
     ws.write("link/new/deep/g", b"g", ws.resolve_exact("link/new/deep/g"))  # parents are made
     assert (tree / "other" / "new" / "deep" / "g").read_bytes() == b"g"
-    assert ws.stat("link/f", approved)["path"] == "other/f"
-    names = [e["name"] for e in ws.list("link", 100, ws.resolve_exact("link"))[0]]
+    assert ws.stat("link/f", approved).path == "other/f"
+    names = [e.name for e in ws.list("link", 100, ws.resolve_exact("link"))[0]]
     assert names == ["f", "new"]
     fd, real = ws.open_cwd("link", "other")
     os.close(fd)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.sandbox.agent.agent import OpError, Workspace
+from dispatcher.sandbox.agent.workspace import OpError, Workspace
 
 
 def sha(data: bytes) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest, FileOpError
-from dispatcher.sandbox.agent.agent import MAX_DEPTH, MAX_SYMLINKS, OpError, Workspace, _realpath
+from dispatcher.sandbox.agent.workspace import MAX_DEPTH, MAX_SYMLINKS, OpError, Workspace, realpath
 from dispatcher.sandbox.local import LocalSandbox
 
 
@@ -82,7 +82,7 @@ async def test_a_long_chain_of_links_is_eloop_not_a_crash(sandbox: LocalSandbox,
     assert await sandbox.read(f"l{chain - MAX_SYMLINKS}") == "found"  # within the kernel's bound
 
 
-def test_realpath_matches_os_path_realpath(workspace: Path, outside: Path) -> None:
+def test_realpath_matches_os_pathrealpath(workspace: Path, outside: Path) -> None:
     (workspace / "d/e").mkdir(parents=True)
     (workspace / "up").symlink_to("..")
     (workspace / "rel").symlink_to("d/e")
@@ -92,9 +92,9 @@ def test_realpath_matches_os_path_realpath(workspace: Path, outside: Path) -> No
     (workspace / "loop2").symlink_to("loop")
     for rel in ["", ".", "d/e/..", "rel/../..", "abs/e", "up/x", "out/y", "missing/../d", "d//e/./", "/.."]:
         path = str(workspace / rel) if not rel.startswith("/") else rel
-        assert _realpath(path) == os.path.realpath(path), rel
+        assert realpath(path) == os.path.realpath(path), rel
     with pytest.raises(OpError):
-        _realpath(str(workspace / "loop"))
+        realpath(str(workspace / "loop"))
 
 
 def test_directories_are_walked_without_following_a_planted_link(workspace: Path, outside: Path) -> None:
@@ -102,5 +102,5 @@ def test_directories_are_walked_without_following_a_planted_link(workspace: Path
     (workspace / "sub").symlink_to(outside)
     real_parent = os.path.join(ws.root, "sub")  # as if resolve() had run before the link appeared
     with pytest.raises(OSError):
-        ws._make_dirs(real_parent, "sub/f", "rw", "f")
+        ws.make_dirs(real_parent, "sub/f", "rw", "f")
     assert [p.name for p in outside.iterdir()] == ["secret.txt"]

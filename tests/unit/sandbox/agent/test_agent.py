@@ -13,18 +13,17 @@ from typing import Any
 
 import pytest
 
-from dispatcher.sandbox.agent.agent import (
+from dispatcher.sandbox.agent.protocol import (
     CHUNK,
     MAX_HEADER,
     PREFIX,
     PROTOCOL_VERSION,
-    OpError,
     ProtocolError,
-    Workspace,
     decode_header,
     decode_prefix,
     encode_frame,
 )
+from dispatcher.sandbox.agent.workspace import OpError, Workspace
 from dispatcher.sandbox.local import AGENT_PATH
 from tests.polling import until_sync
 
