@@ -5,6 +5,7 @@ a cycle there is still two modules that cannot be understood or changed apart.""
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +147,41 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
         if (layer := _layer(imp.source)) and imp.target in FORBIDDEN_THIRD_PARTY.get(layer[0], ())
     ]
     assert not bad, "\n".join(bad)
+
+
+AGENT = "dispatcher.sandbox.agent"
+"""The in-sandbox agent: runs in any image with python3, so it imports the standard library only."""
+AGENT_PROTOCOL = f"{AGENT}.protocol"
+"""The one module of the agent the host imports: the schema both ends share."""
+
+
+def _in_agent(module: str) -> bool:
+    return module == AGENT or module.startswith(AGENT + ".")
+
+
+def test_the_agent_imports_only_the_standard_library_and_itself() -> None:
+    ours, third = _imports(_modules())
+    bad = [
+        f"{i.source}:{i.line} imports {i.target}"
+        for i in ours
+        if _in_agent(i.source) and not _in_agent(i.target)
+    ]
+    bad += [
+        f"{i.source}:{i.line} imports {i.target} (not in the standard library)"
+        for i in third
+        if _in_agent(i.source) and i.target not in sys.stdlib_module_names
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_host_imports_only_the_agent_protocol() -> None:
+    ours, _ = _imports(_modules())
+    bad = [
+        f"{i.source}:{i.line} imports {i.target}"
+        for i in ours
+        if not _in_agent(i.source) and _in_agent(i.target) and i.target != AGENT_PROTOCOL
+    ]
+    assert not bad, f"host code may import only {AGENT_PROTOCOL} of the agent:\n" + "\n".join(bad)
 
 
 def test_no_import_cycle_between_modules() -> None:

@@ -1,0 +1,255 @@
+"""The one schema: every op and every reply round-trips through both ends' code, byte for byte
+what the wire carried before the schema existed (protocol version 4)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dispatcher.sandbox.agent import protocol as p
+from dispatcher.sandbox.agent.protocol import (
+    PREFIX,
+    BadMessage,
+    ProtocolError,
+    decode_header,
+    decode_request,
+    encode_frame,
+    encode_reply,
+    encode_request,
+    response_head,
+)
+
+# (request, the header the host built by hand before protocol.py, its payload)
+REQUESTS: list[tuple[p.Request[Any], dict[str, Any], bytes]] = [
+    (p.Ping(), {"op": "ping"}, b""),
+    (p.Read("a", 10, True), {"op": "read", "path": "a", "max_bytes": 10, "strict": True}, b""),
+    (
+        p.Read("a", 10, False, approved="b/a"),
+        {"op": "read", "path": "a", "max_bytes": 10, "strict": False, "approved": "b/a"},
+        b"",
+    ),
+    (p.Write("a", b"\x00\xff"), {"op": "write", "path": "a"}, b"\x00\xff"),
+    (
+        p.Write("a", b"x", approved="a", expect_sha256="absent"),
+        {"op": "write", "path": "a", "approved": "a", "expect_sha256": "absent"},
+        b"x",
+    ),
+    (p.Append("a", b"more"), {"op": "append", "path": "a"}, b"more"),
+    (p.Patch("a", b"old", b"new"), {"op": "patch", "path": "a", "old_len": 3}, b"oldnew"),
+    (
+        p.Patch("a", b"o", b"", approved="a", expect_sha256="ab"),
+        {"op": "patch", "path": "a", "old_len": 1, "approved": "a", "expect_sha256": "ab"},
+        b"o",
+    ),
+    (p.Exists("a"), {"op": "exists", "path": "a"}, b""),
+    (p.Stat("a"), {"op": "stat", "path": "a"}, b""),
+    (p.Stat("a", approved="x"), {"op": "stat", "path": "a", "approved": "x"}, b""),
+    (p.ListDir(".", 5), {"op": "list", "path": ".", "limit": 5}, b""),
+    (p.ListDir(".", 0, approved="."), {"op": "list", "path": ".", "limit": 0, "approved": "."}, b""),
+    (p.Delete("a"), {"op": "delete", "path": "a"}, b""),
+    (p.Resolve("l\udcff"), {"op": "resolve", "path": "l\udcff"}, b""),
+    (
+        p.Exec("echo", ".", {"A": "1"}),
+        {"op": "exec", "command": "echo", "cwd": ".", "env": {"A": "1"}, "stdin": False},
+        b"",
+    ),
+    (
+        p.Exec("cat", "d", {}, b"in", approved_cwd="d"),
+        {"op": "exec", "command": "cat", "cwd": "d", "env": {}, "stdin": True, "approved_cwd": "d"},
+        b"in",
+    ),
+    (p.Exec("true", stdin=b""), {"op": "exec", "command": "true", "cwd": ".", "env": {}, "stdin": True}, b""),
+    (p.SendSignal(3, "TERM"), {"op": "signal", "exec_id": 3, "signal": "TERM"}, b""),
+    (p.Procs(), {"op": "procs", "kill": False}, b""),
+    (
+        p.Procs(kill=True, spare_exec_sessions=True),
+        {"op": "procs", "kill": True, "spare_exec_sessions": True},
+        b"",
+    ),
+    (
+        p.UntarBegin(".", 10, 100),
+        {"op": "untar_begin", "path": ".", "max_files": 10, "max_bytes": 100},
+        b"",
+    ),
+    (p.UntarChunk(4, b"tar"), {"op": "untar_chunk", "upload": 4}, b"tar"),
+    (p.UntarEnd(4, True), {"op": "untar_end", "upload": 4, "commit": True}, b""),
+    (p.TarBegin("d", 7), {"op": "tar_begin", "path": "d", "max_bytes": 7}, b""),
+    (p.TarRead(5), {"op": "tar_read", "download": 5}, b""),
+    (p.TarEnd(5), {"op": "tar_end", "download": 5}, b""),
+]
+
+# (the request it answers, reply, the header the agent built by hand, its payload)
+REPLIES: list[tuple[p.Request[Any], p.Reply, dict[str, Any], bytes]] = [
+    (p.Ping(), p.Pong(4), {"type": "result", "version": 4}, b""),
+    (p.Read("a", 10, True), p.ReadResult(3, b"abc"), {"type": "result", "size": 3}, b"abc"),
+    (p.Write("a", b""), p.Done(), {"type": "result"}, b""),
+    (p.Exists("a"), p.ExistsResult(True), {"type": "result", "exists": True}, b""),
+    (
+        p.Stat("a"),
+        p.StatResult("d/a", "file", 3, 0o644, 1.5),
+        {"type": "result", "path": "d/a", "kind": "file", "size": 3, "mode": 0o644, "mtime": 1.5},
+        b"",
+    ),
+    (
+        p.ListDir(".", 5),
+        p.ListResult(True, (p.ListEntry("a", "file", 1), p.ListEntry("l", "symlink", 2, target=""))),
+        {"type": "result", "truncated": True},
+        json.dumps(
+            [
+                {"name": "a", "kind": "file", "size": 1},
+                {"name": "l", "kind": "symlink", "size": 2, "target": ""},
+            ]
+        ).encode("ascii"),
+    ),
+    (p.Resolve("x"), p.ResolveResult("d/x"), {"type": "result", "path": "d/x"}, b""),
+    (p.SendSignal(1, "KILL"), p.Delivered(False), {"type": "result", "delivered": False}, b""),
+    (
+        p.Procs(),
+        p.ProcsResult(3, 2, 1),
+        {"type": "result", "processes": 3, "killed": 2, "left": 1},
+        b"",
+    ),
+    (p.UntarBegin(".", 1, 1), p.UploadStarted(9), {"type": "result", "upload": 9}, b""),
+    (
+        p.UntarEnd(9, True),
+        p.UntarResult(2, 1, 10),
+        {"type": "result", "files": 2, "directories": 1, "bytes": 10},
+        b"",
+    ),
+    (p.TarBegin(".", 1), p.DownloadStarted(9), {"type": "result", "download": 9}, b""),
+    (p.TarRead(9), p.TarChunk(False, b"chunk"), {"type": "result", "eof": False}, b"chunk"),
+    (p.TarRead(9), p.TarChunk(True), {"type": "result", "eof": True}, b""),
+    (p.Exec("x"), p.Output("stderr", b"oops"), {"type": "output", "stream": "stderr"}, b"oops"),
+    (p.Exec("x"), p.Exit(0, None), {"type": "exit", "exit_code": 0, "signal": None}, b""),
+    (p.Exec("x"), p.Exit(None, 9), {"type": "exit", "exit_code": None, "signal": 9}, b""),
+    (
+        p.Exec("x"),
+        p.Error("proc_limit", "full", 7),
+        {"type": "error", "code": "proc_limit", "message": "full", "processes": 7},
+        b"",
+    ),
+    (
+        p.Read("a", 1, True),
+        p.Error("ENOENT", "a: gone"),
+        {"type": "error", "code": "ENOENT", "message": "a: gone"},
+        b"",
+    ),
+]
+
+
+def _split(frame: bytes) -> tuple[dict[str, Any], bytes]:
+    header_len, payload_len = PREFIX.unpack(frame[: PREFIX.size])
+    header = decode_header(frame[PREFIX.size : PREFIX.size + header_len])
+    payload = frame[PREFIX.size + header_len :]
+    assert len(payload) == payload_len
+    return header, payload
+
+
+def test_every_op_and_every_reply_type_is_covered() -> None:
+    assert {request.OP for request, _, _ in REQUESTS} == set(p.REQUESTS)
+    replies = {type(reply) for _, reply, _, _ in REPLIES}
+    assert replies == {
+        cls for cls in vars(p).values() if isinstance(cls, type) and issubclass(cls, p.Reply)
+    } - {p.Reply}
+
+
+@pytest.mark.parametrize(("request_", "header", "payload"), REQUESTS, ids=lambda v: type(v).__name__)
+def test_requests_round_trip_host_to_agent_in_the_old_bytes(
+    request_: p.Request[Any], header: dict[str, Any], payload: bytes
+) -> None:
+    frame = encode_request(12, request_)  # the host's side
+    assert frame == encode_frame({"id": 12, **header}, payload)  # the wire of protocol version 4
+    got_header, got_payload = _split(frame)
+    assert decode_request(got_header, got_payload) == request_  # the agent's side
+
+
+@pytest.mark.parametrize(("request_", "reply", "header", "payload"), REPLIES, ids=lambda v: type(v).__name__)
+def test_replies_round_trip_agent_to_host_in_the_old_bytes(
+    request_: p.Request[Any], reply: p.Reply, header: dict[str, Any], payload: bytes
+) -> None:
+    frame = encode_reply(12, reply)  # the agent's side
+    assert frame == encode_frame({"id": 12, **header}, payload)
+    got_header, got_payload = _split(frame)
+    rid, kind = response_head(got_header)  # the host's side, as AgentLink decodes them
+    assert (rid, kind) == (12, reply.TYPE)
+    decoded = {
+        "error": lambda: p.Error.decode(got_header, got_payload),
+        "output": lambda: p.Output.decode(got_header, got_payload),
+        "exit": lambda: p.Exit.decode(got_header, got_payload),
+        "result": lambda: request_.decode_reply(got_header, got_payload),
+    }[kind]()
+    assert decoded == reply
+
+
+@pytest.mark.parametrize(
+    ("header", "payload", "message"),
+    [
+        ({"op": "nope"}, b"", "unknown op 'nope'"),
+        ({"op": "read", "path": "a", "max_bytes": True, "strict": False}, b"", "'max_bytes' must be int"),
+        ({"op": "read", "path": "a", "max_bytes": -1, "strict": False}, b"", "must not be negative"),
+        ({"op": "read", "max_bytes": 1, "strict": False}, b"", "'path' must be str"),
+        ({"op": "exists", "path": "a", "approved": "a"}, b"", "field 'approved' is a str, for"),
+        ({"op": "patch", "path": "a", "old_len": 4}, b"abc", "old_len out of range"),
+        ({"op": "exec", "command": "x", "env": {"A=B": "c"}}, b"", "bad environment variable"),
+        ({"op": "exec", "command": "x", "stdin": "yes"}, b"", "'stdin' must be bool"),
+        ({"op": "signal", "exec_id": 1, "signal": "HUP"}, b"", "unknown signal 'HUP'"),
+        ({"op": "untar_end", "upload": 1}, b"", "'commit' must be bool"),
+    ],
+)
+def test_the_agent_refuses_requests_that_break_the_schema(
+    header: dict[str, Any], payload: bytes, message: str
+) -> None:
+    with pytest.raises(BadMessage, match=message):
+        decode_request(header, payload)
+
+
+@pytest.mark.parametrize(
+    ("request_", "header", "payload"),
+    [
+        (p.Read("a", 2, True), {"type": "result", "size": 3}, b"abc"),  # more than was asked
+        (p.Read("a", 9, True), {"type": "result", "size": -1}, b""),
+        (
+            p.ListDir(".", 1),
+            {"type": "result", "truncated": False},
+            b'[{"name":"a","kind":"file","size":1},{"name":"b","kind":"file","size":1}]',
+        ),
+        (
+            p.ListDir(".", 5),
+            {"type": "result", "truncated": False},
+            b'[{"name":"../x","kind":"file","size":1}]',
+        ),
+        (
+            p.Stat("a"),
+            {"type": "result", "path": "/etc", "kind": "file", "size": 1, "mode": 0, "mtime": 0},
+            b"",
+        ),
+        (
+            p.Stat("a"),
+            {"type": "result", "path": "a", "kind": "file", "size": 1, "mode": 0, "mtime": True},
+            b"",
+        ),
+        (p.Resolve("a"), {"type": "result", "path": "a/../b"}, b""),
+        (p.Procs(), {"type": "result", "processes": -1, "killed": 0, "left": 0}, b""),
+        (p.UntarEnd(1, True), {"type": "result", "files": 1, "directories": 0}, b""),
+    ],
+)
+def test_the_host_refuses_replies_that_break_the_schema(
+    request_: p.Request[Any], header: dict[str, Any], payload: bytes
+) -> None:
+    with pytest.raises(ProtocolError):
+        request_.decode_reply(header, payload)
+
+
+def test_frames_without_a_usable_id_or_type_are_protocol_errors() -> None:
+    with pytest.raises(ProtocolError, match="agent rejected a frame: garbled"):
+        response_head({"id": None, "type": "error", "code": "protocol", "message": "garbled"})
+    with pytest.raises(ProtocolError, match="integer id"):
+        response_head({"id": "1", "type": "result"})
+    with pytest.raises(ProtocolError):
+        response_head({"id": 1})
+    with pytest.raises(ProtocolError):
+        p.Exit.decode({"exit_code": 0, "signal": 9})
+    with pytest.raises(ProtocolError):
+        p.Output.decode({"stream": "stdin"}, b"x")
