@@ -4,14 +4,18 @@
 #   dispatcher-base:bookworm-<variant>-<hash>  Debian bookworm minbase + packages/<variant>.txt, from
 #                                   debootstrap (+ bookworm-security updates) and docker import; the
 #                                   hash is of the package list, so editing the list rebuilds the base
-#   dispatcher-sandbox:<hash>       default base + agent + sandbox user + /workspace; also :latest
+#   dispatcher-sandbox:<hash>       default base + agent.pyz + sandbox user + /workspace; also :latest
 #   dispatcher-sandbox:minimal-<hash>  the same on the minimal base (python3 only); also :minimal
 #   dispatcher-busybox:latest       FROM scratch + busybox-static: a python-less image for tests of the
 #                                   docker-exec fallback path
 #
 # Idempotent and quick when nothing changed: a base is built only if its tag is missing, the agent
-# layer is tagged by a hash of every input (Dockerfile, agent.py, uid/gid, base image id) and skipped
-# if present.
+# layer is tagged by a hash of every input (Dockerfile, the agent package's modules, uid/gid, base
+# image id) and skipped if present. The agent (dispatcher/sandbox/agent/, stdlib only) goes into the
+# image as one zipapp, /opt/dispatcher/agent.pyz, run as `python3 -I /opt/dispatcher/agent.pyz`.
+#
+#   build.sh agent [OUT]            only pack the agent into OUT (default ./agent.pyz), e.g. for a
+#                                   custom image that is not built FROM dispatcher-sandbox
 #
 # Environment:
 #   SANDBOX_UID / SANDBOX_GID   uid/gid of the in-sandbox user (default 1000/1000; see README.md)
@@ -19,11 +23,13 @@
 #   DEBIAN_SECURITY_MIRROR      mirror of bookworm-security (default: the machine's apt source with a
 #                               -security suite; none there, or "none": the base has no security updates)
 #   REBUILD_BASE=1              force a new debootstrap
+#   SANDBOX_REPO                repository of the sandbox images (default dispatcher-sandbox; both
+#                               variants and their aliases are tagged there)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
-agent_src="$repo/dispatcher/sandbox/agent/agent.py"
+agent_dir="$repo/dispatcher/sandbox/agent"
 
 BASE_REPO="${BASE_REPO:-dispatcher-base}"
 SANDBOX_REPO="${SANDBOX_REPO:-dispatcher-sandbox}"
@@ -161,21 +167,37 @@ build_base() {
     | grep -E ":bookworm-$variant-[0-9a-f]{12}$" | grep -vx "$tag" | xargs -r docker rmi >/dev/null 2>&1 || true
 }
 
+# The agent package's modules, sorted: what agent.pyz is made of.
+agent_sources() {
+  find "$agent_dir" -maxdepth 1 -name '*.py' | LC_ALL=C sort
+}
+
+# pack_agent OUT: the agent package as one zipapp (its __main__.py starts it), without caches.
+pack_agent() {
+  local out="$1" stage
+  [[ -f "$agent_dir/__main__.py" ]] || { log "missing $agent_dir/__main__.py"; exit 1; }
+  stage="$(mktemp -d /tmp/dispatcher-agent.XXXXXX)"
+  # shellcheck disable=SC2046
+  cp $(agent_sources) "$stage/"
+  python3 -m zipapp "$stage" -o "$out"
+  rm -rf "$stage"
+}
+
 # build_sandbox VARIANT ALIAS PREFIX: the agent layer on the variant's base, tagged PREFIX<hash>
 # and ALIAS.
 build_sandbox() {
   local variant="$1" alias="$2" prefix="$3" base base_id hash tag ctx
-  [[ -f "$agent_src" ]] || { log "missing $agent_src"; exit 1; }
   base="$(base_tag "$variant")"
   base_id="$(docker image inspect -f '{{.Id}}' "$base")"
-  hash="$( { cat "$here/Dockerfile" "$agent_src"; echo "$SANDBOX_UID:$SANDBOX_GID:$base_id"; } \
-    | sha256sum | cut -c1-16)"
+  hash="$( { cat "$here/Dockerfile"; for f in $(agent_sources); do basename "$f"; cat "$f"; done
+    echo "$SANDBOX_UID:$SANDBOX_GID:$base_id"; } | sha256sum | cut -c1-16)"
   tag="$SANDBOX_REPO:$prefix$hash"
   if have_image "$tag"; then
     log "$tag present (inputs unchanged)"
   else
     ctx="$(mktemp -d /tmp/dispatcher-ctx.XXXXXX)"
-    cp "$here/Dockerfile" "$agent_src" "$ctx/"
+    cp "$here/Dockerfile" "$ctx/"
+    pack_agent "$ctx/agent.pyz"
     log "building $tag"
     quiet_build \
       --build-arg "BASE=$base" \
@@ -227,6 +249,7 @@ case "${1:-all}" in
   sandbox) default ;;
   minimal) minimal ;;
   busybox) build_busybox ;;
+  agent) pack_agent "${2:-agent.pyz}"; log "packed ${2:-agent.pyz}" ;;
   all) default; minimal; build_busybox ;;
-  *) echo "usage: $0 [all|base|sandbox|minimal|busybox]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|base|sandbox|minimal|busybox|agent [OUT]]" >&2; exit 2 ;;
 esac

@@ -17,8 +17,9 @@ from dispatcher.core.errors import ConfigError
 
 WORKSPACE_ROOT = "/workspace"
 """Where the session's workspace is bind-mounted inside every sandbox."""
-AGENT_PATH = "/opt/dispatcher/agent.py"
-"""Where sandbox_images/build.sh installs the agent; a custom image must have it there too."""
+AGENT_PATH = "/opt/dispatcher/agent.pyz"
+"""Where sandbox_images/build.sh installs the agent (the package ``dispatcher/sandbox/agent/`` as one
+zipapp); a custom image must have it there too."""
 DEFAULT_IMAGE = "dispatcher-sandbox:latest"
 
 LABEL_SESSION = "dispatcher.session"

@@ -17,9 +17,13 @@ from typing import Any
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, SandboxConfig
+from dispatcher.sandbox.docker.config import AGENT_PATH, LABEL_INSTANCE, SandboxConfig
 
 PROBE_TIMEOUT_SECONDS = 60
+_OLD_LAYOUT = (
+    "; an image built for an older server has the agent as one file, /opt/dispatcher/agent.py "
+    "(setting sandbox.agent_path to it runs that one, if its protocol version still fits)"
+)
 _VERSION_RE = re.compile(r"dispatcher-agent protocol (\d+)")
 _ROOT_USERS = {"", "0", "root"}
 _NOT_FOUND_RE = re.compile(r"executable file not found|no such file or directory|permission denied", re.I)
@@ -27,6 +31,12 @@ HOW_TO_BUILD = (
     "build it FROM dispatcher-sandbox:latest (`make images` builds that one) or follow "
     "sandbox_images/README.md, 'What a custom image must contain'"
 )
+HOW_TO_GET_AGENT = (
+    "`make images` rebuilds the default images with this server's agent; a custom image gets it with "
+    "`COPY --from=dispatcher-sandbox:latest /opt/dispatcher/agent.pyz /opt/dispatcher/agent.pyz` "
+    "(or `sandbox_images/build.sh agent` writes agent.pyz), owned by root, mode 0444"
+)
+"""What to do about a missing or outdated agent, since the agent became a zipapp (agent.pyz)."""
 
 
 class ImageUnusable(SandboxError):
@@ -41,8 +51,7 @@ def version_mismatch(image: str, found: int | str) -> AgentVersionMismatch:
     """The error for an agent of another protocol version (or one too old to say)."""
     return AgentVersionMismatch(
         f"the agent in sandbox image {image!r} speaks protocol version {found}, this server speaks "
-        f"version {PROTOCOL_VERSION}: copy dispatcher/sandbox/agent/agent.py of this server's version "
-        "into the image and rebuild it (`make images` rebuilds the default images)"
+        f"version {PROTOCOL_VERSION}: rebuild the image with this server's agent ({HOW_TO_GET_AGENT})"
     )
 
 
@@ -83,14 +92,15 @@ async def check_image(api: DockerAPI, config: SandboxConfig, *, instance: str) -
         elif match:
             problems.append(
                 f"its agent speaks protocol version {match.group(1)}, this server speaks "
-                f"version {PROTOCOL_VERSION}: copy dispatcher/sandbox/agent/agent.py of this server's "
-                f"version to {config.agent_path}"
+                f"version {PROTOCOL_VERSION}: put this server's agent at {config.agent_path} "
+                f"({HOW_TO_GET_AGENT})"
             )
         elif "No such file" in output or "can't open file" in output:
             fallback = True
+            old = _OLD_LAYOUT if config.agent_path == AGENT_PATH else ""
             problems.append(
-                f"it has no agent at {config.agent_path} (sandbox.agent_path): COPY "
-                "dispatcher/sandbox/agent/agent.py there, owned by root, mode 0444"
+                f"it has no agent at {config.agent_path} (sandbox.agent_path){old}: put this "
+                f"server's agent there ({HOW_TO_GET_AGENT})"
             )
         elif "Permission denied" in output:
             problems.append(
@@ -104,7 +114,7 @@ async def check_image(api: DockerAPI, config: SandboxConfig, *, instance: str) -
             problems.append(
                 f"its agent at {config.agent_path} predates protocol versions or is not the "
                 f"dispatcher agent ({shown} exited {code}: {_tail(output)}); this server speaks "
-                f"version {PROTOCOL_VERSION}: copy dispatcher/sandbox/agent/agent.py of this server's version"
+                f"version {PROTOCOL_VERSION}: put this server's agent there ({HOW_TO_GET_AGENT})"
             )
     if fallback and config.exec_fallback and len(problems) == 1:
         return [

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import uuid
+import zipapp
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from dispatcher.client import DispatcherClient
-from dispatcher.sandbox.agent.agent import PROTOCOL_VERSION
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable
 from tests.integration.conftest import BUSYBOX_IMAGE, INSTANCE_PREFIX, ProviderFactory
@@ -31,7 +32,7 @@ from tests.server.serve_process import READY
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[3]
-AGENT = REPO / "dispatcher/sandbox/agent/agent.py"
+AGENT = REPO / "dispatcher/sandbox/agent"
 MINIMAL = "dispatcher-sandbox:minimal"
 SERVE_TIMEOUT = 120
 _DRAINS: list[threading.Thread] = []
@@ -119,11 +120,13 @@ def _context(tmp: Path, name: str) -> Path:
 def test_an_image_without_the_agent_fails_serve_at_start(tmp_path: Path, build: BuildImage) -> None:
     image = build(
         _context(tmp_path, "ctx"),
-        f"FROM {MINIMAL}\nUSER root\nRUN rm /opt/dispatcher/agent.py\nUSER 1000:1000\n",
+        f"FROM {MINIMAL}\nUSER root\nRUN rm /opt/dispatcher/agent.pyz\nUSER 1000:1000\n",
     )
     err = _serve_fails(tmp_path, image)
-    assert "has no agent at /opt/dispatcher/agent.py" in err
-    assert "COPY dispatcher/sandbox/agent/agent.py" in err and "make images" in err
+    assert "has no agent at /opt/dispatcher/agent.pyz" in err
+    assert "COPY --from=dispatcher-sandbox:latest /opt/dispatcher/agent.pyz" in err and "make images" in err
+    # An image of the one-file agent days: what it has and how to run it anyway are named.
+    assert "/opt/dispatcher/agent.py " in err and "sandbox.agent_path" in err
 
 
 def test_an_image_without_python_fails_serve_at_start(
@@ -146,16 +149,21 @@ def test_an_image_whose_user_is_root_fails_serve_at_start(tmp_path: Path, build:
 
 def _old_agent_image(tmp: Path, build: BuildImage) -> str:
     context = _context(tmp, "ctx-old")
-    source = AGENT.read_text()
+    package = tmp / "old-agent"
+    package.mkdir()
+    for module in AGENT.glob("*.py"):
+        shutil.copy(module, package / module.name)
+    source = (AGENT / "protocol.py").read_text()
     old = source.replace(
         f"PROTOCOL_VERSION = {PROTOCOL_VERSION}\n", f"PROTOCOL_VERSION = {PROTOCOL_VERSION - 1}\n"
     )
     assert old != source
-    (context / "agent.py").write_text(old)
+    (package / "protocol.py").write_text(old)
+    zipapp.create_archive(package, context / "agent.pyz")  # as sandbox_images/build.sh packs it
     return build(
         context,
-        f"FROM {MINIMAL}\nUSER root\nCOPY agent.py /opt/dispatcher/agent.py\n"
-        "RUN chmod 0444 /opt/dispatcher/agent.py\nUSER 1000:1000\n",
+        f"FROM {MINIMAL}\nUSER root\nCOPY agent.pyz /opt/dispatcher/agent.pyz\n"
+        "RUN chmod 0444 /opt/dispatcher/agent.pyz\nUSER 1000:1000\n",
     )
 
 

@@ -53,7 +53,7 @@ def test_from_mapping_converts_yaml_values() -> None:
         ({"tmpfs_size": "big"}, "sandbox.tmpfs_size"),
         ({"cap_drop": [1]}, r"sandbox.cap_drop\[0\]"),
         ({"extra_labels": {"dispatcher.session": "x"}}, "sandbox.extra_labels"),
-        ({"agent_path": "agent.py"}, "sandbox.agent_path"),
+        ({"agent_path": "agent.pyz"}, "sandbox.agent_path"),
     ],
 )
 def test_from_mapping_names_the_bad_key(section: dict[str, Any], key: str) -> None:
