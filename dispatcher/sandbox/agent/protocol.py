@@ -1,8 +1,9 @@
-"""The agent protocol's one schema: the frame codec and a frozen dataclass per request and reply.
+"""The agent protocol's one schema: a frozen dataclass per request and reply, with its validation.
 
 Both ends import this module: the agent (inside the sandbox, stdlib only) and the host
-(``dispatcher.sandbox.agent_link``), which imports it alone, without the rest of the agent. A
-change to an op's shape is one edit here; ``PROTOCOL_VERSION`` changes with it.
+(``dispatcher.sandbox.agent_link``), which imports it alone (with ``codec.py``, whose frame codec
+it re-exports), without the rest of the agent. A change to an op's shape is one edit here;
+``PROTOCOL_VERSION`` changes with it.
 
 Frame: ``>II`` prefix (header length, payload length), a JSON object (ASCII), the raw payload.
 Requests carry ``id`` (int) and ``op``; every response carries the request's ``id`` and a
@@ -28,228 +29,32 @@ import dataclasses
 import json
 import posixpath
 import re
-import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, NoReturn, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Protocol
+
+from .codec import OMIT_DEFAULT, Count, Env, take
+from .codec import PREFIX as PREFIX
+from .codec import BadMessage as BadMessage
+from .codec import Message as Message
+from .codec import ProtocolError as ProtocolError
+from .codec import Reply as Reply
+from .codec import Request as Request
+from .codec import decode_header as decode_header
+from .codec import decode_prefix as decode_prefix
+from .codec import encode_frame as encode_frame
 
 PROTOCOL_VERSION = 4
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
 3: file ops take ``approved`` and exec ``approved_cwd`` (a path used exactly, never through a link),
 and ``resolve`` answers the path itself (undecodable bytes as lone surrogates, not U+FFFD).
 ``python3 agent.pyz --version`` prints ``dispatcher-agent protocol N`` (the start-up image check)."""
-PREFIX = struct.Struct(">II")
 MAX_HEADER = 1 << 20  # the largest request header the agent reads
 MAX_PAYLOAD = 64 << 20  # the largest request payload the agent reads
 CHUNK = 64 * 1024  # largest output frame
 KINDS = frozenset({"file", "dir", "symlink", "other"})
 SIGNALS = ("TERM", "KILL", "INT")
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
-
-Count = int
-"""An int that must not be negative (a size, a limit, a number of things)."""
-Env = dict[str, str]
-"""Environment variables: a JSON object of str to str (names without ``=`` or NUL)."""
-
-
-class ProtocolError(Exception):
-    """A frame broke the protocol; the stream cannot be trusted any more."""
-
-
-class BadMessage(ProtocolError):
-    """A well-framed message whose fields break the schema (on the agent: a ``bad_request``)."""
-
-
-def encode_frame(header: Mapping[str, Any], payload: bytes = b"") -> bytes:
-    """Serialise one frame."""
-    # ASCII escapes keep any str encodable, lone surrogates from odd file names included.
-    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("ascii")
-    return PREFIX.pack(len(raw), len(payload)) + raw + payload
-
-
-def decode_prefix(prefix: bytes, *, max_header: int, max_payload: int) -> tuple[int, int]:
-    """Return (header length, payload length), refusing sizes over the limits."""
-    if len(prefix) != PREFIX.size:
-        raise ProtocolError("short frame prefix")
-    header_len, payload_len = PREFIX.unpack(prefix)
-    if not 2 <= header_len <= max_header:
-        raise ProtocolError(f"header length {header_len} out of bounds")
-    if payload_len > max_payload:
-        raise ProtocolError(f"payload length {payload_len} exceeds {max_payload}")
-    return header_len, payload_len
-
-
-def _no_constants(name: str) -> NoReturn:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def decode_header(raw: bytes) -> dict[str, Any]:
-    """Parse a frame header, which must be a JSON object."""
-    try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ProtocolError(f"malformed header: {type(exc).__name__}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError("header is not a JSON object")
-    return obj
-
-
-# -- the generic codec: a message's header fields are its dataclass fields -------------------
-
-M = TypeVar("M", bound="Message")
-R = TypeVar("R", bound="Message")
-_Check = Callable[[str, Any], Any]
-OMIT_DEFAULT = {"omit_default": True}
-"""Field metadata: left out of the header while it has its default (fields defaulting to None
-are always left out while None)."""
-
-
-def _exact(kind: type, shown: str) -> _Check:
-    def check(name: str, value: Any) -> Any:
-        if type(value) is not kind:
-            raise BadMessage(f"field {name!r} must be {shown}")
-        return value
-
-    return check
-
-
-def _optional(inner: _Check) -> _Check:
-    return lambda name, value: None if value is None else inner(name, value)
-
-
-def _count(name: str, value: Any) -> int:
-    if type(value) is not int:
-        raise BadMessage(f"field {name!r} must be int")
-    if value < 0:
-        raise BadMessage(f"field {name!r} must not be negative")
-    return value
-
-
-def _number(name: str, value: Any) -> float:
-    if type(value) not in (int, float):
-        raise BadMessage(f"field {name!r} must be a number")
-    return float(value)
-
-
-_CHECKS: dict[str, _Check] = {
-    "str": _exact(str, "str"),
-    "int": _exact(int, "int"),
-    "bool": _exact(bool, "bool"),
-    "Count": _count,
-    "float": _number,
-    "Env": _exact(dict, "dict"),
-    "str | None": _optional(_exact(str, "str")),
-    "int | None": _optional(_exact(int, "int")),
-}
-"""Annotation (as written: annotations stay strings, which keeps the agent running on Python 3.9)
-to its check."""
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    check: _Check
-    default: Any  # dataclasses.MISSING: required
-    omit_default: bool
-
-
-_SPECS: dict[type, tuple[tuple[_Field, ...], str | None]] = {}
-
-
-def _spec(cls: type) -> tuple[tuple[_Field, ...], str | None]:
-    """(header fields, the payload field's name) of a message class, worked out once."""
-    known = _SPECS.get(cls)
-    if known is not None:
-        return known
-    header: list[_Field] = []
-    payload: str | None = None
-    for f in dataclasses.fields(cls):
-        annotation = str(f.type)
-        if annotation == "bytes":
-            payload = f.name
-            continue
-        if annotation not in _CHECKS:
-            raise TypeError(f"{cls.__name__}.{f.name}: no wire check for {annotation!r}")
-        default = f.default
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        omit = bool(f.metadata.get("omit_default")) or default is None
-        header.append(_Field(f.name, _CHECKS[annotation], default, omit))
-    _SPECS[cls] = (tuple(header), payload)
-    return _SPECS[cls]
-
-
-@dataclass(frozen=True)
-class Message:
-    """A request or a reply: header fields are the dataclass fields; a ``bytes`` field is the payload."""
-
-    def encode(self) -> tuple[dict[str, Any], bytes]:
-        """The header fields (without ``id`` and ``op``/``type``) and the payload."""
-        fields, payload = _spec(type(self))
-        header: dict[str, Any] = {}
-        for f in fields:
-            value = getattr(self, f.name)
-            if not (f.omit_default and value == f.default):
-                header[f.name] = value
-        return header, getattr(self, payload) if payload else b""
-
-    @classmethod
-    def decode(cls: type[M], header: Mapping[str, Any], payload: bytes = b"") -> M:
-        """The message in a frame, every field checked.
-
-        Raises:
-            BadMessage: a field is missing or of the wrong type, or the message breaks its rules.
-        """
-        fields, payload_field = _spec(cls)
-        values: dict[str, Any] = {}
-        for f in fields:
-            if f.name in header:
-                values[f.name] = f.check(f.name, header[f.name])
-            elif f.default is not dataclasses.MISSING:
-                values[f.name] = f.default
-            else:
-                f.check(f.name, None)  # the message of a missing field is that of a wrong one
-        if payload_field:
-            values[payload_field] = payload
-        message = cls(**values)
-        message.check()
-        return message
-
-    def check(self) -> None:
-        """Rules beyond the fields' types; raises ``BadMessage``."""
-
-
-@dataclass(frozen=True)
-class Reply(Message):
-    """A response frame's ``type`` is ``result`` unless a reply says otherwise."""
-
-    TYPE: ClassVar[str] = "result"
-
-
-@dataclass(frozen=True)
-class Request(Message, Generic[R]):
-    """A request names its op and the reply that ends it."""
-
-    OP: ClassVar[str]
-    REPLY: ClassVar[type[Message]]
-
-    def __init_subclass__(cls, op: str = "", reply: type[Message] | None = None, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if op and reply is not None:
-            cls.OP, cls.REPLY = op, reply
-
-    def decode_reply(self, header: Mapping[str, Any], payload: bytes = b"") -> R:
-        """This request's ``result`` frame, checked against the request too.
-
-        Raises:
-            BadMessage: the reply breaks the schema or asks more than was asked.
-        """
-        reply = self.REPLY.decode(header, payload)
-        self.check_reply(reply)
-        return cast(R, reply)
-
-    def check_reply(self, reply: Any) -> None:
-        """Rules of the reply that depend on the request (a size asked for); ``BadMessage``."""
 
 
 def _relative(path: str, what: str) -> None:
@@ -344,7 +149,7 @@ class ListResult(Reply):
 
     @classmethod
     def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> ListResult:
-        truncated = _CHECKS["bool"]("truncated", header.get("truncated"))
+        truncated = take(header, "truncated", "bool")
         try:
             raw = json.loads(payload.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
@@ -491,10 +296,10 @@ class Patch(Request[Done], op="patch", reply=Done):
 
     @classmethod
     def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> Patch:
-        path = _CHECKS["str"]("path", header.get("path"))
-        split = _CHECKS["int"]("old_len", header.get("old_len"))
-        approved = _CHECKS["str | None"]("approved", header.get("approved"))
-        expect = _CHECKS["str | None"]("expect_sha256", header.get("expect_sha256"))
+        path = take(header, "path", "str")
+        split = take(header, "old_len", "int")
+        approved = take(header, "approved", "str | None")
+        expect = take(header, "expect_sha256", "str | None")
         if not 0 <= split <= len(payload):
             raise BadMessage("old_len out of range")
         return cls(path, payload[:split], payload[split:], approved, expect)
@@ -565,11 +370,11 @@ class Exec(Request[Exit], op="exec", reply=Exit):
 
     @classmethod
     def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> Exec:
-        command = _CHECKS["str"]("command", header.get("command"))
-        cwd = _CHECKS["str"]("cwd", header.get("cwd", "."))
-        approved_cwd = _CHECKS["str | None"]("approved_cwd", header.get("approved_cwd"))
-        env = _CHECKS["Env"]("env", header.get("env", {}))
-        use_stdin = _CHECKS["bool"]("stdin", header.get("stdin", False))
+        command = take(header, "command", "str")
+        cwd = take(header, "cwd", "str", ".")
+        approved_cwd = take(header, "approved_cwd", "str | None")
+        env = take(header, "env", "Env", {})
+        use_stdin = take(header, "stdin", "bool", False)
         message = cls(command, cwd, env, payload if use_stdin else None, approved_cwd)
         message.check()
         return message
