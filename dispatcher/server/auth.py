@@ -7,13 +7,15 @@ handed to the servicer through a context variable, set in the task that runs the
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from dispatcher.server.errors import Unauthenticated, status_for
+from dispatcher.server.handler_wrap import Around, HandlerInterceptor, wrap_handler
 from dispatcher.server.tenants import Tenant, TenantDirectory
 
 SERVICE_PREFIX = "/dispatcher.v1.ToolDispatcher/"
@@ -33,19 +35,14 @@ def current_tenant() -> Tenant:
         raise Unauthenticated("no authenticated tenant") from None
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(HandlerInterceptor):
     """Rejects calls to the dispatcher service without a valid token with UNAUTHENTICATED."""
 
     def __init__(self, tenants: TenantDirectory) -> None:
         self._tenants = tenants
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(SERVICE_PREFIX):
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if not details.method.startswith(SERVICE_PREFIX):
             return handler
         authorization = None
         for key, value in details.invocation_metadata or ():
@@ -55,7 +52,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         try:
             tenant = self._tenants.authenticate(authorization)
         except Unauthenticated as exc:
-            return _reject(handler, exc)
+            # Refused before the behaviour runs: UploadFiles before a byte of its stream is read.
+            return wrap_handler(handler, around=_refusal(exc))
         # grpc.aio runs each RPC in a task of its own (_schedule_rpc_coro), and in it awaits the
         # interceptors and then the handler (_handle_rpc): the variable set here is the one the
         # servicer sees, for this RPC only. Every authenticated test depends on it.
@@ -63,18 +61,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return handler
 
 
-def _reject(handler: grpc.RpcMethodHandler, exc: Unauthenticated) -> grpc.RpcMethodHandler:
+def _refusal(exc: Unauthenticated) -> Around:
     code, message = status_for(exc)
 
-    async def abort(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(code, message)
-
-    async def abort_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    @contextlib.asynccontextmanager
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         await context.abort(code, message)
         yield  # pragma: no cover - abort raises
 
-    if handler.unary_stream is not None:
-        return handler._replace(unary_stream=abort_stream)
-    if handler.stream_unary is not None:  # UploadFiles: refused before a byte of the stream is read
-        return handler._replace(stream_unary=abort)
-    return handler._replace(unary_unary=abort)
+    return refuse

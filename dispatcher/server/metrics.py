@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -32,6 +31,7 @@ from dispatcher.core.calls import SessionState
 from dispatcher.core.observe import FinishedCall, SandboxFailure, SandboxRemoval
 from dispatcher.core.session_registry import BaseSessionListener, Restoration
 from dispatcher.egress.record import Direction, Outcome
+from dispatcher.server.handler_wrap import HandlerInterceptor, wrap_handler
 
 __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 
@@ -184,31 +184,17 @@ class MetricsServer:
             self._thread = None
 
 
-class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RpcMetricsInterceptor(HandlerInterceptor):
     """Counts each RPC by method and final status code (outermost: refusals count too)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None:  # no such method: its name is the caller's, not a label
-            return handler
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        # Only served methods get here: a name that does not exist is the caller's, never a label.
         method: str = details.method
         done = self.metrics.rpc_finished
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_counted_unary(handler.unary_unary, method, done))
-        if handler.stream_unary is not None:
-            return handler._replace(stream_unary=_counted_unary(handler.stream_unary, method, done))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_counted_stream(handler.unary_stream, method, done))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=_counted_stream(handler.stream_stream, method, done))
-        return handler
+        return wrap_handler(handler, around=lambda request, context: _Counted(method, context, done))
 
 
 Done = Callable[[str, grpc.StatusCode], None]
@@ -225,29 +211,20 @@ def _code(context: grpc.aio.ServicerContext, exc: BaseException | None) -> grpc.
     return grpc.StatusCode.OK
 
 
-def _counted_unary(behavior: Callable[..., Awaitable[Any]], method: str, done: Done) -> Callable[..., Any]:
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            response = await behavior(request, context)
-        except BaseException as exc:
-            done(method, _code(context, exc))
-            raise
-        done(method, _code(context, None))
-        return response
+class _Counted:
+    """Around one RPC: counts it with the code it ended with (a plain class: this is on every call)."""
 
-    return unary
+    __slots__ = ("context", "done", "method")
 
+    def __init__(self, method: str, context: grpc.aio.ServicerContext, done: Done) -> None:
+        self.method = method
+        self.context = context
+        self.done = done
 
-def _counted_stream(
-    behavior: Callable[..., AsyncIterator[Any]], method: str, done: Done
-) -> Callable[..., AsyncIterator[Any]]:
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for item in behavior(request, context):
-                yield item
-        except BaseException as exc:
-            done(method, _code(context, exc))
-            raise
-        done(method, _code(context, None))
+    async def __aenter__(self) -> None:
+        return None
 
-    return stream
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        self.done(self.method, _code(self.context, exc))

@@ -8,7 +8,7 @@ Imported only when tracing is configured (the config check names the missing ext
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -22,6 +22,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from dispatcher.core.observe import FinishedCall, log_fields
 from dispatcher.server.auth import current_tenant
+from dispatcher.server.handler_wrap import HandlerInterceptor, wrap_handler
 
 __all__ = ["Tracing"]
 
@@ -108,29 +109,21 @@ def _outcome(span: Any, context: grpc.aio.ServicerContext, exc: BaseException | 
         span.set_status(Status(StatusCode.ERROR, name))
 
 
-class _TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class _TracingInterceptor(HandlerInterceptor):
     def __init__(self, tracing: Tracing) -> None:
         self.tracing = tracing
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or details.method != DISPATCH_METHOD or handler.unary_stream is None:
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if details.method != DISPATCH_METHOD or handler.unary_stream is None:
             return handler
-        behavior = handler.unary_stream
-        tracing = self.tracing
+        return wrap_handler(handler, around=self._traced)
 
-        async def traced(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            with tracing.dispatch_span(request, context) as span:
-                try:
-                    async for item in behavior(request, context):
-                        yield item
-                except BaseException as exc:
-                    _outcome(span, context, exc)
-                    raise
-                _outcome(span, context, None)
-
-        return handler._replace(unary_stream=traced)
+    @contextlib.asynccontextmanager
+    async def _traced(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        with self.tracing.dispatch_span(request, context) as span:
+            try:
+                yield
+            except BaseException as exc:
+                _outcome(span, context, exc)
+                raise
+            _outcome(span, context, None)
