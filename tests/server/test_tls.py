@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import cli, cli_output
+from dispatcher import cli
+from dispatcher.cli import output as cli_output
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from tests.server.conftest import TOKEN_ALPHA, ServerFactory
 

@@ -24,14 +24,14 @@ LAYERS: dict[str, int] = {
     "dispatcher.config": 6,
     "dispatcher.wire": 7,
     "dispatcher.server": 8,
-    "dispatcher.client_base": 9,  # what the two clients share
-    "dispatcher.client_async": 10,
-    "dispatcher.client": 11,
-    "dispatcher.cli_output": 12,
-    "dispatcher.cli_session": 13,
-    "dispatcher.cli_trees": 13,
-    "dispatcher.cli_config": 13,
-    "dispatcher.cli": 14,
+    "dispatcher.client.base": 9,  # what the two clients share
+    "dispatcher.client.aio": 10,
+    "dispatcher.client": 11,  # the blocking client and the package's public names
+    "dispatcher.cli.output": 12,
+    "dispatcher.cli.session": 13,
+    "dispatcher.cli.trees": 13,
+    "dispatcher.cli.config": 13,
+    "dispatcher.cli": 14,  # main and the verbs (__init__), python -m (__main__)
 }
 """Low to high: a module may import its own layer (no cycle) and those below, never above."""
 

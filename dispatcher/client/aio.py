@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from dispatcher import client_base as base
-from dispatcher.client_base import ClientBase, DispatchItem, RequestFailed
+from dispatcher.client import base
+from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
 from dispatcher.core.approval import PlanStep
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event

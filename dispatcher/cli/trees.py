@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher.cli_output import EXIT_OK, EXIT_USAGE, json_line
+from dispatcher.cli.output import EXIT_OK, EXIT_USAGE, json_line
 from dispatcher.client import DispatcherClient
 from dispatcher.trees import LocalTreeError
 

@@ -20,8 +20,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dispatcher import cli_config, cli_session, cli_trees
-from dispatcher.cli_output import (
+from dispatcher.cli import config as cli_config
+from dispatcher.cli import session as cli_session
+from dispatcher.cli import trees as cli_trees
+from dispatcher.cli.output import (
     EXIT_BY_CODE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -345,7 +347,3 @@ def _parser() -> argparse.ArgumentParser:
     cli_session.add_verbs(verbs, client_opts, _client)
     cli_config.add_verbs(verbs)
     return parser
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Python client of the dispatcher service; hides the generated stubs behind domain objects.
+
+Sync::
+
+    with DispatcherClient() as client:                 # 127.0.0.1:50051, token from ~/.dispatcher/token
+        session = client.create_session("demo")
+        result = client.call(session.session_id, "read_file", {"path": "README.md"})
+        for item in client.dispatch(session.session_id, [ToolUseBlock("t1", "shell", {"command": "ls"})]):
+            ...                                        # Event ... then ToolResultBlock
+
+Async: ``AsyncDispatcherClient`` has the same methods as coroutines / async iterators.
+
+The target defaults to ``DISPATCHER_LISTEN`` (else 127.0.0.1:50051); the token to ``DISPATCHER_TOKEN``
+(else ``<DISPATCHER_HOME or ~/.dispatcher>/token``); TLS is used when a CA file is given
+(``tls_ca=`` or ``DISPATCHER_TLS_CA``), with ``tls_cert``/``tls_key`` for mutual TLS. Request failures raise ``RequestFailed`` carrying
+the gRPC status name; tool failures are results with ``is_error``.
+"""
+
+from __future__ import annotations
+
+from dispatcher.client.aio import AsyncDispatcherClient
+from dispatcher.client.base import RequestFailed
+from dispatcher.client.sync import DispatcherClient
+from dispatcher.core.dispatcher import Decision
+from dispatcher.core.events import Event
+from dispatcher.core.transfer import UploadSummary
+from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
+from dispatcher.trees import Extracted, LocalTreeError
+from dispatcher.wire.convert import SessionInfo, ToolInfo
+
+__all__ = [
+    "AsyncDispatcherClient",
+    "Decision",
+    "DispatcherClient",
+    "Event",
+    "Extracted",
+    "LocalTreeError",
+    "RequestFailed",
+    "Role",
+    "SessionInfo",
+    "ToolInfo",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "UploadSummary",
+]
