@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dispatcher.client import DispatcherClient
-from dispatcher.core.approval import ApprovalMode, PlanStep
+from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.calls import PlanStep
 from dispatcher.wire.convert import SessionInfo
 
 ClientFactory = Callable[[argparse.Namespace], DispatcherClient]

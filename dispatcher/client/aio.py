@@ -11,8 +11,8 @@ import grpc
 
 from dispatcher.client import base
 from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
-from dispatcher.core.approval import PlanStep
-from dispatcher.core.dispatcher import Decision
+from dispatcher.core.calls import PlanStep
+from dispatcher.core.confirmation import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock

@@ -12,8 +12,9 @@ from typing import Any
 import grpc
 
 from dispatcher.config import ENV_TLS_CA, client_token, default_target
-from dispatcher.core.approval import PlanStep, parse_mode
-from dispatcher.core.dispatcher import Decision
+from dispatcher.core.approval_mode import parse_mode
+from dispatcher.core.calls import PlanStep
+from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import DispatcherError
 from dispatcher.core.events import Event
 from dispatcher.core.transfer import UploadSummary

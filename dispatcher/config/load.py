@@ -33,7 +33,7 @@ from dispatcher.config.sections import (
     UidRange,
 )
 from dispatcher.config_base import check_listen, validate_section
-from dispatcher.core.approval import ApprovalMode
+from dispatcher.core.approval_mode import ApprovalMode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.ordering import Ordering

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StringC
 
 from dispatcher.config.egress import EgressSection
 from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text
-from dispatcher.core.approval import ApprovalMode
+from dispatcher.core.approval_mode import ApprovalMode
 from dispatcher.core.blocks import GrantMode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.ordering import Ordering

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast
 
 from dispatcher.core import review
+from dispatcher.core.approval_mode import ApprovalMode as ApprovalMode
+from dispatcher.core.approval_mode import parse_mode as parse_mode
 from dispatcher.core.audit import AuditDecision
 from dispatcher.core.calls import PlanStep as PlanStep
 from dispatcher.core.confirmation import Decision
@@ -73,33 +74,6 @@ approve these exact calls, which the model makes again."""
 _ANSWERED = {Decision.ALLOW: AuditDecision.ALLOW, Decision.DENY: AuditDecision.DENY}
 _REMEMBERED = {Decision.ALLOW: AuditDecision.REMEMBERED_ALLOW, Decision.DENY: AuditDecision.REMEMBERED_DENY}
 _REVIEWED = {Decision.ALLOW: AuditDecision.REVIEW_ALLOW, Decision.DENY: AuditDecision.REVIEW_DENY}
-
-
-class ApprovalMode(StrEnum):
-    """Spec 004's approval modes; one vocabulary with ``tool_confirmation.preset``."""
-
-    CAUTIOUS = "cautious"
-    AUTONOMOUS = "autonomous"
-    MANUAL = "manual"
-    PLAN = "plan"
-    REVIEW = "review"
-    AUDIT = "audit"
-
-
-def parse_mode(name: str | None) -> ApprovalMode:
-    """The mode named ``name`` ("" or None: cautious).
-
-    Raises:
-        ValueError: unknown name.
-    """
-    if not name:
-        return ApprovalMode.CAUTIOUS
-    try:
-        return ApprovalMode(name.lower())
-    except ValueError:
-        raise ValueError(
-            f"unknown approval mode {name!r} (one of {[m.value for m in ApprovalMode]})"
-        ) from None
 
 
 def mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:

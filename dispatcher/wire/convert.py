@@ -13,9 +13,9 @@ from typing import Any
 
 from dispatcher.core import event_payloads as ep
 from dispatcher.core import jsonlimits
-from dispatcher.core.approval import PlanStep
+from dispatcher.core.calls import PlanStep
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.dispatcher import Decision
+from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import FailureReason, ToolErrorClass
 from dispatcher.core.events import Event
 from dispatcher.core.ordering import Ordering

@@ -9,8 +9,9 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from dispatcher.core.approval import ApprovalMode, PlanStep
+from dispatcher.core.approval_mode import ApprovalMode
 from dispatcher.core.blocks import GrantMode
+from dispatcher.core.calls import PlanStep
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.types import SideEffect
 from dispatcher.egress.policy import narrow
