@@ -8,6 +8,8 @@ with optional fields left out when empty.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -152,32 +154,75 @@ def payload_from_dict(type: str, data: Mapping[str, Any]) -> EventPayload:
     if not isinstance(data, Mapping):
         raise ValueError(f"{type}: the payload is not an object")
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING:
-                raise ValueError(f"{type}: field {f.name!r} is missing")
+    for name, declared, required in _fields(cls):
+        if name not in data:
+            if required:
+                raise ValueError(f"{type}: field {name!r} is missing")
             continue
-        kwargs[f.name] = _checked(type, f.name, str(f.type), data[f.name])
+        kwargs[name] = _checked(type, name, declared, data[name])
     return cls(**kwargs)
 
 
-def _checked(type: str, name: str, declared: str, value: Any) -> Any:
-    if declared == "Any":
+_KINDS: Final[Mapping[type, tuple[str, str]]] = {
+    str: ("a string", "strings"),
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+}
+"""The field types a payload may declare (alone, ``X | None`` or ``tuple[X, ...]``), as messages name them."""
+
+
+_FIELDS: dict[type[Any], tuple[tuple[str, Any, bool], ...]] = {}
+
+
+def _fields(cls: type[Any]) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, resolved type, required) of each field: the annotations are strings in this module,
+    resolved once per class on first use."""
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        hints = typing.get_type_hints(cls)
+        fields = tuple(
+            (f.name, hints[f.name], f.default is dataclasses.MISSING) for f in dataclasses.fields(cls)
+        )
+        _FIELDS[cls] = fields
+    return fields
+
+
+def _checked(type: str, name: str, declared: Any, value: Any) -> Any:
+    """``value`` as field ``name`` declares it.
+
+    Raises:
+        ValueError: ``value`` is not of the declared type (a bool is no number here).
+        TypeError: the payload declares a type this reader does not know (a bug, not a damaged row).
+    """
+    if declared is Any:
         return value
-    if declared.startswith("tuple["):
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{type}: field {name!r} is not a list of strings")
+    args = typing.get_args(declared)
+    if isinstance(declared, types.UnionType):
+        if value is None and types.NoneType in args:
+            return None
+        declared, *others = (a for a in args if a is not types.NoneType)
+        if others:
+            raise TypeError(f"{type}.{name}: unions other than X | None are not read")
+        args = typing.get_args(declared)
+    if typing.get_origin(declared) is tuple:
+        item = args[0]
+        if not isinstance(value, list | tuple) or not all(_is(item, v) for v in value):
+            raise ValueError(f"{type}: field {name!r} is not a list of {_kind(item)[1]}")
         return tuple(value)
-    if declared == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{type}: field {name!r} is not a number")
-        return float(value)
-    if declared == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{type}: field {name!r} is not an integer")
-        return value
-    if declared == "str | None" and value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{type}: field {name!r} is not a string")
-    return value
+    if not _is(declared, value):
+        raise ValueError(f"{type}: field {name!r} is not {_kind(declared)[0]}")
+    return float(value) if declared is float else value
+
+
+def _kind(declared: Any) -> tuple[str, str]:
+    kind = _KINDS.get(declared)
+    if kind is None:
+        raise TypeError(f"an event payload field of type {declared!r} is not read")
+    return kind
+
+
+def _is(declared: Any, value: Any) -> bool:
+    _kind(declared)
+    if isinstance(value, bool):  # JSON true is no count or duration
+        return False
+    return isinstance(value, int | float) if declared is float else isinstance(value, declared)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from dispatcher.core import event_payloads as ep
 from dispatcher.core import jsonlimits
@@ -240,62 +240,64 @@ def event_to_pb(event: Event) -> pb.Event:
         type=event.type,
     )
     msg.time.FromNanoseconds(int(event.time * 1e9))
-    p = event.payload
-    if isinstance(p, ep.ToolCalled):
-        msg.called.CopyFrom(
-            pb.ToolCalled(
-                tool_name=p.tool_name,
-                side_effect=side_effect_to_pb(p.side_effect),
-                input_json=json.dumps(p.input, default=str),
+    match event.payload:
+        case ep.ToolCalled() as p:
+            msg.called.CopyFrom(
+                pb.ToolCalled(
+                    tool_name=p.tool_name,
+                    side_effect=side_effect_to_pb(p.side_effect),
+                    input_json=json.dumps(p.input, default=str),
+                )
             )
-        )
-    elif isinstance(p, ep.ToolOutputDelta):
-        stream = _STREAM_TO_PB.get(p.stream, pb.OUTPUT_STREAM_UNSPECIFIED)
-        msg.output_delta.CopyFrom(pb.ToolOutputDelta(stream=stream, text=p.text))
-    elif isinstance(p, ep.ToolCompleted):
-        msg.completed.CopyFrom(pb.ToolCompleted(tool_name=p.tool_name, duration_ms=p.duration_ms))
-    elif isinstance(p, ep.ToolFailed):
-        msg.failed.CopyFrom(
-            pb.ToolFailed(
-                tool_name=p.tool_name,
-                error_class=error_class_to_pb(p.error_class),
-                message=p.message,
-                duration_ms=p.duration_ms,
-                partial_output=p.partial_output,
-                reason=p.reason,
+        case ep.ToolOutputDelta() as p:
+            stream = _STREAM_TO_PB.get(p.stream, pb.OUTPUT_STREAM_UNSPECIFIED)
+            msg.output_delta.CopyFrom(pb.ToolOutputDelta(stream=stream, text=p.text))
+        case ep.ToolCompleted() as p:
+            msg.completed.CopyFrom(pb.ToolCompleted(tool_name=p.tool_name, duration_ms=p.duration_ms))
+        case ep.ToolFailed() as p:
+            msg.failed.CopyFrom(
+                pb.ToolFailed(
+                    tool_name=p.tool_name,
+                    error_class=error_class_to_pb(p.error_class),
+                    message=p.message,
+                    duration_ms=p.duration_ms,
+                    partial_output=p.partial_output,
+                    reason=p.reason,
+                )
             )
-        )
-    elif isinstance(p, ep.ToolInputInvalid):
-        msg.input_invalid.CopyFrom(pb.ToolInputInvalid(tool_name=p.tool_name, errors=list(p.errors)))
-    elif isinstance(p, ep.ToolConfirmationRequested):
-        msg.confirmation_requested.CopyFrom(
-            pb.ToolConfirmationRequested(
-                request_id=p.request_id,
-                tool_name=p.tool_name,
-                input_summary=p.input_summary,
-                side_effect=side_effect_to_pb(p.side_effect),
-                projected_modifications=list(p.projected_modifications),
-                diff=p.diff,
+        case ep.ToolInputInvalid() as p:
+            msg.input_invalid.CopyFrom(pb.ToolInputInvalid(tool_name=p.tool_name, errors=list(p.errors)))
+        case ep.ToolConfirmationRequested() as p:
+            msg.confirmation_requested.CopyFrom(
+                pb.ToolConfirmationRequested(
+                    request_id=p.request_id,
+                    tool_name=p.tool_name,
+                    input_summary=p.input_summary,
+                    side_effect=side_effect_to_pb(p.side_effect),
+                    projected_modifications=list(p.projected_modifications),
+                    diff=p.diff,
+                )
             )
-        )
-    elif isinstance(p, ep.ToolStepProposed):
-        msg.step_proposed.CopyFrom(
-            pb.ToolStepProposed(
-                step=p.step,
-                tool_name=p.tool_name,
-                input_summary=p.input_summary,
-                side_effect=side_effect_to_pb(p.side_effect),
-                projected_modifications=list(p.projected_modifications),
+        case ep.ToolStepProposed() as p:
+            msg.step_proposed.CopyFrom(
+                pb.ToolStepProposed(
+                    step=p.step,
+                    tool_name=p.tool_name,
+                    input_summary=p.input_summary,
+                    side_effect=side_effect_to_pb(p.side_effect),
+                    projected_modifications=list(p.projected_modifications),
+                )
             )
-        )
-    else:
-        msg.confirmation_resolved.CopyFrom(
-            pb.ToolConfirmationResolved(
-                request_id=p.request_id,
-                decision=decision_to_pb(p.decision),
-                reason=_REASON_TO_PB.get(p.reason, pb.RESOLUTION_REASON_UNSPECIFIED),
+        case ep.ToolConfirmationResolved() as p:
+            msg.confirmation_resolved.CopyFrom(
+                pb.ToolConfirmationResolved(
+                    request_id=p.request_id,
+                    decision=decision_to_pb(p.decision),
+                    reason=_REASON_TO_PB.get(p.reason, pb.RESOLUTION_REASON_UNSPECIFIED),
+                )
             )
-        )
+        case unknown:  # a new payload type: mypy names this line until it has its case
+            assert_never(unknown)
     return msg
 
 
