@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from typing import Any, cast
 
 from dispatcher.core import approval, call_record
@@ -115,7 +114,7 @@ class CallRun(RunState):
         async with self.state.semaphore:  # the per-session concurrency cap
             if self.call.cancel_event.is_set():
                 return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
-            self.run_started = time.monotonic()
+            self.run_started = self.config.clock()
             self.emit(
                 ToolCalled(
                     tool_name=self.tool_name,

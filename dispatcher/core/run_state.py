@@ -59,7 +59,7 @@ class RunState:
         self.tool_use = tool_use
         self.turn_id = turn_id
         self.call = call
-        self.started = time.monotonic()
+        self.started = self.config.clock()
         self.started_wall = time.time()
         self.ended = False  # the call's last audit record is written (exactly one per call)
         self.run_started: float | None = None  # set at tool.called: durations exclude confirmation waits
@@ -94,8 +94,8 @@ class RunState:
 
     def elapsed_ms(self) -> float:
         """Time since the call arrived (audit: what the caller waited)."""
-        return (time.monotonic() - self.started) * 1000
+        return (self.config.clock() - self.started) * 1000
 
     def run_ms(self) -> float:
         """Time since the tool started (events: what the tool took); 0 if it never started."""
-        return 0.0 if self.run_started is None else (time.monotonic() - self.run_started) * 1000
+        return 0.0 if self.run_started is None else (self.config.clock() - self.run_started) * 1000

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dispatcher.core.display import SHOW_LIMIT
@@ -39,3 +40,6 @@ class DispatcherConfig:
     max_write_bytes: int = (4 << 20) - (64 << 10)
     """Largest file one write_file writes (decoded bytes); stated in its description and errors.
     The request carrying it must also fit ``server.max_message_bytes`` (base64 adds a third)."""
+    clock: Callable[[], float] = time.monotonic
+    """What a call's durations (its events and audit records) are measured on, in seconds; unit
+    tests step a fake one instead of waiting."""

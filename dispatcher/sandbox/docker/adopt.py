@@ -83,5 +83,5 @@ async def reattach(host: ContainerHost, session: Session, container_id: str) -> 
         return f"its agent could not be re-attached after the server restarted ({exc})"
     log.info("session %s: re-adopted container %s", session.session_id, container_id[:12])
     if link is None:
-        return LiveContainer(container_id, None, None)
-    return LiveContainer(container_id, link[0], link[1])
+        return LiveContainer(container_id, None, None, started=host.clock())
+    return LiveContainer(container_id, link[0], link[1], started=host.clock())

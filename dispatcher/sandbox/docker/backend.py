@@ -88,6 +88,8 @@ class DockerSandboxProvider(ProviderLifecycle):
         self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
         self._starting: set[asyncio.Task[None]] = set()
         """Containers started at session creation (``start_on_create``), until they are up."""
+        self.clock: Callable[[], float] = time.monotonic
+        """What containers' ages and idleness are measured on (unit tests step a fake clock)."""
         self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
         """Told each launch's duration and each launch that failed (metrics)."""
         self.on_container: Callable[[str, str | None], None] | None = None
@@ -291,8 +293,8 @@ class DockerSandboxProvider(ProviderLifecycle):
                 raise
             self.observer.sandbox_launched(time.monotonic() - started)
         if link is None:
-            return LiveContainer(container_id, None, None)
-        return LiveContainer(container_id, link[0], link[1])
+            return LiveContainer(container_id, None, None, started=self.clock())
+        return LiveContainer(container_id, link[0], link[1], started=self.clock())
 
     async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
         """Attach an agent in a running container (adoption after a restart); see ``ContainerLauncher``."""
@@ -370,7 +372,7 @@ class DockerSandboxProvider(ProviderLifecycle):
         interval = min(max(shortest / 4, 0.05), 30.0)
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
+            now = self.clock()
             for sandbox in list(self._sandboxes.values()):
                 try:
                     # Shielded: a stop (aclose cancels this task) waits for a removal under way, on

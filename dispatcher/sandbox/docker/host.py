@@ -6,8 +6,7 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.core.observe import SandboxObserver
@@ -27,8 +26,8 @@ class LiveContainer:
     container_id: str
     stream: AttachStream | None
     channel: AgentChannel | None
-    started: float = field(default_factory=time.monotonic)
-    """When the container started (``time.monotonic``), for ``sandbox.max_lifetime_seconds``."""
+    started: float
+    """When the container started (on its host's ``clock``), for ``sandbox.max_lifetime_seconds``."""
 
     def older_than(self, seconds: float | None, now: float) -> bool:
         return seconds is not None and now - self.started >= seconds
@@ -52,6 +51,10 @@ class ContainerHost(Protocol):
     @property
     def observer(self) -> SandboxObserver:
         """Told each removal of a running sandbox (metrics)."""
+        ...
+
+    def clock(self) -> float:
+        """Now, in monotonic seconds: what containers' ages and idleness are measured on."""
         ...
 
     async def launch(self, session: Session) -> LiveContainer:

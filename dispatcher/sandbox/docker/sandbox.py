@@ -64,7 +64,7 @@ class DockerSandbox(AgentFiles):
         self._quiet = asyncio.Event()
         """Set while no call uses the container."""
         self._quiet.set()
-        self.last_used = time.monotonic()
+        self.last_used = self._provider.clock()
         self.recreations = 0
         """Containers removed by enforcement or idleness (tests and metrics read it)."""
         self._lost: str | None = None
@@ -106,7 +106,7 @@ class DockerSandbox(AgentFiles):
         cannot keep an old container forever.
         """
         self._active += 1
-        self.last_used = time.monotonic()
+        self.last_used = self._provider.clock()
         try:
             while True:
                 async with self._lock:
@@ -118,7 +118,7 @@ class DockerSandbox(AgentFiles):
                 await self._quiet.wait()  # an old container: its running calls end first
         except BaseException:
             self._active -= 1
-            self.last_used = time.monotonic()
+            self.last_used = self._provider.clock()
             raise
 
     async def _usable(self) -> LiveContainer | None:
@@ -131,7 +131,7 @@ class DockerSandbox(AgentFiles):
         if live is not None and live.broken:
             await self._discard(live, "its agent or its container had died", SandboxRemoval.DIED)
             live = None
-        if live is not None and self._too_old(live, time.monotonic()):
+        if live is not None and self._too_old(live, self._provider.clock()):
             if self._running:
                 return None
             await self._retire(live)
@@ -155,7 +155,7 @@ class DockerSandbox(AgentFiles):
         self._running -= 1
         if not self._running:
             self._quiet.set()
-        self.last_used = time.monotonic()
+        self.last_used = self._provider.clock()
 
     async def _discard(self, live: LiveContainer, reason: str, kind: SandboxRemoval) -> None:
         """Forget ``live`` and remove its container, unless a newer one already replaced it."""
@@ -268,7 +268,7 @@ class DockerSandbox(AgentFiles):
 
     def adoptable(self, created: float) -> None:
         """The expected container passed its checks; it was created at ``created`` (epoch s)."""
-        self._adopt_started = time.monotonic() - max(0.0, time.time() - created)
+        self._adopt_started = self._provider.clock() - max(0.0, time.time() - created)
 
     def adoption_failed(self, reason: str) -> None:
         """The expected container cannot be re-adopted: the next call starts a fresh one and says why."""
@@ -294,7 +294,7 @@ class DockerSandbox(AgentFiles):
             if self._adopt_started is not None:
                 result.started = self._adopt_started
             self._live = result
-            self.last_used = time.monotonic()
+            self.last_used = self._provider.clock()
 
     async def detach(self) -> None:
         """Close the agent channel but leave the container running (the session is kept)."""

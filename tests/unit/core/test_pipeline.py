@@ -26,6 +26,7 @@ from dispatcher.core import (
 from dispatcher.core import events as ev
 from dispatcher.core.event_payloads import to_dict
 from dispatcher.sandbox.fake import FakeSandboxProvider
+from tests.clock import ManualClock
 from tests.unit.core.toolkit import SlowTool, StubbornTool, definition, next_event, types_of
 
 
@@ -521,17 +522,20 @@ async def test_event_durations_exclude_the_confirmation_wait(
     from dispatcher.core import DispatcherConfig
     from tests.unit.core.toolkit import WriteTool
 
-    d = ToolDispatcher(provider, config=DispatcherConfig(confirmation_timeout=5))
+    clock = ManualClock()
+    audit = MemoryAuditLog()
+    d = ToolDispatcher(provider, config=DispatcherConfig(confirmation_timeout=5, clock=clock), audit=audit)
     d.register(WriteTool)
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(d, session, "write", {"path": "a", "content": "b"}))
         rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
-        await asyncio.sleep(0.2)  # a human taking their time: that is the point of this test
+        clock.advance(200)  # a human taking their time: that is the point of this test
         d.resolve_confirmation("s1", rid, Decision.ALLOW)
         completed = await next_event(sub, ev.TOOL_COMPLETED)
     await task
-    assert completed.payload.duration_ms < 150
+    assert completed.payload.duration_ms == 0  # the clock moved only while the call waited
+    assert audit.records[-1]["duration_ms"] == 200_000  # what the caller waited, wait included
     await d.aclose()
 
 

@@ -17,6 +17,7 @@ from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from tests.clock import ManualClock
 from tests.unit.sandbox.fake_docker import FakeDockerClient
 
 INSTANCE = "unit-fake"
@@ -43,9 +44,11 @@ class Rig:
     tmp: Path
     providers: list[DockerSandboxProvider] = field(default_factory=list)
 
-    def provider(self, **config: Any) -> DockerSandboxProvider:
+    def provider(self, *, clock: ManualClock | None = None, **config: Any) -> DockerSandboxProvider:
         api = DockerAPI(client=self.fake, attempts=3)  # type: ignore[arg-type]
         provider = DockerSandboxProvider(FAST.model_copy(update=config), instance=INSTANCE, api=api)
+        if clock is not None:  # containers age and idle only when the test advances it
+            provider.clock = clock
         # The seam that keeps mount(2) out of unit tests: Docker gets the pinned paths, and the
         # fake container's view of them is checked by the real _verify_mounts.
         provider.launcher.can_mount = False
@@ -58,8 +61,8 @@ class Rig:
         workspace.mkdir()
         return Session(session_id=session_id, workspace_path=str(workspace), tenant_id="t")
 
-    def sandbox(self, **config: Any) -> DockerSandbox:
-        return self.provider(**config).sandbox_for(self.session())
+    def sandbox(self, *, clock: ManualClock | None = None, **config: Any) -> DockerSandbox:
+        return self.provider(clock=clock, **config).sandbox_for(self.session())
 
 
 async def run(
@@ -69,13 +72,20 @@ async def run(
     timeout: float = 5.0,
     grace: float = 0.1,
     cancel: asyncio.Event | None = None,
+    printed: asyncio.Event | None = None,
 ) -> Ran:
+    """Run ``command``; ``printed`` is set when its first output arrives (it is running)."""
     out = bytearray()
+
+    def output(stream: str, data: bytes) -> None:
+        if stream == "stdout":
+            out.extend(data)
+        if printed is not None:
+            printed.set()
+
     with collect_notices() as notices:
         result = await sandbox.exec(
-            ExecRequest(command, timeout=timeout, grace_seconds=grace),
-            lambda stream, data: out.extend(data) if stream == "stdout" else None,
-            cancel or asyncio.Event(),
+            ExecRequest(command, timeout=timeout, grace_seconds=grace), output, cancel or asyncio.Event()
         )
     return Ran(result, bytes(out), list(notices))
 

@@ -135,13 +135,20 @@ async def test_start_on_create_launches_in_the_background_and_the_first_call_fin
     assert rig.fake.calls.count("create_container") == 1  # the call launched nothing
     closed_at_once = rig.session("gone")
     provider.session_created(closed_at_once)
+    starting = _starts()
+    assert len(starting) == 1
     await provider.close_session(closed_at_once.session_id)  # before its container was up
-    await asyncio.sleep(0.2)
+    await asyncio.gather(*starting)  # the start has given up
     assert len(rig.fake.containers_alive) == 1  # nothing started for a closed session stays
 
 
 async def test_without_start_on_create_a_new_session_starts_nothing(rig: Rig) -> None:
     provider = rig.provider(start_on_create=False)
     provider.session_created(rig.session())
-    await asyncio.sleep(0.2)
+    assert _starts() == []  # nothing was even scheduled to start
     assert rig.fake.calls.count("create_container") == 0
+
+
+def _starts() -> list[asyncio.Task[object]]:
+    """The background starts of sessions' containers (``session_created`` names them)."""
+    return [t for t in asyncio.all_tasks() if t.get_name() == "sandbox-start"]

@@ -7,6 +7,7 @@ import time
 
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, adoption_problem, spec_fingerprint
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
+from tests.clock import ManualClock
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import INSTANCE, Rig, run
 from tests.unit.sandbox.fake_containers import BACKGROUND, IGNORE_TERM
@@ -69,10 +70,11 @@ async def test_orphan_removal_spares_live_sessions(rig: Rig) -> None:
 
 
 async def test_a_container_past_its_lifetime_is_replaced_at_the_next_call_which_says_so(rig: Rig) -> None:
-    sandbox = rig.sandbox(max_lifetime_seconds=0.3)
+    clock = ManualClock()
+    sandbox = rig.sandbox(max_lifetime_seconds=0.3, clock=clock)
     await run(sandbox, BACKGROUND)  # something left running: the lifetime bounds it anyway
     first = sandbox.container_id
-    await asyncio.sleep(0.4)
+    clock.advance(0.4)
     ran = await run(sandbox, "echo hi")
     assert ran.result.exit_code == 0 and sandbox.container_id not in (None, first)
     assert any("maximum lifetime (0.3 s)" in n and "processes left running" in n for n in ran.notices), (
@@ -110,11 +112,14 @@ def test_a_container_past_its_lifetime_is_not_readopted_after_a_restart(rig: Rig
 async def test_overlapping_calls_cannot_keep_an_old_container(rig: Rig) -> None:
     """New calls wait for the old container's running calls (bounded by their timeouts), then it
     goes: however the calls overlap, no container outlives its lifetime by more than that."""
-    sandbox = rig.sandbox(max_lifetime_seconds=0.3)
+    clock = ManualClock()
+    sandbox = rig.sandbox(max_lifetime_seconds=0.3, clock=clock)
     await run(sandbox, "echo first")
     old = sandbox.container_id
-    running = asyncio.create_task(run(sandbox, IGNORE_TERM, timeout=0.8, grace=0.1))
-    await asyncio.sleep(0.4)  # old now, and a call still runs in it
+    printed = asyncio.Event()
+    running = asyncio.create_task(run(sandbox, IGNORE_TERM, timeout=0.8, grace=0.1, printed=printed))
+    await printed.wait()
+    clock.advance(0.4)  # old now, and a call still runs in it
     b, c = await asyncio.gather(run(sandbox, "echo b"), run(sandbox, "echo c"))
     first = await running
     assert first.result.timed_out and not any("removed" in n for n in first.notices)  # not cut short
