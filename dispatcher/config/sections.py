@@ -188,6 +188,12 @@ class DispatcherSection(Section):
     max_input_bytes: PositiveInt = _PIPELINE.max_input_bytes
     """Largest input_json of one tool_use; more is that call's validation error (reason
     ``input_too_large``), its siblings run. At most ``server.max_request_bytes`` less 64 KiB."""
+    max_staged_changes: PositiveInt = _PIPELINE.max_staged_changes
+    """Per review/audit session: files with a staged change, kept off the disk until a human
+    applies or discards them; a write staged beyond is the call's error naming this key."""
+    max_staged_bytes: PositiveInt = _PIPELINE.max_staged_bytes
+    """Per review/audit session: bytes its staged changes hold (content and diff), in memory and in
+    ``state.db``."""
 
 
 class DispatchSection(Section):

@@ -10,9 +10,11 @@ Modes (``Session.approval_mode``; the README's Policy section has the table):
   proposed step of the session's plan (``tool.step_proposed``) and its result says so. Once a human
   approves the plan (``ApprovePlan``) the session behaves as ``autonomous``.
 - ``review``: writes of tools that can preview them (``Previewable``: ``write_file``, ``patch_file``)
-  are staged: the request carries the diff, and an accepted change is applied atomically in the
-  sandbox (``core/review.py``); the rest as cautious.
-- ``audit``: nothing asks, every call is recorded (audit log decision ``audit``).
+  are staged without asking: kept off the disk, the call returns at once (``core/review.py``), and
+  a human applies or discards each staged file later (``core/staged_apply.py``). Other calls as
+  cautious.
+- ``audit``: nothing asks and every call is recorded (audit log decision ``audit``); writes of
+  previewing tools are staged as in review, and a human applies them all or none.
 
 In every mode a ``deny`` of the tenant's policy (per tool or per class) stays a deny, a per-tool
 mode of the policy wins over the mode's class defaults, and ``always_prompt`` tools always ask.
@@ -25,7 +27,6 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from dispatcher.core import review
 from dispatcher.core.approval_mode import ApprovalMode as ApprovalMode
 from dispatcher.core.approval_mode import parse_mode as parse_mode
 from dispatcher.core.audit import AuditDecision
@@ -51,7 +52,6 @@ from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
     from dispatcher.core.calls import SessionState
-    from dispatcher.core.registry import RegisteredTool
     from dispatcher.core.run_state import RunState
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "parse_mode",
     "policy_mode",
     "projected",
+    "stages",
 ]
 
 SIDE_EFFECTS_THAT_CHANGE = frozenset({SideEffect.WRITE, SideEffect.EXECUTE, SideEffect.NETWORK})
@@ -73,7 +74,8 @@ PLAN_SUMMARY_CHARS = 2_000
 approve these exact calls, which the model makes again."""
 _ANSWERED = {Decision.ALLOW: AuditDecision.ALLOW, Decision.DENY: AuditDecision.DENY}
 _REMEMBERED = {Decision.ALLOW: AuditDecision.REMEMBERED_ALLOW, Decision.DENY: AuditDecision.REMEMBERED_DENY}
-_REVIEWED = {Decision.ALLOW: AuditDecision.REVIEW_ALLOW, Decision.DENY: AuditDecision.REVIEW_DENY}
+STAGING_MODES = frozenset({"review", "audit"})
+"""The approval modes whose previewing writes are staged (``core/staging.py``)."""
 
 
 def mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:
@@ -108,8 +110,10 @@ def policy_mode(run: RunState, definition: ToolDefinition) -> Mode:
             f"Tool {definition.name!r} is denied by the confirmation policy",
             reason=FailureReason.POLICY_DENIED,
         )
-    if _reviewed(run, definition) is not None:
-        return Mode.PROMPT  # every write is reviewed; the path is resolved first, to be shown
+    if stages(run, definition):
+        # Staged, not run: the human's approval is the apply. Only a tool that always asks does.
+        run.decision = AuditDecision.STAGED
+        return Mode.PROMPT if definition.always_prompt else Mode.AUTO
     if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
         return Mode.PROMPT  # held back as a step; resolved first, so the step shows its real paths
     if run.state.mode == ApprovalMode.AUDIT and mode is Mode.AUTO:
@@ -126,10 +130,6 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
     """
     if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
         propose(run, definition, input_)
-    reviewed = _reviewed(run, definition)
-    if reviewed is not None:
-        await _review(run, reviewed, input_)
-        return
     if mode is Mode.AUTO:
         return
     broker = run.state.broker
@@ -153,26 +153,13 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
         raise ToolUserDenied("User denied this operation.")
 
 
-def _reviewed(run: RunState, definition: ToolDefinition) -> RegisteredTool | None:
-    """The tool, when review mode stages this call: the session reviews and the tool previews."""
-    if run.state.mode != ApprovalMode.REVIEW:
-        return None
+def stages(run: RunState, definition: ToolDefinition) -> bool:
+    """Whether this call is staged instead of run: the session reviews or audits, and the tool
+    previews its write."""
+    if run.state.mode not in STAGING_MODES:
+        return False
     registered = run.deps.registry.get(definition.name)
-    return registered if registered is not None and registered.previews else None
-
-
-async def _review(run: RunState, registered: RegisteredTool, input_: dict[str, Any]) -> None:
-    """Stage the write, ask with its diff, and let it run only if accepted and still current.
-    Remembered answers do not apply: in review mode every change is seen."""
-    staged = await review.stage(run, registered, input_)
-    decision, _ = await ask(run, registered.definition, input_, diff=staged.diff)
-    run.decision = _REVIEWED[decision]
-    if decision is Decision.DENY:
-        raise ToolUserDenied(f"The reviewer rejected the change to {staged.path}; the file was not changed.")
-    await review.check_unchanged(run, staged)
-    # Checked again by the sandbox just before its rename: a change made after this check is
-    # never overwritten either.
-    run.reviewed_sha256 = staged.before_sha256
+    return registered is not None and registered.previews
 
 
 def propose(run: RunState, definition: ToolDefinition, input_: dict[str, Any]) -> None:

@@ -3,7 +3,9 @@
 A call the policy lets through gets ``tool.call.dispatched`` (with its redacted input) before the
 tool starts, so a call still running when the server dies has left its trace, and
 ``tool.call.completed`` (same fields plus outcome and duration) when it ends, however it ends. A
-call refused before it runs gets one ``tool.call.denied``.
+call refused before it runs gets one ``tool.call.denied``. A human's apply or discard of staged
+changes (review and audit modes) is not a call: it gets one ``staged.applied`` or
+``staged.discarded`` record, with the change ids and paths.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from typing import Any, Final, TextIO
 DISPATCHED: Final = "tool.call.dispatched"
 DENIED: Final = "tool.call.denied"
 COMPLETED: Final = "tool.call.completed"
+STAGED_APPLIED: Final = "staged.applied"
+"""A human applied staged changes (review/audit mode): which were written, which refused and why."""
+STAGED_DISCARDED: Final = "staged.discarded"
+"""A human discarded staged changes: nothing of them was written."""
 
 
 class AuditDecision(StrEnum):
@@ -31,8 +37,9 @@ class AuditDecision(StrEnum):
     DENY = "deny"  # a human denied it when asked
     REMEMBERED_ALLOW = "remembered_allow"  # an earlier answer, remembered for the session
     REMEMBERED_DENY = "remembered_deny"
-    REVIEW_ALLOW = "review_allow"  # review mode: the staged change was accepted
-    REVIEW_DENY = "review_deny"  # ... rejected
+    REVIEW_ALLOW = "review_allow"  # earlier releases: review mode asked per write (now staged)
+    REVIEW_DENY = "review_deny"  # ... and it was rejected; neither is written any more
+    STAGED = "staged"  # review/audit mode: the write was staged, not run (applied later by a human)
     PLAN_PROPOSED = "plan_proposed"  # plan mode: recorded as a step, not run
     PLAN_FULL = "plan_full"  # plan mode: the plan is full, neither run nor recorded
     POLICY_DENIED = "policy_denied"  # the confirmation policy denies the tool

@@ -11,6 +11,7 @@ from dispatcher.core.confirmation import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
 from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.staging import StagingArea
 
 __all__ = ["Call", "PlanStep", "SessionState"]
 
@@ -92,7 +93,10 @@ class SessionState:
     turns ``plan`` into ``autonomous``."""
     plan: list[PlanStep] = field(default_factory=list)
     """The steps a ``plan`` session proposed, in order, until the plan is approved or rejected."""
+    staging: StagingArea = field(init=False)
+    """Review and audit sessions: writes kept off the disk until a human applies them."""
 
     def __post_init__(self) -> None:
+        self.staging = StagingArea(self.session.session_id)
         if not self.mode:
             self.mode = self.session.approval_mode

@@ -10,11 +10,13 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from dispatcher.core.audit import AuditSink
+from dispatcher.core import staged_apply
+from dispatcher.core.audit import STAGED_APPLIED, STAGED_DISCARDED, AuditSink
 from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
+from dispatcher.core.event_payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.events import EventBus
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.ordering import CHANGES, MessageOrder, Ordering
@@ -25,6 +27,8 @@ from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
 from dispatcher.core.session import Session, SessionStatus
 from dispatcher.core.session_registry import SessionRegistry
 from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.staged_apply import ApplyOutcome
+from dispatcher.core.staging import StagedChange
 from dispatcher.core.timeouts import check_timeout_names
 from dispatcher.core.types import ToolDefinition, ToolFactory, ToolResultBlock, ToolUseBlock
 
@@ -215,6 +219,70 @@ class ToolDispatcher:
             UnknownConfirmationError: no such request in the session.
         """
         return self.sessions.get(session_id).broker.resolve(request_id, decision, remember=remember)
+
+    # -- staged changes (review and audit modes; core/staging.py) ------------------------
+
+    def staged_changes(self, session_id: str) -> list[StagedChange]:
+        """The session's staged changes, oldest first.
+
+        Raises:
+            UnknownSessionError: the session is not open.
+        """
+        return self.sessions.get(session_id).staging.changes()
+
+    async def apply_staged(self, session_id: str, change_ids: Sequence[str]) -> ApplyOutcome:
+        """A human applies staged changes (none named: all): per file in review mode, all or
+        nothing in audit mode (``core/staged_apply.py``); published and audited.
+
+        Raises:
+            UnknownSessionError: the session is not open.
+            UnknownStagedChangeError: an id names no staged change (nothing is written).
+        """
+        state = self.sessions.get(session_id)
+        sandbox = self._provider.sandbox_for(state.session)
+        audit_mode = state.mode == "audit"
+        outcome = await staged_apply.apply(state.staging, sandbox, change_ids, all_or_nothing=audit_mode)
+        refused = outcome.refused
+        state.bus.publish(
+            StagedApplied(
+                change_ids=tuple(c.change_id for c in outcome.applied),
+                paths=tuple(c.path for c in outcome.applied),
+                refused_ids=tuple(r.change.change_id for r in refused),
+                refused_paths=tuple(r.change.path for r in refused),
+                refused_reasons=tuple(r.reason for r in refused),
+            ),
+            turn_id="",
+            tool_use_id="",
+        )
+        self.audit_record(
+            STAGED_APPLIED,
+            tenant=state.session.tenant_id,
+            session=session_id,
+            mode=state.mode,
+            applied=[{"id": c.change_id, "path": c.path} for c in outcome.applied],
+            refused=[{"id": r.change.change_id, "path": r.change.path, "reason": r.reason} for r in refused],
+        )
+        return outcome
+
+    async def discard_staged(self, session_id: str, change_ids: Sequence[str]) -> list[StagedChange]:
+        """A human discards staged changes (none named: all); published and audited.
+
+        Raises:
+            UnknownSessionError: the session is not open.
+            UnknownStagedChangeError: an id names no staged change (nothing is dropped).
+        """
+        state = self.sessions.get(session_id)
+        dropped = await staged_apply.discard(state.staging, change_ids)
+        ids, paths = tuple(c.change_id for c in dropped), tuple(c.path for c in dropped)
+        state.bus.publish(StagedDiscarded(change_ids=ids, paths=paths), turn_id="", tool_use_id="")
+        self.audit_record(
+            STAGED_DISCARDED,
+            tenant=state.session.tenant_id,
+            session=session_id,
+            mode=state.mode,
+            discarded=[{"id": i, "path": p} for i, p in zip(ids, paths, strict=True)],
+        )
+        return dropped
 
     # -- dispatch -------------------------------------------------------------------------
 

@@ -82,6 +82,10 @@ class UnknownConfirmationError(DispatcherError, LookupError):
     """No confirmation request with that id exists in the session."""
 
 
+class UnknownStagedChangeError(DispatcherError, LookupError):
+    """An id names no staged change of the session (``core/staging.py``)."""
+
+
 class ToolError(DispatcherError):
     """A tool call failed; becomes an error result, never a crash.
 

@@ -23,6 +23,10 @@ TOOL_CONFIRMATION_REQUESTED: Final = "tool.confirmation_requested"
 TOOL_CONFIRMATION_RESOLVED: Final = "tool.confirmation_resolved"
 TOOL_STEP_PROPOSED: Final = "tool.step_proposed"
 """A ``plan`` session held back a call with side effects as a step of its plan (spec 004)."""
+STAGED_APPLIED: Final = "staged.applied"
+"""A human applied staged changes (review/audit mode); not a call's: its tool_use_id is ""."""
+STAGED_DISCARDED: Final = "staged.discarded"
+"""A human discarded staged changes; not a call's either."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,29 @@ class ToolConfirmationResolved:
     reason: str  # client | timeout | cancelled | remembered
 
 
+@dataclass(frozen=True, slots=True)
+class StagedApplied:
+    """``ApplyStagedChanges``: the changes written, and those refused (they stay staged)."""
+
+    TYPE: ClassVar[str] = STAGED_APPLIED
+    change_ids: tuple[str, ...]
+    paths: tuple[str, ...]
+    """The written files, workspace-relative, in the order of ``change_ids``."""
+    refused_ids: tuple[str, ...] = ()
+    refused_paths: tuple[str, ...] = ()
+    refused_reasons: tuple[str, ...] = ()
+    """Why each of ``refused_ids`` (at ``refused_paths``) was not written, in its order."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedDiscarded:
+    """``DiscardStagedChanges``: the changes dropped; nothing of them was written."""
+
+    TYPE: ClassVar[str] = STAGED_DISCARDED
+    change_ids: tuple[str, ...]
+    paths: tuple[str, ...]
+
+
 EventPayload = (
     ToolCalled
     | ToolOutputDelta
@@ -113,6 +140,8 @@ EventPayload = (
     | ToolConfirmationRequested
     | ToolStepProposed
     | ToolConfirmationResolved
+    | StagedApplied
+    | StagedDiscarded
 )
 
 PAYLOAD_TYPES: Final[Mapping[str, type[EventPayload]]] = {
@@ -126,6 +155,8 @@ PAYLOAD_TYPES: Final[Mapping[str, type[EventPayload]]] = {
         ToolConfirmationRequested,
         ToolStepProposed,
         ToolConfirmationResolved,
+        StagedApplied,
+        StagedDiscarded,
     )
 }
 EVENT_TYPES: Final = frozenset(PAYLOAD_TYPES)

@@ -9,7 +9,7 @@ import functools
 import logging
 from typing import Any, cast
 
-from dispatcher.core import approval, call_record
+from dispatcher.core import approval, call_record, review
 from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import (
@@ -41,6 +41,7 @@ from dispatcher.core.run_state import PipelineDeps as PipelineDeps
 from dispatcher.core.run_state import RunState
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
 from dispatcher.core.schema import validation_errors
+from dispatcher.core.staged_files import StagedFiles
 from dispatcher.core.timeouts import call_timeout
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import (
@@ -100,11 +101,13 @@ class CallRun(RunState):
             sandbox = self.deps.provider.sandbox_for(self.session)
             self.check_scope(registered.definition, input_, sandbox.workspace_root)  # step 3, lexical
             mode = self.policy_mode(registered.definition)  # a deny needs no sandbox
+            staged = approval.stages(self, registered.definition)  # review/audit: kept off the disk
             caps = self.session.capabilities or _UNRESTRICTED
-            if mode is not Mode.AUTO or caps.fs_grants is not None:
-                # Step 3 where the files are. Skipped only when nobody is asked and no grant
-                # narrows the workspace: the agent then refuses an escape at use all the same,
-                # and the round trip (~0.4 ms) stays off the fast path.
+            if mode is not Mode.AUTO or caps.fs_grants is not None or staged:
+                # Step 3 where the files are. Skipped only when nobody is asked, no grant
+                # narrows the workspace and nothing is staged (a change is kept by its real path):
+                # the agent then refuses an escape at use all the same, and the round trip
+                # (~0.4 ms) stays off the fast path.
                 await self.resolve_scope(registered.definition, input_, sandbox)
             await self.confirm(registered.definition, input_, mode, sandbox.workspace_root)  # step 4
         except ToolError as exc:
@@ -124,7 +127,10 @@ class CallRun(RunState):
             )  # step 5
             self.audit(DISPATCHED)  # before the tool starts: a call the server dies in is on record
             try:
-                output = await self.run_tool(registered, input_, sandbox)  # steps 6-7
+                if staged:  # steps 6-7: what the tool would write, staged (core/review.py)
+                    output = await review.stage(self, registered, input_)
+                else:
+                    output = await self.run_tool(registered, input_, sandbox)  # steps 6-7
             except ToolError as exc:
                 return self.fail(exc)
         return self.complete(output)  # steps 8-10
@@ -257,12 +263,12 @@ class CallRun(RunState):
                 _tool_logger(definition.name),
                 {"session_id": self.session.session_id, "tool_use_id": self.tool_use.id},
             ),
-            workspace_files=sandbox,
+            # Reads see the session's staged changes; shell (``sandbox``) sees the disk.
+            workspace_files=StagedFiles(sandbox, self.state.staging) if self.state.staging else sandbox,
             sandbox=sandbox,
             emit_output=self._emit_output,
             timeout_seconds=limit,
             resolved=dict(self.resolved),  # the tool uses exactly what was checked and approved
-            reviewed_sha256=self.reviewed_sha256,  # ... and writes only over what was reviewed
         )
         task = asyncio.ensure_future(tool.execute(input_, context))
         try:

@@ -67,7 +67,6 @@ class RunState:
         self.decision = AuditDecision.AUTO  # the audit records' decision; steps change it
         self._summary: Any = None
         self.resolved: dict[str, str] = {}  # requires_fs input key -> real path in the workspace
-        self.reviewed_sha256: str | None = None  # review mode: what the accepted diff was made from
         self.notices: list[str] = []  # what happened to the sandbox meanwhile (recreated, ...)
 
     # Events and audit -------------------------------------------------------------------

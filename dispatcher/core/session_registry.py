@@ -32,6 +32,7 @@ from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Event, EventBus
 from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.staging import StagedChange
 
 __all__ = ["BaseSessionListener", "Restoration", "SessionListener", "SessionRegistry", "SessionStatus"]
 
@@ -58,6 +59,8 @@ class Restoration:
     plan: tuple[PlanStep, ...] = ()
     container_id: str | None = None
     """The sandbox container the previous life used (re-adopted by the provider)."""
+    staged: tuple[StagedChange, ...] = ()
+    """The changes it had staged and nobody applied or discarded yet (``core/staging.py``)."""
 
 
 class SessionListener(Protocol):
@@ -148,6 +151,7 @@ class SessionRegistry:
             bus.restore(restored.events)
             state.broker.restore_remembered(dict(restored.remembered))
             state.plan[:] = restored.plan
+            state.staging.restore(restored.staged)
             if restored.mode is not None:
                 state.mode = restored.mode
         return state

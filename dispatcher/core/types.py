@@ -107,9 +107,6 @@ class ToolContext:
     nothing was resolved (no question, no grants: the sandbox checks the path at use alone)."""
     timeout_seconds: float | None = None
     """The limit this call runs under (see ``core/timeouts.py``); None outside the dispatcher."""
-    reviewed_sha256: str | None = None
-    """Review mode: the sha256 of the file the accepted diff was made from ("absent": no file);
-    pass it on as ``expect_sha256=`` so the write happens only if the file is still that."""
 
 
 @runtime_checkable
@@ -127,8 +124,9 @@ class Tool(Protocol):
 class Previewable(Protocol):
     """What a tool that replaces one file whole may offer besides ``execute``: the content the
     call would leave, computed without writing. The file is the input named by the one ``rw``
-    entry of its ``requires_fs``. Review mode (spec 004) shows a human this as a diff before the
-    call runs; the tool writes exactly this, so what is reviewed is what is written."""
+    entry of its ``requires_fs``. Review and audit modes (spec 004) stage this instead of running
+    the call (``core/review.py``), and a human applies exactly these bytes later; the tool writes
+    exactly this when it runs, so both paths have one semantics."""
 
     def preview(self, input: Mapping[str, Any], current: bytes | None) -> bytes:
         """The file's bytes after the call, given its bytes now (None: there is no file).

@@ -10,7 +10,13 @@ import logging
 
 import grpc
 
-from dispatcher.core.errors import ConfigError, DispatcherError, UnknownConfirmationError, UnknownSessionError
+from dispatcher.core.errors import (
+    ConfigError,
+    DispatcherError,
+    UnknownConfirmationError,
+    UnknownSessionError,
+    UnknownStagedChangeError,
+)
 
 log = logging.getLogger("dispatcher.server")
 
@@ -43,6 +49,7 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (UnknownSessionError, grpc.StatusCode.NOT_FOUND),
     (UnknownConfirmationError, grpc.StatusCode.NOT_FOUND),
+    (UnknownStagedChangeError, grpc.StatusCode.NOT_FOUND),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),

@@ -3,9 +3,10 @@
 ``SessionPersistence`` is the first listener of the session registry: a new session's row is
 committed when it opens (before CreateSession answers) and deleted when it closes; every event of
 a session goes to the background writer through its bus's sink; a remembered confirmation answer
-and a change of container are queued the same way. At start, ``restore`` gives back every stored
+and a change of container are queued the same way. Staged changes (review and audit modes) are
+committed before the call that staged them answers (the session's staging sink). At start, ``restore`` gives back every stored
 session whose tenant and workspace still exist, through the one path that opens sessions, with its
-event history and seq, its remembered answers and its container (which the sandbox provider, a
+event history and seq, its remembered answers, its staged changes and its container (which the sandbox provider, a
 listener too, re-adopts), then a ``tool.failed`` "server restarted" event for each call that was
 running. ``MemoryPersistence`` takes its place where nothing is kept: sessions end with the process.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +30,7 @@ from dispatcher.core.events import Event
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionListener
+from dispatcher.core.staging import StagedChange
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 from dispatcher.server.session_entry import build_session
@@ -153,7 +155,7 @@ class SessionPersistence(BaseSessionListener):
         self._attach(state, ())
 
     def session_restored(self, state: SessionState, restored: Restoration) -> None:
-        """A session given back is stored already: only follow its events from now on."""
+        """A session given back is stored already: only follow its events and changes from now on."""
         self._attach(state, restored.events)
 
     def session_closed(self, state: SessionState) -> None:
@@ -164,6 +166,15 @@ class SessionPersistence(BaseSessionListener):
         sid = state.session.session_id
         self.writer.track(sid, stored_events)
         state.bus.sink = self._sink(sid)
+        state.staging.sink = self
+
+    # -- staged changes (a StagingSink): committed before the call or the RPC answers -----------
+
+    async def change_staged(self, session_id: str, change: StagedChange) -> None:
+        await asyncio.to_thread(self.store.put_staged, session_id, change)
+
+    async def changes_removed(self, session_id: str, change_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.store.delete_staged, session_id, change_ids)
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         self.writer.update(session_id, "container_id", container_id)
@@ -283,6 +294,7 @@ class SessionPersistence(BaseSessionListener):
             mode=mode,
             plan=tuple(plan_from_json(row.policy)),
             container_id=row.container_id,
+            staged=tuple(row.staged),
         )
 
 

@@ -20,7 +20,7 @@ from dispatcher.server.sessions import SessionManager
 from dispatcher.server.transfer import TransferHandlers
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_policy
+from dispatcher.wire import convert, convert_policy, convert_staged
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -203,3 +203,34 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     ) -> AsyncIterator[pb.DownloadFilesResponse]:
         async for item in self._transfers.download(request, context):
             yield item
+
+    @_unary
+    async def ListStagedChanges(
+        self, request: pb.ListStagedChangesRequest, context: Ctx
+    ) -> pb.ListStagedChangesResponse:
+        changes = session_policy.list_staged(self._sessions, current_tenant(), request.session_id)
+        return pb.ListStagedChangesResponse(changes=[convert_staged.change_to_pb(c) for c in changes])
+
+    @_unary
+    async def ApplyStagedChanges(
+        self, request: pb.ApplyStagedChangesRequest, context: Ctx
+    ) -> pb.ApplyStagedChangesResponse:
+        outcome = await session_policy.apply_staged(
+            self._sessions, current_tenant(), request.session_id, list(request.ids)
+        )
+        return pb.ApplyStagedChangesResponse(
+            applied_ids=[c.change_id for c in outcome.applied],
+            refused=[
+                convert_staged.refusal_to_pb(r.change.change_id, r.change.path, r.reason)
+                for r in outcome.refused
+            ],
+        )
+
+    @_unary
+    async def DiscardStagedChanges(
+        self, request: pb.DiscardStagedChangesRequest, context: Ctx
+    ) -> pb.DiscardStagedChangesResponse:
+        dropped = await session_policy.discard_staged(
+            self._sessions, current_tenant(), request.session_id, list(request.ids)
+        )
+        return pb.DiscardStagedChangesResponse(discarded_ids=[c.change_id for c in dropped])

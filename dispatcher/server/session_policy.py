@@ -1,5 +1,6 @@
-"""The RPCs about a session's approvals beyond one answer: the plan of a plan-mode session, and
-answering a batch of confirmation requests (review mode's staged writes) at once."""
+"""The RPCs about a session's approvals beyond one answer: the plan of a plan-mode session,
+answering a batch of confirmation requests at once, and the staged changes of a review or audit
+session (``core/staging.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Sequence
 from dispatcher.core.approval import ApprovalMode, PlanStep, approve_plan
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownConfirmationError
+from dispatcher.core.staged_apply import ApplyOutcome
+from dispatcher.core.staging import StagedChange
 from dispatcher.server.errors import FailedPrecondition, InvalidRequest
 from dispatcher.server.request_checks import MAX_ID_CHARS
 from dispatcher.server.sessions import SessionManager
@@ -78,3 +81,61 @@ def resolve_many(
         extra={"tenant_id": tenant.tenant_id, "session_id": session_id, "decision": str(decision)},
     )
     return applied
+
+
+def _check_ids(ids: Sequence[str]) -> None:
+    if len(ids) > MAX_BATCH or any(len(i) > MAX_ID_CHARS for i in ids):
+        raise InvalidRequest(f"ids: at most {MAX_BATCH} ids of at most {MAX_ID_CHARS} characters")
+
+
+def list_staged(sessions: SessionManager, tenant: Tenant, session_id: str) -> list[StagedChange]:
+    """ListStagedChanges: the session's staged changes, oldest first.
+
+    Raises:
+        UnknownSessionError: no such session for this tenant.
+    """
+    sessions.get(tenant, session_id)
+    return sessions.dispatcher.staged_changes(session_id)
+
+
+async def apply_staged(
+    sessions: SessionManager, tenant: Tenant, session_id: str, ids: Sequence[str]
+) -> ApplyOutcome:
+    """ApplyStagedChanges: write the listed changes (none listed: all); see ``core/staged_apply.py``.
+
+    Raises:
+        UnknownSessionError: no such session for this tenant.
+        UnknownStagedChangeError: an id names no staged change (nothing is written).
+    """
+    sessions.get(tenant, session_id)
+    _check_ids(ids)
+    outcome = await sessions.dispatcher.apply_staged(session_id, ids)
+    log.info(
+        "staged changes applied",
+        extra={
+            "tenant_id": tenant.tenant_id,
+            "session_id": session_id,
+            "applied": len(outcome.applied),
+            "refused": len(outcome.refused),
+        },
+    )
+    return outcome
+
+
+async def discard_staged(
+    sessions: SessionManager, tenant: Tenant, session_id: str, ids: Sequence[str]
+) -> list[StagedChange]:
+    """DiscardStagedChanges: drop the listed changes (none listed: all).
+
+    Raises:
+        UnknownSessionError: no such session for this tenant.
+        UnknownStagedChangeError: an id names no staged change (nothing is dropped).
+    """
+    sessions.get(tenant, session_id)
+    _check_ids(ids)
+    dropped = await sessions.dispatcher.discard_staged(session_id, ids)
+    log.info(
+        "staged changes discarded",
+        extra={"tenant_id": tenant.tenant_id, "session_id": session_id, "discarded": len(dropped)},
+    )
+    return dropped

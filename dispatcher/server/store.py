@@ -3,11 +3,12 @@
 What one row keeps is what a restarted server needs to give a session back: identity, tenant,
 workspace, role, labels, create time, the per-session policy state (remembered confirmation
 answers, the mode in force, the proposed plan; see ``stored_policy.py``), the container it owns, its last event seq, its bounded event
-history, and the tool calls that were running. The file is the server's own, but it may be stale
+history, the tool calls that were running, and its staged changes (review and audit modes). The file is the server's own, but it may be stale
 or damaged: anything unreadable refuses the start (``StateError``, exit 2) rather than dropping
 state silently.
 
-Writes: session rows are written before CreateSession answers (``put_session``); events, running
+Writes: session rows are written before CreateSession answers (``put_session``), staged changes
+before the staging call answers (``put_staged``); events, running
 calls and container ids go through ``StateWriter`` (``store_writer.py``), a background thread that
 commits in batches.
 """
@@ -28,6 +29,7 @@ from typing import Any
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.event_payloads import payload_from_dict
 from dispatcher.core.events import Event
+from dispatcher.core.staging import ChangeKind, StagedChange
 
 log = logging.getLogger("dispatcher.server")
 
@@ -67,6 +69,22 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (session_id, tool_use_id)
     ) WITHOUT ROWID;
     """,
+    # 2: the changes review and audit sessions staged and nobody applied or discarded yet.
+    """
+    CREATE TABLE staged_changes (
+        session_id  TEXT NOT NULL,
+        change_id   TEXT NOT NULL,
+        path        TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        base_sha256 TEXT NOT NULL,
+        data        BLOB NOT NULL,
+        diff        TEXT NOT NULL,
+        staged_at   REAL NOT NULL,
+        tool_name   TEXT NOT NULL,
+        tool_use_id TEXT NOT NULL,
+        PRIMARY KEY (session_id, change_id)
+    );
+    """,
 )
 """Schema version N is ``MIGRATIONS[:N]`` applied in order; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -101,6 +119,8 @@ class StoredSession:
     last_seq: int = 0
     events: list[Event] = field(default_factory=list)
     running: list[RunningCall] = field(default_factory=list)
+    staged: list[StagedChange] = field(default_factory=list)
+    """Its staged changes (review/audit), oldest first."""
 
 
 class SessionStore:
@@ -184,7 +204,7 @@ class SessionStore:
         with self.lock:
             self._conn.execute("BEGIN")
             try:
-                for table in ("sessions", "events", "running_calls"):
+                for table in ("sessions", "events", "running_calls", "staged_changes"):
                     self._conn.executemany(f"DELETE FROM {table} WHERE session_id = ?", ids)
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -228,6 +248,13 @@ class SessionStore:
                     s = sessions.get(r[0])
                     if s is not None:
                         s.running.append(RunningCall(r[1], r[2], r[3]))
+                for r in self._conn.execute(
+                    "SELECT session_id, change_id, path, kind, base_sha256, data, diff, staged_at,"
+                    " tool_name, tool_use_id FROM staged_changes ORDER BY rowid"
+                ):
+                    s = sessions.get(r[0])
+                    if s is not None:
+                        s.staged.append(_staged_from_row(r))
         except (sqlite3.DatabaseError, ValueError, TypeError, KeyError) as exc:
             raise StateError(f"{self.path}: the session state is damaged ({exc})") from exc
         for s in sessions.values():
@@ -235,6 +262,39 @@ class SessionStore:
             if s.events:
                 s.last_seq = max(s.last_seq, s.events[-1].seq)
         return list(sessions.values())
+
+    def put_staged(self, session_id: str, change: StagedChange) -> None:
+        """Keep a staged change (committed on return: a change the model was told is staged
+        survives a kill); one staged again keeps its place in the order."""
+        with self.lock:
+            self._conn.execute(
+                "INSERT INTO staged_changes (session_id, change_id, path, kind, base_sha256, data, diff,"
+                " staged_at, tool_name, tool_use_id) VALUES (?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (session_id, change_id) DO UPDATE SET path = excluded.path,"
+                " kind = excluded.kind, base_sha256 = excluded.base_sha256, data = excluded.data,"
+                " diff = excluded.diff, staged_at = excluded.staged_at, tool_name = excluded.tool_name,"
+                " tool_use_id = excluded.tool_use_id",
+                (
+                    session_id,
+                    change.change_id,
+                    change.path,
+                    change.kind.value,
+                    change.base_sha256,
+                    change.data,
+                    change.diff,
+                    change.staged_at,
+                    change.tool_name,
+                    change.tool_use_id,
+                ),
+            )
+
+    def delete_staged(self, session_id: str, change_ids: Sequence[str]) -> None:
+        """Forget staged changes (applied or discarded)."""
+        with self.lock:
+            self._conn.executemany(
+                "DELETE FROM staged_changes WHERE session_id = ? AND change_id = ?",
+                [(session_id, change_id) for change_id in change_ids],
+            )
 
     # -- used by the writer thread (under ``lock``) ----------------------------------------
 
@@ -305,7 +365,7 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
 
 def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = {"sessions", "events", "running_calls"} - names
+    missing = {"sessions", "events", "running_calls", "staged_changes"} - names
     if missing:
         raise StateError(
             f"{path}: the session state is damaged (missing tables: {', '.join(sorted(missing))})"
@@ -328,4 +388,20 @@ def _session_from_row(r: Sequence[Any]) -> StoredSession:
         policy=policy,
         container_id=str(r[8]) if r[8] else None,
         last_seq=int(r[9]),
+    )
+
+
+def _staged_from_row(r: Sequence[Any]) -> StagedChange:
+    if not isinstance(r[5], bytes):
+        raise ValueError(f"staged change {r[1]!r}: its content is not bytes")
+    return StagedChange(
+        change_id=str(r[1]),
+        path=str(r[2]),
+        kind=ChangeKind(r[3]),
+        base_sha256=str(r[4]),
+        data=r[5],
+        diff=str(r[6]),
+        staged_at=float(r[7]),
+        tool_name=str(r[8]),
+        tool_use_id=str(r[9]),
     )

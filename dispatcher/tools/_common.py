@@ -18,6 +18,14 @@ PATH_SCHEMA: dict[str, Any] = {
 }
 
 
+STAGED_WRITE_NOTE = (
+    "In a review or audit session the write is staged, not yet on disk: the result says "
+    '"staged for review as ID", read_file and list_dir of this session show the staged content, '
+    "shell sees the disk until a human applies the change."
+)
+"""What write tools say of review and audit modes (``core/review.py``) in their description."""
+
+
 def start(context: ToolContext) -> None:
     """File operations are short: honour a cancel that came before they start, then finish."""
     if context.cancel_event.is_set():

@@ -38,7 +38,9 @@ class ListDirTool(FileTool):
             f"Directories end with '/', symlinks show '@ -> target'. At most {MAX_ENTRIES} entries. "
             "Names are escaped: a backslash shows as '\\\\', a newline as '\\n', other control and "
             "bidi characters (and bytes that are not UTF-8) as \\xNN / \\uNNNN escapes. Give a "
-            "name back to any file tool exactly as listed, escapes included: it reaches that file."
+            "name back to any file tool exactly as listed, escapes included: it reaches that file. "
+            "In a review or audit session, files with staged changes (not yet on disk) are listed "
+            "and named in a note at the end; shell sees the disk."
         ),
         input_schema={
             "type": "object",
@@ -64,8 +66,19 @@ class ListDirTool(FileTool):
             lines.append(
                 f"[... truncated: more than {len(listing.entries)} entries; list a subdirectory ...]"
             )
+        staged = [
+            f"{format_entry(e)} ({e.size:,} bytes)" if e.kind == "file" else format_entry(e)
+            for e in listing.entries
+            if e.staged
+        ]
+        if staged:
+            lines.append("[staged, not yet on disk: " + ", ".join(staged) + "]")
         text = "\n".join(lines) if lines else "[empty directory]"
         return ToolOutput(
             content=[TextBlock(text)],
-            metadata={"entries": len(listing.entries), "truncated": listing.truncated},
+            metadata={
+                "entries": len(listing.entries),
+                "truncated": listing.truncated,
+                **({"staged": len(staged)} if staged else {}),
+            },
         )

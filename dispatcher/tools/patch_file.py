@@ -1,7 +1,7 @@
 """``patch_file {path, old, new}``: replace text that occurs exactly once, atomically.
 
 ``patched`` is the one definition of what a patch does: the tool writes what it computes, and
-review mode shows the same as its diff (``preview``)."""
+review and audit modes stage the same (``preview``)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,18 @@ from typing import Any
 
 from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
-from dispatcher.tools._common import PATH_SCHEMA, FileTool, explain, start, workspace_path
+from dispatcher.tools._common import (
+    PATH_SCHEMA,
+    STAGED_WRITE_NOTE,
+    FileTool,
+    explain,
+    start,
+    workspace_path,
+)
 
 
 class PatchFileTool(FileTool):
-    """Edits a workspace file str_replace-style; ``Previewable`` (review mode diffs its change)."""
+    """Edits a workspace file str_replace-style; ``Previewable`` (review and audit modes stage its change)."""
 
     definition = ToolDefinition(
         name="patch_file",
@@ -24,7 +31,7 @@ class PatchFileTool(FileTool):
             "matching it character for character (whitespace and indentation included); include "
             "enough surrounding lines to make it unique. The file is unchanged if it does not match. "
             "In a file with CRLF line endings, write `old` and `new` with plain newlines: they "
-            "match the CRLF lines and the replacement is written with CRLF."
+            "match the CRLF lines and the replacement is written with CRLF. " + STAGED_WRITE_NOTE
         ),
         input_schema={
             "type": "object",
@@ -44,7 +51,7 @@ class PatchFileTool(FileTool):
         """Apply the replacement or explain why it could not be applied.
 
         The file is read, changed here by ``preview`` (the one definition of what a patch does,
-        review mode's too) and written back whole, atomically and only over the bytes it was read
+        staging's too) and written back whole, atomically and only over the bytes it was read
         as: a change made meanwhile is refused by the sandbox just before its rename, never lost.
         """
         start(context)
@@ -56,13 +63,11 @@ class PatchFileTool(FileTool):
         except FileOpError as exc:
             raise explain(exc, path) from exc
         read_as = hashlib.sha256(current).hexdigest()
-        if context.reviewed_sha256 not in (None, read_as):
-            raise FileOpError("changed", _changed_after_review(path))
         after = self.preview(input, current)
         try:
             await files.write_bytes(path, after, approved=approved, expect_sha256=read_as)
         except FileOpError as exc:
-            if exc.code == "changed" and context.reviewed_sha256 is None:
+            if exc.code == "changed":
                 raise FileOpError(
                     "changed",
                     f"{path} changed while it was being patched (written meanwhile, or replaced by a "
@@ -136,13 +141,6 @@ def _encode(text: str, path: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         raise FileOpError("decode", f"{path}: text cannot be encoded as UTF-8") from None
-
-
-def _changed_after_review(path: str) -> str:
-    return (
-        f"{path} changed after the change to it was reviewed; nothing was written. Read the file "
-        "again and repeat the call to have it reviewed again."
-    )
 
 
 def _newline_note(data: bytes, old: str) -> str:

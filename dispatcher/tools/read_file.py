@@ -37,7 +37,8 @@ class ReadFileTool(FileTool):
             "Read a file from the workspace. Text comes back as is; use offset (1-based line) and "
             f"limit (lines) to page through long files (at most {CONTENT_CAP:,} characters per call). "
             "PNG, JPEG, GIF and WebP files come back as images; other binary files are refused "
-            "(inspect them with shell: file, od, base64)."
+            "(inspect them with shell: file, od, base64). In a review or audit session a file with a staged "
+            "change reads as staged (not yet on disk; shell sees the disk)."
         ),
         input_schema={
             "type": "object",

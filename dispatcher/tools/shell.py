@@ -113,7 +113,8 @@ class ShellTool:
             "the command runs, and the result says so; if that does not free it, the result is an "
             "error saying the process limit is exhausted. A result that starts with [sandbox: ...] "
             "says the sandbox was recreated: its /tmp files and processes are gone, the workspace "
-            "is intact."
+            "is intact. The command sees the disk as it is: in a review or audit session, writes "
+            "staged by write_file or patch_file are not there until a human applies them."
         ),
         input_schema={
             "type": "object",

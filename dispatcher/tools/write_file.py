@@ -12,7 +12,14 @@ from typing import Any
 from dispatcher.core.errors import ToolValidationError
 from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
-from dispatcher.tools._common import PATH_SCHEMA, FileTool, explain, start, workspace_path
+from dispatcher.tools._common import (
+    PATH_SCHEMA,
+    STAGED_WRITE_NOTE,
+    FileTool,
+    explain,
+    start,
+    workspace_path,
+)
 
 DEFAULT_MAX_WRITE_BYTES = (4 << 20) - (64 << 10)
 """Bytes one write_file may write (``dispatcher.max_write_bytes``): a default gRPC message less room."""
@@ -87,7 +94,8 @@ def definition(max_bytes: int) -> ToolDefinition:
             'content is UTF-8 text, or with "encoding": "base64" the file\'s bytes in base64 '
             "(for binary files such as images or archives). At most "
             f"{max_bytes:,} bytes per file (after decoding); larger files reach the workspace "
-            "through the client's UploadFiles. To change part of a text file, prefer patch_file."
+            "through the client's UploadFiles. To change part of a text file, prefer patch_file. "
+            + STAGED_WRITE_NOTE
         ),
         input_schema={
             "type": "object",
@@ -110,7 +118,7 @@ def definition(max_bytes: int) -> ToolDefinition:
 
 
 class WriteFileTool(FileTool):
-    """Creates or overwrites a workspace file; ``Previewable`` (review mode diffs its change)."""
+    """Creates or overwrites a workspace file; ``Previewable`` (review and audit modes stage its change)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_WRITE_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -123,13 +131,12 @@ class WriteFileTool(FileTool):
         content: str = input["content"]
         binary = input.get("encoding") == "base64"
         approved = context.resolved.get("path")  # where it really was when confirmed: used exactly
-        expect = context.reviewed_sha256  # review mode: what the accepted diff was made from
         size = _size(input)
         if size is not None and size > self.max_bytes:  # called without the dispatcher's check
             raise ToolValidationError(f"content is {size:,} bytes, more than {self.max_bytes:,}")
         data = self.preview(input, None)
         try:
-            await context.workspace_files.write_bytes(path, data, approved=approved, expect_sha256=expect)
+            await context.workspace_files.write_bytes(path, data, approved=approved)
         except FileOpError as exc:
             raise explain(exc, path) from exc
         size = len(data)

@@ -12,6 +12,7 @@ gRPC status codes are only for the request itself:
                      session capabilities wider than the tenant's
   RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches) or a message size limit
   FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
+  NOT_FOUND          also: ApplyStagedChanges / DiscardStagedChanges naming an unknown change id
   UNAVAILABLE        the server is shutting down
 """
 
@@ -289,11 +290,14 @@ class _ApprovalModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Approval
     tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous.
     """
     APPROVAL_MODE_REVIEW: _ApprovalMode.ValueType  # 5
-    """write_file/patch_file are staged: the confirmation request carries the diff; an accepted change
-    is applied atomically, a rejected one dropped. Other calls as cautious.
+    """Writes of previewing tools (write_file, patch_file) are staged without asking: not yet on disk,
+    the call returns at once; a human applies or discards each file (ListStagedChanges,
+    ApplyStagedChanges, DiscardStagedChanges). Other calls as cautious.
     """
     APPROVAL_MODE_AUDIT: _ApprovalMode.ValueType  # 6
-    """Nothing asks; every call is recorded for later review (audit log decision "audit", events)."""
+    """Nothing asks; every call is recorded (audit log decision "audit", events). Writes of previewing
+    tools are staged as in review, and ApplyStagedChanges applies them all or none.
+    """
 
 class ApprovalMode(_ApprovalMode, metaclass=_ApprovalModeEnumTypeWrapper):
     """How a session asks before it runs a call (spec 004); the README's Policy section has the table."""
@@ -311,11 +315,14 @@ APPROVAL_MODE_PLAN: ApprovalMode.ValueType  # 4
 tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous.
 """
 APPROVAL_MODE_REVIEW: ApprovalMode.ValueType  # 5
-"""write_file/patch_file are staged: the confirmation request carries the diff; an accepted change
-is applied atomically, a rejected one dropped. Other calls as cautious.
+"""Writes of previewing tools (write_file, patch_file) are staged without asking: not yet on disk,
+the call returns at once; a human applies or discards each file (ListStagedChanges,
+ApplyStagedChanges, DiscardStagedChanges). Other calls as cautious.
 """
 APPROVAL_MODE_AUDIT: ApprovalMode.ValueType  # 6
-"""Nothing asks; every call is recorded for later review (audit log decision "audit", events)."""
+"""Nothing asks; every call is recorded (audit log decision "audit", events). Writes of previewing
+tools are staged as in review, and ApplyStagedChanges applies them all or none.
+"""
 Global___ApprovalMode: _TypeAlias = ApprovalMode  # noqa: Y015
 
 class _FsAccess:
@@ -341,6 +348,30 @@ FS_ACCESS_READ: FsAccess.ValueType  # 1
 FS_ACCESS_READ_WRITE: FsAccess.ValueType  # 2
 """Read and write."""
 Global___FsAccess: _TypeAlias = FsAccess  # noqa: Y015
+
+class _StagedChangeKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StagedChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StagedChangeKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STAGED_CHANGE_KIND_UNSPECIFIED: _StagedChangeKind.ValueType  # 0
+    """Not set; never sent by the server."""
+    STAGED_CHANGE_KIND_CREATE: _StagedChangeKind.ValueType  # 1
+    """There was no file when the change was first staged: applying creates it."""
+    STAGED_CHANGE_KIND_MODIFY: _StagedChangeKind.ValueType  # 2
+    """Applying replaces the file's content."""
+
+class StagedChangeKind(_StagedChangeKind, metaclass=_StagedChangeKindEnumTypeWrapper):
+    """What a staged change does to its file."""
+
+STAGED_CHANGE_KIND_UNSPECIFIED: StagedChangeKind.ValueType  # 0
+"""Not set; never sent by the server."""
+STAGED_CHANGE_KIND_CREATE: StagedChangeKind.ValueType  # 1
+"""There was no file when the change was first staged: applying creates it."""
+STAGED_CHANGE_KIND_MODIFY: StagedChangeKind.ValueType  # 2
+"""Applying replaces the file's content."""
+Global___StagedChangeKind: _TypeAlias = StagedChangeKind  # noqa: Y015
 
 @_typing.final
 class FsGrant(_message.Message):
@@ -991,7 +1022,9 @@ class ToolConfirmationRequested(_message.Message):
     side_effect: Global___SideEffect.ValueType
     """The tool's side-effect class."""
     diff: _builtins.str
-    """Review mode: the staged change as a unified diff (empty otherwise). Allowing applies exactly this."""
+    """Empty: staged writes (review and audit modes) are not asked about; their diffs are in
+    ListStagedChanges. Kept for compatibility.
+    """
     @_builtins.property
     def projected_modifications(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Workspace paths the call would modify, relative to the workspace root (e.g. "src/auth.ts");
@@ -1108,6 +1141,8 @@ class Event(_message.Message):
     CONFIRMATION_REQUESTED_FIELD_NUMBER: _builtins.int
     CONFIRMATION_RESOLVED_FIELD_NUMBER: _builtins.int
     STEP_PROPOSED_FIELD_NUMBER: _builtins.int
+    STAGED_APPLIED_FIELD_NUMBER: _builtins.int
+    STAGED_DISCARDED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Per-session sequence number, strictly increasing."""
     session_id: _builtins.str
@@ -1154,6 +1189,16 @@ class Event(_message.Message):
     def step_proposed(self) -> Global___ToolStepProposed:
         """Set for tool.step_proposed."""
 
+    @_builtins.property
+    def staged_applied(self) -> Global___StagedApplied:
+        """Set for staged.applied (review/audit mode; turn_id and tool_use_id are empty: not a call's).
+        Numbered apart from the tool.* payloads so that other additions do not collide.
+        """
+
+    @_builtins.property
+    def staged_discarded(self) -> Global___StagedDiscarded:
+        """Set for staged.discarded (turn_id and tool_use_id empty)."""
+
     def __init__(
         self,
         *,
@@ -1171,12 +1216,14 @@ class Event(_message.Message):
         confirmation_requested: Global___ToolConfirmationRequested | None = ...,
         confirmation_resolved: Global___ToolConfirmationResolved | None = ...,
         step_proposed: Global___ToolStepProposed | None = ...,
+        staged_applied: Global___StagedApplied | None = ...,
+        staged_discarded: Global___StagedDiscarded | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "step_proposed", b"step_proposed", "time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "seq", b"seq", "session_id", b"session_id", "step_proposed", b"step_proposed", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "seq", b"seq", "session_id", b"session_id", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved", "step_proposed"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved", "step_proposed", "staged_applied", "staged_discarded"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
@@ -1914,3 +1961,317 @@ class DownloadFilesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DownloadFilesResponse: _TypeAlias = DownloadFilesResponse  # noqa: Y015
+
+@_typing.final
+class StagedChange(_message.Message):
+    """A write a review or audit session staged: the file as the session would leave it. A later staged
+    write of the same file updates the change (same id, same base).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DIFF_FIELD_NUMBER: _builtins.int
+    STAGE_TIME_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    BASE_SHA256_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    TOOL_USE_ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """Id to pass to ApplyStagedChanges / DiscardStagedChanges (the `staged` of the call's metadata)."""
+    path: _builtins.str
+    """Workspace-relative path, as resolved in the sandbox when first staged; applied exactly there."""
+    kind: Global___StagedChangeKind.ValueType
+    """Create or modify."""
+    diff: _builtins.str
+    """Unified diff from the file on disk to the staged content ("Binary file ..." for binary content;
+    a very long diff is cut head and tail).
+    """
+    size: _builtins.int
+    """Bytes of the staged content."""
+    base_sha256: _builtins.str
+    """sha256 (hex) of the file it was staged over, "absent" when there was none: it is applied only
+    over exactly that.
+    """
+    tool_name: _builtins.str
+    """The tool and the ToolUse.id that staged it last."""
+    tool_use_id: _builtins.str
+    """The ToolUse.id."""
+    @_builtins.property
+    def stage_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was last staged."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        path: _builtins.str = ...,
+        kind: Global___StagedChangeKind.ValueType = ...,
+        diff: _builtins.str = ...,
+        stage_time: _timestamp_pb2.Timestamp | None = ...,
+        size: _builtins.int = ...,
+        base_sha256: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        tool_use_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stage_time", b"stage_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_sha256", b"base_sha256", "diff", b"diff", "id", b"id", "kind", b"kind", "path", b"path", "size", b"size", "stage_time", b"stage_time", "tool_name", b"tool_name", "tool_use_id", b"tool_use_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StagedChange: _TypeAlias = StagedChange  # noqa: Y015
+
+@_typing.final
+class StagedChangeRefusal(_message.Message):
+    """A staged change that was not written, and why; it stays staged."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The change."""
+    path: _builtins.str
+    """Its path."""
+    reason: _builtins.str
+    """Why it was not written (its file changed underneath, the batch stopped, ...)."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        path: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "path", b"path", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StagedChangeRefusal: _TypeAlias = StagedChangeRefusal  # noqa: Y015
+
+@_typing.final
+class ListStagedChangesRequest(_message.Message):
+    """Request of ListStagedChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStagedChangesRequest: _TypeAlias = ListStagedChangesRequest  # noqa: Y015
+
+@_typing.final
+class ListStagedChangesResponse(_message.Message):
+    """Response of ListStagedChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___StagedChange]:
+        """The staged changes, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        changes: _abc.Iterable[Global___StagedChange] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStagedChangesResponse: _TypeAlias = ListStagedChangesResponse  # noqa: Y015
+
+@_typing.final
+class ApplyStagedChangesRequest(_message.Message):
+    """Request of ApplyStagedChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    IDS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The changes to apply; empty: all of them."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyStagedChangesRequest: _TypeAlias = ApplyStagedChangesRequest  # noqa: Y015
+
+@_typing.final
+class ApplyStagedChangesResponse(_message.Message):
+    """Response of ApplyStagedChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLIED_IDS_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def applied_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The changes written to the disk (no longer staged)."""
+
+    @_builtins.property
+    def refused(self) -> _containers.RepeatedCompositeFieldContainer[Global___StagedChangeRefusal]:
+        """The changes not written, with why (still staged)."""
+
+    def __init__(
+        self,
+        *,
+        applied_ids: _abc.Iterable[_builtins.str] | None = ...,
+        refused: _abc.Iterable[Global___StagedChangeRefusal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_ids", b"applied_ids", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyStagedChangesResponse: _TypeAlias = ApplyStagedChangesResponse  # noqa: Y015
+
+@_typing.final
+class DiscardStagedChangesRequest(_message.Message):
+    """Request of DiscardStagedChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    IDS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The changes to drop; empty: all of them."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardStagedChangesRequest: _TypeAlias = DiscardStagedChangesRequest  # noqa: Y015
+
+@_typing.final
+class DiscardStagedChangesResponse(_message.Message):
+    """Response of DiscardStagedChanges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISCARDED_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def discarded_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The changes dropped."""
+
+    def __init__(
+        self,
+        *,
+        discarded_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discarded_ids", b"discarded_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardStagedChangesResponse: _TypeAlias = DiscardStagedChangesResponse  # noqa: Y015
+
+@_typing.final
+class StagedApplied(_message.Message):
+    """Payload of `staged.applied`: a human applied staged changes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDS_FIELD_NUMBER: _builtins.int
+    PATHS_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The changes written."""
+
+    @_builtins.property
+    def paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Their paths, in the order of ids."""
+
+    @_builtins.property
+    def refused(self) -> _containers.RepeatedCompositeFieldContainer[Global___StagedChangeRefusal]:
+        """The changes not written, with why."""
+
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.str] | None = ...,
+        paths: _abc.Iterable[_builtins.str] | None = ...,
+        refused: _abc.Iterable[Global___StagedChangeRefusal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "paths", b"paths", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StagedApplied: _TypeAlias = StagedApplied  # noqa: Y015
+
+@_typing.final
+class StagedDiscarded(_message.Message):
+    """Payload of `staged.discarded`: a human dropped staged changes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDS_FIELD_NUMBER: _builtins.int
+    PATHS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The changes dropped."""
+
+    @_builtins.property
+    def paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Their paths, in the order of ids."""
+
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.str] | None = ...,
+        paths: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "paths", b"paths"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StagedDiscarded: _TypeAlias = StagedDiscarded  # noqa: Y015

@@ -100,6 +100,21 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesResponse.FromString,
                 _registered_method=True)
+        self.ListStagedChanges = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ListStagedChanges',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListStagedChangesRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListStagedChangesResponse.FromString,
+                _registered_method=True)
+        self.ApplyStagedChanges = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ApplyStagedChanges',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApplyStagedChangesRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApplyStagedChangesResponse.FromString,
+                _registered_method=True)
+        self.DiscardStagedChanges = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/DiscardStagedChanges',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -165,8 +180,8 @@ class ToolDispatcherServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ResolveConfirmations(self, request, context):
-        """Answers several pending confirmation requests of the session at once (a batch of staged writes
-        in review mode, say): the listed ones, or every pending one when none is listed.
+        """Answers several pending confirmation requests of the session at once: the listed ones, or every
+        pending one when none is listed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -206,6 +221,38 @@ class ToolDispatcherServicer:
         """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
         to it; a file as one member named by its base name). Symlinks are archived as links, never
         followed; devices, fifos and sockets are left out. Needs read access; audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStagedChanges(self, request, context):
+        """Review and audit modes: the writes the session staged instead of writing them (write_file,
+        patch_file, any tool that previews its change), oldest first, one per file, each with its
+        unified diff. A staged call returned to the model at once ("staged for review as ID, not yet on
+        disk", metadata {"staged": ID}); the session's read_file and list_dir see staged content, shell
+        sees the disk. Staged changes survive a server restart and end with the session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApplyStagedChanges(self, request, context):
+        """Writes staged changes to the disk (ids empty: all). Each file is replaced atomically, only if it
+        is still what the change was staged over (sha256 compare-and-swap at the rename); otherwise the
+        change is refused, stays staged, and the response says why. Review mode: per file, each applied
+        or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
+        nothing is written (if a write still fails after the check, the response names exactly what was
+        written). Not a tool call: the caller is the approver; audited and published as
+        `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscardStagedChanges(self, request, context):
+        """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
+        `staged.discarded`. NOT_FOUND for an id that names no staged change (nothing is dropped).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -278,6 +325,21 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.DownloadFiles,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesResponse.SerializeToString,
+            ),
+            'ListStagedChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStagedChanges,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListStagedChangesRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListStagedChangesResponse.SerializeToString,
+            ),
+            'ApplyStagedChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyStagedChanges,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApplyStagedChangesRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ApplyStagedChangesResponse.SerializeToString,
+            ),
+            'DiscardStagedChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscardStagedChanges,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -632,6 +694,87 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/DownloadFiles',
             dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.DownloadFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStagedChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ListStagedChanges',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListStagedChangesRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListStagedChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyStagedChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ApplyStagedChanges',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ApplyStagedChangesRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ApplyStagedChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscardStagedChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/DiscardStagedChanges',
+            dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesResponse.FromString,
             options,
             channel_credentials,
             insecure,

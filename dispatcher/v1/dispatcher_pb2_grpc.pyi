@@ -12,6 +12,7 @@ gRPC status codes are only for the request itself:
                      session capabilities wider than the tenant's
   RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches) or a message size limit
   FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
+  NOT_FOUND          also: ApplyStagedChanges / DiscardStagedChanges naming an unknown change id
   UNAVAILABLE        the server is shutting down
 """
 
@@ -65,8 +66,8 @@ class ToolDispatcherStub:
     ResolveConfirmation: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationRequest, _dispatcher_pb2.ResolveConfirmationResponse]
     """Answers a pending confirmation request. The first answer wins; later ones get applied=false."""
     ResolveConfirmations: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationsRequest, _dispatcher_pb2.ResolveConfirmationsResponse]
-    """Answers several pending confirmation requests of the session at once (a batch of staged writes
-    in review mode, say): the listed ones, or every pending one when none is listed.
+    """Answers several pending confirmation requests of the session at once: the listed ones, or every
+    pending one when none is listed.
     """
     ApprovePlan: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ApprovePlanRequest, _dispatcher_pb2.ApprovePlanResponse]
     """Approves (the session then runs as autonomous) or rejects (it stays in plan mode) the steps a
@@ -90,6 +91,26 @@ class ToolDispatcherStub:
     """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
     to it; a file as one member named by its base name). Symlinks are archived as links, never
     followed; devices, fifos and sockets are left out. Needs read access; audited.
+    """
+    ListStagedChanges: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ListStagedChangesRequest, _dispatcher_pb2.ListStagedChangesResponse]
+    """Review and audit modes: the writes the session staged instead of writing them (write_file,
+    patch_file, any tool that previews its change), oldest first, one per file, each with its
+    unified diff. A staged call returned to the model at once ("staged for review as ID, not yet on
+    disk", metadata {"staged": ID}); the session's read_file and list_dir see staged content, shell
+    sees the disk. Staged changes survive a server restart and end with the session.
+    """
+    ApplyStagedChanges: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ApplyStagedChangesRequest, _dispatcher_pb2.ApplyStagedChangesResponse]
+    """Writes staged changes to the disk (ids empty: all). Each file is replaced atomically, only if it
+    is still what the change was staged over (sha256 compare-and-swap at the rename); otherwise the
+    change is refused, stays staged, and the response says why. Review mode: per file, each applied
+    or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
+    nothing is written (if a write still fails after the check, the response names exactly what was
+    written). Not a tool call: the caller is the approver; audited and published as
+    `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+    """
+    DiscardStagedChanges: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.DiscardStagedChangesRequest, _dispatcher_pb2.DiscardStagedChangesResponse]
+    """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
+    `staged.discarded`. NOT_FOUND for an id that names no staged change (nothing is dropped).
     """
 
 @_typing.type_check_only
@@ -117,8 +138,8 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     ResolveConfirmation: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationRequest, _dispatcher_pb2.ResolveConfirmationResponse]  # type: ignore[assignment]
     """Answers a pending confirmation request. The first answer wins; later ones get applied=false."""
     ResolveConfirmations: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResolveConfirmationsRequest, _dispatcher_pb2.ResolveConfirmationsResponse]  # type: ignore[assignment]
-    """Answers several pending confirmation requests of the session at once (a batch of staged writes
-    in review mode, say): the listed ones, or every pending one when none is listed.
+    """Answers several pending confirmation requests of the session at once: the listed ones, or every
+    pending one when none is listed.
     """
     ApprovePlan: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ApprovePlanRequest, _dispatcher_pb2.ApprovePlanResponse]  # type: ignore[assignment]
     """Approves (the session then runs as autonomous) or rejects (it stays in plan mode) the steps a
@@ -142,6 +163,26 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
     to it; a file as one member named by its base name). Symlinks are archived as links, never
     followed; devices, fifos and sockets are left out. Needs read access; audited.
+    """
+    ListStagedChanges: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ListStagedChangesRequest, _dispatcher_pb2.ListStagedChangesResponse]  # type: ignore[assignment]
+    """Review and audit modes: the writes the session staged instead of writing them (write_file,
+    patch_file, any tool that previews its change), oldest first, one per file, each with its
+    unified diff. A staged call returned to the model at once ("staged for review as ID, not yet on
+    disk", metadata {"staged": ID}); the session's read_file and list_dir see staged content, shell
+    sees the disk. Staged changes survive a server restart and end with the session.
+    """
+    ApplyStagedChanges: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ApplyStagedChangesRequest, _dispatcher_pb2.ApplyStagedChangesResponse]  # type: ignore[assignment]
+    """Writes staged changes to the disk (ids empty: all). Each file is replaced atomically, only if it
+    is still what the change was staged over (sha256 compare-and-swap at the rename); otherwise the
+    change is refused, stays staged, and the response says why. Review mode: per file, each applied
+    or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
+    nothing is written (if a write still fails after the check, the response names exactly what was
+    written). Not a tool call: the caller is the approver; audited and published as
+    `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+    """
+    DiscardStagedChanges: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.DiscardStagedChangesRequest, _dispatcher_pb2.DiscardStagedChangesResponse]  # type: ignore[assignment]
+    """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
+    `staged.discarded`. NOT_FOUND for an id that names no staged change (nothing is dropped).
     """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
@@ -220,8 +261,8 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatcher_pb2.ResolveConfirmationsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_pb2.ResolveConfirmationsResponse, _abc.Awaitable[_dispatcher_pb2.ResolveConfirmationsResponse]]:
-        """Answers several pending confirmation requests of the session at once (a batch of staged writes
-        in review mode, say): the listed ones, or every pending one when none is listed.
+        """Answers several pending confirmation requests of the session at once: the listed ones, or every
+        pending one when none is listed.
         """
 
     @_abc_1.abstractmethod
@@ -269,6 +310,44 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         """Streams a tar archive of a workspace file or directory (a directory's contents, names relative
         to it; a file as one member named by its base name). Symlinks are archived as links, never
         followed; devices, fifos and sockets are left out. Needs read access; audited.
+        """
+
+    @_abc_1.abstractmethod
+    def ListStagedChanges(
+        self,
+        request: _dispatcher_pb2.ListStagedChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ListStagedChangesResponse, _abc.Awaitable[_dispatcher_pb2.ListStagedChangesResponse]]:
+        """Review and audit modes: the writes the session staged instead of writing them (write_file,
+        patch_file, any tool that previews its change), oldest first, one per file, each with its
+        unified diff. A staged call returned to the model at once ("staged for review as ID, not yet on
+        disk", metadata {"staged": ID}); the session's read_file and list_dir see staged content, shell
+        sees the disk. Staged changes survive a server restart and end with the session.
+        """
+
+    @_abc_1.abstractmethod
+    def ApplyStagedChanges(
+        self,
+        request: _dispatcher_pb2.ApplyStagedChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ApplyStagedChangesResponse, _abc.Awaitable[_dispatcher_pb2.ApplyStagedChangesResponse]]:
+        """Writes staged changes to the disk (ids empty: all). Each file is replaced atomically, only if it
+        is still what the change was staged over (sha256 compare-and-swap at the rename); otherwise the
+        change is refused, stays staged, and the response says why. Review mode: per file, each applied
+        or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
+        nothing is written (if a write still fails after the check, the response names exactly what was
+        written). Not a tool call: the caller is the approver; audited and published as
+        `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+        """
+
+    @_abc_1.abstractmethod
+    def DiscardStagedChanges(
+        self,
+        request: _dispatcher_pb2.DiscardStagedChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.DiscardStagedChangesResponse, _abc.Awaitable[_dispatcher_pb2.DiscardStagedChangesResponse]]:
+        """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
+        `staged.discarded`. NOT_FOUND for an id that names no staged change (nothing is dropped).
         """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

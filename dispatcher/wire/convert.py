@@ -32,6 +32,7 @@ from dispatcher.core.types import (
 )
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.wire import convert_policy as cp
+from dispatcher.wire import convert_staged
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +289,8 @@ def event_to_pb(event: Event) -> pb.Event:
                     projected_modifications=list(p.projected_modifications),
                 )
             )
+        case ep.StagedApplied() | ep.StagedDiscarded() as p:
+            convert_staged.payload_to_pb(p, msg)
         case ep.ToolConfirmationResolved() as p:
             msg.confirmation_resolved.CopyFrom(
                 pb.ToolConfirmationResolved(
@@ -371,7 +374,7 @@ def _payload_from_pb(msg: pb.Event) -> ep.EventPayload | None:
             decision=decision_from_pb(s.decision),
             reason=_REASON_FROM_PB.get(s.reason, ""),
         )
-    return None
+    return convert_staged.payload_from_pb(msg)
 
 
 # --- sessions --------------------------------------------------------------------------------------

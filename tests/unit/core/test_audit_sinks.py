@@ -58,6 +58,7 @@ DECISIONS_ON_RECORD = {
     "remembered_deny",
     "review_allow",
     "review_deny",
+    "staged",  # issue 22: review and audit modes stage writes
     "plan_proposed",
     "plan_full",
     "policy_denied",

@@ -1,6 +1,7 @@
 """One patch semantics (issue 19, item 4): the same patch_file call does the same thing in every
 approval mode. The case that once split them: ``old`` written with CRLF in an LF file, which
-patch_file applies (the other line ending) and review mode's staging used to refuse as not found."""
+patch_file applies (the other line ending) and review mode's staging used to refuse as not found.
+In review and audit modes the call stages its change, and the change applied is the same."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dispatcher.core.errors import ToolRegistrationError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolOutput, ToolResultBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
 from dispatcher.tools import PatchFileTool, WriteFileTool
-from tests.unit.core.toolkit import OBJ, definition, next_event
+from tests.unit.core.toolkit import OBJ, definition
 
 BEFORE = b"x\na\nb\n"
 CRLF_PATCH = {"path": "f.txt", "old": "a\r\nb", "new": "A\r\nB"}
@@ -64,8 +65,13 @@ async def test_a_crlf_old_patches_an_lf_file_in_every_mode(
         approve_plan(d.session_state(session.session_id), allow=True)
         result = await _dispatch_allowing(d, moded, replace(use, id="p2"))
     assert not result.is_error, result.content
+    if mode in (ApprovalMode.REVIEW, ApprovalMode.AUDIT):  # staged: on disk once a human applies it
+        assert await sandbox.read_bytes("f.txt") == BEFORE and result.metadata["staged"]
+        outcome = await d.apply_staged(session.session_id, [result.metadata["staged"]])
+        assert [c.path for c in outcome.applied] == ["f.txt"] and not outcome.refused
+    else:
+        assert result.files_modified == ("f.txt",)
     assert await sandbox.read_bytes("f.txt") == AFTER
-    assert result.files_modified == ("f.txt",)
     await d.aclose()
 
 
@@ -82,7 +88,7 @@ class Upcase:
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
         current = await context.workspace_files.read_bytes(input["file"])
         new = self.preview(input, current)
-        await context.workspace_files.write_bytes(input["file"], new, expect_sha256=context.reviewed_sha256)
+        await context.workspace_files.write_bytes(input["file"], new)
         return ToolOutput([TextBlock("ok")], files_modified=[input["file"]])
 
     def preview(self, input: Mapping[str, Any], current: bytes | None) -> bytes:
@@ -100,13 +106,12 @@ async def test_review_stages_any_tool_that_previews_by_its_rw_path(
     reviewing = replace(session, approval_mode=ApprovalMode.REVIEW)
     sandbox = provider.sandbox_for(reviewing)
     await sandbox.write_bytes("u.txt", b"quiet\n")
-    async with d.open_session(reviewing).subscribe() as sub:
-        task = asyncio.create_task(d.dispatch(ToolUseBlock("u", "upcase", {"file": "u.txt"}), reviewing))
-        request = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
-        assert "-quiet\n+QUIET\n" in request.payload.diff
-        assert await sandbox.read_bytes("u.txt") == b"quiet\n"  # staged, not written
-        d.resolve_confirmation("s1", request.payload.request_id, Decision.ALLOW)
-        assert not (await task).is_error
+    result = await d.dispatch(ToolUseBlock("u", "upcase", {"file": "u.txt"}), reviewing)
+    assert not result.is_error and "not yet on disk" in result.content[0].text  # type: ignore[union-attr]
+    (change,) = d.staged_changes(session.session_id)
+    assert "-quiet\n+QUIET\n" in change.diff and change.change_id == result.metadata["staged"]
+    assert await sandbox.read_bytes("u.txt") == b"quiet\n"  # staged, not written
+    await d.apply_staged(session.session_id, [])
     assert await sandbox.read_bytes("u.txt") == b"QUIET\n"
     await d.aclose()
 

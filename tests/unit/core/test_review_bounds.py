@@ -1,8 +1,9 @@
-"""Review mode's diff stays bounded: difflib grows far faster than linearly on crafted input."""
+"""A staged change's diff stays bounded: difflib grows far faster than linearly on crafted input."""
 
 from __future__ import annotations
 
-from dispatcher.core.review import DIFF_MAX_LINES, _diff
+from dispatcher.core.review import DIFF_MAX_LINES
+from dispatcher.core.review import unified_diff as _diff
 
 
 def test_a_crafted_long_change_is_named_not_diffed() -> None:
@@ -12,7 +13,7 @@ def test_a_crafted_long_change_is_named_not_diffed() -> None:
     shown = _diff("big.txt", before, after)
     assert shown == (
         f"File big.txt: {n:,} lines -> {n:,} lines; too long to diff "
-        f"(over {DIFF_MAX_LINES:,} lines): review the input, shown whole\n"
+        f"(over {DIFF_MAX_LINES:,} lines)\n"
     )
 
 
