@@ -259,86 +259,7 @@ async def test_files_modified_and_projected_modifications_use_the_same_form(harn
 
 
 # --- review -----------------------------------------------------------------------------------
-
-
-async def test_review_stages_a_write_shows_its_diff_and_applies_it_on_accept(harness: Harness) -> None:
-    client = harness.client(TOKEN_BETA)
-    s = await client.create_session(mode="review")
-    root = harness.tmp / "ws-beta" / "default"
-    (root / "notes.txt").write_text("one\ntwo\n")
-    call = asyncio.create_task(
-        _items(client, s.session_id, "patch_file", {"path": "notes.txt", "old": "two", "new": "TWO"})
-    )
-    request = await next_event(client, s.session_id, "tool.confirmation_requested")
-    diff = str(request.payload.diff)
-    assert "--- a/notes.txt" in diff and "-two" in diff and "+TWO" in diff
-    assert (root / "notes.txt").read_text() == "one\ntwo\n"  # staged, not applied
-    await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.ALLOW)
-    result = _result(await asyncio.wait_for(call, 20))
-    assert not result.is_error and list(result.files_modified) == ["notes.txt"]
-    assert (root / "notes.txt").read_text() == "one\nTWO\n"
-
-
-async def test_review_reject_drops_the_change_and_tells_the_model(harness: Harness) -> None:
-    client = harness.client(TOKEN_BETA)
-    s = await client.create_session(mode="review")
-    call = asyncio.create_task(
-        _items(client, s.session_id, "write_file", {"path": "new.txt", "content": "x\n"})
-    )
-    request = await next_event(client, s.session_id, "tool.confirmation_requested")
-    assert "--- /dev/null" in str(request.payload.diff) and "+x" in str(request.payload.diff)
-    await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.DENY)
-    result = _result(await asyncio.wait_for(call, 20))
-    assert result.is_error and str(result.error_class) == "user_denied" and "rejected" in text_of(result)
-    assert not (harness.tmp / "ws-beta" / "default" / "new.txt").exists()
-
-
-async def test_review_accepts_a_batch_at_once(harness: Harness) -> None:
-    client = harness.client(TOKEN_BETA)
-    s = await client.create_session(mode="review")
-    uses = [ToolUseBlock(f"w{i}", "write_file", {"path": f"f{i}.txt", "content": str(i)}) for i in range(3)]
-    items: list[Event | ToolResultBlock] = []
-
-    async def run() -> None:
-        async for item in client.dispatch(s.session_id, uses):
-            items.append(item)
-
-    task = asyncio.create_task(run())
-    seen: set[str] = set()
-    async for event in client.watch(s.session_id):
-        if event.type == "tool.confirmation_requested":
-            seen.add(str(event.payload.request_id))
-            if len(seen) == 3:
-                break
-    applied = await client.resolve_confirmations(s.session_id, Decision.ALLOW)
-    assert set(applied) == seen
-    await asyncio.wait_for(task, 20)
-    results = [i for i in items if isinstance(i, ToolResultBlock)]
-    assert len(results) == 3 and not any(r.is_error for r in results)
-    assert sorted(p.name for p in (harness.tmp / "ws-beta" / "default").iterdir()) == [
-        "f0.txt",
-        "f1.txt",
-        "f2.txt",
-    ]
-
-
-async def test_review_refuses_a_change_whose_file_moved_on_and_a_patch_that_cannot_apply(
-    harness: Harness,
-) -> None:
-    client = harness.client(TOKEN_BETA)
-    s = await client.create_session(mode="review")
-    target = harness.tmp / "ws-beta" / "default" / "a.txt"
-    target.write_text("v1\n")
-    call = asyncio.create_task(
-        _items(client, s.session_id, "write_file", {"path": "a.txt", "content": "v3\n"})
-    )
-    request = await next_event(client, s.session_id, "tool.confirmation_requested")
-    target.write_text("v2\n")  # the sandbox changed it meanwhile
-    await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.ALLOW)
-    result = _result(await asyncio.wait_for(call, 20))
-    assert result.is_error and "changed after" in text_of(result) and target.read_text() == "v2\n"
-    missing = await _items(client, s.session_id, "patch_file", {"path": "a.txt", "old": "nope", "new": "x"})
-    assert _result(missing).is_error and "tool.confirmation_requested" not in _types(missing)
+# Review and audit modes stage their writes (issue 22): tests/server/test_staged.py.
 
 
 # --- the CLI -----------------------------------------------------------------------------------
@@ -373,7 +294,8 @@ async def test_cli_creates_a_plan_session_approves_its_plan_and_answers_a_batch(
 
     assert await run("create", "--mode", "review") == 0
     review_id = capsys.readouterr().out.split()[0]
-    call = asyncio.create_task(_items(client, review_id, "write_file", {"path": "r.txt", "content": "r"}))
+    # Review stages writes without asking; shell asks as in cautious mode, answered as a batch.
+    call = asyncio.create_task(_items(client, review_id, "shell", {"command": "true"}))
     await next_event(client, review_id, "tool.confirmation_requested")
     assert await run("approve", review_id, "all") == 0
     assert not _result(await asyncio.wait_for(call, 20)).is_error

@@ -12,8 +12,7 @@ def test_a_crafted_long_change_is_named_not_diffed() -> None:
     after = "".join(f"{(i * 7) % 150}\n" for i in range(n)).encode()
     shown = _diff("big.txt", before, after)
     assert shown == (
-        f"File big.txt: {n:,} lines -> {n:,} lines; too long to diff "
-        f"(over {DIFF_MAX_LINES:,} lines)\n"
+        f"File big.txt: {n:,} lines -> {n:,} lines; too long to diff (over {DIFF_MAX_LINES:,} lines)\n"
     )
 
 
