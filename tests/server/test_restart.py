@@ -357,3 +357,41 @@ def test_a_proposed_plan_survives_a_restart_and_is_approved_after_it(tmp_path: P
             assert mode == "autonomous" and "f2.txt" in str(steps[1].projected_modifications)
     finally:
         server.close()
+
+
+def test_staged_changes_survive_kill_9_and_apply_after_it(tmp_path: Path) -> None:
+    """Issue 22, item 5: a change the model was told is staged is committed before that answer."""
+    from dispatcher.v1 import dispatcher_pb2 as pb
+
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            info = client.create_session("proj", mode="review")
+            root = Path(info.workspace_path)
+            (root / "a.txt").write_text("a\n")
+            patched = client.call(info.session_id, "patch_file", {"path": "a.txt", "old": "a", "new": "A"})
+            created = client.call(info.session_id, "write_file", {"path": "sub/b.txt", "content": "b\n"})
+            assert not patched.is_error and not created.is_error, text_of(patched) + text_of(created)
+    finally:
+        kill9(server)  # at once: no wait for the background writer
+    server = start_serve(tmp_path, data=local_config())
+    try:
+        with server.client() as client:
+            listed = client._unary(
+                client._stub.ListStagedChanges, pb.ListStagedChangesRequest(session_id=info.session_id)
+            )
+            assert [(c.id, c.path) for c in listed.changes] == [
+                (patched.metadata["staged"], "a.txt"),
+                (created.metadata["staged"], "sub/b.txt"),
+            ]
+            assert "-a\n+A\n" in listed.changes[0].diff
+            read = client.call(info.session_id, "read_file", {"path": "sub/b.txt"})
+            assert text_of(read) == "b\n" and not (root / "sub").exists()
+            applied = client._unary(
+                client._stub.ApplyStagedChanges, pb.ApplyStagedChangesRequest(session_id=info.session_id)
+            )
+            assert len(applied.applied_ids) == 2 and not applied.refused
+            assert (root / "a.txt").read_text() == "A\n" and (root / "sub" / "b.txt").read_text() == "b\n"
+        wait_stored(server.home, "SELECT count(*) FROM staged_changes", (), lambda row: row[0] == 0)
+    finally:
+        server.close()
