@@ -221,7 +221,7 @@ async def ask(
             reason=FailureReason.TOO_LONG_TO_CONFIRM,
         )
     broker = run.state.broker
-    request_id, answer = broker.open()
+    request_id, answer = broker.open(rememberable=not definition.always_prompt)
     run.emit(
         ToolConfirmationRequested(
             request_id=request_id,

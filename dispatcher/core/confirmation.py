@@ -24,13 +24,21 @@ class ConfirmationBroker:
         self._resolved: OrderedDict[str, Decision] = OrderedDict()
         self._keep_resolved = keep_resolved
         self._remembered: dict[str, Decision] = {}
+        self._unrememberable: set[str] = set()  # pending requests whose answer is never remembered
 
-    def open(self) -> tuple[str, asyncio.Future[tuple[Decision, bool]]]:
-        """A new request id and the future its answer (decision, remember) will land in."""
+    def open(self, *, rememberable: bool = True) -> tuple[str, asyncio.Future[tuple[Decision, bool]]]:
+        """A new request id and the future its answer (decision, remember) will land in;
+        ``rememberable`` False: an answer's ``remember`` is ignored (an always-prompt tool)."""
         request_id = "cr_" + secrets.token_hex(8)
         future: asyncio.Future[tuple[Decision, bool]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        if not rememberable:
+            self._unrememberable.add(request_id)
         return request_id, future
+
+    def rememberable(self, request_id: str) -> bool:
+        """Whether an answer to this request can be remembered (False for unknown requests)."""
+        return request_id in self._pending and request_id not in self._unrememberable
 
     def resolve(
         self, request_id: str, decision: Decision, *, remember: bool = False
@@ -46,6 +54,7 @@ class ConfirmationBroker:
                 return False, self._resolved[request_id]
             raise UnknownConfirmationError(f"no confirmation request {request_id!r}")
         future.set_result((decision, remember))
+        self._unrememberable.discard(request_id)
         self._record(request_id, decision)
         return True, decision
 
@@ -54,6 +63,7 @@ class ConfirmationBroker:
         future = self._pending.pop(request_id, None)
         if future is not None and not future.done():
             future.cancel()
+        self._unrememberable.discard(request_id)
         self._record(request_id, decision)
 
     def remember(self, tool_name: str, decision: Decision) -> None:

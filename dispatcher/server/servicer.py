@@ -155,10 +155,12 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         decision = convert.decision_from_pb(request.decision)
         if decision is None:
             raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
-        applied, winner = self._sessions.resolve(
+        applied, winner, remembered = self._sessions.resolve(
             current_tenant(), request.session_id, request.request_id, decision, request.remember
         )
-        return pb.ResolveConfirmationResponse(applied=applied, decision=convert.decision_to_pb(winner))
+        return pb.ResolveConfirmationResponse(
+            applied=applied, decision=convert.decision_to_pb(winner), remembered=remembered
+        )
 
     @_unary
     async def ResolveConfirmations(

@@ -269,13 +269,17 @@ class SessionManager:
 
     def resolve(
         self, tenant: Tenant, session_id: str, request_id: str, decision: Decision, remember: bool
-    ) -> tuple[bool, Decision]:
-        """First answer wins; raises UnknownConfirmationError for an unknown request."""
+    ) -> tuple[bool, Decision, bool]:
+        """First answer wins: (applied, winner, remembered); raises UnknownConfirmationError for an
+        unknown request."""
         self.get(tenant, session_id)
         check_id("request_id", request_id)
+        # Asked to remember, and the request's tool is one whose answers can be (not always-prompt).
+        remembers = remember and self.dispatcher.broker(session_id).rememberable(request_id)
         applied, winner = self.dispatcher.resolve_confirmation(
             session_id, request_id, decision, remember=remember
         )
+        remembered = applied and remembers
         log.info(
             "confirmation answered",
             extra={
@@ -286,7 +290,7 @@ class SessionManager:
                 "applied": applied,
             },
         )
-        return applied, winner
+        return applied, winner, remembered
 
     @asynccontextmanager
     async def watch(self, tenant: Tenant, session_id: str, after_seq: int) -> AsyncIterator[Subscription]:

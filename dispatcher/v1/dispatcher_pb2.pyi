@@ -1650,19 +1650,26 @@ class ResolveConfirmationResponse(_message.Message):
 
     APPLIED_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
+    REMEMBERED_FIELD_NUMBER: _builtins.int
     applied: _builtins.bool
     """True if this answer decided the request; false if another answer came first."""
     decision: Global___Decision.ValueType
     """The decision that won."""
+    remembered: _builtins.bool
+    """True when this answer is remembered for the tool for the rest of the session: remember was
+    asked, this answer applied, and the tool is not one that always prompts (whose answers are
+    never remembered). False otherwise: nothing was remembered.
+    """
     def __init__(
         self,
         *,
         applied: _builtins.bool = ...,
         decision: Global___Decision.ValueType = ...,
+        remembered: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "decision", b"decision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "decision", b"decision", "remembered", b"remembered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -130,3 +130,24 @@ async def test_another_tenant_cannot_see_or_apply_a_sessions_staged_changes(harn
         with pytest.raises(RequestFailed) as failed:
             await call
         assert failed.value.code == "NOT_FOUND"
+
+
+async def test_resolve_confirmation_says_whether_the_answer_was_remembered(harness: Harness) -> None:
+    """Issue 22: ``approve --remember`` must not claim what did not happen."""
+    client = harness.client(TOKEN_BETA)  # beta: shell asks
+    sid = (await client.create_session(mode="review")).session_id
+    for remember in (False, True):
+        after = (await client.get_session(sid)).last_event_seq
+        task = asyncio.create_task(_call(client, sid, "shell", {"command": "true"}))
+        request = await next_event(client, sid, "tool.confirmation_requested", after_seq=after)
+        req = pb.ResolveConfirmationRequest(
+            session_id=sid,
+            request_id=str(request.payload.request_id),
+            decision=pb.DECISION_ALLOW,
+            remember=remember,
+        )
+        resp = await _rpc(client, "ResolveConfirmation", req)
+        assert resp.applied and resp.remembered is remember
+        assert not (await task).is_error
+        again = await _rpc(client, "ResolveConfirmation", req)  # too late: nothing more remembered
+        assert not again.applied and not again.remembered

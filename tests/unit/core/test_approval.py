@@ -45,6 +45,7 @@ async def test_always_prompt_answers_are_never_remembered(
     async with bus.subscribe() as sub:
         task = asyncio.create_task(_run(d, session, "risky", "a"))
         rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+        assert d.broker("s1").rememberable(rid) is False  # what ResolveConfirmation reports (issue 22)
         d.resolve_confirmation("s1", rid, Decision.DENY, remember=True)
         assert (await task).is_error
     assert d.broker("s1").remembered("risky") is None  # a remembered deny would outlive the question
