@@ -17,6 +17,8 @@ FULL: tuple[ep.EventPayload, ...] = (  # every type, every field set (optional o
     ep.ToolConfirmationRequested("r1", "write_file", "{}", "write", ("a.txt",), diff="--- a\n+++ b\n"),
     ep.ToolStepProposed(3, "shell", "{}", "execute", ("b.txt",)),
     ep.ToolConfirmationResolved("r1", None, "timeout"),
+    ep.StagedApplied(("stg_1",), ("a.txt",), ("stg_2",), ("b.txt",), ("b.txt changed on disk",)),
+    ep.StagedDiscarded(("stg_3",), ("c.txt",)),
 )
 
 

@@ -17,6 +17,8 @@ SAMPLES: tuple[ep.EventPayload, ...] = (
     ep.ToolConfirmationRequested("r1", "write_file", "{}", "write", ("a.txt",), diff="--- a\n+++ b\n"),
     ep.ToolStepProposed(3, "shell", "{}", "execute", ("b.txt",)),
     ep.ToolConfirmationResolved("r1", "deny", "timeout"),
+    ep.StagedApplied(("stg_1",), ("a.txt",), ("stg_2",), ("b.txt",), ("b.txt changed on disk",)),
+    ep.StagedDiscarded(("stg_3",), ("c.txt",)),
 )
 
 
