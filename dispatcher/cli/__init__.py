@@ -4,7 +4,8 @@ Exit codes (documented in ``dispatcher --help``):
 
     0  success                         4  UNAUTHENTICATED (no or bad token)
     1  the tool call failed (is_error), 5  NOT_FOUND (unknown session / request)
-       or an answer came too late      6  INVALID_ARGUMENT
+       or an answer came too late,     6  INVALID_ARGUMENT
+       or a staged change was refused
     2  usage or configuration error    7  RESOURCE_EXHAUSTED (quota, message size)
     3  server unreachable/unavailable  8  any other request error
   130  interrupted (Ctrl-C); the call's tools are cancelled
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 
 from dispatcher.cli import config as cli_config
 from dispatcher.cli import session as cli_session
+from dispatcher.cli import staged as cli_staged
 from dispatcher.cli import trees as cli_trees
 from dispatcher.cli.output import (
     EXIT_BY_CODE,
@@ -244,7 +246,7 @@ def _watch(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace) -> int:
     decision = Decision.ALLOW if args.verb == "approve" else Decision.DENY
-    if args.request_id == "all":  # a batch: every pending request of the session (review mode)
+    if args.request_id == "all":  # a batch: every pending request of the session
         with _client(args) as client:
             ids = client.resolve_confirmations(args.session_id, decision)
         print(
@@ -253,14 +255,19 @@ def _resolve(args: argparse.Namespace) -> int:
             else f"{decision}: {len(ids)}"
         )
         return EXIT_OK
+    remember = getattr(args, "remember", False)
     with _client(args) as client:
-        applied, winner = client.resolve_confirmation(
-            args.session_id, args.request_id, decision, remember=getattr(args, "remember", False)
-        )
+        answer = client.answer(args.session_id, args.request_id, decision, remember=remember)
+    applied, winner = answer.applied, answer.decision
     if args.json:
-        json_line({"applied": applied, "decision": str(winner)})
+        json_line({"applied": applied, "decision": str(winner), "remembered": answer.remembered})
     else:
         print(f"{'applied' if applied else 'not applied (answered before)'}: {winner}")
+        if remember and not answer.remembered:  # say so rather than let --remember seem to have worked
+            why = "" if not applied else ": this tool always asks, its answers are never remembered"
+            print(f"nothing was remembered{why}", file=sys.stderr)
+        elif answer.remembered:
+            print("remembered for this tool for the rest of the session", file=sys.stderr)
     return EXIT_OK if applied else EXIT_TOOL_ERROR
 
 
@@ -345,5 +352,6 @@ def _parser() -> argparse.ArgumentParser:
             )
         p.set_defaults(func=_resolve)
     cli_session.add_verbs(verbs, client_opts, _client)
+    cli_staged.add_verbs(verbs, client_opts, _client)
     cli_config.add_verbs(verbs)
     return parser

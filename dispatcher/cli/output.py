@@ -42,6 +42,11 @@ def describe(event: Event, prefix: str) -> str:
         return f"confirmation {p.request_id or '(remembered answer)'}: {p.decision} ({p.reason})"
     if isinstance(p, ep.ToolStepProposed):
         return f"{p.tool_name} ({p.side_effect}) held back as plan step {p.step}"
+    if isinstance(p, ep.StagedApplied):
+        refused = f"; refused: {', '.join(p.refused_ids)}" if p.refused_ids else ""
+        return f"staged changes applied: {', '.join(p.change_ids) or 'none'}{refused}"
+    if isinstance(p, ep.StagedDiscarded):
+        return f"staged changes discarded: {', '.join(p.change_ids) or 'none'}"
     return event.type
 
 

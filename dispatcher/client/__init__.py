@@ -19,7 +19,7 @@ the gRPC status name; tool failures are results with ``is_error``.
 from __future__ import annotations
 
 from dispatcher.client.aio import AsyncDispatcherClient
-from dispatcher.client.base import RequestFailed
+from dispatcher.client.base import Answer, RequestFailed
 from dispatcher.client.sync import DispatcherClient
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.events import Event
@@ -27,8 +27,10 @@ from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, LocalTreeError
 from dispatcher.wire.convert import SessionInfo, ToolInfo
+from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo, StagedRefusal
 
 __all__ = [
+    "Answer",
     "AsyncDispatcherClient",
     "Decision",
     "DispatcherClient",
@@ -38,6 +40,9 @@ __all__ = [
     "RequestFailed",
     "Role",
     "SessionInfo",
+    "StagedApplyResult",
+    "StagedChangeInfo",
+    "StagedRefusal",
     "ToolInfo",
     "ToolResultBlock",
     "ToolUseBlock",

@@ -7,6 +7,7 @@ import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -113,6 +114,21 @@ def plan(resp: pb.ApprovePlanResponse) -> tuple[list[PlanStep], str]:
 
 def resolved(resp: pb.ResolveConfirmationResponse) -> tuple[bool, Decision]:
     return resp.applied, convert.decision_from_pb(resp.decision) or Decision.DENY
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a ResolveConfirmation did (``answer``): whether this answer decided the request, the
+    winning decision, and whether it is remembered for the tool for the rest of the session."""
+
+    applied: bool
+    decision: Decision
+    remembered: bool
+
+
+def answered(resp: pb.ResolveConfirmationResponse) -> Answer:
+    applied, decision = resolved(resp)
+    return Answer(applied, decision, resp.remembered)
 
 
 def only_result(items: Iterator[DispatchItem], on_event: Callable[[Event], None] | None) -> ToolResultBlock:

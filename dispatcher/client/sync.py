@@ -17,8 +17,9 @@ from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, extract_chunks, tar_chunks
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert
+from dispatcher.wire import convert, convert_staged
 from dispatcher.wire.convert import SessionInfo, ToolInfo
+from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo
 
 _T = TypeVar("_T")
 
@@ -143,6 +144,30 @@ class DispatcherClient(ClientBase):
             session_id=session_id, request_id=request_id, decision=base.decision(decision), remember=remember
         )
         return base.resolved(self._unary(self._stub.ResolveConfirmation, req))
+
+    def answer(
+        self, session_id: str, request_id: str, decision: Decision | bool | str, *, remember: bool = False
+    ) -> base.Answer:
+        """``resolve_confirmation`` that also says whether the answer is remembered for the tool."""
+        req = pb.ResolveConfirmationRequest(
+            session_id=session_id, request_id=request_id, decision=base.decision(decision), remember=remember
+        )
+        return base.answered(self._unary(self._stub.ResolveConfirmation, req))
+
+    def list_staged(self, session_id: str) -> list[StagedChangeInfo]:
+        """A review or audit session's staged changes, oldest first, each with its unified diff."""
+        resp = self._unary(self._stub.ListStagedChanges, pb.ListStagedChangesRequest(session_id=session_id))
+        return [convert_staged.change_from_pb(c) for c in resp.changes]
+
+    def apply_staged(self, session_id: str, ids: Sequence[str] = ()) -> StagedApplyResult:
+        """Write staged changes (none listed: all): per file in review mode, all or none in audit."""
+        req = pb.ApplyStagedChangesRequest(session_id=session_id, ids=list(ids))
+        return convert_staged.apply_result_from_pb(self._unary(self._stub.ApplyStagedChanges, req))
+
+    def discard_staged(self, session_id: str, ids: Sequence[str] = ()) -> list[str]:
+        """Drop staged changes (none listed: all); returns the ids dropped."""
+        req = pb.DiscardStagedChangesRequest(session_id=session_id, ids=list(ids))
+        return list(self._unary(self._stub.DiscardStagedChanges, req).discarded_ids)
 
     def resolve_confirmations(
         self, session_id: str, decision: Decision | bool | str, request_ids: Sequence[str] = ()

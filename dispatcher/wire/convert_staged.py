@@ -11,8 +11,10 @@ from dispatcher.core.staging import StagedChange as DomainChange
 from dispatcher.v1 import dispatcher_pb2 as pb
 
 __all__ = [
+    "StagedApplyResult",
     "StagedChangeInfo",
     "StagedRefusal",
+    "apply_result_from_pb",
     "change_from_pb",
     "change_to_pb",
     "payload_from_pb",
@@ -49,6 +51,20 @@ class StagedRefusal:
     id: str
     path: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StagedApplyResult:
+    """What ApplyStagedChanges did: the changes written, and those refused (still staged)."""
+
+    applied_ids: tuple[str, ...]
+    refused: tuple[StagedRefusal, ...]
+
+
+def apply_result_from_pb(resp: pb.ApplyStagedChangesResponse) -> StagedApplyResult:
+    return StagedApplyResult(
+        tuple(resp.applied_ids), tuple(StagedRefusal(r.id, r.path, r.reason) for r in resp.refused)
+    )
 
 
 def change_to_pb(change: DomainChange) -> pb.StagedChange:

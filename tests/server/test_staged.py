@@ -6,6 +6,7 @@ tests/integration/grpc/test_review_docker.py; a restart keeping them, tests/serv
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -151,3 +152,57 @@ async def test_resolve_confirmation_says_whether_the_answer_was_remembered(harne
         assert not (await task).is_error
         again = await _rpc(client, "ResolveConfirmation", req)  # too late: nothing more remembered
         assert not again.applied and not again.remembered
+
+
+async def test_cli_shows_applies_and_discards_staged_changes(
+    harness: Harness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatcher import cli
+    from dispatcher.cli.output import EXIT_TOOL_ERROR
+
+    monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_BETA)
+
+    async def run(*argv: str) -> int:
+        return await asyncio.to_thread(cli.main, [*argv[:1], "--server", harness.target, *argv[1:]])
+
+    client = harness.client(TOKEN_BETA)
+    sid = (await client.create_session(mode="review")).session_id
+    root = harness.tmp / "ws-beta" / "default"
+    (root / "a.txt").write_text("old\n")
+    a = (await _call(client, sid, "write_file", {"path": "a.txt", "content": "new\n"})).metadata["staged"]
+    b = (await _call(client, sid, "write_file", {"path": "b.txt", "content": "b\n"})).metadata["staged"]
+    assert [(c.id, c.kind) for c in await client.list_staged(sid)] == [(a, "modify"), (b, "create")]
+
+    assert await run("staged", sid) == 0
+    shown = capsys.readouterr().out
+    assert f"{a}  modify  a.txt  (4 bytes, staged " in shown and "-old\n+new\n" in shown
+    assert f"{b}  create  b.txt" in shown and "--- /dev/null" in shown
+    assert await run("staged", sid, "apply", a) == 0
+    assert capsys.readouterr().out == f"applied {a}\n" and (root / "a.txt").read_text() == "new\n"
+    (root / "b.txt").write_text("theirs\n")
+    assert await run("staged", sid, "apply", "--json") == EXIT_TOOL_ERROR
+    refused = json.loads(capsys.readouterr().out)
+    assert refused["applied"] == [] and refused["refused"][0]["id"] == b
+    assert await run("staged", sid, "discard") == 0
+    assert capsys.readouterr().out == f"discarded 1: {b}\n" and await client.list_staged(sid) == []
+    assert await run("staged", sid, "apply", "stg_nope") == cli.EXIT_BY_CODE["NOT_FOUND"]
+
+
+async def test_approve_remember_says_what_was_remembered(
+    harness: Harness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatcher import cli
+
+    monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_BETA)
+    client = harness.client(TOKEN_BETA)
+    sid = (await client.create_session(mode="review")).session_id
+    call = asyncio.create_task(_call(client, sid, "shell", {"command": "true"}))
+    request = await next_event(client, sid, "tool.confirmation_requested")
+    argv = ["approve", "--server", harness.target, sid, str(request.payload.request_id), "--remember"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    out = capsys.readouterr()
+    assert out.out == "applied: allow\n" and "remembered for this tool" in out.err
+    assert not (await call).is_error
+    late = await asyncio.to_thread(cli.main, argv)  # answered already: nothing more is remembered
+    out = capsys.readouterr()
+    assert late == 1 and "not applied" in out.out and "nothing was remembered" in out.err
