@@ -63,12 +63,21 @@ async def test_invalid_input_json_is_a_validation_result(harness: Harness, raw: 
     assert invalid and invalid[0].tool_use_id == "bad" and invalid[0].payload.errors
 
 
-async def test_five_mib_input_is_refused_cleanly(harness: Harness) -> None:
+async def test_an_oversized_input_is_its_calls_error_and_an_oversized_request_fails_whole(
+    harness: Harness,
+) -> None:
     client = harness.client()
     session = await client.create_session()
-    big = {"path": "big.txt", "content": "x" * (5 << 20)}
+    # 5 MiB of content: over write_file's documented limit, under the request limit. The tool_use
+    # fails alone, naming the limit (issue 22: limits that are what they say).
+    result = await client.call(
+        session.session_id, "write_file", {"path": "big.txt", "content": "x" * (5 << 20)}
+    )
+    assert result.is_error and str(result.error_class) == "validation_error"
+    assert "4,128,768" in text_of(result) or "max_write_bytes" in text_of(result), text_of(result)
+    # Past the documented request limit (server.max_request_bytes, 8 MiB) the request fails whole.
     with pytest.raises(RequestFailed) as err:
-        await client.call(session.session_id, "write_file", big)
+        await client.call(session.session_id, "write_file", {"path": "big.txt", "content": "x" * (9 << 20)})
     assert err.value.code == "RESOURCE_EXHAUSTED"
     assert (
         text_of(await client.call(session.session_id, "echo", {"text": "still serving"})) == "still serving"
