@@ -34,6 +34,7 @@ class Call:
     """One in-flight tool call."""
 
     tool_use_id: str
+    turn_id: str = ""
     cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_reason: ToolErrorClass | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)

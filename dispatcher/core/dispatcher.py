@@ -339,7 +339,7 @@ class ToolDispatcher:
                     order.ended(index)
                 raise
             state = self.sessions.open(session)
-        call = Call(tool_use.id)
+        call = Call(tool_use.id, turn_id)
         if state.status is SessionStatus.CLOSING:
             call.cancel()  # it came too late to run: its result says it was cancelled
         state.calls.add(call)

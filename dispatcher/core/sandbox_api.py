@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from dispatcher.core.errors import DispatcherError, FailureReason, ToolExecutionError
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
+from dispatcher.egress.gate import EgressGate
 
 if TYPE_CHECKING:
     from dispatcher.core.calls import SessionState
@@ -131,6 +132,9 @@ class ExecRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     stdin: bytes | None = None
     grace_seconds: float = 3.0  # between SIGTERM and SIGKILL
+    tool_use_id: str | None = None
+    """The call running it: the egress proxy's questions about connections its processes open
+    land on that call, and its cancel closes their tunnels."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +254,9 @@ class ProviderLifecycle:
     """Told of sandbox launches and launch failures (metrics)."""
     on_container: Callable[[str, str | None], None] | None = None
     """Called with (session id, container id or None) when a session's container changes (stored)."""
+    egress: EgressGate | None = None
+    """The server's egress proxy: set, each sandbox's agent listens for proxy connections and hands
+    them to it; None, sandboxes have no proxy (their network stays ``none`` either way)."""
 
     async def check_ready(self) -> None:
         """Fail at start, clearly, rather than on the first tool call (e.g. no daemon, no image).
@@ -296,6 +303,7 @@ class ServedProvider(SandboxProvider, Protocol):
 
     observer: SandboxObserver
     on_container: Callable[[str, str | None], None] | None
+    egress: EgressGate | None
 
     async def check_ready(self) -> None: ...
     async def prepare_tenants(self, roots: Mapping[str, str]) -> None: ...

@@ -26,11 +26,13 @@ from dispatcher.sandbox.agent.protocol import (
     Ping,
     ProtocolError,
     Request,
+    TunnelListen,
     decode_header,
     decode_prefix,
     encode_request,
     response_head,
 )
+from dispatcher.sandbox.tunnels import Serve, TunnelMux
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,8 @@ class ExecCall:
     done: asyncio.Future[Exit | Error]
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     callback_error: BaseException | None = None
+    tool_use_id: str | None = None
+    """The call it runs for: connections its processes open to the proxy are that call's."""
 
 
 class AgentLink:
@@ -91,7 +95,7 @@ class AgentLink:
         self._root = workspace_root.rstrip("/") or "/"
         self._max_frame = max_frame
         self._kill_wait = kill_wait
-        self._pending: dict[int, _Call | ExecCall] = {}
+        self._pending: dict[int, _Call | ExecCall | TunnelMux] = {}
         self._next_id = 1
         self._failure: SandboxError | None = None
         self._read_task: asyncio.Task[None] | None = None
@@ -115,6 +119,9 @@ class AgentLink:
                 log.warning("agent channel broken: %s", error)
         pending, self._pending = self._pending, {}
         for call in pending.values():
+            if isinstance(call, TunnelMux):
+                call.broken(self._failure)
+                continue
             waiter = call.future if isinstance(call, _Call) else call.done
             if not waiter.done():
                 waiter.set_exception(self._failure)
@@ -126,7 +133,7 @@ class AgentLink:
         if self._read_task is None:
             self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
 
-    def _register(self, call: _Call | ExecCall) -> int:
+    def _register(self, call: _Call | ExecCall | TunnelMux) -> int:
         rid = self._next_id
         self._next_id += 1
         self._pending[rid] = call
@@ -179,6 +186,9 @@ class AgentLink:
             if 0 < rid < self._next_id:
                 return  # a late answer to a call nobody waits for any more
             raise ProtocolError(f"response to request {rid}, which was never sent")
+        if isinstance(call, TunnelMux):
+            call.deliver(kind, header, payload)
+            return
         if isinstance(call, _Call):
             if kind == "result":
                 reply: Message = call.request.decode_reply(header, payload)
@@ -234,6 +244,43 @@ class AgentLink:
         if isinstance(reply, Error):
             raise error_for(reply)
         return cast(_R, reply)  # decoded by ``request.decode_reply``: of its reply type
+
+    # -- the egress proxy's tunnels (``tunnels.py``) --------------------------------------------
+
+    async def open_tunnels(
+        self, serve: Serve, *, port: int, env: dict[str, str], timeout: float = 10.0
+    ) -> int:
+        """Have the agent listen on its loopback's ``port`` (0: any) for proxy connections, each
+        served by ``serve``; returns the port. Its commands get the proxy variables and ``env``.
+
+        Raises:
+            SandboxError: the channel is broken, or the agent could not listen.
+        """
+        self._usable()
+        mux = TunnelMux(self, serve)
+        rid = self._register(mux)
+        await self._send(rid, TunnelListen(port, env))
+        try:
+            return await asyncio.wait_for(asyncio.shield(mux.listening), timeout)
+        except (OSError, TimeoutError) as exc:
+            self._pending.pop(rid, None)
+            raise SandboxError(f"the sandbox's proxy listener did not start: {exc}") from exc
+
+    def post(self, request: Request[Any]) -> None:
+        """Send a frame the agent never answers, without waiting (see ``_post``)."""
+        self._post(request)
+
+    async def send_unanswered(self, request: Request[Any]) -> None:
+        """Send a frame the agent never answers, waiting for room in the channel's buffer."""
+        if self._failure is not None:
+            raise ConnectionResetError(str(self._failure))
+        rid = self._next_id
+        self._next_id += 1
+        await self._send(rid, request)
+
+    def tool_use_of(self, exec_id: int | None) -> str | None:
+        call = self._pending.get(exec_id) if exec_id is not None else None
+        return call.tool_use_id if isinstance(call, ExecCall) else None
 
     def violation(self, what: str) -> SandboxError:
         """Break the channel over an answer that broke the protocol, and return the error."""

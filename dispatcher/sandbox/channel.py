@@ -149,7 +149,7 @@ class AgentChannel(AgentLink):
         stdin = request.stdin
         if stdin is not None and len(stdin) > self._max_frame:
             raise SandboxError(f"stdin of {len(stdin)} bytes is more than {self._max_frame}")
-        call = ExecCall(on_output, loop.create_future())
+        call = ExecCall(on_output, loop.create_future(), tool_use_id=request.tool_use_id)
         rid = self._register(call)
         command = Exec(request.command, request.cwd, dict(request.env), stdin, request.approved_cwd)
         timed_out = cancelled = killed = False

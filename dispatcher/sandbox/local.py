@@ -24,6 +24,7 @@ from dispatcher.core.sandbox_api import (
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
 from dispatcher.sandbox.grants import agent_grant_args
+from dispatcher.sandbox.tunnels import TunnelSetup, tunnel_setup
 
 if TYPE_CHECKING:
     from dispatcher.core.session import Session
@@ -47,7 +48,9 @@ class LocalSandbox(AgentFiles):
         max_frame: int = DEFAULT_MAX_FRAME,
         kill_wait: float = 2.0,
         agent_args: Sequence[str] = (),
+        tunnels: Callable[[], TunnelSetup | None] = lambda: None,
     ) -> None:
+        self._tunnels = tunnels  # the egress proxy's listener, on any free port of the host's loopback
         self._workspace = os.path.abspath(workspace_path)
         self._agent_args = tuple(agent_args)  # e.g. the session's --grants
         self._python = python
@@ -57,6 +60,8 @@ class LocalSandbox(AgentFiles):
         self._channel: AgentChannel | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self.proxy_port: int | None = None
+        """Where the agent's proxy listener is (on the host's loopback), once it listens."""
 
     @property
     def workspace_root(self) -> str:
@@ -94,14 +99,18 @@ class LocalSandbox(AgentFiles):
             )
             assert proc.stdout is not None and proc.stdin is not None
             self._proc = proc
-            self._channel = AgentChannel(
+            channel = AgentChannel(
                 proc.stdout,
                 proc.stdin,
                 workspace_root=self._workspace,
                 max_frame=self._max_frame,
                 kill_wait=self._kill_wait,
             )
-            return self._channel
+            setup = self._tunnels()
+            if setup is not None:
+                self.proxy_port = await channel.open_tunnels(setup.serve, port=0, env=setup.env)
+            self._channel = channel
+            return channel
 
     async def _stop(self) -> None:
         channel, self._channel = self._channel, None
@@ -160,6 +169,7 @@ class LocalSandboxProvider(ProviderLifecycle):
                 python=self._python,
                 max_frame=self._max_frame,
                 agent_args=agent_grant_args(session),
+                tunnels=lambda: tunnel_setup(self.egress, session),
             )
             self._sandboxes[session.session_id] = sandbox
         return sandbox

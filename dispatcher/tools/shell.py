@@ -190,6 +190,7 @@ class ShellTool:
                     approved_cwd=context.resolved.get("cwd"),  # as confirmed: used exactly
                     env=input.get("env", {}),
                     grace_seconds=self.grace_seconds,
+                    tool_use_id=context.tool_use_id,
                 ),
                 on_output,
                 self._cancel,

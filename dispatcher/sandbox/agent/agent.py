@@ -58,6 +58,10 @@ from .protocol import (
     TarBegin,
     TarEnd,
     TarRead,
+    TunnelClose,
+    TunnelCredit,
+    TunnelListen,
+    TunnelSend,
     UntarBegin,
     UntarChunk,
     UntarEnd,
@@ -70,6 +74,7 @@ from .protocol import (
     encode_reply,
     request_id,
 )
+from .tunnels import Tunnels
 from .upload import Upload
 from .workers import EXEC_WORKERS, EXEC_WORKERS_MAX, FILE_WORKERS, FILE_WORKERS_MAX, Workers
 from .workspace import OpError, Workspace, os_error
@@ -198,7 +203,8 @@ class Agent:
         self._exec_pool = Workers("exec", EXEC_WORKERS, EXEC_WORKERS_MAX)
         self.commands = Commands(self.ws, self.send, self._exec_pool)
         self.transfers = Transfers(self.ws, self.send)
-        t = self.transfers
+        self.tunnels = Tunnels(self.send, self.commands)
+        t, tn = self.transfers, self.tunnels
         self._routes: dict[type[Request[Any]], tuple[str, Handler]] = {
             Ping: (READER, lambda rid, r: Pong(PROTOCOL_VERSION)),
             SendSignal: (READER, self.commands.signal),
@@ -211,6 +217,11 @@ class Agent:
             TarBegin: (FILES, _paths(t.tar_begin)),
             TarRead: (READER, t.tar_read),
             TarEnd: (READER, t.tar_end),
+            # The egress proxy's listener: tunnel frames are queued for its thread, never block.
+            TunnelListen: (READER, tn.listen),
+            TunnelSend: (READER, tn.data),
+            TunnelClose: (READER, tn.close),
+            TunnelCredit: (READER, tn.credit),
         }
 
     def send(self, rid: int | None, reply: Reply) -> bool:
@@ -267,6 +278,7 @@ class Agent:
         (restarted) and a new agent will take over the container, or the server is removing the
         container anyway.
         """
+        self.tunnels.shutdown()
         self.commands.shutdown(keep_background)
         self._pool.shutdown()
 

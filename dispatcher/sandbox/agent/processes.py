@@ -261,6 +261,23 @@ class Commands:
         """In a sandbox container (not the local backend, which runs the agent on the host)."""
         return self._strays.in_container
 
+    def add_env(self, extra: Mapping[str, str]) -> None:
+        """Every command from now on also gets ``extra`` (a request's own ``env`` still wins)."""
+        with self._lock:
+            self._env = {**self._env, **extra}
+
+    def exec_of(self, lineage: list[tuple[int, int, int]]) -> int | None:
+        """The running exec whose command started the first of ``lineage`` ((pid, process group,
+        session) of a process and its ancestors) that belongs to one: each command is the leader
+        of its own session and group, which its children stay in unless they leave them."""
+        with self._lock:
+            groups = {ex.pgid: rid for rid, ex in self._execs.items() if ex.pgid is not None}
+        for pid, pgrp, session in lineage:
+            for key in (pid, pgrp, session):
+                if key in groups:
+                    return groups[key]
+        return None
+
     def signal(self, rid: int, request: SendSignal) -> Delivered:
         """Signal a running command's process group."""
         with self._lock:
@@ -269,7 +286,8 @@ class Commands:
 
     def run(self, rid: int, request: Exec) -> None:
         """Run a command to its end, sending its output and then its exit."""
-        env = dict(self._env)
+        with self._lock:
+            env = dict(self._env)
         env.update(request.env)
         if "\x00" in request.command:
             raise OpError("bad_request", "command contains a NUL byte")

@@ -71,7 +71,11 @@ class DockerSandboxProvider(ProviderLifecycle):
             else os.path.join("/run/dispatcher", NAME_UNSAFE.sub("_", self.instance), "mounts")
         )
         self.launcher = ContainerLauncher(
-            self.config, instance=self.instance, api=self.api, run_dir=self._run_dir
+            self.config,
+            instance=self.instance,
+            api=self.api,
+            run_dir=self._run_dir,
+            egress=lambda: self.egress,
         )
         self.volumes = WorkspaceVolumes(
             self.config.workspace_quota,

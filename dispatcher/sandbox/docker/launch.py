@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
 import re
 import secrets
+import stat
+from collections.abc import Callable
 from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
+from dispatcher.egress.gate import EgressGate
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
 from dispatcher.sandbox.docker.client import DockerAPI
@@ -34,6 +38,7 @@ from dispatcher.sandbox.docker.config import (
 from dispatcher.sandbox.docker.image_check import HOW_TO_BUILD, ImageUnusable, version_mismatch
 from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
 from dispatcher.sandbox.grants import agent_grant_args
+from dispatcher.sandbox.tunnels import tunnel_setup
 from dispatcher.sandbox.workspace_pin import Stage, pin_session_mounts, split_relative
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,9 @@ log = logging.getLogger(__name__)
 NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 """What may not appear in a container or mount name."""
 _MISSING_EXECUTABLE = {126, 127}
+CA_TARGET = "/opt/dispatcher/ca-bundle.crt"
+"""Where a tenant's ``egress.ca_bundle`` is mounted (read-only) in its sandboxes."""
+MAX_CA_BYTES = 16 << 20
 
 AgentLink = tuple[AttachStream, AgentChannel]
 
@@ -48,8 +56,19 @@ AgentLink = tuple[AttachStream, AgentChannel]
 class ContainerLauncher:
     """Makes session containers as the config says, labelled with the server instance."""
 
-    def __init__(self, config: SandboxConfig, *, instance: str, api: DockerAPI, run_dir: str) -> None:
+    def __init__(
+        self,
+        config: SandboxConfig,
+        *,
+        instance: str,
+        api: DockerAPI,
+        run_dir: str,
+        egress: Callable[[], EgressGate | None] = lambda: None,
+    ) -> None:
         self.config = config
+        self._egress = egress
+        """The server's egress proxy, if any: the agent listens for it on ``TUNNEL_PORT``."""
+        self._with_ca: set[str] = set()  # containers this launcher made with the CA bundle mounted
         self.instance = instance
         self.api = api
         self._run_dir = run_dir
@@ -70,7 +89,10 @@ class ContainerLauncher:
         stage = await loop.run_in_executor(None, self._stage_mounts, session)
         container_id: str | None = None
         try:
-            container_id = await self._create_container(session, stage)
+            ca = await loop.run_in_executor(None, self._stage_ca, session)
+            container_id = await self._create_container(session, stage, ca)
+            if ca is not None:
+                self._with_ca.add(container_id)
             await self.api.start(container_id)
             if not stage.staged:
                 await self._verify_mounts(container_id, stage)
@@ -136,8 +158,37 @@ class ContainerLauncher:
         start = next(self._cpu_turn) * wanted
         return ",".join(str(cpus[(start + i) % len(cpus)]) for i in range(wanted))
 
-    async def _create_container(self, session: Session, stage: Stage) -> str:
-        spec = self._container_spec(session, self._mounts(stage))
+    def _stage_ca(self, session: Session) -> str | None:
+        """The tenant's CA bundle as the server read it, copied where only the server writes (so
+        the file mounted is the one checked, whatever the path points to later); None: none."""
+        gate = self._egress()
+        path = gate.ca_bundle(session.tenant_id) if gate is not None else None
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                info = os.fstat(f.fileno())
+                if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_CA_BYTES:
+                    raise SandboxError(f"egress.ca_bundle {path!r} is not a regular file of at most 16 MiB")
+                data = f.read(MAX_CA_BYTES + 1)
+        except OSError as exc:
+            raise SandboxError(f"egress.ca_bundle {path!r} cannot be read: {exc.strerror}") from None
+        directory = os.path.join(self._run_dir, "ca")
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        target = os.path.join(directory, hashlib.sha256(data).hexdigest()[:32] + ".crt")
+        if not os.path.exists(target):
+            temp = f"{target}.{secrets.token_hex(4)}"
+            with open(temp, "xb") as out:
+                out.write(data)
+            os.chmod(temp, 0o444)
+            os.replace(temp, target)
+        return target
+
+    async def _create_container(self, session: Session, stage: Stage, ca: str | None = None) -> str:
+        mounts = self._mounts(stage)
+        if ca is not None:
+            mounts.append({"Type": "bind", "Source": ca, "Target": CA_TARGET, "ReadOnly": True})
+        spec = self._container_spec(session, mounts)
         name = "-".join(
             (
                 "dispatcher",
@@ -285,4 +336,17 @@ class ContainerLauncher:
                 await channel.close()
             stream.close()
             raise version_mismatch(cfg.image, version)
+        setup = tunnel_setup(self._egress(), session, ca_path=lambda _: CA_TARGET)
+        if setup is not None:
+            env = setup.env
+            if env and container_id not in self._with_ca:  # adopted: made by an earlier server
+                code, _ = await self.api.exec_run(container_id, ["test", "-f", CA_TARGET])
+                env = env if code == 0 else {}
+            try:
+                await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
+            except SandboxError:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+                stream.close()
+                raise
         return stream, channel

@@ -78,6 +78,16 @@ REQUESTS: list[tuple[p.Request[Any], dict[str, Any], bytes]] = [
     (p.TarBegin("d", 7), {"op": "tar_begin", "path": "d", "max_bytes": 7}, b""),
     (p.TarRead(5), {"op": "tar_read", "download": 5}, b""),
     (p.TarEnd(5), {"op": "tar_end", "download": 5}, b""),
+    # protocol 5: the egress tunnels
+    (p.TunnelListen(3128), {"op": "tunnel_listen", "port": 3128, "env": {}}, b""),
+    (
+        p.TunnelListen(0, {"SSL_CERT_FILE": "/c"}),
+        {"op": "tunnel_listen", "port": 0, "env": {"SSL_CERT_FILE": "/c"}},
+        b"",
+    ),
+    (p.TunnelSend(2, b"GET"), {"op": "tunnel_data", "conn": 2}, b"GET"),
+    (p.TunnelClose(2), {"op": "tunnel_close", "conn": 2}, b""),
+    (p.TunnelCredit(2, 4096), {"op": "tunnel_credit", "conn": 2, "credit": 4096}, b""),
 ]
 
 # (the request it answers, reply, the header the agent built by hand, its payload)
@@ -136,6 +146,13 @@ REPLIES: list[tuple[p.Request[Any], p.Reply, dict[str, Any], bytes]] = [
         {"type": "error", "code": "ENOENT", "message": "a: gone"},
         b"",
     ),
+    (p.TunnelListen(0), p.Listening(41234), {"type": "listening", "port": 41234}, b""),
+    (p.TunnelListen(0), p.TunnelOpened(1, 7), {"type": "tunnel_open", "conn": 1, "exec_id": 7}, b""),
+    (p.TunnelListen(0), p.TunnelOpened(2), {"type": "tunnel_open", "conn": 2}, b""),
+    (p.TunnelListen(0), p.TunnelData(1, b"HTTP"), {"type": "tunnel_data", "conn": 1}, b"HTTP"),
+    (p.TunnelListen(0), p.TunnelEof(1), {"type": "tunnel_eof", "conn": 1}, b""),
+    (p.TunnelListen(0), p.TunnelClosed(1), {"type": "tunnel_close", "conn": 1}, b""),
+    (p.TunnelListen(0), p.TunnelWindow(1, 65536), {"type": "tunnel_credit", "conn": 1, "credit": 65536}, b""),
 ]
 
 
@@ -179,6 +196,10 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
         "output": lambda: p.Output.decode(got_header, got_payload),
         "exit": lambda: p.Exit.decode(got_header, got_payload),
         "result": lambda: request_.decode_reply(got_header, got_payload),
+        **{
+            cls.TYPE: (lambda cls=cls: cls.decode(got_header, got_payload))
+            for cls in (p.Listening, p.TunnelOpened, p.TunnelData, p.TunnelEof, p.TunnelClosed, p.TunnelWindow)
+        },
     }[kind]()
     assert decoded == reply
 
@@ -196,6 +217,11 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
         ({"op": "exec", "command": "x", "stdin": "yes"}, b"", "'stdin' must be bool"),
         ({"op": "signal", "exec_id": 1, "signal": "HUP"}, b"", "unknown signal 'HUP'"),
         ({"op": "untar_end", "upload": 1}, b"", "'commit' must be bool"),
+        ({"op": "tunnel_data", "conn": 1}, b"", "tunnel data size out of bounds"),
+        ({"op": "tunnel_credit", "conn": 1, "credit": 0}, b"", "tunnel credit out of bounds"),
+        ({"op": "tunnel_credit", "conn": 1, "credit": 1 << 30}, b"", "tunnel credit out of bounds"),
+        ({"op": "tunnel_listen", "port": 70000}, b"", "port out of range"),
+        ({"op": "tunnel_listen", "port": 1, "env": {"A=B": "c"}}, b"", "bad environment variable"),
     ],
 )
 def test_the_agent_refuses_requests_that_break_the_schema(

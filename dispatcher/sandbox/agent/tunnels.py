@@ -1,0 +1,282 @@
+"""The sandbox's side of the egress proxy: a listener on its loopback whose connections travel to
+the server over the agent's channel (``protocol.py``: ``tunnel_listen`` and the tunnel frames).
+
+The server decides everything (policy, names, the outbound connection); the agent only carries
+bytes. One thread serves the listener and every connection with a selector, so a flood of
+connections costs no pid (threads take pids like processes do) and a stalled one blocks none of
+the others. Each connection sends at most its window (``TUNNEL_WINDOW``) ahead of the server's
+credit, and the agent holds at most a window of the server's bytes per connection, so neither end
+buffers without bound. Frames from the server arrive on the reader thread and are queued for the
+tunnel thread, which a byte on a socket pair wakes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import queue
+import selectors
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from .peers import ancestry, peer_pid
+from .processes import Commands
+from .protocol import (
+    CHUNK,
+    MAX_TUNNELS,
+    TUNNEL_WINDOW,
+    Listening,
+    Send,
+    TunnelClose,
+    TunnelClosed,
+    TunnelCredit,
+    TunnelData,
+    TunnelEof,
+    TunnelListen,
+    TunnelOpened,
+    TunnelSend,
+    TunnelWindow,
+)
+from .workspace import OpError
+
+CLOSE_FLUSH_SECONDS = 10.0
+"""How long a connection the server closed may take to accept the bytes still owed to it."""
+_CREDIT_STEP = TUNNEL_WINDOW // 4
+
+
+def proxy_env(port: int) -> dict[str, str]:
+    """What tells pip, npm, git, curl, apt and urllib to use the proxy.
+
+    ``PIP_RETRIES=1``: pip retries a refused ``CONNECT`` like a network failure, five times with
+    backoff (7.5 s); one immediate retry keeps a real blip survivable and a refusal under a second.
+    """
+    url = f"http://127.0.0.1:{port}"
+    env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    env.update(NO_PROXY="localhost,127.0.0.1", no_proxy="localhost,127.0.0.1", PIP_RETRIES="1")
+    return env
+
+
+class _Conn:
+    """One accepted connection."""
+
+    def __init__(self, conn: int, sock: socket.socket) -> None:
+        self.conn = conn
+        self.sock = sock
+        self.window = TUNNEL_WINDOW  # bytes we may still send to the server
+        self.pending = bytearray()  # the server's bytes not yet written to the socket
+        self.written = 0  # written since the last credit we gave
+        self.reading = True  # until the sandbox side half-closed
+        self.closing_since: float | None = None  # the server closed it: flush, then close
+        self.events = 0
+
+
+class Tunnels:
+    """The listener and its connections; ``listen`` starts them, the other handlers feed them."""
+
+    def __init__(self, send: Send, commands: Commands) -> None:
+        self._send = send
+        self._commands = commands
+        self._rid: int | None = None
+        self._listener: socket.socket | None = None
+        self._inbox: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._conns: dict[int, _Conn] = {}
+        self._next = 1
+        self._stopped = False
+
+    # -- the reader thread's side -----------------------------------------------------------
+
+    def listen(self, rid: int, request: TunnelListen) -> None:
+        """Bind, answer ``listening``, and start the tunnel thread; the request stays open."""
+        if self._rid is not None:
+            raise OpError("bad_request", "the agent already listens for tunnels")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", request.port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            name = errno.errorcode.get(exc.errno or 0, "EIO")
+            raise OpError(name, f"cannot listen on 127.0.0.1:{request.port}: {exc.strerror}") from None
+        port = sock.getsockname()[1]
+        self._listener, self._rid = sock, rid
+        self._commands.add_env({**proxy_env(port), **request.env})
+        self._sel.register(sock, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        threading.Thread(target=self._run, name="tunnels", daemon=True).start()
+        self._send(rid, Listening(port))
+
+    def data(self, rid: int, request: TunnelSend) -> None:
+        self._post("data", request.conn, request.data)
+
+    def close(self, rid: int, request: TunnelClose) -> None:
+        self._post("close", request.conn, None)
+
+    def credit(self, rid: int, request: TunnelCredit) -> None:
+        self._post("credit", request.conn, request.credit)
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._post("stop", 0, None)
+
+    def _post(self, what: str, conn: int, value: Any) -> None:
+        self._inbox.put((what, conn, value))
+        with contextlib.suppress(OSError):  # full: a wake-up is already pending
+            self._wake_w.send(b"\0")
+
+    # -- the tunnel thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped:
+                timeout = 1.0 if any(c.closing_since for c in self._conns.values()) else None
+                for key, mask in self._sel.select(timeout):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._drain_inbox()
+                    else:
+                        self._serve(key.data, mask)
+                self._expire_closing()
+        except Exception as exc:  # never silently: the host sees connections fail, this says why
+            print(f"agent: tunnel thread failed: {exc!r}", file=sys.stderr)
+        finally:
+            for c in list(self._conns.values()):
+                c.sock.close()
+            if self._listener is not None:
+                self._listener.close()
+
+    def _emit(self, reply: Any) -> None:
+        assert self._rid is not None
+        if not self._send(self._rid, reply):
+            self._stopped = True  # nobody reads the channel any more
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while len(self._conns) < MAX_TUNNELS:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: try again on the next connection
+                print(f"agent: tunnel accept failed: {exc!r}", file=sys.stderr)
+                return
+            sock.setblocking(False)
+            c = _Conn(self._next, sock)
+            self._next += 1
+            self._conns[c.conn] = c
+            pid = peer_pid(sock)
+            exec_id = self._commands.exec_of(ancestry(pid)) if pid is not None else None
+            self._emit(TunnelOpened(c.conn, exec_id))
+            self._update(c)
+        # Full: stop accepting until one closes (the rest wait in the backlog).
+        self._sel.unregister(self._listener)
+
+    def _drain_inbox(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+        while True:
+            try:
+                what, conn, value = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if what == "stop":
+                self._stopped = True
+                return
+            c = self._conns.get(conn)
+            if c is None:
+                continue  # closed on our side meanwhile: its late frames are dropped
+            if what == "data":
+                c.pending += value
+                self._flush(c)
+            elif what == "credit":
+                c.window = min(c.window + value, TUNNEL_WINDOW)
+            elif what == "close":
+                c.reading = False
+                c.closing_since = time.monotonic()
+                self._flush(c)
+            if c.conn in self._conns:
+                self._update(c)
+
+    def _serve(self, c: _Conn, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE:
+            self._flush(c)
+        if c.conn in self._conns and mask & selectors.EVENT_READ and c.reading and c.window > 0:
+            try:
+                data = c.sock.recv(min(CHUNK, c.window))
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                self._drop(c)
+                return
+            if data == b"":
+                c.reading = False
+                self._emit(TunnelEof(c.conn))
+            elif data:
+                c.window -= len(data)
+                self._emit(TunnelData(c.conn, data))
+        if c.conn in self._conns:
+            self._update(c)
+
+    def _flush(self, c: _Conn) -> None:
+        while c.pending:
+            try:
+                n = c.sock.send(c.pending)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._drop(c)
+                return
+            del c.pending[:n]
+            c.written += n
+        if c.written >= _CREDIT_STEP or (c.written and not c.pending):
+            self._emit(TunnelWindow(c.conn, c.written))
+            c.written = 0
+        if c.closing_since is not None and not c.pending:
+            with contextlib.suppress(OSError):
+                c.sock.shutdown(socket.SHUT_WR)
+            self._drop(c)
+
+    def _update(self, c: _Conn) -> None:
+        events = (selectors.EVENT_READ if c.reading and c.window > 0 else 0) | (
+            selectors.EVENT_WRITE if c.pending else 0
+        )
+        if events == c.events:
+            return
+        if c.events and events:
+            self._sel.modify(c.sock, events, c)
+        elif events:
+            self._sel.register(c.sock, events, c)
+        else:
+            self._sel.unregister(c.sock)
+        c.events = events
+
+    def _drop(self, c: _Conn) -> None:
+        """Forget a connection and tell the server it is gone."""
+        if self._conns.pop(c.conn, None) is None:
+            return
+        if c.events:
+            self._sel.unregister(c.sock)
+            c.events = 0
+        c.sock.close()
+        self._emit(TunnelClosed(c.conn))
+        if self._listener is not None:
+            try:
+                self._sel.get_key(self._listener)
+            except KeyError:  # it was full: accept again
+                self._sel.register(self._listener, selectors.EVENT_READ, None)
+
+    def _expire_closing(self) -> None:
+        now = time.monotonic()
+        for c in list(self._conns.values()):
+            if c.closing_since is not None and now - c.closing_since > CLOSE_FLUSH_SECONDS:
+                self._drop(c)
