@@ -198,7 +198,14 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
         "result": lambda: request_.decode_reply(got_header, got_payload),
         **{
             cls.TYPE: (lambda cls=cls: cls.decode(got_header, got_payload))
-            for cls in (p.Listening, p.TunnelOpened, p.TunnelData, p.TunnelEof, p.TunnelClosed, p.TunnelWindow)
+            for cls in (
+                p.Listening,
+                p.TunnelOpened,
+                p.TunnelData,
+                p.TunnelEof,
+                p.TunnelClosed,
+                p.TunnelWindow,
+            )
         },
     }[kind]()
     assert decoded == reply
