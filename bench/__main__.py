@@ -30,6 +30,7 @@ MODULES = (
     "bench.isolation_bench",
     "bench.trees_bench",
     "bench.restart_bench",
+    "bench.egress_bench",
 )
 
 
