@@ -14,6 +14,7 @@ from dispatcher.config.sections import (
     LogSection,
     SandboxSection,
     ServerOptions,
+    SessionsSection,
     ShutdownSection,
     TenantSection,
     Timeouts,
@@ -76,6 +77,7 @@ class ConfigFile(Section):
     audit_log: Text | None = None
     """Path of the JSON-lines audit log (default: ``<home>/audit.jsonl``)."""
     shutdown: ShutdownSection = Field(default_factory=ShutdownSection)
+    sessions: SessionsSection = Field(default_factory=SessionsSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     tracing: TracingSection = Field(default_factory=TracingSection)
 

@@ -26,6 +26,7 @@ from dispatcher.config.sections import (
     DispatcherSection,
     Quotas,
     ServerOptions,
+    SessionsSection,
     TenantSection,
     Timeouts,
     TlsFiles,
@@ -83,6 +84,8 @@ class TenantConfig:
     """The approval modes its sessions may choose; the first is what a session that names none gets."""
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """Its ``egress:`` (laid over the top level's); ``capabilities.egress_allow`` is its ``allow``."""
+    max_session_ttl_seconds: float | None = None
+    """The longest TTL its sessions may have (None: no maximum)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,8 @@ class Config:
     """``metrics:`` and ``tracing:`` (dispatcher/observe_config.py)."""
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """The top-level ``egress:``: the default tenant's."""
+    sessions: SessionsSection = field(default_factory=SessionsSection)
+    """``sessions:``: their clocks' defaults (``core/lifecycle.py``)."""
     source: Path | None = None
 
     @property
@@ -187,6 +192,7 @@ def _build(
         shutdown_remove_sessions=file.shutdown.remove_sessions,
         observe=ObserveConfig.of(file.metrics, file.tracing),
         egress=egress_policy(file.egress),
+        sessions=file.sessions,
         source=source,
     )
 
@@ -299,6 +305,7 @@ def _tenants(
                 gid=item.gid if item.gid is not None else item.uid,
                 approval_modes=item.approval_modes,
                 egress=tenant_egress,
+                max_session_ttl_seconds=item.max_session_ttl_seconds,
             )
         )
     return tuple(out)

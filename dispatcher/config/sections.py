@@ -79,6 +79,25 @@ class TlsFiles(Section):
     """CA that client certificates must chain to; set: mutual TLS."""
 
 
+NonNegativeSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+"""Seconds, where 0 means "none" (or "at once")."""
+
+
+class SessionsSection(Section):
+    """``sessions:``: the clocks a session runs under unless its CreateSession asks otherwise."""
+
+    ttl_seconds: NonNegativeSeconds = 86_400.0
+    """Absolute lifetime from creation (renewable); 0: none."""
+    idle_timeout_seconds: NonNegativeSeconds = 3_600.0
+    """Time without activity (a request, a call in flight, a process running in the sandbox)
+    before the session expires; 0: none."""
+    on_expire: Literal["close", "pause"] = "close"
+    """What a clock running out does: close the session (its sandbox removed, the workspace kept)
+    or pause it (its sandbox frozen, memory kept)."""
+    expiring_notice_seconds: NonNegativeSeconds = 300.0
+    """How long before an expiry ``session.expiring`` is published (once); 0: never."""
+
+
 class Quotas(Section):
     """``quotas:`` of a tenant: a request past one is RESOURCE_EXHAUSTED."""
 
@@ -90,6 +109,11 @@ class Quotas(Section):
     read (plus one result in flight), so that memory is bounded per tenant too."""
     max_watch_streams: PositiveInt = 32
     """WatchSession streams open at once."""
+    queue_timeout_seconds: NonNegativeSeconds = 30.0
+    """With every dispatch slot taken, how long a Dispatch waits for one (first come, first
+    served) before RESOURCE_EXHAUSTED; 0: refused at once."""
+    max_concurrent_transfers: PositiveInt = 8
+    """UploadFiles and DownloadFiles running at once (apart from the dispatch slots)."""
 
 
 def _not_root(value: int) -> int:
@@ -329,6 +353,8 @@ class TenantSection(CapabilitiesSection):
     """The approval modes its sessions may choose; the first is what a session that names none gets."""
     egress: EgressSection | None = None
     """What its sandboxes reach through the egress proxy: keys laid over the top-level ``egress:``."""
+    max_session_ttl_seconds: Seconds | None = None
+    """The longest TTL its sessions may ask for or renew to (omit: no maximum)."""
 
     @model_validator(mode="after")
     def _gid_needs_uid(self) -> TenantSection:

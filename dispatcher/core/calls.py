@@ -11,6 +11,7 @@ from dispatcher.core.confirmation import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
 from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.session_clock import SessionClock
 from dispatcher.core.staging import StagingArea
 
 __all__ = ["Call", "PlanStep", "SessionState"]
@@ -96,6 +97,8 @@ class SessionState:
     """The steps a ``plan`` session proposed, in order, until the plan is approved or rejected."""
     staging: StagingArea = field(init=False)
     """Review and audit sessions: writes kept off the disk until a human applies them."""
+    clock: SessionClock = field(default_factory=SessionClock)
+    """Its TTL and idle clocks (``core/lifecycle.py``)."""
 
     def __post_init__(self) -> None:
         self.staging = StagingArea(self.session.session_id)

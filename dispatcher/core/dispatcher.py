@@ -18,6 +18,7 @@ from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.event_payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.events import EventBus
+from dispatcher.core.lifecycle import SessionLifecycle
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.ordering import CHANGES, MessageOrder, Ordering
 from dispatcher.core.pipeline import CallRun, PipelineDeps
@@ -60,6 +61,9 @@ class ToolDispatcher:
             concurrency=cfg.concurrency, history=cfg.event_history, history_bytes=cfg.event_history_bytes
         )
         """The one owner of the sessions' lives; the server subscribes its listeners here."""
+        self.lifecycle = SessionLifecycle(self.sessions, self, sandbox_provider)
+        """Their clocks: expiry, renewal, pause and resume (started by the server)."""
+        self.sessions.subscribe(self.lifecycle)
 
     # -- registry -------------------------------------------------------------------------
 
@@ -148,6 +152,7 @@ class ToolDispatcher:
         ``keep_sessions``: only end the sessions' event streams and leave their sandboxes to the
         provider (which must have been detached from them first), so a restart can give them back.
         """
+        await self.lifecycle.aclose()
         if keep_sessions:
             self.sessions.let_go()
         for session_id in self.sessions.live_ids():
@@ -339,6 +344,8 @@ class ToolDispatcher:
                     order.ended(index)
                 raise
             state = self.sessions.open(session)
+        if state.status is SessionStatus.PAUSED:
+            await self.lifecycle.ensure_running(state)  # the call's result says it was resumed
         call = Call(tool_use.id, turn_id)
         if state.status is SessionStatus.CLOSING:
             call.cancel()  # it came too late to run: its result says it was cancelled

@@ -27,6 +27,12 @@ STAGED_APPLIED: Final = "staged.applied"
 """A human applied staged changes (review/audit mode); not a call's: its tool_use_id is ""."""
 STAGED_DISCARDED: Final = "staged.discarded"
 """A human discarded staged changes; not a call's either."""
+SESSION_EXPIRING: Final = "session.expiring"
+SESSION_EXPIRED: Final = "session.expired"
+SESSION_PAUSED: Final = "session.paused"
+SESSION_RESUMED: Final = "session.resumed"
+"""The session events (``core/lifecycle.py``): no call, so their turn and tool_use ids are empty;
+``reason`` is ``ttl``, ``idle`` or ``request``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +137,36 @@ class StagedDiscarded:
     paths: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SessionExpiring:
+    """A clock runs out soon (once per deadline): a client may renew, or use the session."""
+
+    TYPE: ClassVar[str] = SESSION_EXPIRING
+    reason: str
+    seconds_left: float
+    expire_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionExpired:
+    """A clock ran out: the session is closed (or, with ``on_expire: pause``, paused)."""
+
+    TYPE: ClassVar[str] = SESSION_EXPIRED
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPaused:
+    TYPE: ClassVar[str] = SESSION_PAUSED
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionResumed:
+    TYPE: ClassVar[str] = SESSION_RESUMED
+    reason: str
+
+
 EventPayload = (
     ToolCalled
     | ToolOutputDelta
@@ -142,6 +178,10 @@ EventPayload = (
     | ToolConfirmationResolved
     | StagedApplied
     | StagedDiscarded
+    | SessionExpiring
+    | SessionExpired
+    | SessionPaused
+    | SessionResumed
 )
 
 PAYLOAD_TYPES: Final[Mapping[str, type[EventPayload]]] = {
@@ -157,6 +197,10 @@ PAYLOAD_TYPES: Final[Mapping[str, type[EventPayload]]] = {
         ToolConfirmationResolved,
         StagedApplied,
         StagedDiscarded,
+        SessionExpiring,
+        SessionExpired,
+        SessionPaused,
+        SessionResumed,
     )
 }
 EVENT_TYPES: Final = frozenset(PAYLOAD_TYPES)

@@ -240,6 +240,21 @@ class SandboxProvider(Protocol):
 
     async def aclose(self) -> None: ...
 
+    async def pause(self, session_id: str) -> None:
+        """Freeze the session's sandbox (its processes and /tmp kept, no CPU used); nothing if it
+        has none running."""
+        ...
+
+    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
+        """Thaw it; ``notice``: what the next call's result reports (``report_notice``). A sandbox
+        that vanished meanwhile is handled as any vanished one: the next call starts a fresh one."""
+        ...
+
+    async def working(self, session_id: str) -> bool:
+        """True while processes that commands started still run in the session's sandbox (a
+        background job is activity: its session does not expire by idleness)."""
+        ...
+
 
 class ProviderLifecycle:
     """What a server does with its sandbox backend besides handing out sandboxes: checks and
@@ -284,6 +299,16 @@ class ProviderLifecycle:
 
     async def detach_all(self) -> None:
         """Let go of every sandbox without removing it (a stop that keeps the sessions)."""
+
+    async def pause(self, session_id: str) -> None:
+        """Freeze the sandbox (``SandboxProvider.pause``); here: nothing to freeze."""
+
+    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
+        """Thaw it (``SandboxProvider.resume``)."""
+
+    async def working(self, session_id: str) -> bool:
+        """Processes still run in it (``SandboxProvider.working``); here: never."""
+        return False
 
     # -- SessionListener --------------------------------------------------------------------
 

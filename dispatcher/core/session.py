@@ -17,15 +17,22 @@ if TYPE_CHECKING:
 class SessionStatus(StrEnum):
     """Where a session is in its life; ``core/session_registry.py`` owns the transitions.
 
-    ``OPEN -> CLOSING -> CLOSED``. Only an open session takes new requests; a closing one is
-    cancelling its calls and stopping its sandbox, and is already "not found" to clients. The
-    lifecycle issue adds ``PAUSED`` (held, its sandbox frozen, resumed by its next call) and
-    ``EXPIRED`` (ended by a clock, like ``CLOSED`` but remembered with when and why).
+    ``OPEN -> CLOSING -> CLOSED``, and ``OPEN <-> PAUSED`` (held, its sandbox frozen, resumed by
+    its next call or ResumeSession), ``OPEN|PAUSED -> CLOSING -> EXPIRED`` (ended by a clock: like
+    ``CLOSED`` but remembered with when and why). Open and paused sessions take requests; a closing
+    one is cancelling its calls and stopping its sandbox, and is already "not found" to clients.
     """
 
     OPEN = "open"
+    PAUSED = "paused"
     CLOSING = "closing"
     CLOSED = "closed"
+    EXPIRED = "expired"
+
+    @property
+    def alive(self) -> bool:
+        """Takes requests (open or paused)."""
+        return self in (SessionStatus.OPEN, SessionStatus.PAUSED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,12 @@ sandbox, counting it) is done by listeners that subscribed, told in their subscr
 - ``session_closed``: in reverse subscription order (the first to know is the last to forget).
   Every listener is told even when one raises (logged): a listener cannot keep a session open.
 
-``OPEN -> CLOSING -> CLOSED`` (``SessionStatus``); the lifecycle issue adds ``PAUSED`` and
-``EXPIRED`` as further states and events of this registry. The work of closing (cancelling calls,
-stopping the sandbox) is the dispatcher's, between ``begin_close`` and ``finish_close``.
+``OPEN -> CLOSING -> CLOSED``, ``OPEN <-> PAUSED``, and ``-> CLOSING -> EXPIRED`` when a clock ran out
+(``SessionStatus``). The work of closing (cancelling calls, stopping the sandbox) is the
+dispatcher's, between ``begin_close`` and ``finish_close``; pausing and expiring are
+``core/lifecycle.py``'s, which sets the states here (``set_paused``, ``mark_expired``). An ended
+session is remembered (with its tenant, and when and why it expired) so that a late request is told
+what became of it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Event, EventBus
 from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.session_clock import ExpiryReason, Lifetime, SessionClock
 from dispatcher.core.staging import StagedChange
 
 __all__ = ["BaseSessionListener", "Restoration", "SessionListener", "SessionRegistry", "SessionStatus"]
@@ -61,6 +65,25 @@ class Restoration:
     """The sandbox container the previous life used (re-adopted by the provider)."""
     staged: tuple[StagedChange, ...] = ()
     """The changes it had staged and nobody applied or discarded yet (``core/staging.py``)."""
+    clock: SessionClock | None = None
+    """Its clocks as stored (None: a row written before sessions had clocks: none run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """What is remembered of an ended session."""
+
+    status: SessionStatus
+    tenant_id: str
+    expired: tuple[float, ExpiryReason] | None = None
+    """When and by which clock it expired."""
+
+    def message(self, session_id: str) -> str:
+        if self.expired is not None:
+            when, reason = self.expired
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+            return f"session {session_id!r} expired at {stamp} ({reason.value})"
+        return f"session {session_id!r} is {self.status.value}"
 
 
 class SessionListener(Protocol):
@@ -97,7 +120,8 @@ class SessionRegistry:
         self._history = history
         self._history_bytes = history_bytes
         self._live: dict[str, SessionState] = {}
-        self._ended: OrderedDict[str, SessionStatus] = OrderedDict()
+        self._ended: OrderedDict[str, Ended] = OrderedDict()
+        self._expiring: dict[str, tuple[float, ExpiryReason]] = {}
         self._listeners: list[SessionListener] = []
 
     def subscribe(self, *listeners: SessionListener) -> None:
@@ -107,9 +131,15 @@ class SessionRegistry:
     # -- opening ----------------------------------------------------------------------------
 
     def open(
-        self, session: Session, *, create_time: float | None = None, restored: Restoration | None = None
+        self,
+        session: Session,
+        *,
+        create_time: float | None = None,
+        restored: Restoration | None = None,
+        lifetime: Lifetime | None = None,
     ) -> SessionState:
-        """Open ``session`` (new, or with ``restored`` what a restart gives back) and tell the listeners.
+        """Open ``session`` (new, under the clocks of ``lifetime``, or with ``restored`` what a restart
+        gives back) and tell the listeners.
 
         Raises:
             ValueError: a session with this id is already open or closing.
@@ -119,6 +149,12 @@ class SessionRegistry:
         if sid in self._live:
             raise ValueError(f"session {sid!r} is already open")
         state = self._new_state(session, create_time, restored)
+        if restored is None:
+            state.clock = SessionClock.start(lifetime, state.create_time)
+        elif restored.clock is not None:
+            state.clock = restored.clock
+            if restored.clock.paused is not None:
+                state.status = SessionStatus.PAUSED
         self._ended.pop(sid, None)
         self._live[sid] = state
         told: list[SessionListener] = []
@@ -165,21 +201,36 @@ class SessionRegistry:
             UnknownSessionError: it is not open (never was, is closing, or has ended).
         """
         state = self._live.get(session_id)
-        if state is not None and state.status is SessionStatus.OPEN:
+        if state is not None and state.status.alive:
             return state
-        status = state.status if state is not None else self._ended.get(session_id)
-        if status is None:
-            raise UnknownSessionError(f"unknown session {session_id!r}")
-        raise UnknownSessionError(f"session {session_id!r} is {status.value}")
+        if state is not None:
+            raise UnknownSessionError(f"session {session_id!r} is {state.status.value}")
+        raise UnknownSessionError(self.why_gone(session_id))
+
+    def why_gone(self, session_id: str) -> str:
+        """What to tell a request for a session that is not open: expired when and why, closed,
+        or unknown."""
+        ended = self._ended.get(session_id)
+        if ended is None:
+            return f"unknown session {session_id!r}"
+        return ended.message(session_id)
+
+    def ended(self, session_id: str) -> Ended | None:
+        """What is remembered of an ended session (None: not ended, or forgotten)."""
+        return self._ended.get(session_id)
 
     def is_open(self, session_id: str) -> bool:
+        """It takes requests (open or paused)."""
         state = self._live.get(session_id)
-        return state is not None and state.status is SessionStatus.OPEN
+        return state is not None and state.status.alive
 
     def status(self, session_id: str) -> SessionStatus | None:
         """Where the session is in its life; None: never seen (or ended too long ago)."""
         state = self._live.get(session_id)
-        return state.status if state is not None else self._ended.get(session_id)
+        if state is not None:
+            return state.status
+        ended = self._ended.get(session_id)
+        return ended.status if ended is not None else None
 
     def find(self, session_id: str) -> SessionState | None:
         """The session if it is not over yet (open or closing): for work that must reach it while it
@@ -187,8 +238,8 @@ class SessionRegistry:
         return self._live.get(session_id)
 
     def __iter__(self) -> Iterator[SessionState]:
-        """The open sessions (not those closing)."""
-        return (s for s in tuple(self._live.values()) if s.status is SessionStatus.OPEN)
+        """The open and paused sessions (not those closing)."""
+        return (s for s in tuple(self._live.values()) if s.status.alive)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -200,6 +251,24 @@ class SessionRegistry:
     def live_ids(self) -> list[str]:
         """Every session not over yet, closing ones included."""
         return list(self._live)
+
+    def by_status(self) -> dict[SessionStatus, int]:
+        """How many sessions are in each state now (metrics)."""
+        out: dict[SessionStatus, int] = {}
+        for state in self._live.values():
+            out[state.status] = out.get(state.status, 0) + 1
+        return out
+
+    # -- pausing and expiring (core/lifecycle.py) ----------------------------------------------
+
+    def set_paused(self, state: SessionState, paused: bool) -> None:
+        """An alive session becomes paused (or open again); a closing one stays closing."""
+        if state.status.alive:
+            state.status = SessionStatus.PAUSED if paused else SessionStatus.OPEN
+
+    def mark_expired(self, state: SessionState, when: float, reason: ExpiryReason) -> None:
+        """Its coming close is an expiry: it is remembered as expired at ``when`` by ``reason``."""
+        self._expiring[state.session.session_id] = (when, reason)
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -225,9 +294,10 @@ class SessionRegistry:
 
     def _end(self, state: SessionState, listeners: Iterator[SessionListener]) -> None:
         sid = state.session.session_id
-        state.status = SessionStatus.CLOSED
+        expired = self._expiring.pop(sid, None)
+        state.status = SessionStatus.CLOSED if expired is None else SessionStatus.EXPIRED
         self._live.pop(sid, None)
-        self._ended[sid] = state.status
+        self._ended[sid] = Ended(state.status, state.session.tenant_id, expired)
         while len(self._ended) > ENDED_IDS_KEPT:
             self._ended.popitem(last=False)
         state.bus.close()

@@ -20,6 +20,7 @@ from dispatcher.core.sandbox_api import (
     OutputCallback,
     ProviderLifecycle,
     SandboxError,
+    report_notice,
 )
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
@@ -62,6 +63,8 @@ class LocalSandbox(AgentFiles):
         self._closed = False
         self.proxy_port: int | None = None
         """Where the agent's proxy listener is (on the host's loopback), once it listens."""
+        self.notice: str | None = None
+        """Said in the next call's result (the session was resumed): a process does not freeze."""
 
     @property
     def workspace_root(self) -> str:
@@ -74,6 +77,8 @@ class LocalSandbox(AgentFiles):
 
     async def channel(self) -> AgentChannel:
         """The live channel, (re)starting the agent when there is none or it broke."""
+        if self.notice is not None and report_notice(self.notice):
+            self.notice = None
         current = self._channel
         if current is not None and not current.broken:
             return current
@@ -179,6 +184,20 @@ class LocalSandboxProvider(ProviderLifecycle):
         sandbox = self._sandboxes.pop(session_id, None)
         if sandbox is not None:
             await sandbox.aclose()
+
+    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
+        """Nothing was frozen (the local backend has no container to pause); the notice is kept."""
+        sandbox = self._sandboxes.get(session_id)
+        if sandbox is not None and notice:
+            sandbox.notice = notice
+
+    async def working(self, session_id: str) -> bool:
+        """Processes that commands left running (asked of the agent, if it runs)."""
+        sandbox = self._sandboxes.get(session_id)
+        if sandbox is None or sandbox.pid is None:
+            return False
+        processes, _, _ = await (await sandbox.channel()).procs(spare_exec_sessions=True)
+        return processes > 0
 
     async def aclose(self) -> None:
         """Stop every agent."""

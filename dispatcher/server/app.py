@@ -22,6 +22,7 @@ from dispatcher.core.errors import ConfigError, ToolRegistrationError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
+from dispatcher.core.session_clock import Lifetime, OnExpire
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.core.types import ToolFactory
 from dispatcher.egress.networks import OwnEndpoints
@@ -167,11 +168,20 @@ class DispatcherServer:
         provider.egress = self.egress  # each sandbox's agent hands its proxy connections to it
         # Told of each session in this order (closed in the reverse): stored, its egress state,
         # its sandbox started or re-adopted, its MCP processes, counted.
+        metrics = self.observability.metrics
+        life = config.sessions
         self.sessions = SessionManager(
             dispatcher,
             persistence=self.persistence,
             listeners=(self.egress, provider, self.mcp, *self.observability.session_listeners),
+            lifetime=Lifetime(life.ttl_seconds, life.idle_timeout_seconds, OnExpire(life.on_expire)),
+            queue_observer=metrics.queue_wait.observe if metrics is not None else None,
         )
+        dispatcher.lifecycle.warn_before = life.expiring_notice_seconds
+        dispatcher.lifecycle.on_change = self.persistence.clock_changed
+        if metrics is not None:
+            dispatcher.lifecycle.observer = metrics
+            metrics.watch_states(dispatcher.sessions)
         self.health = health_aio.HealthServicer()
         opts = config.server
         self._server = grpc.aio.server(
@@ -244,6 +254,7 @@ class DispatcherServer:
         # Re-attach the agents in the background; a first call waits for its own.
         self._adopting = asyncio.create_task(self.provider.adopt_all(), name="adopt-containers")
         self.observability.start()
+        self.dispatcher.lifecycle.start()  # the overdue among the sessions given back expire now
         await self._server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)

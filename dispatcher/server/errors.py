@@ -41,6 +41,10 @@ class QuotaExceeded(RequestError):
     """A tenant quota (sessions, concurrent dispatches) is used up."""
 
 
+class AlreadyExists(RequestError):
+    """A CreateSession request_id already names a different request."""
+
+
 class ShuttingDown(RequestError):
     """The server is draining; new calls are refused."""
 
@@ -54,6 +58,7 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
 )
 

@@ -29,7 +29,9 @@ from prometheus_client import (
 
 from dispatcher.core.calls import SessionState
 from dispatcher.core.observe import FinishedCall, SandboxFailure, SandboxRemoval
-from dispatcher.core.session_registry import BaseSessionListener, Restoration
+from dispatcher.core.session import SessionStatus
+from dispatcher.core.session_clock import ExpiryReason
+from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionRegistry
 from dispatcher.egress.record import Direction, Outcome
 from dispatcher.server.handler_wrap import HandlerInterceptor, wrap_handler
 
@@ -92,6 +94,22 @@ class Metrics(BaseSessionListener):
         self.sessions_open = Gauge(
             "dispatcher_sessions_open", "Open sessions per tenant", ["tenant"], registry=r
         )
+        self.queue_wait = Histogram(
+            "dispatcher_dispatch_queue_wait_seconds",
+            "How long Dispatch calls waited for one of their tenant's slots (0: none)",
+            buckets=(0.0, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.expirations = Counter(
+            "dispatcher_session_expirations", "Sessions whose clock ran out, by clock", ["reason"], registry=r
+        )
+        self.pauses = Counter("dispatcher_session_pauses", "Sessions paused, by why", ["reason"], registry=r)
+        self.resumes = Counter(
+            "dispatcher_session_resumes", "Sessions resumed, by why", ["reason"], registry=r
+        )
+        self.sessions_by_state = Gauge(
+            "dispatcher_sessions_by_state", "Sessions by state (open, paused, closing)", ["state"], registry=r
+        )
         self._tenants = frozenset(tenants)
         for tenant in self._tenants:  # configured tenants only: every series exists from the start
             self.sessions_open.labels(tenant)
@@ -122,6 +140,25 @@ class Metrics(BaseSessionListener):
         tenant = state.session.tenant_id
         if tenant in self._tenants:  # a label comes from a closed set: the configured tenants
             self.sessions_open.labels(tenant).inc(delta)
+
+    def watch_states(self, registry: SessionRegistry) -> None:
+        """Read the sessions by state from ``registry`` at every scrape."""
+
+        def counter(status: SessionStatus) -> Callable[[], float]:
+            return lambda: float(registry.by_status().get(status, 0))
+
+        for status in (SessionStatus.OPEN, SessionStatus.PAUSED, SessionStatus.CLOSING):
+            self.sessions_by_state.labels(status.value).set_function(counter(status))
+
+    # LifecycleObserver (label values: the closed set of ExpiryReason)
+    def session_expired(self, reason: ExpiryReason) -> None:
+        self.expirations.labels(ExpiryReason(reason).value).inc()
+
+    def session_paused(self, reason: ExpiryReason) -> None:
+        self.pauses.labels(ExpiryReason(reason).value).inc()
+
+    def session_resumed(self, reason: ExpiryReason) -> None:
+        self.resumes.labels(ExpiryReason(reason).value).inc()
 
     # CallObserver
     def call_finished(self, call: FinishedCall) -> None:

@@ -29,6 +29,7 @@ from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP
 from dispatcher.core.events import Event
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
+from dispatcher.core.session_clock import SessionClock
 from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionListener
 from dispatcher.core.staging import StagedChange
 from dispatcher.core.types import Role
@@ -67,6 +68,10 @@ class Persistence(SessionListener, Protocol):
 
     def container_changed(self, session_id: str, container_id: str | None) -> None: ...
 
+    def clock_changed(self, state: SessionState) -> None:
+        """Keep the session's clocks as they are now (renewed, paused, resumed, last activity)."""
+        ...
+
     def restore(self, manager: Restores, tenants: TenantDirectory) -> None:
         """Give back, through ``manager``, the sessions kept by the previous run.
 
@@ -90,6 +95,9 @@ class MemoryPersistence(BaseSessionListener):
         pass
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
+        pass
+
+    def clock_changed(self, state: SessionState) -> None:
         pass
 
     def restore(self, manager: Restores, tenants: TenantDirectory) -> None:
@@ -150,6 +158,7 @@ class SessionPersistence(BaseSessionListener):
                 labels=dict(s.labels),
                 create_time=state.create_time,
                 policy=policy_to_json({}, s),
+                lifecycle=state.clock.to_json(),
             )
         )
         self._attach(state, ())
@@ -179,6 +188,9 @@ class SessionPersistence(BaseSessionListener):
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         self.writer.update(session_id, "container_id", container_id)
 
+    def clock_changed(self, state: SessionState) -> None:
+        self.writer.update(state.session.session_id, "lifecycle", state.clock.to_json())
+
     def _sink(self, session_id: str) -> Callable[[Event], None]:
         on_event = self.writer.on_event
         loop = asyncio.get_running_loop()
@@ -206,6 +218,9 @@ class SessionPersistence(BaseSessionListener):
         """Every open session's policy state (a graceful stop: what no event announced)."""
         for session_id in self.writer.live_ids():
             self.save_policy(session_id)
+            state = self.dispatcher.sessions.find(session_id)
+            if state is not None:
+                self.clock_changed(state)
 
     # -- at start -------------------------------------------------------------------------
 
@@ -282,6 +297,7 @@ class SessionPersistence(BaseSessionListener):
                 fields["approval_mode"] = parse_mode(fields["approval_mode"])
             in_force = mode_in_force_from_json(row.policy)
             mode = parse_mode(in_force) if in_force is not None else None
+            clock = SessionClock.from_json(row.lifecycle) if row.lifecycle else None
         except ValueError as exc:
             raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
         session = build_session(tenant, row.session_id, row.workspace, path, role, row.labels, **fields)
@@ -295,6 +311,7 @@ class SessionPersistence(BaseSessionListener):
             plan=tuple(plan_from_json(row.policy)),
             container_id=row.container_id,
             staged=tuple(row.staged),
+            clock=clock,
         )
 
 

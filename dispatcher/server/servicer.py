@@ -20,7 +20,7 @@ from dispatcher.server.sessions import SessionManager
 from dispatcher.server.transfer import TransferHandlers
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_policy, convert_staged
+from dispatcher.wire import convert, convert_lifecycle, convert_policy, convert_staged
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -90,6 +90,10 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             caps = convert_policy.capabilities_from_pb(request.capabilities, request.HasField("capabilities"))
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        try:
+            on_expire = convert_lifecycle.on_expire_from_pb(request.on_expire)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         entry = self._sessions.create(
             current_tenant(),
             request.workspace,
@@ -97,12 +101,18 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             dict(request.labels),
             approval_mode=chosen,
             capabilities=caps,
+            ttl_seconds=float(request.ttl_seconds) if request.HasField("ttl_seconds") else None,
+            idle_timeout_seconds=(
+                float(request.idle_timeout_seconds) if request.HasField("idle_timeout_seconds") else None
+            ),
+            on_expire=on_expire,
+            request_id=request.request_id,
         )
         return pb.CreateSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
 
     @_unary
     async def GetSession(self, request: pb.GetSessionRequest, context: Ctx) -> pb.GetSessionResponse:
-        entry = self._sessions.get(current_tenant(), request.session_id)
+        entry = self._sessions.get(current_tenant(), request.session_id, touch=False)
         return pb.GetSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
 
     @_unary
@@ -236,3 +246,18 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             self._sessions, current_tenant(), request.session_id, list(request.ids)
         )
         return pb.DiscardStagedChangesResponse(discarded_ids=[c.change_id for c in dropped])
+
+    @_unary
+    async def RenewSession(self, request: pb.RenewSessionRequest, context: Ctx) -> pb.RenewSessionResponse:
+        entry = self._sessions.renew(current_tenant(), request.session_id, float(request.ttl_seconds))
+        return pb.RenewSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+
+    @_unary
+    async def PauseSession(self, request: pb.PauseSessionRequest, context: Ctx) -> pb.PauseSessionResponse:
+        entry = await self._sessions.pause(current_tenant(), request.session_id)
+        return pb.PauseSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+
+    @_unary
+    async def ResumeSession(self, request: pb.ResumeSessionRequest, context: Ctx) -> pb.ResumeSessionResponse:
+        entry = await self._sessions.resume(current_tenant(), request.session_id)
+        return pb.ResumeSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))

@@ -2,7 +2,9 @@
 
 Which sessions exist and whether one is open is the core's ``SessionRegistry``
 (``dispatcher.sessions``); this module checks a tenant's requests against it, and opens sessions
-there, new (``create``) or given back after a restart (``restore``), by one path.
+there, new (``create``) or given back after a restart (``restore``), by one path. Their clocks
+(expiry, renew, pause, resume) are the core's ``SessionLifecycle``; this module applies the tenant's
+limits to them and counts each request on a session as activity (``get``; watching is not).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +23,18 @@ from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
 from dispatcher.core.ordering import Ordering
-from dispatcher.core.session import Session
+from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.session_clock import Lifetime, OnExpire, check_ttl
 from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
+from dispatcher.server.create_requests import CreateRequests
 from dispatcher.server.dispatch_stream import DispatchCall
 from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
 from dispatcher.server.persistence import IN_MEMORY, Persistence
 from dispatcher.server.request_checks import check_id, check_labels
 from dispatcher.server.session_entry import build_session
+from dispatcher.server.slots import Slots
 from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.tools.shell import describe_network
 from dispatcher.wire.convert import SessionInfo
@@ -40,7 +45,8 @@ log = logging.getLogger("dispatcher.server.sessions")
 
 @dataclass(slots=True)
 class _TenantState:
-    active_dispatches: int = 0
+    dispatches: Slots
+    transfers: Slots
     watch_streams: int = 0
 
 
@@ -53,10 +59,18 @@ class SessionManager:
         *,
         persistence: Persistence = IN_MEMORY,
         listeners: Sequence[SessionListener] = (),
+        lifetime: Lifetime | None = None,
+        queue_observer: Callable[[float], None] | None = None,
     ) -> None:
         """``persistence`` (default: in memory, nothing survives the process) is told of every
-        session first, then ``listeners`` in their order; they are closed in the reverse order."""
+        session first, then ``listeners`` in their order; they are closed in the reverse order.
+        ``lifetime``: the clocks of a session whose request names none (``sessions:``);
+        ``queue_observer``: told how long each Dispatch waited for a slot."""
         self.dispatcher = dispatcher
+        self.lifetime = lifetime or Lifetime()
+        self.lifecycle = dispatcher.lifecycle
+        self._queue_observer = queue_observer
+        self._create_requests = CreateRequests()
         self.registry = dispatcher.sessions
         self.persistence = persistence
         # Stored first: a session exists once it is stored, before its sandbox starts or anyone
@@ -81,18 +95,71 @@ class SessionManager:
         *,
         approval_mode: str | None = None,
         capabilities: Capabilities | None = None,
+        ttl_seconds: float | None = None,
+        idle_timeout_seconds: float | None = None,
+        on_expire: OnExpire | None = None,
+        request_id: str = "",
     ) -> SessionState:
         """Open a session in ``workspace`` (made if missing) under the tenant's root, in
         ``approval_mode`` (None: the first of the tenant's ``approval_modes``), with ``capabilities``
-        narrowing the tenant's (never widening them).
+        narrowing the tenant's (never widening them), under the given clocks (None: the server's).
+        A ``request_id`` seen from the tenant in the last 10 minutes with the same request gives
+        that session back.
 
         Raises:
             InvalidRequest: bad workspace name, labels or mode; a mode the tenant does not allow;
-                capabilities wider than the tenant's.
+                capabilities wider than the tenant's; a TTL above the tenant's maximum.
+            AlreadyExists: ``request_id`` names a different request.
             QuotaExceeded: the tenant already has ``max_sessions`` open.
             ShuttingDown: the server is draining.
         """
         self._check_open()
+        check_id("request_id", request_id)
+        life = self._lifetime(tenant, ttl_seconds, idle_timeout_seconds, on_expire)
+        fingerprint = repr((workspace, role, sorted(labels.items()), approval_mode, capabilities, life))
+        earlier = self._create_requests.find(tenant.tenant_id, request_id, fingerprint)
+        if earlier is not None:
+            return self.get(tenant, earlier)
+        state = self._create(tenant, workspace, role, labels, approval_mode, capabilities, life)
+        self._create_requests.remember(tenant.tenant_id, request_id, fingerprint, state.session.session_id)
+        return state
+
+    def _lifetime(
+        self, tenant: Tenant, ttl: float | None, idle: float | None, on_expire: OnExpire | None
+    ) -> Lifetime:
+        """The clocks asked for, defaults filled in, within the tenant's maximum TTL.
+
+        Raises:
+            InvalidRequest: naming the maximum.
+        """
+        default = self.lifetime
+        maximum = tenant.max_session_ttl_seconds
+        if ttl is None:
+            ttl = default.ttl_seconds
+            if maximum and (ttl == 0 or ttl > maximum):
+                ttl = maximum  # the server's default never exceeds the tenant's maximum
+        if idle is not None and idle < 0:
+            raise InvalidRequest(f"idle_timeout_seconds: must be 0 (none) or positive, got {idle:g}")
+        try:
+            check_ttl(ttl, maximum)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        return Lifetime(
+            ttl,
+            default.idle_timeout_seconds if idle is None else idle,
+            on_expire or default.on_expire,
+        )
+
+    def _create(
+        self,
+        tenant: Tenant,
+        workspace: str,
+        role: Role,
+        labels: Mapping[str, str],
+        approval_mode: str | None,
+        capabilities: Capabilities | None,
+        lifetime: Lifetime,
+    ) -> SessionState:
         check_labels(labels)
         limit = tenant.quotas.max_sessions
         if limit is not None and self.registry.count(tenant.tenant_id) >= limit:
@@ -116,16 +183,18 @@ class SessionManager:
             approval_mode=mode,
             capabilities=narrowed,
         )
-        return self._open(tenant, session, None)
+        return self._open(tenant, session, None, lifetime)
 
     def restore(self, tenant: Tenant, session: Session, restored: Restoration) -> SessionState:
         """Give back a session a restarted server had (no quota: it was admitted before)."""
         return self._open(tenant, session, restored)
 
-    def _open(self, tenant: Tenant, session: Session, restored: Restoration | None) -> SessionState:
+    def _open(
+        self, tenant: Tenant, session: Session, restored: Restoration | None, lifetime: Lifetime | None = None
+    ) -> SessionState:
         """The one way a session opens: in the registry, whose listeners store it (a new one before
         it is acknowledged), start or re-adopt its sandbox and count it."""
-        state = self.registry.open(session, restored=restored)
+        state = self.registry.open(session, restored=restored, lifetime=lifetime)
         log.info(
             "session created" if restored is None else "session given back",
             extra={
@@ -136,19 +205,49 @@ class SessionManager:
         )
         return state
 
-    def get(self, tenant: Tenant, session_id: str) -> SessionState:
-        """The tenant's open session.
+    def get(self, tenant: Tenant, session_id: str, *, touch: bool = True) -> SessionState:
+        """The tenant's open (or paused) session; ``touch``: the request counts as its activity.
 
         Raises:
-            UnknownSessionError: no such open session for this tenant (other tenants' look the same).
+            UnknownSessionError: no such open session for this tenant (other tenants' look the same);
+                one that expired says when and why.
             InvalidRequest: the id is longer than any session id.
         """
         check_id("session_id", session_id)
         if self.registry.is_open(session_id):
             state = self.registry.get(session_id)
             if state.session.tenant_id == tenant.tenant_id:
+                if touch:
+                    self.lifecycle.touch(state)
                 return state
+        ended = self.registry.ended(session_id)
+        if ended is not None and ended.expired is not None and ended.tenant_id == tenant.tenant_id:
+            raise UnknownSessionError(ended.message(session_id))
         raise UnknownSessionError(f"no session {session_id!r}")
+
+    def renew(self, tenant: Tenant, session_id: str, ttl_seconds: float) -> SessionState:
+        """A new expiry ``ttl_seconds`` from now, within the tenant's maximum.
+
+        Raises:
+            InvalidRequest: naming the maximum.
+        """
+        state = self.get(tenant, session_id)
+        try:
+            check_ttl(ttl_seconds, tenant.max_session_ttl_seconds)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        self.lifecycle.renew(state, ttl_seconds)
+        return state
+
+    async def pause(self, tenant: Tenant, session_id: str) -> SessionState:
+        state = self.get(tenant, session_id)
+        await self.lifecycle.pause(state)
+        return state
+
+    async def resume(self, tenant: Tenant, session_id: str) -> SessionState:
+        state = self.get(tenant, session_id)
+        await self.lifecycle.resume(state)
+        return state
 
     def count(self) -> int:
         """Open sessions, every tenant's."""
@@ -182,6 +281,9 @@ class SessionManager:
             approval_mode=state.mode,
             capabilities=s.capabilities or Capabilities(),
             plan=tuple(state.plan),
+            expire_time=state.clock.expire_time,
+            idle_expire_time=state.clock.idle_expire_time,
+            paused=state.status is SessionStatus.PAUSED,
         )
 
     # --- calls ---------------------------------------------------------------------------------
@@ -195,25 +297,43 @@ class SessionManager:
 
     @asynccontextmanager
     async def dispatch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
-        """Hold one of the tenant's concurrent-dispatch slots.
+        """Hold one of the tenant's concurrent-dispatch slots, waiting for one in line for up to
+        ``queue_timeout_seconds``.
 
         Raises:
-            QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
+            QuotaExceeded: all ``max_concurrent_dispatches`` slots stayed taken.
         """
         self._check_open()
-        state = self._state(tenant)
         limit = tenant.quotas.max_concurrent_dispatches
-        if limit is not None and state.active_dispatches >= limit:
-            raise QuotaExceeded(
-                f"tenant {tenant.tenant_id!r} already runs {limit} dispatches (max_concurrent_dispatches)"
-            )
-        state.active_dispatches += 1
+        refusal = f"tenant {tenant.tenant_id!r} already runs {limit} dispatches (max_concurrent_dispatches)"
+        async with self._state(tenant).dispatches.slot(refusal), self._in_flight_work():
+            yield
+
+    @asynccontextmanager
+    async def transfer_slot(self, tenant: Tenant, state: SessionState) -> AsyncIterator[None]:
+        """Hold one of the tenant's transfer slots (``max_concurrent_transfers``, queued like
+        dispatches) and the session, resumed if it was paused.
+
+        Raises:
+            QuotaExceeded: all slots stayed taken.
+        """
+        self._check_open()
+        limit = tenant.quotas.max_concurrent_transfers
+        refusal = f"tenant {tenant.tenant_id!r} already runs {limit} transfers (max_concurrent_transfers)"
+        async with (
+            self._state(tenant).transfers.slot(refusal),
+            self._in_flight_work(),
+            self.lifecycle.hold(state),
+        ):
+            yield
+
+    @asynccontextmanager
+    async def _in_flight_work(self) -> AsyncIterator[None]:
         self._in_flight += 1
         self._idle.clear()
         try:
             yield
         finally:
-            state.active_dispatches -= 1
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
@@ -244,7 +364,7 @@ class SessionManager:
         Raises:
             QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
         """
-        async with self.dispatch_slot(tenant):
+        async with self.dispatch_slot(tenant), self.lifecycle.hold(state):
             call = DispatchCall(
                 self.dispatcher,
                 state.session,
@@ -300,7 +420,7 @@ class SessionManager:
             QuotaExceeded: the tenant already has ``max_watch_streams`` open.
         """
         self._check_open()
-        self.get(tenant, session_id)
+        self.get(tenant, session_id, touch=False)  # watching is not activity
         state = self._state(tenant)
         limit = tenant.quotas.max_watch_streams
         if limit is not None and state.watch_streams >= limit:
@@ -363,5 +483,9 @@ class SessionManager:
     def _state(self, tenant: Tenant) -> _TenantState:
         state = self._tenants.get(tenant.tenant_id)
         if state is None:
-            state = self._tenants[tenant.tenant_id] = _TenantState()
+            q = tenant.quotas
+            state = self._tenants[tenant.tenant_id] = _TenantState(
+                Slots(q.max_concurrent_dispatches, q.queue_timeout_seconds, observe=self._queue_observer),
+                Slots(q.max_concurrent_transfers, q.queue_timeout_seconds),
+            )
         return state

@@ -85,6 +85,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (session_id, change_id)
     );
     """,
+    # 3: each session's clocks (TTL, idle, paused; core/session_clock.py), as JSON.
+    """
+    ALTER TABLE sessions ADD COLUMN lifecycle TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 """Schema version N is ``MIGRATIONS[:N]`` applied in order; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -117,6 +121,8 @@ class StoredSession:
     carries of its own."""
     container_id: str | None = None
     last_seq: int = 0
+    lifecycle: dict[str, Any] = field(default_factory=dict)
+    """Its clocks (``SessionClock.to_json``); empty: a row from before sessions had clocks."""
     events: list[Event] = field(default_factory=list)
     running: list[RunningCall] = field(default_factory=list)
     staged: list[StagedChange] = field(default_factory=list)
@@ -181,7 +187,8 @@ class SessionStore:
         with self.lock:
             self._conn.execute(
                 "INSERT OR REPLACE INTO sessions (session_id, tenant_id, workspace, workspace_path, role,"
-                " labels, create_time, policy, container_id, last_seq) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " labels, create_time, policy, container_id, last_seq, lifecycle)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     row.session_id,
                     row.tenant_id,
@@ -193,6 +200,7 @@ class SessionStore:
                     json.dumps(row.policy),
                     row.container_id,
                     row.last_seq,
+                    json.dumps(row.lifecycle),
                 ),
             )
 
@@ -221,7 +229,7 @@ class SessionStore:
             with self.lock:
                 rows = self._conn.execute(
                     "SELECT session_id, tenant_id, workspace, workspace_path, role, labels, create_time,"
-                    " policy, container_id, last_seq FROM sessions ORDER BY create_time"
+                    " policy, container_id, last_seq, lifecycle FROM sessions ORDER BY create_time"
                 ).fetchall()
                 sessions = {r[0]: _session_from_row(r) for r in rows}
                 for r in self._conn.execute(
@@ -334,7 +342,7 @@ class SessionStore:
                     [(seq, sid) for sid, seq in last_seqs.items()],
                 )
             for sid, column, value in updates:
-                if column not in ("container_id", "policy"):
+                if column not in ("container_id", "policy", "lifecycle"):
                     raise ValueError(f"not an updatable column: {column}")
                 conn.execute(f"UPDATE sessions SET {column} = ? WHERE session_id = ?", (value, sid))
             conn.execute("COMMIT")
@@ -375,8 +383,9 @@ def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
 def _session_from_row(r: Sequence[Any]) -> StoredSession:
     labels = json.loads(r[5])
     policy = json.loads(r[7])
-    if not isinstance(labels, dict) or not isinstance(policy, dict):
-        raise ValueError(f"session {r[0]!r}: labels and policy must be objects")
+    lifecycle = json.loads(r[10])
+    if not isinstance(labels, dict) or not isinstance(policy, dict) or not isinstance(lifecycle, dict):
+        raise ValueError(f"session {r[0]!r}: labels, policy and lifecycle must be objects")
     return StoredSession(
         session_id=str(r[0]),
         tenant_id=str(r[1]),
@@ -388,6 +397,7 @@ def _session_from_row(r: Sequence[Any]) -> StoredSession:
         policy=policy,
         container_id=str(r[8]) if r[8] else None,
         last_seq=int(r[9]),
+        lifecycle=lifecycle,
     )
 
 

@@ -110,7 +110,7 @@ class StateWriter:
 
     def update(self, session_id: str, column: str, value: Any) -> None:
         """Queue a change of the session's ``container_id`` or ``policy`` (a JSON-able dict)."""
-        if column == "policy":
+        if column in ("policy", "lifecycle"):
             value = json.dumps(value)
         self._queue.append(("update", session_id, column, value))
         self._wake.set()

@@ -41,6 +41,8 @@ class Tenant:
     """The modes its sessions may choose (``tenants[].approval_modes``); the first is the default."""
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """What its sandboxes reach through the egress proxy; ``capabilities.egress_allow`` is its list."""
+    max_session_ttl_seconds: float | None = None
+    """The longest TTL its sessions may have (``tenants[].max_session_ttl_seconds``)."""
 
 
 def allowed_mode(tenant: Tenant, name: str | None) -> ApprovalMode:
@@ -140,6 +142,7 @@ class TenantDirectory:
                 gid=gid,
                 approval_modes=cfg.approval_modes,
                 egress=cfg.egress,
+                max_session_ttl_seconds=cfg.max_session_ttl_seconds,
             )
             self._by_id[tenant.tenant_id] = tenant
             for digest in cfg.token_sha256:

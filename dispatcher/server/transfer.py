@@ -119,7 +119,7 @@ class TransferHandlers:
                 if request.chunk:
                     yield request.chunk
 
-        async with self._sessions.dispatch_slot(tenant):
+        async with self._sessions.transfer_slot(tenant, entry):
             return await self._transfers.upload(entry.session, path, chunks())
 
     async def download(
@@ -130,7 +130,7 @@ class TransferHandlers:
             entry = self._sessions.get(tenant, request.session_id)
             path = _check_path(request.path)
             async with (
-                self._sessions.dispatch_slot(tenant),
+                self._sessions.transfer_slot(tenant, entry),
                 self._transfers.download(entry.session, path) as chunks,
             ):
                 async for chunk in chunks:

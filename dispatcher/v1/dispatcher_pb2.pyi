@@ -7,10 +7,13 @@ languages are generated from this file.
 Two error channels, kept apart: a tool that fails still produces a ToolResult (is_error, error_class);
 gRPC status codes are only for the request itself:
   UNAUTHENTICATED    no or bad `authorization: Bearer <token>` metadata
-  NOT_FOUND          unknown session, or a session of another tenant
+  NOT_FOUND          unknown session, or a session of another tenant; an expired one says
+                     "expired at T (ttl|idle)"
+  ALREADY_EXISTS     a CreateSession request_id reused with a different request
   INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value,
                      session capabilities wider than the tenant's
-  RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches) or a message size limit
+  RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches after queue_timeout_seconds,
+                     transfers) or a message size limit
   FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
   NOT_FOUND          also: ApplyStagedChanges / DiscardStagedChanges naming an unknown change id
   UNAVAILABLE        the server is shutting down
@@ -349,6 +352,78 @@ FS_ACCESS_READ_WRITE: FsAccess.ValueType  # 2
 """Read and write."""
 Global___FsAccess: _TypeAlias = FsAccess  # noqa: Y015
 
+class _SessionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SessionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SESSION_STATE_UNSPECIFIED: _SessionState.ValueType  # 0
+    SESSION_STATE_ACTIVE: _SessionState.ValueType  # 1
+    """It runs (its sandbox is started on demand)."""
+    SESSION_STATE_PAUSED: _SessionState.ValueType  # 2
+    """Its sandbox is frozen; the next Dispatch, upload or download (or ResumeSession) resumes it."""
+
+class SessionState(_SessionState, metaclass=_SessionStateEnumTypeWrapper):
+    """Where a session is in its life."""
+
+SESSION_STATE_UNSPECIFIED: SessionState.ValueType  # 0
+SESSION_STATE_ACTIVE: SessionState.ValueType  # 1
+"""It runs (its sandbox is started on demand)."""
+SESSION_STATE_PAUSED: SessionState.ValueType  # 2
+"""Its sandbox is frozen; the next Dispatch, upload or download (or ResumeSession) resumes it."""
+Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
+
+class _OnExpire:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OnExpireEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OnExpire.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ON_EXPIRE_UNSPECIFIED: _OnExpire.ValueType  # 0
+    """The server's `sessions.on_expire` (close unless configured)."""
+    ON_EXPIRE_CLOSE: _OnExpire.ValueType  # 1
+    """The session is closed and its sandbox removed (the workspace stays)."""
+    ON_EXPIRE_PAUSE: _OnExpire.ValueType  # 2
+    """The session is paused (its sandbox frozen, its memory kept)."""
+
+class OnExpire(_OnExpire, metaclass=_OnExpireEnumTypeWrapper):
+    """What happens when a session's TTL or idle timeout runs out."""
+
+ON_EXPIRE_UNSPECIFIED: OnExpire.ValueType  # 0
+"""The server's `sessions.on_expire` (close unless configured)."""
+ON_EXPIRE_CLOSE: OnExpire.ValueType  # 1
+"""The session is closed and its sandbox removed (the workspace stays)."""
+ON_EXPIRE_PAUSE: OnExpire.ValueType  # 2
+"""The session is paused (its sandbox frozen, its memory kept)."""
+Global___OnExpire: _TypeAlias = OnExpire  # noqa: Y015
+
+class _ExpiryReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ExpiryReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ExpiryReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EXPIRY_REASON_UNSPECIFIED: _ExpiryReason.ValueType  # 0
+    EXPIRY_REASON_TTL: _ExpiryReason.ValueType  # 1
+    """Its absolute lifetime ran out."""
+    EXPIRY_REASON_IDLE: _ExpiryReason.ValueType  # 2
+    """It had no activity for its idle timeout."""
+    EXPIRY_REASON_REQUEST: _ExpiryReason.ValueType  # 3
+    """A client asked (PauseSession, ResumeSession, or a call on a paused session)."""
+
+class ExpiryReason(_ExpiryReason, metaclass=_ExpiryReasonEnumTypeWrapper):
+    """Why a session expired, was paused or resumed."""
+
+EXPIRY_REASON_UNSPECIFIED: ExpiryReason.ValueType  # 0
+EXPIRY_REASON_TTL: ExpiryReason.ValueType  # 1
+"""Its absolute lifetime ran out."""
+EXPIRY_REASON_IDLE: ExpiryReason.ValueType  # 2
+"""It had no activity for its idle timeout."""
+EXPIRY_REASON_REQUEST: ExpiryReason.ValueType  # 3
+"""A client asked (PauseSession, ResumeSession, or a call on a paused session)."""
+Global___ExpiryReason: _TypeAlias = ExpiryReason  # noqa: Y015
+
 class _StagedChangeKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -573,6 +648,9 @@ class Session(_message.Message):
     APPROVAL_MODE_FIELD_NUMBER: _builtins.int
     CAPABILITIES_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    IDLE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Server-assigned id."""
     workspace: _builtins.str
@@ -587,6 +665,8 @@ class Session(_message.Message):
     """
     approval_mode: Global___ApprovalMode.ValueType
     """The approval mode in force (a plan-mode session whose plan was approved reports AUTONOMOUS)."""
+    state: Global___SessionState.ValueType
+    """Active or paused."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels given at creation."""
@@ -603,6 +683,14 @@ class Session(_message.Message):
     def plan(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanStep]:
         """The steps a plan-mode session proposed and that await ApprovePlan."""
 
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When its TTL runs out (unset: no TTL)."""
+
+    @_builtins.property
+    def idle_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When it expires if it stays idle until then (unset: no idle timeout, or paused)."""
+
     def __init__(
         self,
         *,
@@ -616,10 +704,13 @@ class Session(_message.Message):
         approval_mode: Global___ApprovalMode.ValueType = ...,
         capabilities: Global___SessionCapabilities | None = ...,
         plan: _abc.Iterable[Global___PlanStep] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        idle_expire_time: _timestamp_pb2.Timestamp | None = ...,
+        state: Global___SessionState.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "labels", b"labels", "last_event_seq", b"last_event_seq", "plan", b"plan", "role", b"role", "session_id", b"session_id", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "labels", b"labels", "last_event_seq", b"last_event_seq", "plan", b"plan", "role", b"role", "session_id", b"session_id", "state", b"state", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1122,6 +1213,106 @@ class ToolStepProposed(_message.Message):
 Global___ToolStepProposed: _TypeAlias = ToolStepProposed  # noqa: Y015
 
 @_typing.final
+class SessionExpiring(_message.Message):
+    """Payload of `session.expiring`: a clock runs out soon (published once per deadline); renew or use
+    the session to keep it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    SECONDS_LEFT_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    reason: Global___ExpiryReason.ValueType
+    """Which clock (TTL or IDLE)."""
+    seconds_left: _builtins.float
+    """Seconds left."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When it runs out."""
+
+    def __init__(
+        self,
+        *,
+        reason: Global___ExpiryReason.ValueType = ...,
+        seconds_left: _builtins.float = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "reason", b"reason", "seconds_left", b"seconds_left"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionExpiring: _TypeAlias = SessionExpiring  # noqa: Y015
+
+@_typing.final
+class SessionExpired(_message.Message):
+    """Payload of `session.expired`: a clock ran out; the session is closed (or paused, per on_expire)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: Global___ExpiryReason.ValueType
+    """Which clock."""
+    def __init__(
+        self,
+        *,
+        reason: Global___ExpiryReason.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionExpired: _TypeAlias = SessionExpired  # noqa: Y015
+
+@_typing.final
+class SessionPaused(_message.Message):
+    """Payload of `session.paused`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: Global___ExpiryReason.ValueType
+    """Why (REQUEST, or the clock that ran out)."""
+    def __init__(
+        self,
+        *,
+        reason: Global___ExpiryReason.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionPaused: _TypeAlias = SessionPaused  # noqa: Y015
+
+@_typing.final
+class SessionResumed(_message.Message):
+    """Payload of `session.resumed`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: Global___ExpiryReason.ValueType
+    """Why (REQUEST: asked for, or a call needed it)."""
+    def __init__(
+        self,
+        *,
+        reason: Global___ExpiryReason.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionResumed: _TypeAlias = SessionResumed  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
     """One step of one tool call, as published on the session's event bus."""
 
@@ -1143,6 +1334,10 @@ class Event(_message.Message):
     STEP_PROPOSED_FIELD_NUMBER: _builtins.int
     STAGED_APPLIED_FIELD_NUMBER: _builtins.int
     STAGED_DISCARDED_FIELD_NUMBER: _builtins.int
+    SESSION_EXPIRING_FIELD_NUMBER: _builtins.int
+    SESSION_EXPIRED_FIELD_NUMBER: _builtins.int
+    SESSION_PAUSED_FIELD_NUMBER: _builtins.int
+    SESSION_RESUMED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Per-session sequence number, strictly increasing."""
     session_id: _builtins.str
@@ -1199,6 +1394,22 @@ class Event(_message.Message):
     def staged_discarded(self) -> Global___StagedDiscarded:
         """Set for staged.discarded (turn_id and tool_use_id empty)."""
 
+    @_builtins.property
+    def session_expiring(self) -> Global___SessionExpiring:
+        """Set for session.expiring."""
+
+    @_builtins.property
+    def session_expired(self) -> Global___SessionExpired:
+        """Set for session.expired."""
+
+    @_builtins.property
+    def session_paused(self) -> Global___SessionPaused:
+        """Set for session.paused."""
+
+    @_builtins.property
+    def session_resumed(self) -> Global___SessionResumed:
+        """Set for session.resumed."""
+
     def __init__(
         self,
         *,
@@ -1218,12 +1429,16 @@ class Event(_message.Message):
         step_proposed: Global___ToolStepProposed | None = ...,
         staged_applied: Global___StagedApplied | None = ...,
         staged_discarded: Global___StagedDiscarded | None = ...,
+        session_expiring: Global___SessionExpiring | None = ...,
+        session_expired: Global___SessionExpired | None = ...,
+        session_paused: Global___SessionPaused | None = ...,
+        session_resumed: Global___SessionResumed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "session_expired", b"session_expired", "session_expiring", b"session_expiring", "session_paused", b"session_paused", "session_resumed", b"session_resumed", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "seq", b"seq", "session_id", b"session_id", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "seq", b"seq", "session_expired", b"session_expired", "session_expiring", b"session_expiring", "session_id", b"session_id", "session_paused", b"session_paused", "session_resumed", b"session_resumed", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved", "step_proposed", "staged_applied", "staged_discarded"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved", "step_proposed", "staged_applied", "staged_discarded", "session_expiring", "session_expired", "session_paused", "session_resumed"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
@@ -1260,6 +1475,10 @@ class CreateSessionRequest(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     APPROVAL_MODE_FIELD_NUMBER: _builtins.int
     CAPABILITIES_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ON_EXPIRE_FIELD_NUMBER: _builtins.int
     workspace: _builtins.str
     """Workspace name or relative path under the tenant's workspace root; created if missing. Empty means
     "default". Absolute paths and paths that escape the root are INVALID_ARGUMENT.
@@ -1268,6 +1487,20 @@ class CreateSessionRequest(_message.Message):
     """The session's role."""
     approval_mode: Global___ApprovalMode.ValueType
     """How the session asks before running calls (UNSPECIFIED: cautious)."""
+    ttl_seconds: _builtins.int
+    """Absolute lifetime in seconds (unset: the server's sessions.ttl_seconds; 0: none). Above the
+    tenant's max_session_ttl_seconds, or negative: INVALID_ARGUMENT naming the maximum.
+    """
+    idle_timeout_seconds: _builtins.int
+    """Seconds without activity before the session expires (unset: sessions.idle_timeout_seconds;
+    0: none). Activity: any request on it, a call in flight, a process still running in its sandbox.
+    """
+    request_id: _builtins.str
+    """Client-chosen id making the create retry-safe, unique per tenant for 10 minutes: the same id
+    with the same request returns the same session; with a different request, ALREADY_EXISTS.
+    """
+    on_expire: Global___OnExpire.ValueType
+    """What happens when a clock runs out."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels, echoed back in Session."""
@@ -1286,12 +1519,23 @@ class CreateSessionRequest(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         approval_mode: Global___ApprovalMode.ValueType = ...,
         capabilities: Global___SessionCapabilities | None = ...,
+        ttl_seconds: _builtins.int | None = ...,
+        idle_timeout_seconds: _builtins.int | None = ...,
+        request_id: _builtins.str = ...,
+        on_expire: Global___OnExpire.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "capabilities", b"capabilities", "idle_timeout_seconds", b"idle_timeout_seconds", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "labels", b"labels", "role", b"role", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "approval_mode", b"approval_mode", "capabilities", b"capabilities", "idle_timeout_seconds", b"idle_timeout_seconds", "labels", b"labels", "on_expire", b"on_expire", "request_id", b"request_id", "role", b"role", "ttl_seconds", b"ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__idle_timeout_seconds: _TypeAlias = _typing.Literal["idle_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__idle_timeout_seconds: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__ttl_seconds: _TypeAlias = _typing.Literal["ttl_seconds"]  # noqa: Y015
+    _WhichOneofArgType__ttl_seconds: _TypeAlias = _typing.Literal["_ttl_seconds", b"_ttl_seconds"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__idle_timeout_seconds) -> _WhichOneofReturnType__idle_timeout_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds) -> _WhichOneofReturnType__ttl_seconds | None: ...
 
 Global___CreateSessionRequest: _TypeAlias = CreateSessionRequest  # noqa: Y015
 
@@ -2282,3 +2526,145 @@ class StagedDiscarded(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StagedDiscarded: _TypeAlias = StagedDiscarded  # noqa: Y015
+
+@_typing.final
+class RenewSessionRequest(_message.Message):
+    """Request of RenewSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    ttl_seconds: _builtins.int
+    """Its new lifetime, counted from now (0: none, if the tenant has no maximum)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        ttl_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewSessionRequest: _TypeAlias = RenewSessionRequest  # noqa: Y015
+
+@_typing.final
+class RenewSessionResponse(_message.Message):
+    """Response of RenewSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session:
+        """The session with its new expire_time."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewSessionResponse: _TypeAlias = RenewSessionResponse  # noqa: Y015
+
+@_typing.final
+class PauseSessionRequest(_message.Message):
+    """Request of PauseSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseSessionRequest: _TypeAlias = PauseSessionRequest  # noqa: Y015
+
+@_typing.final
+class PauseSessionResponse(_message.Message):
+    """Response of PauseSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session:
+        """The session, paused."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseSessionResponse: _TypeAlias = PauseSessionResponse  # noqa: Y015
+
+@_typing.final
+class ResumeSessionRequest(_message.Message):
+    """Request of ResumeSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeSessionRequest: _TypeAlias = ResumeSessionRequest  # noqa: Y015
+
+@_typing.final
+class ResumeSessionResponse(_message.Message):
+    """Response of ResumeSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session:
+        """The session, active."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeSessionResponse: _TypeAlias = ResumeSessionResponse  # noqa: Y015

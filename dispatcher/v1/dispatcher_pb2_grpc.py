@@ -115,6 +115,21 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesResponse.FromString,
                 _registered_method=True)
+        self.RenewSession = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/RenewSession',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.RenewSessionRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.RenewSessionResponse.FromString,
+                _registered_method=True)
+        self.PauseSession = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/PauseSession',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.PauseSessionRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.PauseSessionResponse.FromString,
+                _registered_method=True)
+        self.ResumeSession = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ResumeSession',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -258,6 +273,30 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewSession(self, request, context):
+        """Gives the session a new absolute expiry: ttl_seconds from now (0: none), within the tenant's
+        max_session_ttl_seconds (INVALID_ARGUMENT naming it otherwise). Counts as activity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSession(self, request, context):
+        """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
+        used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
+        CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSession(self, request, context):
+        """Thaws a paused session (nothing if it runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -340,6 +379,21 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.DiscardStagedChanges,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesResponse.SerializeToString,
+            ),
+            'RenewSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewSession,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.RenewSessionRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.RenewSessionResponse.SerializeToString,
+            ),
+            'PauseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSession,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.PauseSessionRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.PauseSessionResponse.SerializeToString,
+            ),
+            'ResumeSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSession,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -775,6 +829,87 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/DiscardStagedChanges',
             dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.DiscardStagedChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/RenewSession',
+            dispatcher_dot_v1_dot_dispatcher__pb2.RenewSessionRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.RenewSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/PauseSession',
+            dispatcher_dot_v1_dot_dispatcher__pb2.PauseSessionRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.PauseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ResumeSession',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

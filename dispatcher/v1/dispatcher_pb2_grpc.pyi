@@ -7,10 +7,13 @@ languages are generated from this file.
 Two error channels, kept apart: a tool that fails still produces a ToolResult (is_error, error_class);
 gRPC status codes are only for the request itself:
   UNAUTHENTICATED    no or bad `authorization: Bearer <token>` metadata
-  NOT_FOUND          unknown session, or a session of another tenant
+  NOT_FOUND          unknown session, or a session of another tenant; an expired one says
+                     "expired at T (ttl|idle)"
+  ALREADY_EXISTS     a CreateSession request_id reused with a different request
   INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value,
                      session capabilities wider than the tenant's
-  RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches) or a message size limit
+  RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches after queue_timeout_seconds,
+                     transfers) or a message size limit
   FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
   NOT_FOUND          also: ApplyStagedChanges / DiscardStagedChanges naming an unknown change id
   UNAVAILABLE        the server is shutting down
@@ -112,6 +115,17 @@ class ToolDispatcherStub:
     """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
     `staged.discarded`. NOT_FOUND for an id that names no staged change (nothing is dropped).
     """
+    RenewSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.RenewSessionRequest, _dispatcher_pb2.RenewSessionResponse]
+    """Gives the session a new absolute expiry: ttl_seconds from now (0: none), within the tenant's
+    max_session_ttl_seconds (INVALID_ARGUMENT naming it otherwise). Counts as activity.
+    """
+    PauseSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.PauseSessionRequest, _dispatcher_pb2.PauseSessionResponse]
+    """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
+    used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
+    CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+    """
+    ResumeSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResumeSessionRequest, _dispatcher_pb2.ResumeSessionResponse]
+    """Thaws a paused session (nothing if it runs)."""
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -184,6 +198,17 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
     `staged.discarded`. NOT_FOUND for an id that names no staged change (nothing is dropped).
     """
+    RenewSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.RenewSessionRequest, _dispatcher_pb2.RenewSessionResponse]  # type: ignore[assignment]
+    """Gives the session a new absolute expiry: ttl_seconds from now (0: none), within the tenant's
+    max_session_ttl_seconds (INVALID_ARGUMENT naming it otherwise). Counts as activity.
+    """
+    PauseSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.PauseSessionRequest, _dispatcher_pb2.PauseSessionResponse]  # type: ignore[assignment]
+    """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
+    used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
+    CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+    """
+    ResumeSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResumeSessionRequest, _dispatcher_pb2.ResumeSessionResponse]  # type: ignore[assignment]
+    """Thaws a paused session (nothing if it runs)."""
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
     """Registers, validates, confirms and runs tools for LLM agents, each session in its own sandbox."""
@@ -349,5 +374,34 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
         `staged.discarded`. NOT_FOUND for an id that names no staged change (nothing is dropped).
         """
+
+    @_abc_1.abstractmethod
+    def RenewSession(
+        self,
+        request: _dispatcher_pb2.RenewSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.RenewSessionResponse, _abc.Awaitable[_dispatcher_pb2.RenewSessionResponse]]:
+        """Gives the session a new absolute expiry: ttl_seconds from now (0: none), within the tenant's
+        max_session_ttl_seconds (INVALID_ARGUMENT naming it otherwise). Counts as activity.
+        """
+
+    @_abc_1.abstractmethod
+    def PauseSession(
+        self,
+        request: _dispatcher_pb2.PauseSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.PauseSessionResponse, _abc.Awaitable[_dispatcher_pb2.PauseSessionResponse]]:
+        """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
+        used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
+        CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeSession(
+        self,
+        request: _dispatcher_pb2.ResumeSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ResumeSessionResponse, _abc.Awaitable[_dispatcher_pb2.ResumeSessionResponse]]:
+        """Thaws a paused session (nothing if it runs)."""
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -31,6 +31,7 @@ from dispatcher.core.types import (
     UnparsedInput,
 )
 from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.wire import convert_lifecycle as cl
 from dispatcher.wire import convert_policy as cp
 from dispatcher.wire import convert_staged
 
@@ -52,6 +53,11 @@ class SessionInfo:
     """What the session may use (None parts: unrestricted)."""
     plan: tuple[PlanStep, ...] = ()
     """Steps a plan-mode session proposed, awaiting ApprovePlan."""
+    expire_time: float | None = None
+    """When its TTL runs out (None: no TTL)."""
+    idle_expire_time: float | None = None
+    """When it expires if idle until then (None: no idle timeout, or paused)."""
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +305,8 @@ def event_to_pb(event: Event) -> pb.Event:
                     reason=_REASON_TO_PB.get(p.reason, pb.RESOLUTION_REASON_UNSPECIFIED),
                 )
             )
+        case ep.SessionExpiring() | ep.SessionExpired() | ep.SessionPaused() | ep.SessionResumed() as p:
+            cl.session_event_to_pb(msg, p)
         case unknown:  # a new payload type: mypy names this line until it has its case
             assert_never(unknown)
     return msg
@@ -374,7 +382,9 @@ def _payload_from_pb(msg: pb.Event) -> ep.EventPayload | None:
             decision=decision_from_pb(s.decision),
             reason=_REASON_FROM_PB.get(s.reason, ""),
         )
-    return convert_staged.payload_from_pb(msg)
+    if kind in ("staged_applied", "staged_discarded"):
+        return convert_staged.payload_from_pb(msg)
+    return cl.session_event_from_pb(msg)
 
 
 # --- sessions --------------------------------------------------------------------------------------
@@ -393,6 +403,11 @@ def session_to_pb(info: SessionInfo) -> pb.Session:
         plan=[cp.plan_step_to_pb(step) for step in info.plan],
     )
     msg.create_time.FromNanoseconds(int(info.create_time * 1e9))
+    msg.state = cl.state_to_pb(info.paused)
+    if info.expire_time is not None:
+        msg.expire_time.FromNanoseconds(int(info.expire_time * 1e9))
+    if info.idle_expire_time is not None:
+        msg.idle_expire_time.FromNanoseconds(int(info.idle_expire_time * 1e9))
     return msg
 
 
@@ -408,6 +423,11 @@ def session_from_pb(msg: pb.Session) -> SessionInfo:
         approval_mode=str(cp.mode_from_pb(msg.approval_mode) or "cautious"),
         capabilities=cp.capabilities_from_pb(msg.capabilities, True, check=False) or Capabilities(),
         plan=tuple(cp.plan_step_from_pb(step) for step in msg.plan),
+        expire_time=msg.expire_time.ToNanoseconds() / 1e9 if msg.HasField("expire_time") else None,
+        idle_expire_time=(
+            msg.idle_expire_time.ToNanoseconds() / 1e9 if msg.HasField("idle_expire_time") else None
+        ),
+        paused=msg.state == pb.SESSION_STATE_PAUSED,
     )
 
 

@@ -61,7 +61,7 @@ def adoption_problem(
         return (
             "the sandbox configuration (image, limits, user, workspace or grants) changed across the restart"
         )
-    if container.get("State") != "running":
+    if container.get("State") not in ("running", "paused"):  # paused: its session was
         return f"its container had stopped ({container.get('State')}) when the server restarted"
     lifetime = config.max_lifetime_seconds
     if lifetime is not None and time.time() - float(container.get("Created") or 0) >= lifetime:

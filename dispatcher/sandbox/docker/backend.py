@@ -15,11 +15,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.session import Session, SessionStatus
 from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
@@ -37,6 +37,10 @@ from dispatcher.sandbox.docker.image_check import (
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, AgentLink, ContainerLauncher
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
+
+if TYPE_CHECKING:
+    from dispatcher.core.calls import SessionState
+    from dispatcher.core.session_registry import Restoration
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +256,7 @@ class DockerSandboxProvider(ProviderLifecycle):
         """Re-attach every expected container now (a few at a time), so that idle expiry and
         process counts work on them as on any other; the first call of a session still waiting
         for its turn re-attaches it itself."""
-        waiting = [s for s in self._sandboxes.values() if s.adopting]
+        waiting = [s for s in self._sandboxes.values() if s.adopting and not s.paused]
 
         async def one(sandbox: DockerSandbox) -> None:
             # The slot first, then the sandbox's lock: a call of a session still waiting here
@@ -267,6 +271,26 @@ class DockerSandboxProvider(ProviderLifecycle):
         the agents exit as their streams close; what commands left running keeps running."""
         sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
         await asyncio.gather(*(s.detach() for s in sandboxes), return_exceptions=True)
+
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        """Re-adopt its container; a session paused before the restart keeps it frozen."""
+        super().session_restored(state, restored)
+        if state.status is SessionStatus.PAUSED:
+            self.sandbox_for(state.session).paused = True
+
+    async def pause(self, session_id: str) -> None:
+        sandbox = self._sandboxes.get(session_id)
+        if sandbox is not None:
+            await sandbox.pause()
+
+    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
+        sandbox = self._sandboxes.get(session_id)
+        if sandbox is not None:
+            await sandbox.resume(notice)
+
+    async def working(self, session_id: str) -> bool:
+        sandbox = self._sandboxes.get(session_id)
+        return sandbox is not None and await sandbox.working()
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         if self.on_container is not None:
@@ -378,6 +402,8 @@ class DockerSandboxProvider(ProviderLifecycle):
             await asyncio.sleep(interval)
             now = self.clock()
             for sandbox in list(self._sandboxes.values()):
+                if sandbox.paused:
+                    continue  # frozen on purpose: neither idle nor too old until it resumes
                 try:
                     # Shielded: a stop (aclose cancels this task) waits for a removal under way, on
                     # the sandbox's lock, instead of leaving it half done.

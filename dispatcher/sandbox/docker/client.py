@@ -168,6 +168,26 @@ class DockerAPI:
         with contextlib.suppress(ContainerNotFound):
             await self.run("stop container", lambda: self.client.stop(container_id, timeout=timeout))
 
+    async def pause(self, container_id: str) -> None:
+        """Freeze every process of the container (cgroup freezer); already paused: nothing."""
+        try:
+            await self.run("pause container", lambda: self.client.pause(container_id))
+        except ContainerNotFound:
+            raise
+        except SandboxError as exc:
+            if "already paused" not in str(exc):
+                raise
+
+    async def unpause(self, container_id: str) -> None:
+        """Thaw it; not paused (someone ran ``docker unpause``): nothing."""
+        try:
+            await self.run("unpause container", lambda: self.client.unpause(container_id))
+        except ContainerNotFound:
+            raise
+        except SandboxError as exc:
+            if "not paused" not in str(exc):
+                raise
+
     async def inspect(self, container_id: str) -> Mapping[str, Any]:
         result: Mapping[str, Any] = await self.run(
             "inspect container", lambda: self.client.inspect_container(container_id)

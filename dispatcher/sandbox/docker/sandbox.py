@@ -36,6 +36,7 @@ from dispatcher.core.session import Session
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import AgentChannel, NotDelivered
 from dispatcher.sandbox.docker.adopt import reattach
+from dispatcher.sandbox.docker.client import ContainerNotFound
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker.exec_guard import run_command
 from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
@@ -73,6 +74,10 @@ class DockerSandbox(AgentFiles):
         """A container a previous server life started for this session, to re-attach (not launch)."""
         self._adopt_started: float | None = None
         """When that container started, on this process's monotonic clock."""
+        self.paused = False
+        """Its session is paused: the container is frozen (idle and lifetime retirement skip it)."""
+        self._resumed: str | None = None
+        """The session was resumed: said in the next call's result."""
 
     @property
     def workspace_root(self) -> str:
@@ -142,6 +147,8 @@ class DockerSandbox(AgentFiles):
         if live is None:
             live = self._live = await self._provider.launch(self.session)
             self._provider.container_changed(self.session.session_id, live.container_id)
+        if self._resumed is not None and report_notice(self._resumed):
+            self._resumed = None
         if self._lost is not None and report_notice(
             f"the sandbox was recreated for this call: the previous one was removed ({self._lost});"
             " its /tmp files and the processes left running in it are gone"
@@ -232,6 +239,43 @@ class DockerSandbox(AgentFiles):
             )
             self.recreations -= 1  # idleness is not a failure
             return True
+
+    async def pause(self) -> None:
+        """Freeze the container (``docker pause``): processes and /tmp kept, no CPU used."""
+        async with self._lock:
+            self.paused = True
+            container_id = self._live.container_id if self._live is not None else self._adopt
+            if container_id is not None:
+                await self._provider.api.pause(container_id)
+
+    async def resume(self, notice: str | None) -> None:
+        """Thaw the container; one removed meanwhile (``docker rm``) is handled as any vanished
+        one: the next call gets a fresh sandbox and says why."""
+        async with self._lock:
+            self.paused = False
+            live = self._live
+            container_id = live.container_id if live is not None else self._adopt
+            if container_id is None:
+                return
+            try:
+                await self._provider.api.unpause(container_id)
+            except ContainerNotFound:
+                reason = "its container was removed while the session was paused"
+                if live is not None:
+                    await self._discard(live, reason, SandboxRemoval.DIED)
+                else:
+                    self.adoption_failed(reason)
+                return
+            self._resumed = notice
+
+    async def working(self) -> bool:
+        """Processes still run in the container (a frozen one: none run)."""
+        if self._adopt is not None:
+            return not self.paused  # not re-attached yet: cannot tell, so it is not idle
+        live = self._live
+        if live is None or self.paused or self._active:
+            return self._active > 0
+        return await self._working(live)
 
     async def _working(self, live: LiveContainer) -> bool:
         """True while processes that commands started still run (asked of the agent)."""

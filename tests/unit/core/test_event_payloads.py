@@ -19,6 +19,10 @@ FULL: tuple[ep.EventPayload, ...] = (  # every type, every field set (optional o
     ep.ToolConfirmationResolved("r1", None, "timeout"),
     ep.StagedApplied(("stg_1",), ("a.txt",), ("stg_2",), ("b.txt",), ("b.txt changed on disk",)),
     ep.StagedDiscarded(("stg_3",), ("c.txt",)),
+    ep.SessionExpiring("ttl", 30.0, 1_700_000_030.5),
+    ep.SessionExpired("idle"),
+    ep.SessionPaused("request"),
+    ep.SessionResumed("request"),
 )
 
 

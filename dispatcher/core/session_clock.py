@@ -1,0 +1,128 @@
+"""A session's two clocks: an absolute lifetime (TTL) and a limit on time without activity (idle).
+
+``Lifetime`` is what was asked for at creation (the config's defaults, a request's own values within
+its tenant's maximum); ``SessionClock`` is where the session stands now: its absolute expiry (moved
+by a renew), its last activity, whether it is paused and why. The clock is part of the session's
+stored state (``to_json``/``from_json``), so a restarted server honours it. Times are wall-clock
+epoch seconds: they must mean the same after a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["ExpiryReason", "Lifetime", "OnExpire", "SessionClock"]
+
+
+class ExpiryReason(StrEnum):
+    """Why a session expired, was paused or resumed."""
+
+    TTL = "ttl"
+    IDLE = "idle"
+    REQUEST = "request"
+
+
+class OnExpire(StrEnum):
+    """What happens when a clock runs out."""
+
+    CLOSE = "close"
+    PAUSE = "pause"
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """The clocks a session runs under; 0 turns a clock off."""
+
+    ttl_seconds: float = 0.0
+    idle_timeout_seconds: float = 0.0
+    on_expire: OnExpire = OnExpire.CLOSE
+
+
+def check_ttl(ttl_seconds: float, maximum: float | None, *, what: str = "ttl_seconds") -> None:
+    """A TTL a tenant may ask for: not negative, not above ``maximum`` (None or 0: no maximum;
+    with one, 0 ("none") is above it too).
+
+    Raises:
+        ValueError: naming the maximum.
+    """
+    if not math.isfinite(ttl_seconds) or ttl_seconds < 0:
+        raise ValueError(f"{what}: must be 0 (none) or a positive number of seconds, got {ttl_seconds:g}")
+    if maximum and (ttl_seconds == 0 or ttl_seconds > maximum):
+        asked = "none (0)" if ttl_seconds == 0 else f"{ttl_seconds:g} s"
+        raise ValueError(
+            f"{what}: {asked} is above the tenant's maximum of {maximum:g} s (max_session_ttl_seconds)"
+        )
+
+
+@dataclass(slots=True)
+class SessionClock:
+    """Where a session stands against its clocks (changed only by ``core/lifecycle.py``)."""
+
+    lifetime: Lifetime = field(default_factory=Lifetime)
+    expire_time: float | None = None
+    """Absolute expiry (epoch s); None: no TTL (or paused by it, until resumed)."""
+    last_activity: float = 0.0
+    """The last RPC, call or running process seen (epoch s)."""
+    paused: ExpiryReason | None = None
+    """Why the session is paused; None while it runs."""
+    warned: set[str] = field(default_factory=set)
+    """Which coming expiries (``ttl``, ``idle``) were announced (``session.expiring``), once each."""
+
+    @classmethod
+    def start(cls, lifetime: Lifetime | None, now: float) -> SessionClock:
+        """The clock of a session created at ``now``."""
+        life = lifetime or Lifetime()
+        expire = now + life.ttl_seconds if life.ttl_seconds > 0 else None
+        return cls(life, expire, now)
+
+    @property
+    def idle_expire_time(self) -> float | None:
+        """When the session expires if nothing happens until then; None: no idle clock, or paused."""
+        idle = self.lifetime.idle_timeout_seconds
+        if idle <= 0 or self.paused is not None:
+            return None
+        return self.last_activity + idle
+
+    def renew(self, ttl_seconds: float, now: float) -> None:
+        """A new absolute expiry ``ttl_seconds`` from now (0: none)."""
+        self.expire_time = now + ttl_seconds if ttl_seconds > 0 else None
+        self.warned.discard(ExpiryReason.TTL.value)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form."""
+        life = self.lifetime
+        return {
+            "ttl_seconds": life.ttl_seconds,
+            "idle_timeout_seconds": life.idle_timeout_seconds,
+            "on_expire": life.on_expire.value,
+            "expire_time": self.expire_time,
+            "last_activity": self.last_activity,
+            "paused": self.paused.value if self.paused is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionClock:
+        """The clock as stored.
+
+        Raises:
+            ValueError: a damaged value.
+        """
+        try:
+            life = Lifetime(
+                float(data.get("ttl_seconds") or 0.0),
+                float(data.get("idle_timeout_seconds") or 0.0),
+                OnExpire(data.get("on_expire") or OnExpire.CLOSE.value),
+            )
+            expire = data.get("expire_time")
+            paused = data.get("paused")
+            return cls(
+                life,
+                float(expire) if expire is not None else None,
+                float(data.get("last_activity") or 0.0),
+                ExpiryReason(paused) if paused else None,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"lifecycle: {exc}") from None

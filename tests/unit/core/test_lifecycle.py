@@ -1,0 +1,204 @@
+"""Session clocks with a made-up clock: the scheduler's heap, expiry, activity, renew, pause, resume."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dispatcher.core import ToolDispatcher, UnknownSessionError
+from dispatcher.core.calls import Call, SessionState
+from dispatcher.core.event_payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
+from dispatcher.core.expiry import DeadlineScheduler
+from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.session_clock import ExpiryReason, Lifetime, OnExpire, SessionClock, check_ttl
+from dispatcher.core.session_registry import Restoration
+from dispatcher.sandbox.fake import FakeSandboxProvider
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Provider(FakeSandboxProvider):
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy: set[str] = set()
+        self.log: list[str] = []
+
+    async def working(self, session_id: str) -> bool:
+        return session_id in self.busy
+
+    async def pause(self, session_id: str) -> None:
+        self.log.append(f"pause:{session_id}")
+
+    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
+        self.log.append(f"resume:{session_id}:{bool(notice)}")
+
+
+def _setup(tmp: Path, **kw: object) -> tuple[ToolDispatcher, Provider, Clock]:
+    provider = Provider()
+    dispatcher = ToolDispatcher(provider)
+    clock = Clock()
+    dispatcher.lifecycle.clock = clock
+    dispatcher.lifecycle._scheduler._clock = clock
+    dispatcher.lifecycle.warn_before = float(kw.get("warn", 10.0))  # type: ignore[arg-type]
+    return dispatcher, provider, clock
+
+
+def _open(d: ToolDispatcher, sid: str, tmp: Path, life: Lifetime) -> SessionState:
+    return d.sessions.open(Session(session_id=sid, workspace_path=str(tmp)), lifetime=life)
+
+
+async def _tick(d: ToolDispatcher, clock: Clock) -> None:
+    await d.lifecycle.handle_due(d.lifecycle._scheduler.due(clock.now))
+
+
+def _types(state: SessionState) -> list[str]:
+    return [e.type for e in state.bus._history]
+
+
+def test_scheduler_pops_due_keys_in_order_and_skips_replaced_ones() -> None:
+    s: DeadlineScheduler[str] = DeadlineScheduler(lambda: 0.0)
+    s.set("a", 5)
+    s.set("b", 3)
+    s.set("a", 10)  # replaces 5
+    s.set("c", 4)
+    s.cancel("c")
+    assert s.next_deadline() == 3 and len(s) == 2
+    assert s.due(9) == ["b"]
+    assert s.due(10) == ["a"] and s.due(1e9) == [] and len(s) == 0
+
+
+def test_scheduler_handles_a_thousand_deadlines_in_one_pass() -> None:
+    s: DeadlineScheduler[int] = DeadlineScheduler(lambda: 0.0)
+    for i in range(1000):
+        s.set(i, float(1000 - i))
+    started = time.perf_counter()
+    assert s.due(1000.0) == list(range(999, -1, -1))
+    assert time.perf_counter() - started < 0.5
+
+
+def test_ttl_check_names_the_maximum() -> None:
+    check_ttl(60, 3600)
+    check_ttl(0, None)
+    with pytest.raises(ValueError, match="maximum of 3600 s"):
+        check_ttl(7200, 3600)
+    with pytest.raises(ValueError, match="maximum of 3600 s"):
+        check_ttl(0, 3600)
+    with pytest.raises(ValueError, match="positive"):
+        check_ttl(-1, None)
+
+
+async def test_idle_session_warns_once_then_expires_and_says_when(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path)
+    state = _open(d, "s1", tmp_path, Lifetime(idle_timeout_seconds=60))
+    assert d.lifecycle.scheduled("s1") == clock.now + 50  # the warning first
+    clock.now += 50
+    await _tick(d, clock)
+    warn = state.bus._history[-1].payload
+    assert isinstance(warn, SessionExpiring) and warn.reason == "idle" and warn.seconds_left == 10
+    clock.now += 10
+    await _tick(d, clock)
+    assert _types(state) == ["session.expiring", "session.expired"]
+    assert d.sessions.status("s1") is SessionStatus.EXPIRED
+    with pytest.raises(UnknownSessionError, match=r"expired at .*Z \(idle\)"):
+        d.sessions.get("s1")
+
+
+async def test_activity_moves_the_idle_deadline_without_heap_work(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    state = _open(d, "s1", tmp_path, Lifetime(idle_timeout_seconds=60))
+    clock.now += 59
+    d.lifecycle.touch(state)
+    clock.now += 1
+    await _tick(d, clock)  # the old deadline fires, finds it used, and sets the next one
+    assert d.sessions.is_open("s1") and d.lifecycle.scheduled("s1") == clock.now + 59
+
+
+async def test_calls_in_flight_and_running_processes_keep_it_a_watcher_does_not(tmp_path: Path) -> None:
+    d, provider, clock = _setup(tmp_path, warn=0)
+    state = _open(d, "s1", tmp_path, Lifetime(idle_timeout_seconds=60))
+    call = Call("tu")
+    state.calls.add(call)
+    clock.now += 60
+    await _tick(d, clock)
+    assert d.sessions.is_open("s1")
+    state.calls.discard(call)
+    provider.busy.add("s1")  # a background job in the sandbox
+    clock.now += 60
+    await _tick(d, clock)
+    assert d.sessions.is_open("s1")
+    provider.busy.clear()
+    async with state.bus.subscribe():  # watching is not activity
+        clock.now += 60
+        await _tick(d, clock)
+    assert d.sessions.status("s1") is SessionStatus.EXPIRED
+
+
+async def test_ttl_expiry_cancels_running_calls_and_renew_moves_it(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    state = _open(d, "s1", tmp_path, Lifetime(ttl_seconds=100))
+    clock.now += 90
+    d.lifecycle.renew(state, 100)
+    assert state.clock.expire_time == clock.now + 100
+    clock.now += 20
+    await _tick(d, clock)  # the old deadline is gone
+    assert d.sessions.is_open("s1")
+    call = Call("tu")
+    state.calls.add(call)
+    call.done.set()
+    clock.now += 80
+    await _tick(d, clock)
+    assert call.cancel_event.is_set()
+    assert d.sessions.status("s1") is SessionStatus.EXPIRED
+    assert "(ttl)" in d.sessions.why_gone("s1")
+
+
+async def test_on_expire_pause_pauses_and_the_next_call_resumes(tmp_path: Path) -> None:
+    d, provider, clock = _setup(tmp_path, warn=0)
+    state = _open(d, "s1", tmp_path, Lifetime(ttl_seconds=100, on_expire=OnExpire.PAUSE))
+    clock.now += 100
+    await _tick(d, clock)
+    assert state.status is SessionStatus.PAUSED and state.clock.paused is ExpiryReason.TTL
+    assert provider.log == ["pause:s1"]
+    assert [type(e.payload) for e in state.bus._history] == [SessionExpired, SessionPaused]
+    async with d.lifecycle.hold(state):
+        assert state.status is SessionStatus.OPEN
+    assert provider.log == ["pause:s1", "resume:s1:True"]
+    assert isinstance(state.bus._history[-1].payload, SessionResumed)
+    assert state.clock.expire_time == clock.now + 100  # paused by its TTL: a fresh one at resume
+
+
+async def test_pause_stops_the_idle_clock_but_not_the_ttl(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    state = _open(d, "s1", tmp_path, Lifetime(ttl_seconds=1000, idle_timeout_seconds=10))
+    assert await d.lifecycle.pause(state)
+    assert not await d.lifecycle.pause(state)
+    clock.now += 500
+    await _tick(d, clock)
+    assert state.status is SessionStatus.PAUSED and state.clock.idle_expire_time is None
+    clock.now += 500
+    await _tick(d, clock)
+    assert d.sessions.status("s1") is SessionStatus.EXPIRED
+
+
+async def test_a_restored_paused_session_stays_paused_and_an_overdue_one_expires_at_once(
+    tmp_path: Path,
+) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    paused = SessionClock(Lifetime(idle_timeout_seconds=10), None, clock.now - 100, ExpiryReason.REQUEST)
+    overdue = SessionClock(Lifetime(ttl_seconds=10), clock.now - 1, clock.now - 11)
+    for sid, c in (("p", paused), ("o", overdue)):
+        d.sessions.open(
+            Session(session_id=sid, workspace_path=str(tmp_path)),
+            restored=Restoration(create_time=clock.now - 11, clock=c),
+        )
+    await _tick(d, clock)
+    assert d.sessions.status("p") is SessionStatus.PAUSED
+    assert d.sessions.status("o") is SessionStatus.EXPIRED
