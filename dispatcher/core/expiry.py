@@ -33,6 +33,7 @@ class DeadlineScheduler(Generic[K]):
         self._current: dict[K, int] = {}
         self._generation = itertools.count()
         self._wake = asyncio.Event()
+        self._handling: set[asyncio.Task[None]] = set()
 
     def set(self, key: K, deadline: float) -> None:
         """Fire ``key`` at ``deadline`` (replacing its earlier deadline)."""
@@ -95,7 +96,22 @@ class DeadlineScheduler(Generic[K]):
                     pass
             keys = self.due(self._clock())
             if keys:
-                try:
-                    await handle(keys)
-                except Exception:
-                    log.exception("handling %d due deadline(s) failed", len(keys))
+                # In a task of its own: a slow sandbox query delays its sessions, not the next
+                # deadlines of every other session.
+                task = asyncio.create_task(self._handle(handle, keys))
+                self._handling.add(task)
+                task.add_done_callback(self._handling.discard)
+
+    async def stop_handling(self) -> None:
+        """Cancel the handling under way (a stop) and wait for it to end."""
+        tasks = tuple(self._handling)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @staticmethod
+    async def _handle(handle: Callable[[list[K]], Awaitable[None]], keys: list[K]) -> None:
+        try:
+            await handle(keys)
+        except Exception:
+            log.exception("handling %d due deadline(s) failed", len(keys))

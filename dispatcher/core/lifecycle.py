@@ -46,6 +46,8 @@ RESUMED_NOTICE = (
     " left running in it are as they were"
 )
 """The first line of the result of a call that resumed a paused session."""
+WORKING_TIMEOUT = 10.0
+"""Longest wait for a sandbox to say whether processes run in it (no answer: it is kept)."""
 EXPIRY_WORKERS = 16
 """Due sessions handled at once: a pass over 1,000 does not start 1,000 sandbox queries."""
 
@@ -117,6 +119,7 @@ class SessionLifecycle(BaseSessionListener):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self._scheduler.stop_handling()
 
     def scheduled(self, session_id: str) -> float | None:
         """When the session is next looked at (tests, bench)."""
@@ -179,7 +182,8 @@ class SessionLifecycle(BaseSessionListener):
         if self._busy(state):
             return True
         try:
-            return await self._provider.working(state.session.session_id)
+            async with asyncio.timeout(WORKING_TIMEOUT):
+                return await self._provider.working(state.session.session_id)
         except Exception as exc:  # cannot tell: keep it, ask again at the next deadline
             log.warning("session %s: cannot tell whether it works: %s", state.session.session_id, exc)
             return True

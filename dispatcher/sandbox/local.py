@@ -164,6 +164,8 @@ class LocalSandboxProvider(ProviderLifecycle):
         self._python = python
         self._max_frame = max_frame
         self._sandboxes: dict[str, LocalSandbox] = {}
+        self._notices: dict[str, str] = {}
+        """Resumed before its sandbox was first used: told at its first call."""
 
     def sandbox_for(self, session: Session) -> LocalSandbox:
         """The session's lazy sandbox handle; the agent starts on its first call."""
@@ -177,27 +179,26 @@ class LocalSandboxProvider(ProviderLifecycle):
                 tunnels=lambda: tunnel_setup(self.egress, session),
             )
             self._sandboxes[session.session_id] = sandbox
+            sandbox.notice = self._notices.pop(session.session_id, None)
         return sandbox
 
     async def close_session(self, session_id: str) -> None:
         """Stop the session's agent; its workspace stays."""
         sandbox = self._sandboxes.pop(session_id, None)
+        self._notices.pop(session_id, None)
         if sandbox is not None:
             await sandbox.aclose()
+
+    # ``working`` stays the default (never): the local agent sees every process of the host, so a
+    # count would keep every session alive on a busy machine. Docker counts its container's own.
 
     async def resume(self, session_id: str, *, notice: str | None = None) -> None:
         """Nothing was frozen (the local backend has no container to pause); the notice is kept."""
         sandbox = self._sandboxes.get(session_id)
         if sandbox is not None and notice:
             sandbox.notice = notice
-
-    async def working(self, session_id: str) -> bool:
-        """Processes that commands left running (asked of the agent, if it runs)."""
-        sandbox = self._sandboxes.get(session_id)
-        if sandbox is None or sandbox.pid is None:
-            return False
-        processes, _, _ = await (await sandbox.channel()).procs(spare_exec_sessions=True)
-        return processes > 0
+        elif notice:
+            self._notices[session_id] = notice
 
     async def aclose(self) -> None:
         """Stop every agent."""

@@ -272,6 +272,7 @@ class DispatcherServer:
         # The grace is run here rather than by grpc's stop(grace): while it lasts the server still
         # answers, so new calls get UNAVAILABLE from the servicer instead of being cut by the transport.
         self.sessions.start_draining()
+        await self.dispatcher.lifecycle.aclose()  # no session expires while the server stops
         ahead = min(CANCEL_AHEAD_OF_GRACE, grace / 2)
         if not await self.sessions.wait_idle(grace - ahead):
             # Cancel what still runs, so its Dispatch streams can deliver `cancelled` results (with

@@ -1,0 +1,95 @@
+"""Session clocks on the Docker backend: idle expiry removes the container, a background job is
+activity, pause freezes the container (CPU 0) and resume finds /tmp and the job intact, and
+``docker rm`` of a paused container is handled like any vanished one."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import docker
+import pytest
+
+from dispatcher.client import AsyncDispatcherClient
+from dispatcher.sandbox.docker.config import LABEL_SESSION
+from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.integration.grpc.conftest import Start
+from tests.server.helpers import next_event, text_of, until
+
+pytestmark = pytest.mark.docker
+
+
+async def _rpc(client: AsyncDispatcherClient, name: str, request: Any) -> Any:
+    return await getattr(client._stub, name)(request, metadata=client._metadata, timeout=60)
+
+
+def _containers(dc: docker.DockerClient, session_id: str) -> list[Any]:
+    return dc.containers.list(
+        all=True, filters={"label": f"{LABEL_SESSION}={session_id}"}, ignore_removed=True
+    )
+
+
+async def test_an_idle_session_is_closed_and_its_container_removed(
+    start: Start, docker_client: docker.DockerClient
+) -> None:
+    h = await start(sessions={"idle_timeout_seconds": 2, "expiring_notice_seconds": 0})
+    client = h.client()
+    sid = (await _rpc(client, "CreateSession", pb.CreateSessionRequest())).session.session_id
+    result = await client.call(sid, "shell", {"command": "echo up"})
+    assert "up" in text_of(result)
+    assert _containers(docker_client, sid)
+    expired = await next_event(client, sid, "session.expired", timeout=30)
+    assert expired.payload.reason == "idle"  # type: ignore[union-attr]
+    await until(lambda: not _containers(docker_client, sid), timeout=10)
+
+
+async def test_a_background_job_is_activity_until_it_ends(start: Start) -> None:
+    h = await start(sessions={"idle_timeout_seconds": 1, "expiring_notice_seconds": 0})
+    client = h.client()
+    sid = (await _rpc(client, "CreateSession", pb.CreateSessionRequest())).session.session_id
+    result = await client.call(sid, "shell", {"command": "sleep 4 >/dev/null 2>&1 &"})
+    assert not result.is_error, text_of(result)
+    job_started = time.monotonic()
+    await next_event(client, sid, "session.expired", timeout=30)
+    assert time.monotonic() - job_started >= 4
+
+
+async def test_pause_freezes_and_resume_keeps_tmp_and_processes(
+    start: Start, docker_client: docker.DockerClient
+) -> None:
+    h = await start()
+    client = h.client()
+    sid = (await _rpc(client, "CreateSession", pb.CreateSessionRequest())).session.session_id
+    setup = "echo kept > /tmp/mark; (while :; do :; done) >/dev/null 2>&1 & echo $! > /tmp/pid; echo started"
+    assert "started" in text_of(await client.call(sid, "shell", {"command": setup}))
+    await _rpc(client, "PauseSession", pb.PauseSessionRequest(session_id=sid))
+    (container,) = _containers(docker_client, sid)
+    container.reload()
+    assert container.status == "paused"
+    first = docker_client.api.stats(container.id, stream=False)
+    second = docker_client.api.stats(container.id, stream=False)
+    used = second["cpu_stats"]["cpu_usage"]["total_usage"] - first["cpu_stats"]["cpu_usage"]["total_usage"]
+    assert used == 0  # a busy loop, frozen
+    result = await client.call(
+        sid, "shell", {"command": "cat /tmp/mark; kill -0 $(cat /tmp/pid) && echo alive"}
+    )
+    text = text_of(result)
+    assert "was paused and has been resumed" in text.splitlines()[0]
+    assert "kept" in text and "alive" in text
+    container.reload()
+    assert container.status == "running"
+
+
+async def test_a_paused_container_removed_behind_the_servers_back_is_recreated(
+    start: Start, docker_client: docker.DockerClient
+) -> None:
+    h = await start()
+    client = h.client()
+    sid = (await _rpc(client, "CreateSession", pb.CreateSessionRequest())).session.session_id
+    await client.call(sid, "shell", {"command": "true"})
+    await _rpc(client, "PauseSession", pb.PauseSessionRequest(session_id=sid))
+    (container,) = _containers(docker_client, sid)
+    container.remove(force=True)
+    result = await client.call(sid, "shell", {"command": "echo fresh"})
+    text = text_of(result)
+    assert "fresh" in text and "recreated" in text and not result.is_error

@@ -1,0 +1,66 @@
+"""Session clocks across a kill -9 of a real ``dispatcher serve`` (local backend): the paused stay
+paused, a renewed expiry is kept, the overdue expire at once after the start."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from dispatcher.client import DispatcherClient, RequestFailed
+from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.polling import until_sync
+from tests.server.serve_process import start_serve
+from tests.server.test_restart import kill9, local_config, wait_stored
+
+
+def _rpc(client: DispatcherClient, name: str, request: Any) -> Any:
+    return client._unary(getattr(client._stub, name), request)
+
+
+def _stored(home: Path, session_id: str, fragment: str) -> None:
+    query = "SELECT lifecycle FROM sessions WHERE session_id = ?"
+    wait_stored(home, query, (session_id,), lambda row: row is not None and fragment in row[0])
+
+
+def test_paused_stay_paused_renewed_keep_their_expiry_and_overdue_expire_at_once(tmp_path: Path) -> None:
+    data = local_config(sessions={"idle_timeout_seconds": 3600, "expiring_notice_seconds": 0})
+    server = start_serve(tmp_path, data=data)
+    try:
+        with server.client() as client:
+            paused = _rpc(client, "CreateSession", pb.CreateSessionRequest()).session.session_id
+            _rpc(client, "PauseSession", pb.PauseSessionRequest(session_id=paused))
+            renewed = _rpc(
+                client, "CreateSession", pb.CreateSessionRequest(ttl_seconds=60)
+            ).session.session_id
+            request = pb.RenewSessionRequest(session_id=renewed, ttl_seconds=5000)
+            expiry = _rpc(client, "RenewSession", request).session.expire_time.seconds
+            overdue_reply = _rpc(client, "CreateSession", pb.CreateSessionRequest(ttl_seconds=2))
+            overdue = overdue_reply.session.session_id
+            overdue_at = overdue_reply.session.expire_time.seconds + 1
+        _stored(server.home, paused, '"paused": "request"')
+        _stored(server.home, renewed, f'"expire_time": {expiry}')
+    finally:
+        kill9(server)
+    until_sync(lambda: time.time() > overdue_at, "the overdue session's TTL to pass", timeout=10)
+    server = start_serve(tmp_path, data=data)
+    try:
+        with server.client() as client:
+            state = _rpc(client, "GetSession", pb.GetSessionRequest(session_id=paused)).session.state
+            assert state == pb.SESSION_STATE_PAUSED
+            got = _rpc(client, "GetSession", pb.GetSessionRequest(session_id=renewed)).session
+            assert got.expire_time.seconds == expiry and got.state == pb.SESSION_STATE_ACTIVE
+
+            def gone() -> bool:
+                try:
+                    _rpc(client, "GetSession", pb.GetSessionRequest(session_id=overdue))
+                except RequestFailed as exc:
+                    assert exc.code == "NOT_FOUND" and "(ttl)" in exc.details, exc
+                    return True
+                return False
+
+            until_sync(gone, "the overdue session to expire", timeout=10)
+            result = client.call(paused, "shell", {"command": "echo back"})
+            assert "resumed" in str(result.content) and "back" in str(result.content)
+    finally:
+        server.close()

@@ -1,0 +1,150 @@
+"""Session clocks through gRPC (local backend): idle and TTL expiry, renew, pause and resume,
+retry-safe create, and waiting for a dispatch slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dispatcher.client import AsyncDispatcherClient
+from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.types import ToolResultBlock
+from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.server.conftest import TOKEN_TINY, Harness, ServerFactory, base_config
+from tests.server.helpers import next_event, text_of
+
+
+def _stub(client: AsyncDispatcherClient) -> Any:
+    return client._stub
+
+
+async def _rpc(client: AsyncDispatcherClient, name: str, request: Any) -> Any:
+    return await getattr(_stub(client), name)(request, metadata=client._metadata, timeout=30)
+
+
+async def _create(client: AsyncDispatcherClient, **fields: Any) -> pb.Session:
+    reply = await _rpc(client, "CreateSession", pb.CreateSessionRequest(**fields))
+    return reply.session
+
+
+async def _code(coro: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await coro
+    return info.value.code(), info.value.details() or ""
+
+
+async def test_an_idle_session_warns_then_expires_and_says_so(make_server: ServerFactory) -> None:
+    h = await make_server(sessions={"idle_timeout_seconds": 1, "expiring_notice_seconds": 0.5})
+    client = h.client()
+    session = await _create(client)
+    sid = session.session_id
+    assert session.state == pb.SESSION_STATE_ACTIVE and session.HasField("idle_expire_time")
+    started = time.monotonic()
+    expiring = await next_event(client, sid, "session.expiring")
+    assert expiring.payload.reason == "idle" and 0 <= expiring.payload.seconds_left <= 0.5  # type: ignore[union-attr]
+    expired = await next_event(client, sid, "session.expired", after_seq=expiring.seq)
+    assert expired.payload.reason == "idle"  # type: ignore[union-attr]
+    assert time.monotonic() - started < 5
+    code, details = await _code(_rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid)))
+    assert code is grpc.StatusCode.NOT_FOUND and "expired at" in details and "(idle)" in details
+    # Another tenant is not told it existed.
+    code, details = await _code(
+        _rpc(h.client(TOKEN_TINY), "GetSession", pb.GetSessionRequest(session_id=sid))
+    )
+    assert code is grpc.StatusCode.NOT_FOUND and "expired" not in details
+
+
+async def test_renew_moves_the_deadline(harness: Harness) -> None:
+    client = harness.client()
+    session = await _create(client, ttl_seconds=100)
+    first = session.expire_time.seconds
+    request = pb.RenewSessionRequest(session_id=session.session_id, ttl_seconds=5000)
+    renewed = (await _rpc(client, "RenewSession", request)).session
+    assert renewed.expire_time.seconds - first >= 4899
+    code, _ = await _code(_create(client, ttl_seconds=-1))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_ttl_above_the_tenant_maximum_is_refused_naming_it(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    tenants = base_config(tmp_path)["tenants"]
+    tenants[0]["max_session_ttl_seconds"] = 3600
+    client = (await make_server(tenants=tenants)).client()
+    code, details = await _code(_create(client, ttl_seconds=7200))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "maximum of 3600 s" in details
+    session = await _create(client)  # the server's default (24 h) is cut to the maximum
+    assert 3500 < session.expire_time.seconds - time.time() <= 3600
+    request = pb.RenewSessionRequest(session_id=session.session_id, ttl_seconds=0)
+    code, details = await _code(_rpc(client, "RenewSession", request))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "3600" in details
+
+
+async def test_ttl_expiry_during_a_call_cancels_it_keeping_its_output(make_server: ServerFactory) -> None:
+    h = await make_server()
+    client = h.client()
+    sid = (await _create(client, ttl_seconds=1)).session_id
+    result = await client.call(sid, "block", {})
+    assert result.is_error and result.error_class is ToolErrorClass.CANCELLED
+    assert "blocking" in text_of(result)  # partial output kept, as CancelSessionTools does
+    code, details = await _code(_rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid)))
+    assert code is grpc.StatusCode.NOT_FOUND and "(ttl)" in details
+
+
+async def test_pause_then_a_call_resumes_it_and_says_so(harness: Harness) -> None:
+    client = harness.client()
+    sid = (await _create(client)).session_id
+    paused = (await _rpc(client, "PauseSession", pb.PauseSessionRequest(session_id=sid))).session
+    assert paused.state == pb.SESSION_STATE_PAUSED and not paused.HasField("idle_expire_time")
+    listed = (await _rpc(client, "ListSessions", pb.ListSessionsRequest())).sessions
+    assert [s.state for s in listed if s.session_id == sid] == [pb.SESSION_STATE_PAUSED]
+    result = await client.call(sid, "shell", {"command": "echo hi"})
+    assert "was paused and has been resumed" in text_of(result).splitlines()[0]
+    assert "hi" in text_of(result)
+    got = (await _rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid))).session
+    assert got.state == pb.SESSION_STATE_ACTIVE
+    paused_event = await next_event(client, sid, "session.paused")
+    resumed = await next_event(client, sid, "session.resumed")
+    assert paused_event.payload.reason == resumed.payload.reason == "request"  # type: ignore[union-attr]
+    again = (await _rpc(client, "ResumeSession", pb.ResumeSessionRequest(session_id=sid))).session
+    assert again.state == pb.SESSION_STATE_ACTIVE  # resuming a running session: nothing
+
+
+async def test_a_retried_create_gets_the_same_session(harness: Harness) -> None:
+    client = harness.client()
+    first = await _create(client, request_id="req-1", labels={"a": "b"})
+    again = await _create(client, request_id="req-1", labels={"a": "b"})
+    assert again.session_id == first.session_id
+    code, details = await _code(_create(client, request_id="req-1", labels={"a": "c"}))
+    assert code is grpc.StatusCode.ALREADY_EXISTS and "req-1" in details
+    other = await _create(harness.client(TOKEN_TINY), request_id="req-1")  # ids are per tenant
+    assert other.session_id != first.session_id
+
+
+async def test_a_dispatch_waits_for_a_slot_in_line_then_is_refused(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    tenants = base_config(tmp_path)["tenants"]
+    tenants[2]["quotas"] = {"max_sessions": 5, "max_concurrent_dispatches": 1, "queue_timeout_seconds": 0.5}
+    h = await make_server(tenants=tenants)
+    client = h.client(TOKEN_TINY)
+    a = (await _create(client)).session_id
+    b = (await _create(client)).session_id
+    holder = asyncio.create_task(client.call(a, "block", {}))
+    await next_event(client, a, "tool.called")
+    started = time.monotonic()
+    with pytest.raises(Exception) as refused:
+        await client.call(b, "echo", {"text": "x"})
+    assert "RESOURCE_EXHAUSTED" in str(refused.value) and "waited 0.5 s" in str(refused.value)
+    assert time.monotonic() - started >= 0.45
+    # A slot freed while it waits is handed over: the waiting call runs.
+    waiting = asyncio.create_task(client.call(b, "echo", {"text": "x"}))
+    await asyncio.sleep(0)
+    await _rpc(client, "CancelSessionTools", pb.CancelSessionToolsRequest(session_id=a))
+    assert isinstance(await holder, ToolResultBlock)
+    assert not (await waiting).is_error
