@@ -19,9 +19,11 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from dispatcher.cli import config as cli_config
+from dispatcher.cli import lifecycle as cli_lifecycle
 from dispatcher.cli import session as cli_session
 from dispatcher.cli import staged as cli_staged
 from dispatcher.cli import trees as cli_trees
@@ -174,15 +176,12 @@ def _tools(args: argparse.Namespace) -> int:
 def _sessions(args: argparse.Namespace) -> int:
     with _client(args) as client:
         sessions = client.list_sessions()
+    now = time.time()
     for s in sessions:
         if args.json:
-            json_line(cli_session.session_dict(s))
+            json_line({**cli_session.session_dict(s), **cli_lifecycle.lifecycle_dict(s, now)})
         else:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            print(
-                f"{s.session_id}  {s.workspace:<20}  {s.role!s:<6}  mode={s.approval_mode}"
-                f"  events={s.last_event_seq}  {labels}"
-            )
+            print(cli_lifecycle.session_line(s, now))
     return EXIT_OK
 
 
@@ -320,7 +319,11 @@ def _parser() -> argparse.ArgumentParser:
         "tools", parents=[client_opts, session_opts], help="list the tools a session may call"
     )
     tools.set_defaults(func=_tools)
-    sessions = verbs.add_parser("sessions", parents=[client_opts], help="list your open sessions")
+    sessions = verbs.add_parser(
+        "sessions",
+        parents=[client_opts],
+        help="list your sessions: state, expiry, idle time, pending confirmations, plan steps",
+    )
     sessions.set_defaults(func=_sessions)
 
     call = verbs.add_parser(
@@ -352,6 +355,7 @@ def _parser() -> argparse.ArgumentParser:
             )
         p.set_defaults(func=_resolve)
     cli_session.add_verbs(verbs, client_opts, _client)
+    cli_lifecycle.add_verbs(verbs, client_opts, _client)
     cli_staged.add_verbs(verbs, client_opts, _client)
     cli_config.add_verbs(verbs)
     return parser

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatcher.client import DispatcherClient
@@ -80,10 +80,10 @@ def add_verbs(verbs: Any, client_opts: argparse.ArgumentParser, client: ClientFa
     create.set_defaults(func=lambda args: _create(args, client))
 
     plan = verbs.add_parser(
-        "plan", parents=[client_opts], help="approve or reject a plan-mode session's plan"
+        "plan", parents=[client_opts], help="show, approve or reject a plan-mode session's plan"
     )
     plan.add_argument("session_id", metavar="SESSION")
-    plan.add_argument("decision", choices=("approve", "reject"))
+    plan.add_argument("decision", choices=("show", "approve", "reject"))
     plan.set_defaults(func=lambda args: _plan(args, client))
 
 
@@ -104,6 +104,17 @@ def _create(args: argparse.Namespace, client: ClientFactory) -> int:
 
 
 def _plan(args: argparse.Namespace, client: ClientFactory) -> int:
+    if args.decision == "show":
+        with client(args) as c:
+            info = c.get_session(args.session_id)
+        if args.json:
+            print(
+                json.dumps({"steps": [_step_dict(s) for s in info.plan], "approval_mode": info.approval_mode})
+            )
+        else:
+            print(f"{len(info.plan)} proposed steps; the session is {info.approval_mode}", file=sys.stderr)
+            _print_steps(info.plan)
+        return 0
     with client(args) as c:
         steps, mode = c.approve_plan(args.session_id, args.decision == "approve")
     if args.json:
@@ -111,6 +122,10 @@ def _plan(args: argparse.Namespace, client: ClientFactory) -> int:
         return 0
     verb = "approved" if args.decision == "approve" else "rejected"
     print(f"plan {verb} ({len(steps)} steps); the session is now {mode}", file=sys.stderr)
+    _print_steps(steps)
+    return 0
+
+
+def _print_steps(steps: Sequence[PlanStep]) -> None:
     for step in steps:
         print(f"{step.step:>3}. {step.tool_name} ({step.side_effect}): {step.input_summary.splitlines()[-1]}")
-    return 0

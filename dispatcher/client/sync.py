@@ -92,6 +92,19 @@ class DispatcherClient(ClientBase):
     def close_session(self, session_id: str) -> None:
         self._unary(self._stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
 
+    def renew_session(self, session_id: str, ttl_seconds: int) -> SessionInfo:
+        """A new expiry ``ttl_seconds`` from now (0: none, if the tenant has no maximum)."""
+        req = pb.RenewSessionRequest(session_id=session_id, ttl_seconds=ttl_seconds)
+        return convert.session_from_pb(self._unary(self._stub.RenewSession, req).session)
+
+    def pause_session(self, session_id: str) -> SessionInfo:
+        req = pb.PauseSessionRequest(session_id=session_id)
+        return convert.session_from_pb(self._unary(self._stub.PauseSession, req).session)
+
+    def resume_session(self, session_id: str) -> SessionInfo:
+        req = pb.ResumeSessionRequest(session_id=session_id)
+        return convert.session_from_pb(self._unary(self._stub.ResumeSession, req).session)
+
     def list_tools(self, session_id: str) -> list[ToolInfo]:
         resp = self._unary(self._stub.ListTools, pb.ListToolsRequest(session_id=session_id))
         return [convert.tool_from_pb(t) for t in resp.tools]

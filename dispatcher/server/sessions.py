@@ -284,6 +284,8 @@ class SessionManager:
             expire_time=state.clock.expire_time,
             idle_expire_time=state.clock.idle_expire_time,
             paused=state.status is SessionStatus.PAUSED,
+            pending_request_ids=tuple(state.broker.pending_ids()),
+            last_activity_time=state.clock.last_activity,
         )
 
     # --- calls ---------------------------------------------------------------------------------

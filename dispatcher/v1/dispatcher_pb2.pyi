@@ -651,6 +651,8 @@ class Session(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     IDLE_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    PENDING_REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVITY_TIME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Server-assigned id."""
     workspace: _builtins.str
@@ -691,6 +693,14 @@ class Session(_message.Message):
     def idle_expire_time(self) -> _timestamp_pb2.Timestamp:
         """When it expires if it stays idle until then (unset: no idle timeout, or paused)."""
 
+    @_builtins.property
+    def pending_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Confirmation requests waiting for an answer (pass one to ResolveConfirmation)."""
+
+    @_builtins.property
+    def last_activity_time(self) -> _timestamp_pb2.Timestamp:
+        """The last activity seen (a request, a call, a process running in the sandbox)."""
+
     def __init__(
         self,
         *,
@@ -707,10 +717,12 @@ class Session(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         idle_expire_time: _timestamp_pb2.Timestamp | None = ...,
         state: Global___SessionState.ValueType = ...,
+        pending_request_ids: _abc.Iterable[_builtins.str] | None = ...,
+        last_activity_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "last_activity_time", b"last_activity_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "labels", b"labels", "last_event_seq", b"last_event_seq", "plan", b"plan", "role", b"role", "session_id", b"session_id", "state", b"state", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "labels", b"labels", "last_activity_time", b"last_activity_time", "last_event_seq", b"last_event_seq", "pending_request_ids", b"pending_request_ids", "plan", b"plan", "role", b"role", "session_id", b"session_id", "state", b"state", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -58,6 +58,9 @@ class SessionInfo:
     idle_expire_time: float | None = None
     """When it expires if idle until then (None: no idle timeout, or paused)."""
     paused: bool = False
+    pending_request_ids: tuple[str, ...] = ()
+    """Confirmation requests waiting for an answer."""
+    last_activity_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +407,8 @@ def session_to_pb(info: SessionInfo) -> pb.Session:
     )
     msg.create_time.FromNanoseconds(int(info.create_time * 1e9))
     msg.state = cl.state_to_pb(info.paused)
+    msg.pending_request_ids.extend(info.pending_request_ids)
+    msg.last_activity_time.FromNanoseconds(int(info.last_activity_time * 1e9))
     if info.expire_time is not None:
         msg.expire_time.FromNanoseconds(int(info.expire_time * 1e9))
     if info.idle_expire_time is not None:
@@ -428,6 +433,8 @@ def session_from_pb(msg: pb.Session) -> SessionInfo:
             msg.idle_expire_time.ToNanoseconds() / 1e9 if msg.HasField("idle_expire_time") else None
         ),
         paused=msg.state == pb.SESSION_STATE_PAUSED,
+        pending_request_ids=tuple(msg.pending_request_ids),
+        last_activity_time=msg.last_activity_time.ToNanoseconds() / 1e9,
     )
 
 
