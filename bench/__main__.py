@@ -31,6 +31,7 @@ MODULES = (
     "bench.trees_bench",
     "bench.restart_bench",
     "bench.egress_bench",
+    "bench.lifecycle_bench",
 )
 
 
