@@ -51,7 +51,7 @@ def base_config(tmp: Path) -> dict[str, Any]:
                 "token_sha256": hash_token(TOKEN_TINY),
                 "workspace_root": str(tmp / "ws-tiny"),
                 "tools": ["read_file", "list_dir", "echo", "block"],
-                "quotas": {"max_sessions": 1, "max_concurrent_dispatches": 1},
+                "quotas": {"max_sessions": 1, "max_concurrent_dispatches": 1, "queue_timeout_seconds": 0},
             },
         ],
     }
