@@ -328,7 +328,12 @@ def _egress_gateway(server: DispatcherServer, config: Config, dispatcher: ToolDi
     bound ports (never a destination)."""
 
     def tenant(tenant_id: str) -> tuple[EgressPolicy, ConfirmationPolicy]:
-        t = server.tenants.get(tenant_id)
+        try:
+            t = server.tenants.get(tenant_id)
+        except KeyError:
+            # A server-internal session (an MCP server's discovery sandbox) belongs to no configured
+            # tenant: it gets the closed default, no host and no CA bundle.
+            return EgressPolicy(), config.policy
         return t.egress, t.policy
 
     def own() -> OwnEndpoints:
