@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from dispatcher.server.store import StateError
+    from dispatcher.server.persistence.store import StateError
 
     try:
         return _run_server(args)
@@ -86,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _run_server(args: argparse.Namespace) -> int:
     from dispatcher.config.load import ensure_default_tenant, load_config
     from dispatcher.server.app import build_server, serve_until_signalled
-    from dispatcher.server.logs import configure_logging
+    from dispatcher.server.observability.logs import configure_logging
 
     config = load_config(args.config, listen=args.listen, home=args.home)
     if args.metrics_listen is not None:

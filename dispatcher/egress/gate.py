@@ -1,7 +1,7 @@
 """What a sandbox backend needs of the server's egress proxy: where to hand each connection its
 sandbox opened, and the CA bundle its commands should trust.
 
-The server implements it (``dispatcher.server.egress``) and sets it on the sandbox provider; the
+The server implements it (``dispatcher.server.sessions.egress``) and sets it on the sandbox provider; the
 backend's agent transport (``dispatcher.sandbox.tunnels``) calls ``serve`` once per connection.
 """
 

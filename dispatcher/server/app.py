@@ -30,16 +30,16 @@ from dispatcher.egress.policy import EgressPolicy
 from dispatcher.egress.record import NO_OBSERVER as NO_EGRESS_OBSERVER
 from dispatcher.mcp.servers import McpServers
 from dispatcher.sandbox.transfer import AgentTreeTransport
-from dispatcher.server.auth import AuthInterceptor
-from dispatcher.server.decode import DecodeGuardInterceptor
-from dispatcher.server.egress import EgressGateway
-from dispatcher.server.home_lock import HomeLock
-from dispatcher.server.observability import Observability
-from dispatcher.server.persistence import IN_MEMORY, Persistence, SessionPersistence
-from dispatcher.server.servicer import DispatcherServicer
-from dispatcher.server.sessions import SessionManager
-from dispatcher.server.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
-from dispatcher.server.uids import UIDS_FILE
+from dispatcher.server.observability.setup import Observability
+from dispatcher.server.persistence.home_lock import HomeLock
+from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionPersistence
+from dispatcher.server.rpc.decode import DecodeGuardInterceptor
+from dispatcher.server.rpc.servicer import DispatcherServicer
+from dispatcher.server.sessions.egress import EgressGateway
+from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.tenancy.auth import AuthInterceptor
+from dispatcher.server.tenancy.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
+from dispatcher.server.tenancy.uids import UIDS_FILE
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 

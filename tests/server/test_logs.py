@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from dispatcher.server.logs import JsonFormatter, TextFormatter
+from dispatcher.server.observability.logs import JsonFormatter, TextFormatter
 
 
 def _record(**extra: object) -> logging.LogRecord:

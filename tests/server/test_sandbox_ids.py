@@ -9,7 +9,12 @@ import pytest
 
 from dispatcher.config.load import TenantConfig
 from dispatcher.core.policy import ConfirmationPolicy
-from dispatcher.server.tenants import DefaultIds, TenantDirectory, default_sandbox_ids, resolve_workspace
+from dispatcher.server.tenancy.tenants import (
+    DefaultIds,
+    TenantDirectory,
+    default_sandbox_ids,
+    resolve_workspace,
+)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 

@@ -18,9 +18,9 @@ from dispatcher.core.errors import ConfigError
 from dispatcher.core.types import Role
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.fake import FakeSandboxProvider
-from dispatcher.server.sessions import SessionManager
-from dispatcher.server.tenants import TenantDirectory
-from dispatcher.server.uids import allocate
+from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.tenancy.tenants import TenantDirectory
+from dispatcher.server.tenancy.uids import allocate
 
 
 def _tenant(tmp: Path, name: str, **extra: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 import yaml
 
-from dispatcher.server.logs import JsonFormatter
+from dispatcher.server.observability.logs import JsonFormatter
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 from tests.server.conftest import TOKEN_ALPHA, ServerFactory
@@ -36,7 +36,7 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> Any:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from dispatcher.server import tracing
+    from dispatcher.server.observability import tracing
 
     memory = InMemorySpanExporter()
     monkeypatch.setattr(

@@ -13,7 +13,7 @@ from dispatcher.core.errors import ConfigError
 from dispatcher.core.session import Session
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, parse_networks
 from dispatcher.egress.policy import EgressPolicy, Unknown
-from dispatcher.server.stored_policy import policy_to_json, session_fields_from_json
+from dispatcher.server.persistence.stored_policy import policy_to_json, session_fields_from_json
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.wire import convert_policy as cp
 

@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from dispatcher.egress.policy import EgressPolicy
-from dispatcher.server.metrics import Metrics
+from dispatcher.server.observability.metrics import Metrics
 from tests.unit.egress.conftest import LOOPBACK_OPEN, Harness, Origin
 from tests.unit.egress.test_proxy import connect
 

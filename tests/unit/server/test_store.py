@@ -12,16 +12,16 @@ import pytest
 
 from dispatcher.core import event_payloads as ep
 from dispatcher.core.events import Event
-from dispatcher.server.home_lock import HomeLock
-from dispatcher.server.store import (
+from dispatcher.server.persistence.home_lock import HomeLock
+from dispatcher.server.persistence.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     SessionStore,
     StateError,
     StoredSession,
 )
-from dispatcher.server.store_writer import StateWriter
-from dispatcher.server.stored_policy import plan_from_json, policy_to_json, remembered_from_json
+from dispatcher.server.persistence.stored_policy import plan_from_json, policy_to_json, remembered_from_json
+from dispatcher.server.persistence.writer import StateWriter
 
 
 def _row(session_id: str = "ses_1", **kw: object) -> StoredSession:
@@ -213,7 +213,7 @@ def test_a_symlink_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
 def test_an_older_schema_is_migrated_keeping_its_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dispatcher.server import store as store_module
+    from dispatcher.server.persistence import store as store_module
 
     path = tmp_path / "state.db"
     store = SessionStore.open(path)
@@ -235,7 +235,7 @@ def test_a_second_lock_on_a_home_names_the_holder(tmp_path: Path) -> None:
     first.acquire()
     # Another process: flock conflicts between open file descriptions, as between two servers.
     code = (
-        "import sys; from pathlib import Path; from dispatcher.server.home_lock import HomeLock;"
+        "import sys; from pathlib import Path; from dispatcher.server.persistence.home_lock import HomeLock;"
         f"HomeLock(Path({str(tmp_path)!r})).acquire()"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
@@ -250,7 +250,7 @@ def test_a_second_lock_on_a_home_names_the_holder(tmp_path: Path) -> None:
 def test_a_sessions_own_policy_fields_round_trip() -> None:
     from dispatcher.core.capabilities import Capabilities, FsGrant
     from dispatcher.core.session import Session
-    from dispatcher.server.stored_policy import mode_in_force_from_json, session_fields_from_json
+    from dispatcher.server.persistence.stored_policy import mode_in_force_from_json, session_fields_from_json
 
     caps = Capabilities(frozenset({"shell"}), (FsGrant("src", "rw"), FsGrant(".", "r")))
     session = Session("ses_1", "/w", approval_mode="plan", capabilities=caps)

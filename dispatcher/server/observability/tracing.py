@@ -21,8 +21,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from dispatcher.core.observe import FinishedCall, log_fields
-from dispatcher.server.auth import current_tenant
-from dispatcher.server.handler_wrap import HandlerInterceptor, wrap_handler
+from dispatcher.server.rpc.handler_wrap import HandlerInterceptor, wrap_handler
+from dispatcher.server.tenancy.auth import current_tenant
 
 __all__ = ["Tracing"]
 

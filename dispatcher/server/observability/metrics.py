@@ -33,11 +33,11 @@ from dispatcher.core.session import SessionStatus
 from dispatcher.core.session_clock import ExpiryReason
 from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionRegistry
 from dispatcher.egress.record import Direction, Outcome
-from dispatcher.server.handler_wrap import HandlerInterceptor, wrap_handler
+from dispatcher.server.rpc.handler_wrap import HandlerInterceptor, wrap_handler
 
 __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 
-log = logging.getLogger("dispatcher.server.metrics")
+log = logging.getLogger("dispatcher.server.observability.metrics")
 
 _CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 _WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

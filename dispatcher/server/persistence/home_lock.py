@@ -7,7 +7,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from dispatcher.server.store import StateError
+from dispatcher.server.persistence.store import StateError
 
 LOCK_FILE = "server.lock"
 

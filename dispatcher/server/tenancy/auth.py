@@ -14,9 +14,9 @@ from typing import Any
 
 import grpc
 
-from dispatcher.server.errors import Unauthenticated, status_for
-from dispatcher.server.handler_wrap import Around, HandlerInterceptor, wrap_handler
-from dispatcher.server.tenants import Tenant, TenantDirectory
+from dispatcher.server.rpc.errors import Unauthenticated, status_for
+from dispatcher.server.rpc.handler_wrap import Around, HandlerInterceptor, wrap_handler
+from dispatcher.server.tenancy.tenants import Tenant, TenantDirectory
 
 SERVICE_PREFIX = "/dispatcher.v1.ToolDispatcher/"
 

@@ -12,12 +12,12 @@ from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownConfirmationError
 from dispatcher.core.staged_apply import ApplyOutcome
 from dispatcher.core.staging import StagedChange
-from dispatcher.server.errors import FailedPrecondition, InvalidRequest
-from dispatcher.server.request_checks import MAX_ID_CHARS
-from dispatcher.server.sessions import SessionManager
-from dispatcher.server.tenants import Tenant, plan_approved_mode
+from dispatcher.server.rpc.errors import FailedPrecondition, InvalidRequest
+from dispatcher.server.rpc.request_checks import MAX_ID_CHARS
+from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.tenancy.tenants import Tenant, plan_approved_mode
 
-log = logging.getLogger("dispatcher.server.sessions")
+log = logging.getLogger("dispatcher.server.sessions.manager")
 
 MAX_BATCH = 4096
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.session import Session
 from dispatcher.core.types import Role
-from dispatcher.server.tenants import Tenant
+from dispatcher.server.tenancy.tenants import Tenant
 
 __all__ = ["build_session"]
 

@@ -28,19 +28,19 @@ from dispatcher.core.session_clock import Lifetime, OnExpire, check_ttl
 from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
-from dispatcher.server.create_requests import CreateRequests
-from dispatcher.server.dispatch_stream import DispatchCall
-from dispatcher.server.errors import InvalidRequest, QuotaExceeded, ShuttingDown
-from dispatcher.server.persistence import IN_MEMORY, Persistence
-from dispatcher.server.request_checks import check_id, check_labels
-from dispatcher.server.session_entry import build_session
-from dispatcher.server.slots import Slots
-from dispatcher.server.tenants import Tenant, allowed_mode, resolve_workspace
+from dispatcher.server.persistence.state import IN_MEMORY, Persistence
+from dispatcher.server.rpc.dispatch_stream import DispatchCall
+from dispatcher.server.rpc.errors import InvalidRequest, QuotaExceeded, ShuttingDown
+from dispatcher.server.rpc.request_checks import check_id, check_labels
+from dispatcher.server.sessions.create_requests import CreateRequests
+from dispatcher.server.sessions.entry import build_session
+from dispatcher.server.tenancy.slots import Slots
+from dispatcher.server.tenancy.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.tools.shell import describe_network
 from dispatcher.wire.convert import SessionInfo
 from dispatcher.wire.convert_policy import narrow_capabilities
 
-log = logging.getLogger("dispatcher.server.sessions")
+log = logging.getLogger("dispatcher.server.sessions.manager")
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ from dispatcher.egress.resolver import Connector, Resolver, SystemResolver, TcpC
 
 __all__ = ["EGRESS_TOOL", "EgressGateway"]
 
-log = logging.getLogger("dispatcher.server.egress")
+log = logging.getLogger("dispatcher.server.sessions.egress")
 
 EGRESS_TOOL = "egress"
 """The ``tool_name`` of an egress question, and the name a tenant's policy may deny it by."""

@@ -17,8 +17,8 @@ from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
-from dispatcher.server.errors import InvalidRequest, Unauthenticated
-from dispatcher.server.uids import allocate
+from dispatcher.server.rpc.errors import InvalidRequest, Unauthenticated
+from dispatcher.server.tenancy.uids import allocate
 
 _WORKSPACE_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
 MAX_WORKSPACE_DEPTH = 8
@@ -117,7 +117,7 @@ class TenantDirectory:
         a tenant that still has none gets ``default_ids`` (None: the sandbox backend decides).
 
         Raises:
-            ConfigError: the allocation failed (see ``dispatcher.server.uids.allocate``).
+            ConfigError: the allocation failed (see ``dispatcher.server.tenancy.uids.allocate``).
         """
         self._by_hash: dict[str, Tenant] = {}
         self._by_id: dict[str, Tenant] = {}

@@ -17,8 +17,8 @@ from dispatcher.core.sandbox_api import ProviderLifecycle, ServedProvider
 from dispatcher.core.session_registry import SessionListener
 
 if TYPE_CHECKING:  # imported for real only when turned on: prometheus_client, the otel extra
-    from dispatcher.server.metrics import Metrics, MetricsServer
-    from dispatcher.server.tracing import Tracing
+    from dispatcher.server.observability.metrics import Metrics, MetricsServer
+    from dispatcher.server.observability.tracing import Tracing
 
 __all__ = ["Observability"]
 
@@ -51,14 +51,14 @@ class Observability:
         interceptors: list[grpc.aio.ServerInterceptor] = []
         listen = config.observe.metrics_listen
         if listen is not None:
-            from dispatcher.server.metrics import Metrics, MetricsServer, RpcMetricsInterceptor
+            from dispatcher.server.observability.metrics import Metrics, MetricsServer, RpcMetricsInterceptor
 
             self.metrics = Metrics(t.tenant_id for t in config.tenants)
             self.server = MetricsServer(self.metrics, listen)
             observers.append(self.metrics)
             interceptors.append(RpcMetricsInterceptor(self.metrics))
         if config.observe.otlp_endpoint is not None:
-            from dispatcher.server.tracing import Tracing
+            from dispatcher.server.observability.tracing import Tracing
 
             self.tracing = Tracing.otlp(config.observe.otlp_endpoint)
             observers.append(self.tracing)

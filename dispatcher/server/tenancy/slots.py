@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from dispatcher.server.errors import QuotaExceeded
+from dispatcher.server.rpc.errors import QuotaExceeded
 
 __all__ = ["Slots"]
 

@@ -19,9 +19,9 @@ from typing import Any
 from dispatcher.core import events as ev
 from dispatcher.core.event_payloads import ToolCalled, ToolConfirmationRequested, to_dict
 from dispatcher.core.events import Event
-from dispatcher.server.store import SessionStore
+from dispatcher.server.persistence.store import SessionStore
 
-log = logging.getLogger("dispatcher.server.store")
+log = logging.getLogger("dispatcher.server.persistence.store")
 
 BATCH_SECONDS = 0.005
 """How long the writer lets events gather after the first one before it commits them."""

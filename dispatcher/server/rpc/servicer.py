@@ -11,13 +11,13 @@ import grpc
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
-from dispatcher.server import session_policy
-from dispatcher.server.auth import current_tenant
-from dispatcher.server.errors import InvalidRequest, status_for
-from dispatcher.server.inputs import InputParser
-from dispatcher.server.request_checks import check_dispatch_request
-from dispatcher.server.sessions import SessionManager
-from dispatcher.server.transfer import TransferHandlers
+from dispatcher.server.rpc.errors import InvalidRequest, status_for
+from dispatcher.server.rpc.inputs import InputParser
+from dispatcher.server.rpc.request_checks import check_dispatch_request
+from dispatcher.server.rpc.transfer import TransferHandlers
+from dispatcher.server.sessions import policy as session_policy
+from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.tenancy.auth import current_tenant
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 from dispatcher.wire import convert, convert_lifecycle, convert_policy, convert_staged

@@ -34,19 +34,19 @@ from dispatcher.core.session_registry import BaseSessionListener, Restoration, S
 from dispatcher.core.staging import StagedChange
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
-from dispatcher.server.session_entry import build_session
-from dispatcher.server.store import STATE_FILE, SessionStore, StateError, StoredSession
-from dispatcher.server.store_writer import StateWriter
-from dispatcher.server.stored_policy import (
+from dispatcher.server.persistence.store import STATE_FILE, SessionStore, StateError, StoredSession
+from dispatcher.server.persistence.stored_policy import (
     mode_in_force_from_json,
     plan_from_json,
     policy_to_json,
     remembered_from_json,
     session_fields_from_json,
 )
+from dispatcher.server.persistence.writer import StateWriter
+from dispatcher.server.sessions.entry import build_session
 
 if TYPE_CHECKING:
-    from dispatcher.server.tenants import Tenant, TenantDirectory
+    from dispatcher.server.tenancy.tenants import Tenant, TenantDirectory
 
 
 class Restores(Protocol):
@@ -111,7 +111,7 @@ IN_MEMORY = MemoryPersistence()
 """Stateless, so one serves every manager that keeps nothing."""
 
 
-log = logging.getLogger("dispatcher.server.persistence")
+log = logging.getLogger("dispatcher.server.persistence.state")
 
 RESTARTED = FailureReason.SERVER_RESTARTED
 RESTARTED_MESSAGE = (
