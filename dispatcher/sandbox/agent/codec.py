@@ -19,6 +19,8 @@ Count = int
 """An int that must not be negative (a size, a limit, a number of things)."""
 Env = dict[str, str]
 """Environment variables: a JSON object of str to str (names without ``=`` or NUL)."""
+CHUNK = 64 * 1024
+"""The largest payload of a data frame (exec's output, a tunnel's bytes)."""
 
 
 class ProtocolError(Exception):
@@ -27,6 +29,13 @@ class ProtocolError(Exception):
 
 class BadMessage(ProtocolError):
     """A well-framed message whose fields break the schema (on the agent: a ``bad_request``)."""
+
+
+def check_env(env: Mapping[str, Any]) -> None:
+    """Refuse environment variables a process could not be given (``Env``'s rules)."""
+    for key, value in env.items():
+        if not key or "=" in key or "\x00" in key or type(value) is not str or "\x00" in value:
+            raise BadMessage(f"bad environment variable {key!r}")
 
 
 def encode_frame(header: Mapping[str, Any], payload: bytes = b"") -> bytes:
@@ -193,6 +202,11 @@ class Reply(Message):
     """A response frame's ``type`` is ``result`` unless a reply says otherwise."""
 
     TYPE: ClassVar[str] = "result"
+
+
+@dataclass(frozen=True)
+class Done(Reply):
+    """A result with nothing to say (write, append, patch, delete, an upload chunk, tar_end)."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ exec's ``approved_cwd``): the path ``resolve`` gave when a human approved the ca
 (see ``workspace.py``). ``expect_sha256`` (review mode): what the file must still be just before
 it is replaced. Trees: ``untar_begin`` (then ``untar_chunk`` per piece of a tar archive, then
 ``untar_end``) and ``tar_begin`` (then ``tar_read`` per chunk, then ``tar_end``). ``Error`` lists
-the error codes.
+the error codes. The egress tunnel's messages live in ``tunnel_messages.py`` (their own concept,
+a listener's many frames) and are re-exported here: this module stays the one the host imports.
 
 Decoding checks every field's exact type (``True`` is not an int) and each message's own rules;
 a message that breaks them raises ``BadMessage``: the agent answers ``bad_request``, the host
@@ -33,9 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from .codec import OMIT_DEFAULT, Count, Env, take
+from .codec import CHUNK as CHUNK
+from .codec import OMIT_DEFAULT, Count, Env, check_env, take
 from .codec import PREFIX as PREFIX
 from .codec import BadMessage as BadMessage
+from .codec import Done as Done
 from .codec import Message as Message
 from .codec import ProtocolError as ProtocolError
 from .codec import Reply as Reply
@@ -43,6 +46,19 @@ from .codec import Request as Request
 from .codec import decode_header as decode_header
 from .codec import decode_prefix as decode_prefix
 from .codec import encode_frame as encode_frame
+from .tunnel_messages import MAX_TUNNELS as MAX_TUNNELS
+from .tunnel_messages import TUNNEL_PORT as TUNNEL_PORT
+from .tunnel_messages import TUNNEL_WINDOW as TUNNEL_WINDOW
+from .tunnel_messages import Listening as Listening
+from .tunnel_messages import TunnelClose as TunnelClose
+from .tunnel_messages import TunnelClosed as TunnelClosed
+from .tunnel_messages import TunnelCredit as TunnelCredit
+from .tunnel_messages import TunnelData as TunnelData
+from .tunnel_messages import TunnelEof as TunnelEof
+from .tunnel_messages import TunnelListen as TunnelListen
+from .tunnel_messages import TunnelOpened as TunnelOpened
+from .tunnel_messages import TunnelSend as TunnelSend
+from .tunnel_messages import TunnelWindow as TunnelWindow
 
 PROTOCOL_VERSION = 5
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
@@ -52,7 +68,6 @@ and ``resolve`` answers the path itself (undecodable bytes as lone surrogates, n
 ``python3 agent.pyz --version`` prints ``dispatcher-agent protocol N`` (the start-up image check)."""
 MAX_HEADER = 1 << 20  # the largest request header the agent reads
 MAX_PAYLOAD = 64 << 20  # the largest request payload the agent reads
-CHUNK = 64 * 1024  # largest output frame
 KINDS = frozenset({"file", "dir", "symlink", "other"})
 SIGNALS = ("TERM", "KILL", "INT")
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
@@ -64,11 +79,6 @@ def _relative(path: str, what: str) -> None:
 
 
 # -- replies -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Done(Reply):
-    """A result with nothing to say (write, append, patch, delete, an upload chunk, tar_end)."""
 
 
 @dataclass(frozen=True)
@@ -238,86 +248,6 @@ class TarChunk(Reply):
     data: bytes = b""
 
 
-# -- egress tunnels (replies on the ``tunnel_listen`` request's id, like exec's output) ----------
-#
-# Each connection the sandbox opens to its proxy port is one ``conn``. Bytes travel in
-# ``tunnel_data`` frames, each way under a window of ``TUNNEL_WINDOW`` bytes that the receiver
-# reopens with ``tunnel_credit`` as it hands bytes on: neither end buffers more than a window per
-# connection, and a slow connection holds up nothing but itself.
-
-TUNNEL_PORT = 3128
-"""Where the agent listens in a sandbox container (``127.0.0.1``); the local backend asks for any."""
-TUNNEL_WINDOW = 256 * 1024
-MAX_TUNNELS = 256
-"""Connections the agent holds at once; more wait in the listen backlog."""
-
-
-def _tunnel_chunk(data: bytes) -> None:
-    if not 0 < len(data) <= CHUNK:
-        raise BadMessage("tunnel data size out of bounds")
-
-
-def _credit(credit: int) -> None:
-    if not 0 < credit <= TUNNEL_WINDOW:
-        raise BadMessage("tunnel credit out of bounds")
-
-
-@dataclass(frozen=True)
-class Listening(Reply):
-    """The first answer to ``tunnel_listen``: the port bound on ``127.0.0.1``."""
-
-    TYPE: ClassVar[str] = "listening"
-    port: Count
-
-
-@dataclass(frozen=True)
-class TunnelOpened(Reply):
-    """A connection was accepted. ``exec_id``: the exec whose command's process opened it, when the
-    agent could tell (``/proc``); None otherwise."""
-
-    TYPE: ClassVar[str] = "tunnel_open"
-    conn: Count
-    exec_id: int | None = None
-
-
-@dataclass(frozen=True)
-class TunnelData(Reply):
-    TYPE: ClassVar[str] = "tunnel_data"
-    conn: Count
-    data: bytes
-
-    def check(self) -> None:
-        _tunnel_chunk(self.data)
-
-
-@dataclass(frozen=True)
-class TunnelEof(Reply):
-    """The sandbox side half-closed: nothing more comes from it (an answer may still go to it)."""
-
-    TYPE: ClassVar[str] = "tunnel_eof"
-    conn: Count
-
-
-@dataclass(frozen=True)
-class TunnelClosed(Reply):
-    """The connection is gone on the sandbox side (closed, reset, or closed as the host asked)."""
-
-    TYPE: ClassVar[str] = "tunnel_close"
-    conn: Count
-
-
-@dataclass(frozen=True)
-class TunnelWindow(Reply):
-    """The agent handed ``credit`` more bytes on to the sandbox: the host may send that many more."""
-
-    TYPE: ClassVar[str] = "tunnel_credit"
-    conn: Count
-    credit: Count
-
-    def check(self) -> None:
-        _credit(self.credit)
-
-
 # -- requests ------------------------------------------------------------------------------------
 
 
@@ -461,9 +391,7 @@ class Exec(Request[Exit], op="exec", reply=Exit):
         return message
 
     def check(self) -> None:
-        for key, value in self.env.items():
-            if not key or "=" in key or "\x00" in key or type(value) is not str or "\x00" in value:
-                raise BadMessage(f"bad environment variable {key!r}")
+        check_env(self.env)
 
 
 @dataclass(frozen=True)
@@ -532,53 +460,6 @@ class TarEnd(Request[Done], op="tar_end", reply=Done):
     """Stop a download."""
 
     download: int
-
-
-@dataclass(frozen=True)
-class TunnelListen(Request[Listening], op="tunnel_listen", reply=Listening):
-    """Listen on ``127.0.0.1:port`` (0: any free port) for the sandbox's proxy connections.
-
-    Answered with ``listening``, then the frames of every connection, on this request's id, for
-    the agent's life. From then on every command's environment names the proxy (``HTTP_PROXY``
-    and its kin, ``NO_PROXY``) and carries ``env`` (the extra CA bundle's variables).
-    """
-
-    port: Count
-    env: Env = field(default_factory=dict)
-
-    def check(self) -> None:
-        if self.port > 65535:
-            raise BadMessage("port out of range")
-        Exec("", env=self.env).check()
-
-
-@dataclass(frozen=True)
-class TunnelSend(Request[Done], op="tunnel_data", reply=Done):
-    """Bytes for a connection, within the window the agent granted; never answered."""
-
-    conn: Count
-    data: bytes
-
-    def check(self) -> None:
-        _tunnel_chunk(self.data)
-
-
-@dataclass(frozen=True)
-class TunnelClose(Request[Done], op="tunnel_close", reply=Done):
-    """Close a connection once what was sent to it is written; never answered."""
-
-    conn: Count
-
-
-@dataclass(frozen=True)
-class TunnelCredit(Request[Done], op="tunnel_credit", reply=Done):
-    """The host handed ``credit`` more bytes of a connection on: the agent may send that many more."""
-
-    conn: Count
-    credit: Count
-
-    def check(self) -> None:
-        _credit(self.credit)
 
 
 REQUESTS: dict[str, type[Request[Any]]] = {

@@ -1,0 +1,137 @@
+"""The egress tunnel's messages: ``tunnel_listen`` and the frames of the connections it accepts.
+
+Part of the agent protocol's one schema: ``protocol.py`` re-exports every name here and lists the
+requests among its ops, so the host imports ``protocol.py`` alone, as for every other op.
+
+All the frames of the listener travel on the ``tunnel_listen`` request's id, like exec's output.
+Each connection the sandbox opens to its proxy port is one ``conn``. Bytes travel in
+``tunnel_data`` frames, each way under a window of ``TUNNEL_WINDOW`` bytes that the receiver
+reopens with ``tunnel_credit`` as it hands bytes on: neither end buffers more than a window per
+connection, and a slow connection holds up nothing but itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .codec import CHUNK, BadMessage, Count, Done, Env, Reply, Request, check_env
+
+TUNNEL_PORT = 3128
+"""Where the agent listens in a sandbox container (``127.0.0.1``); the local backend asks for any."""
+TUNNEL_WINDOW = 256 * 1024
+MAX_TUNNELS = 256
+"""Connections the agent holds at once; more wait in the listen backlog."""
+
+
+def _tunnel_chunk(data: bytes) -> None:
+    if not 0 < len(data) <= CHUNK:
+        raise BadMessage("tunnel data size out of bounds")
+
+
+def _credit(credit: int) -> None:
+    if not 0 < credit <= TUNNEL_WINDOW:
+        raise BadMessage("tunnel credit out of bounds")
+
+
+@dataclass(frozen=True)
+class Listening(Reply):
+    """The first answer to ``tunnel_listen``: the port bound on ``127.0.0.1``."""
+
+    TYPE: ClassVar[str] = "listening"
+    port: Count
+
+
+@dataclass(frozen=True)
+class TunnelOpened(Reply):
+    """A connection was accepted. ``exec_id``: the exec whose command's process opened it, when the
+    agent could tell (``/proc``); None otherwise."""
+
+    TYPE: ClassVar[str] = "tunnel_open"
+    conn: Count
+    exec_id: int | None = None
+
+
+@dataclass(frozen=True)
+class TunnelData(Reply):
+    TYPE: ClassVar[str] = "tunnel_data"
+    conn: Count
+    data: bytes
+
+    def check(self) -> None:
+        _tunnel_chunk(self.data)
+
+
+@dataclass(frozen=True)
+class TunnelEof(Reply):
+    """The sandbox side half-closed: nothing more comes from it (an answer may still go to it)."""
+
+    TYPE: ClassVar[str] = "tunnel_eof"
+    conn: Count
+
+
+@dataclass(frozen=True)
+class TunnelClosed(Reply):
+    """The connection is gone on the sandbox side (closed, reset, or closed as the host asked)."""
+
+    TYPE: ClassVar[str] = "tunnel_close"
+    conn: Count
+
+
+@dataclass(frozen=True)
+class TunnelWindow(Reply):
+    """The agent handed ``credit`` more bytes on to the sandbox: the host may send that many more."""
+
+    TYPE: ClassVar[str] = "tunnel_credit"
+    conn: Count
+    credit: Count
+
+    def check(self) -> None:
+        _credit(self.credit)
+
+
+@dataclass(frozen=True)
+class TunnelListen(Request[Listening], op="tunnel_listen", reply=Listening):
+    """Listen on ``127.0.0.1:port`` (0: any free port) for the sandbox's proxy connections.
+
+    Answered with ``listening``, then the frames of every connection, on this request's id, for
+    the agent's life. From then on every command's environment names the proxy (``HTTP_PROXY``
+    and its kin, ``NO_PROXY``) and carries ``env`` (the extra CA bundle's variables).
+    """
+
+    port: Count
+    env: Env = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.port > 65535:
+            raise BadMessage("port out of range")
+        check_env(self.env)
+
+
+@dataclass(frozen=True)
+class TunnelSend(Request[Done], op="tunnel_data", reply=Done):
+    """Bytes for a connection, within the window the agent granted; never answered."""
+
+    conn: Count
+    data: bytes
+
+    def check(self) -> None:
+        _tunnel_chunk(self.data)
+
+
+@dataclass(frozen=True)
+class TunnelClose(Request[Done], op="tunnel_close", reply=Done):
+    """Close a connection once what was sent to it is written; never answered."""
+
+    conn: Count
+
+
+@dataclass(frozen=True)
+class TunnelCredit(Request[Done], op="tunnel_credit", reply=Done):
+    """The host handed ``credit`` more bytes of a connection on: the agent may send that many more."""
+
+    conn: Count
+    credit: Count
+
+    def check(self) -> None:
+        _credit(self.credit)
