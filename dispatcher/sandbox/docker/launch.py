@@ -68,7 +68,6 @@ class ContainerLauncher:
         self.config = config
         self._egress = egress
         """The server's egress proxy, if any: the agent listens for it on ``TUNNEL_PORT``."""
-        self._with_ca: set[str] = set()  # containers this launcher made with the CA bundle mounted
         self.instance = instance
         self.api = api
         self._run_dir = run_dir
@@ -91,14 +90,12 @@ class ContainerLauncher:
         try:
             ca = await loop.run_in_executor(None, self._stage_ca, session)
             container_id = await self._create_container(session, stage, ca)
-            if ca is not None:
-                self._with_ca.add(container_id)
             await self.api.start(container_id)
             if not stage.staged:
                 await self._verify_mounts(container_id, stage)
             # The started container holds its own copy of every bind mount.
             await loop.run_in_executor(None, stage.release)
-            return await self.start_agent(container_id, session), container_id
+            return await self.start_agent(container_id, session, ca_mounted=ca is not None), container_id
         except BaseException:
             await loop.run_in_executor(None, stage.release)
             if container_id is not None:
@@ -285,8 +282,13 @@ class ContainerLauncher:
                 " refusing to use it"
             )
 
-    async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
+    async def start_agent(
+        self, container_id: str, session: Session, *, ca_mounted: bool | None = None
+    ) -> AgentLink | None:
         """Attach the agent; None when the image cannot run it (the docker exec fallback applies).
+
+        ``ca_mounted``: whether the container has the tenant's CA bundle at ``CA_TARGET``; None
+        (a container adopted after a restart): asked of the container itself.
 
         Raises:
             SandboxError: the agent started but did not answer its first ping.
@@ -339,9 +341,8 @@ class ContainerLauncher:
         setup = tunnel_setup(self._egress(), session, ca_path=lambda _: CA_TARGET)
         if setup is not None:
             env = setup.env
-            if env and container_id not in self._with_ca:  # adopted: made by an earlier server
-                code, _ = await self.api.exec_run(container_id, ["test", "-f", CA_TARGET])
-                env = env if code == 0 else {}
+            if env and not await self._has_ca(container_id, ca_mounted):
+                env = {}
             try:
                 await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
             except SandboxError:
@@ -350,3 +351,20 @@ class ContainerLauncher:
                 stream.close()
                 raise
         return stream, channel
+
+    async def _has_ca(self, container_id: str, mounted: bool | None) -> bool:
+        """Whether the CA bundle is there to name. Known for a container made here; asked of an
+        adopted one (made by an earlier server, maybe before the tenant had a ``ca_bundle``):
+        variables naming a missing file would break every TLS client in it, none break nothing
+        that worked before. Nothing is remembered per container, so nothing is left to forget."""
+        if mounted is not None:
+            return mounted
+        code, _ = await self.api.exec_run(container_id, ["test", "-f", CA_TARGET])
+        if code != 0:
+            log.warning(
+                "container %s (adopted) has no CA bundle at %s: its commands are not told of one; "
+                "it gets one when the session's sandbox is next recreated",
+                container_id[:12],
+                CA_TARGET,
+            )
+        return code == 0

@@ -12,6 +12,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,9 @@ class FakeContainer:
     execs: list[FakeExec] = field(default_factory=list)
     die: Callable[[], bool] | None = None
     """The ``DIE`` command's death (set by the client that made it); False: not this time."""
+    tunnel_envs: list[dict[str, str]] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+    """The ``env`` of every ``tunnel_listen`` its agents were sent, in order."""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -95,7 +99,13 @@ class FakeContainer:
 
     def summary(self) -> dict[str, Any]:
         """The form ``containers(all=True)`` lists."""
-        return {"Id": self.id, "Names": [f"/{self.name}"], "Labels": dict(self.labels), "State": self.state}
+        return {
+            "Id": self.id,
+            "Names": [f"/{self.name}"],
+            "Labels": dict(self.labels),
+            "State": self.state,
+            "Created": self.created,
+        }
 
 
 def pidfile_of(ex: FakeExec) -> str | None:
@@ -150,6 +160,9 @@ class FakeAgent:
                 elif op == "signal":
                     self._signal(execs.get(header["exec_id"]), header["exec_id"], header["signal"])
                     self.send({"id": rid, "type": "result", "delivered": True})
+                elif op == "tunnel_listen":  # listens nowhere: the tests look at what it was told
+                    self.ex.container.tunnel_envs.append(dict(header.get("env") or {}))
+                    self.send({"id": rid, "type": "listening", "port": header["port"] or 3128})
                 elif op == "exists" and header.get("path") == HANG:
                     pass  # a file operation the agent never answers
                 elif op == "exists":

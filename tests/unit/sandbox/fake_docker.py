@@ -317,6 +317,9 @@ class FakeDockerClient:
                 st = os.stat(mounts[target.removesuffix("/.")])
                 lines.append(f"{st.st_dev} {st.st_ino}\n")
             return 0, "".join(lines).encode()
+        if cmd[:2] == ["test", "-f"]:  # a file the container has: here, only what is mounted
+            mounted = {m["Target"] for m in ex.container.spec.get("host_config", {}).get("mounts") or ()}
+            return (0 if cmd[2] in mounted else 1), b""
         if cmd[:2] == ["sh", "-c"] and cmd[3:4] == ["kill"]:  # the fallback's kill script
             sig = "KILL" if "kill -KILL" in cmd[2] else "TERM"
             for other in ex.container.execs:
