@@ -32,6 +32,7 @@ MODULES = (
     "bench.restart_bench",
     "bench.egress_bench",
     "bench.lifecycle_bench",
+    "bench.egress_flood_bench",
 )
 
 
