@@ -266,7 +266,11 @@ def _resolve(args: argparse.Namespace) -> int:
             why = "" if not applied else ": this tool always asks, its answers are never remembered"
             print(f"nothing was remembered{why}", file=sys.stderr)
         elif answer.remembered:
-            print("remembered for this tool for the rest of the session", file=sys.stderr)
+            # An egress prompt remembers its host, a tool's prompt its tool: one line fits both.
+            print(
+                "remembered for the rest of the session (this tool, or for an egress prompt this host)",
+                file=sys.stderr,
+            )
     return EXIT_OK if applied else EXIT_TOOL_ERROR
 
 

@@ -201,7 +201,7 @@ async def test_approve_remember_says_what_was_remembered(
     argv = ["approve", "--server", harness.target, sid, str(request.payload.request_id), "--remember"]
     assert await asyncio.to_thread(cli.main, argv) == 0
     out = capsys.readouterr()
-    assert out.out == "applied: allow\n" and "remembered for this tool" in out.err
+    assert out.out == "applied: allow\n" and "remembered for the rest of the session" in out.err
     assert not (await call).is_error
     late = await asyncio.to_thread(cli.main, argv)  # answered already: nothing more is remembered
     out = capsys.readouterr()
