@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from dispatcher.server.persistence.store import StateError
+    from dispatcher.server.persistence.errors import StateError
 
     try:
         return _run_server(args)

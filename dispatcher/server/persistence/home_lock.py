@@ -7,7 +7,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from dispatcher.server.persistence.store import StateError
+from dispatcher.server.persistence.errors import StateError
 
 LOCK_FILE = "server.lock"
 

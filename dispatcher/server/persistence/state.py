@@ -34,7 +34,8 @@ from dispatcher.core.session_registry import BaseSessionListener, Restoration, S
 from dispatcher.core.staging import StagedChange
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
-from dispatcher.server.persistence.store import STATE_FILE, SessionStore, StateError, StoredSession
+from dispatcher.server.persistence.errors import StateError
+from dispatcher.server.persistence.store import STATE_FILE, SessionStore, StoredSession
 from dispatcher.server.persistence.stored_policy import (
     mode_in_force_from_json,
     plan_from_json,

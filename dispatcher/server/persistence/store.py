@@ -1,4 +1,5 @@
-"""Durable session state in ``<home>/state.db``: SQLite (stdlib), WAL, schema versioned by migrations.
+"""Durable session state in ``<home>/state.db``: SQLite (stdlib), WAL, its schema brought up to date
+by ``migrations.py``.
 
 What one row keeps is what a restarted server needs to give a session back: identity, tenant,
 workspace, role, labels, create time, the per-session policy state (remembered confirmation
@@ -9,7 +10,7 @@ state silently.
 
 Writes: session rows are written before CreateSession answers (``put_session``), staged changes
 before the staging call answers (``put_staged``); events, running
-calls and container ids go through ``StateWriter`` (``store_writer.py``), a background thread that
+calls and container ids go through ``StateWriter`` (``writer.py``), a background thread that
 commits in batches.
 """
 
@@ -26,76 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.core.errors import ConfigError
 from dispatcher.core.event_payloads import payload_from_dict
 from dispatcher.core.events import Event
 from dispatcher.core.staging import ChangeKind, StagedChange
+from dispatcher.server.persistence.errors import StateError
+from dispatcher.server.persistence.migrations import check_tables, migrate
 
 log = logging.getLogger("dispatcher.server")
 
 STATE_FILE = "state.db"
-
-MIGRATIONS: tuple[str, ...] = (
-    # 1: sessions, their event history and the calls running in them.
-    """
-    CREATE TABLE sessions (
-        session_id     TEXT PRIMARY KEY,
-        tenant_id      TEXT NOT NULL,
-        workspace      TEXT NOT NULL,
-        workspace_path TEXT NOT NULL,
-        role           TEXT NOT NULL,
-        labels         TEXT NOT NULL,
-        create_time    REAL NOT NULL,
-        policy         TEXT NOT NULL DEFAULT '{}',
-        container_id   TEXT,
-        last_seq       INTEGER NOT NULL DEFAULT 0
-    );
-    CREATE TABLE events (
-        session_id  TEXT NOT NULL,
-        seq         INTEGER NOT NULL,
-        time        REAL NOT NULL,
-        turn_id     TEXT NOT NULL,
-        tool_use_id TEXT NOT NULL,
-        type        TEXT NOT NULL,
-        payload     TEXT NOT NULL,
-        size        INTEGER NOT NULL,
-        PRIMARY KEY (session_id, seq)
-    ) WITHOUT ROWID;
-    CREATE TABLE running_calls (
-        session_id  TEXT NOT NULL,
-        tool_use_id TEXT NOT NULL,
-        turn_id     TEXT NOT NULL,
-        tool_name   TEXT NOT NULL,
-        PRIMARY KEY (session_id, tool_use_id)
-    ) WITHOUT ROWID;
-    """,
-    # 2: the changes review and audit sessions staged and nobody applied or discarded yet.
-    """
-    CREATE TABLE staged_changes (
-        session_id  TEXT NOT NULL,
-        change_id   TEXT NOT NULL,
-        path        TEXT NOT NULL,
-        kind        TEXT NOT NULL,
-        base_sha256 TEXT NOT NULL,
-        data        BLOB NOT NULL,
-        diff        TEXT NOT NULL,
-        staged_at   REAL NOT NULL,
-        tool_name   TEXT NOT NULL,
-        tool_use_id TEXT NOT NULL,
-        PRIMARY KEY (session_id, change_id)
-    );
-    """,
-    # 3: each session's clocks (TTL, idle, paused; core/session_clock.py), as JSON.
-    """
-    ALTER TABLE sessions ADD COLUMN lifecycle TEXT NOT NULL DEFAULT '{}';
-    """,
-)
-"""Schema version N is ``MIGRATIONS[:N]`` applied in order; append, never edit."""
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class StateError(ConfigError):
-    """The state under ``<home>`` cannot be used (damaged, newer, or held by another server)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +102,8 @@ class SessionStore:
             # crash may lose the last ones. Events are batched anyway.
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=OFF")
-            _migrate(conn, path)
-            _check_tables(conn, path)
+            migrate(conn, path)
+            check_tables(conn, path)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StateError(
@@ -349,35 +289,6 @@ class SessionStore:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-
-
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise StateError(
-            f"{path}: the session state has schema version {version}, newer than this dispatcher knows"
-            f" ({SCHEMA_VERSION}): it was written by a newer release; run that one, or move the file away"
-        )
-    for target in range(version + 1, SCHEMA_VERSION + 1):
-        conn.execute("BEGIN")
-        try:
-            for statement in MIGRATIONS[target - 1].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {target}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-
-def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
-    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = {"sessions", "events", "running_calls", "staged_changes"} - names
-    if missing:
-        raise StateError(
-            f"{path}: the session state is damaged (missing tables: {', '.join(sorted(missing))})"
-        )
 
 
 def _session_from_row(r: Sequence[Any]) -> StoredSession:

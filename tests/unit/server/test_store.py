@@ -12,14 +12,10 @@ import pytest
 
 from dispatcher.core import event_payloads as ep
 from dispatcher.core.events import Event
+from dispatcher.server.persistence.errors import StateError
 from dispatcher.server.persistence.home_lock import HomeLock
-from dispatcher.server.persistence.store import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    SessionStore,
-    StateError,
-    StoredSession,
-)
+from dispatcher.server.persistence.migrations import MIGRATIONS, SCHEMA_VERSION
+from dispatcher.server.persistence.store import SessionStore, StoredSession
 from dispatcher.server.persistence.stored_policy import plan_from_json, policy_to_json, remembered_from_json
 from dispatcher.server.persistence.writer import StateWriter
 
@@ -213,15 +209,15 @@ def test_a_symlink_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
 def test_an_older_schema_is_migrated_keeping_its_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dispatcher.server.persistence import store as store_module
+    from dispatcher.server.persistence import migrations
 
     path = tmp_path / "state.db"
     store = SessionStore.open(path)
     store.put_session(_row())
     store.close()
     extra = "CREATE TABLE notes (session_id TEXT PRIMARY KEY, note TEXT)"
-    monkeypatch.setattr(store_module, "MIGRATIONS", (*MIGRATIONS, extra))
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(migrations, "MIGRATIONS", (*MIGRATIONS, extra))
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     migrated = SessionStore.open(path)
     assert [s.session_id for s in migrated.load()] == ["ses_1"]
     migrated.close()
