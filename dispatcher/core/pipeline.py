@@ -1,5 +1,6 @@
 """One tool call through the ten steps of spec 000 §4: lookup, validation, scope, policy and
-confirmation, the run under timeout and cancellation, and the canonical result."""
+confirmation, the run under timeout and cancellation, and the canonical result (its making:
+``call_result.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import functools
 import logging
 from typing import Any, cast
 
-from dispatcher.core import approval, call_record, review
-from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditDecision
+from dispatcher.core import approval, call_record, call_result, review
+from dispatcher.core.audit import DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import (
     FailureReason,
@@ -26,9 +27,6 @@ from dispatcher.core.errors import (
 )
 from dispatcher.core.event_payloads import (
     ToolCalled,
-    ToolCompleted,
-    ToolFailed,
-    ToolInputInvalid,
     ToolOutputDelta,
 )
 from dispatcher.core.jsonlimits import shape_problem
@@ -36,17 +34,14 @@ from dispatcher.core.observe import log_fields
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.policy import Mode
 from dispatcher.core.registry import RegisteredTool
-from dispatcher.core.result_size import fit_chars, fit_result, image_overflow
 from dispatcher.core.run_state import PipelineDeps as PipelineDeps
 from dispatcher.core.run_state import RunState
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
 from dispatcher.core.schema import validation_errors
 from dispatcher.core.staged_files import StagedFiles
 from dispatcher.core.timeouts import call_timeout
-from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import (
     Role,
-    TextBlock,
     Tool,
     ToolContext,
     ToolDefinition,
@@ -111,12 +106,16 @@ class CallRun(RunState):
                 await self.resolve_scope(registered.definition, input_, sandbox)
             await self.confirm(registered.definition, input_, mode, sandbox.workspace_root)  # step 4
         except ToolError as exc:
-            return self.fail(exc, denied=True)
+            return call_result.fail(self, exc, denied=True)
         if self.call.cancel_event.is_set():
-            return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
+            return call_result.fail(
+                self, ToolCancelled("Tool call was cancelled before it started"), denied=True
+            )
         async with self.state.semaphore:  # the per-session concurrency cap
             if self.call.cancel_event.is_set():
-                return self.fail(ToolCancelled("Tool call was cancelled before it started"), denied=True)
+                return call_result.fail(
+                    self, ToolCancelled("Tool call was cancelled before it started"), denied=True
+                )
             self.run_started = self.config.clock()
             self.emit(
                 ToolCalled(
@@ -132,8 +131,8 @@ class CallRun(RunState):
                 else:
                     output = await self.run_tool(registered, input_, sandbox)  # steps 6-7
             except ToolError as exc:
-                return self.fail(exc)
-        return self.complete(output)  # steps 8-10
+                return call_result.fail(self, exc)
+        return call_result.complete(self, output)  # steps 8-10
 
     def lookup(self) -> RegisteredTool:
         registered = self.deps.registry.get(self.tool_use.name)
@@ -318,72 +317,6 @@ class CallRun(RunState):
             return task.result()
         return exc.output if isinstance(exc, ToolError) else None
 
-    # Results ---------------------------------------------------------------------------------
-
-    def complete(self, output: ToolOutput) -> ToolResultBlock:
-        if not output.success:
-            return self.fail(
-                ToolExecutionError(_first_text(output) or "Tool reported failure", output=output)
-            )
-        overflow = image_overflow(output.content, self.config.result_budget_bytes)
-        if overflow is not None:  # an image the transport could not carry: this call's error only
-            return self.fail(ToolExecutionError(overflow))
-        duration = self.run_ms()
-        self.emit(ToolCompleted(tool_name=self.tool_name, duration_ms=round(duration, 3)))
-        self.audit(COMPLETED, "ok")
-        return self._block(output, is_error=False, error_class=None)
-
-    def fail(self, exc: ToolError, *, denied: bool = False) -> ToolResultBlock:
-        error_class = exc.error_class
-        message = exc.message
-        if isinstance(exc, ToolValidationError):
-            self.emit(ToolInputInvalid(tool_name=self.tool_name, errors=tuple(exc.validation_errors)))
-        else:
-            partial = _first_text(exc.output) if exc.output is not None else ""
-            self.emit(
-                ToolFailed(
-                    tool_name=self.tool_name,
-                    error_class=error_class.value,
-                    message=message,
-                    duration_ms=round(self.run_ms(), 3),
-                    partial_output=truncate_head_tail(partial, 4_000) if partial else "",
-                    reason=exc.reason,
-                )
-            )
-        self.audit(DENIED if denied else COMPLETED, error_class.value)
-        output = exc.output
-        if output is None:
-            output = ToolOutput([TextBlock(message)], success=False)
-        elif (
-            not _first_text(output).startswith(message) and error_class is not ToolErrorClass.EXECUTION_ERROR
-        ):
-            output.content = [TextBlock(message), *output.content]
-        return self._block(output, True, error_class, exc.reason)
-
-    def _block(
-        self,
-        output: ToolOutput,
-        is_error: bool,
-        error_class: ToolErrorClass | None,
-        reason: FailureReason | None = None,
-    ) -> ToolResultBlock:
-        content = fit_chars(output.content, self.config.result_budget_chars)  # per result, not per block
-        metadata = dict(output.metadata)
-        if self.notices:  # first, where neither truncation nor a hasty reader misses them
-            content = (*(TextBlock(f"[sandbox: {n}]") for n in self.notices), *content)
-            metadata["sandbox_notices"] = list(self.notices)
-        block = ToolResultBlock(
-            tool_use_id=self.tool_use.id,
-            content=content,
-            is_error=is_error,
-            error_class=error_class,
-            metadata=metadata,
-            files_modified=tuple(output.files_modified or ()),
-            command_executed=output.command_executed,
-            reason=reason or "",
-        )
-        return fit_result(block, self.config.result_budget_bytes)  # bytes, images, valid UTF-8
-
 
 @functools.cache
 def _tool_logger(name: str) -> logging.Logger:
@@ -412,10 +345,6 @@ def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str, extra: dict[s
         log.error("tool %s returned %r instead of a ToolOutput", tool_name, type(output), extra=extra)
         raise ToolExecutionError(f"Tool {tool_name!r} returned an invalid result", is_user_visible=False)
     return output
-
-
-def _first_text(output: ToolOutput) -> str:
-    return next((b.text for b in output.content if isinstance(b, TextBlock)), "")
 
 
 def _unescaped_paths(definition: ToolDefinition, input_: dict[str, Any]) -> dict[str, Any]:
