@@ -20,22 +20,18 @@ from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
 from dispatcher.core.session_clock import Lifetime, OnExpire
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.core.types import ToolFactory
-from dispatcher.egress.networks import OwnEndpoints
-from dispatcher.egress.policy import EgressPolicy
-from dispatcher.egress.record import NO_OBSERVER as NO_EGRESS_OBSERVER
 from dispatcher.mcp.servers import McpServers
 from dispatcher.sandbox.transfer import AgentTreeTransport
+from dispatcher.server.egress_wiring import egress_gateway
 from dispatcher.server.observability.setup import Observability
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionPersistence
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
-from dispatcher.server.sessions.egress import EgressGateway
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.tenancy.auth import AuthInterceptor
 from dispatcher.server.tenancy.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
@@ -164,7 +160,9 @@ class DispatcherServer:
         self.persistence = SessionPersistence.open(config.home, dispatcher)
         provider.on_container = self.persistence.container_changed
         self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
-        self.egress = _egress_gateway(self, config, dispatcher)
+        self.egress = egress_gateway(
+            config, dispatcher, self.tenants, self.observability, bound_port=lambda: self.port
+        )
         provider.egress = self.egress  # each sandbox's agent hands its proxy connections to it
         # Told of each session in this order (closed in the reverse): stored, its egress state,
         # its sandbox started or re-adopted, its MCP processes, counted.
@@ -311,53 +309,6 @@ class DispatcherServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
-
-
-class _AuditOf:
-    """The dispatcher's audit log as the egress proxy records into it."""
-
-    def __init__(self, dispatcher: ToolDispatcher) -> None:
-        self._dispatcher = dispatcher
-
-    def record(self, kind: str, **fields: Any) -> None:
-        self._dispatcher.audit_record(kind, **fields)
-
-
-def _egress_gateway(server: DispatcherServer, config: Config, dispatcher: ToolDispatcher) -> EgressGateway:
-    """The egress proxy of ``server``: its tenants' policies, its audit log and metrics, and its own
-    bound ports (never a destination)."""
-
-    def tenant(tenant_id: str) -> tuple[EgressPolicy, ConfirmationPolicy]:
-        try:
-            t = server.tenants.get(tenant_id)
-        except KeyError:
-            # A server-internal session (an MCP server's discovery sandbox) belongs to no configured
-            # tenant: it gets the closed default, no host and no CA bundle.
-            return EgressPolicy(), config.policy
-        return t.egress, t.policy
-
-    def own() -> OwnEndpoints:
-        listens = [_with_port(config.listen, server.port)]
-        metrics = config.observe.metrics_listen
-        if metrics is not None:
-            listens.append(_with_port(metrics, server.observability.metrics_port))
-        return OwnEndpoints.of(listens)
-
-    metrics = server.observability.metrics
-    return EgressGateway(
-        tenant,
-        default_policy=config.policy,
-        confirmation_timeout=config.dispatcher.confirmation_timeout,
-        own=own,
-        audit=_AuditOf(dispatcher),
-        observer=metrics if metrics is not None else NO_EGRESS_OBSERVER,
-    )
-
-
-def _with_port(listen: str, port: int) -> str:
-    """``HOST:PORT`` with the port actually bound (a configured 0 is known only once bound)."""
-    host, _, configured = listen.rpartition(":")
-    return f"{host}:{port or configured}"
 
 
 def _default_ids(config: Config) -> DefaultIds | None:
