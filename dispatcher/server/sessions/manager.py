@@ -1,5 +1,8 @@
 """The server's side of sessions: tenants (who owns what, quotas), watchers, and shutdown.
 
+What a tenant may start now (dispatch, transfer and watch-stream slots, nothing once draining)
+is ``admission.py``'s; this module asks it.
+
 Which sessions exist and whether one is open is the core's ``SessionRegistry``
 (``dispatcher.sessions``); this module checks a tenant's requests against it, and opens sessions
 there, new (``create``) or given back after a restart (``restore``), by one path. Their clocks
@@ -14,7 +17,6 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.core.calls import SessionState
@@ -30,24 +32,17 @@ from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence
 from dispatcher.server.rpc.dispatch_stream import DispatchCall
-from dispatcher.server.rpc.errors import InvalidRequest, QuotaExceeded, ShuttingDown
+from dispatcher.server.rpc.errors import InvalidRequest, QuotaExceeded
 from dispatcher.server.rpc.request_checks import check_id, check_labels
+from dispatcher.server.sessions.admission import Admission
 from dispatcher.server.sessions.create_requests import CreateRequests
 from dispatcher.server.sessions.entry import build_session
-from dispatcher.server.tenancy.slots import Slots
 from dispatcher.server.tenancy.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.tools.shell import describe_network
 from dispatcher.wire.convert import SessionInfo
 from dispatcher.wire.convert_policy import narrow_capabilities
 
 log = logging.getLogger("dispatcher.server.sessions.manager")
-
-
-@dataclass(slots=True)
-class _TenantState:
-    dispatches: Slots
-    transfers: Slots
-    watch_streams: int = 0
 
 
 class SessionManager:
@@ -69,20 +64,14 @@ class SessionManager:
         self.dispatcher = dispatcher
         self.lifetime = lifetime or Lifetime()
         self.lifecycle = dispatcher.lifecycle
-        self._queue_observer = queue_observer
+        self.admission = Admission(queue_observer)
         self._create_requests = CreateRequests()
         self.registry = dispatcher.sessions
         self.persistence = persistence
         # Stored first: a session exists once it is stored, before its sandbox starts or anyone
         # counts it; on close the store forgets it last.
         self.registry.subscribe(self.persistence, *listeners)
-        self._tenants: dict[str, _TenantState] = {}
-        self._watchers: set[Subscription] = set()
         self._background: set[asyncio.Task[None]] = set()
-        self._draining = False
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -113,7 +102,7 @@ class SessionManager:
             QuotaExceeded: the tenant already has ``max_sessions`` open.
             ShuttingDown: the server is draining.
         """
-        self._check_open()
+        self.admission.check_open()
         check_id("request_id", request_id)
         life = self._lifetime(tenant, ttl_seconds, idle_timeout_seconds, on_expire)
         fingerprint = repr((workspace, role, sorted(labels.items()), approval_mode, capabilities, life))
@@ -298,57 +287,19 @@ class SessionManager:
         return sorted((describe_network(d, allow, tenant.egress) for d in defs), key=lambda d: d.name)
 
     @asynccontextmanager
-    async def dispatch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
-        """Hold one of the tenant's concurrent-dispatch slots, waiting for one in line for up to
-        ``queue_timeout_seconds``.
-
-        Raises:
-            QuotaExceeded: all ``max_concurrent_dispatches`` slots stayed taken.
-        """
-        self._check_open()
-        limit = tenant.quotas.max_concurrent_dispatches
-        refusal = f"tenant {tenant.tenant_id!r} already runs {limit} dispatches (max_concurrent_dispatches)"
-        async with self._state(tenant).dispatches.slot(refusal), self._in_flight_work():
-            yield
-
-    @asynccontextmanager
     async def transfer_slot(self, tenant: Tenant, state: SessionState) -> AsyncIterator[None]:
-        """Hold one of the tenant's transfer slots (``max_concurrent_transfers``, queued like
-        dispatches) and the session, resumed if it was paused.
+        """Hold one of the tenant's transfer slots (``Admission.transfer_slot``) and the session,
+        resumed if it was paused.
 
         Raises:
             QuotaExceeded: all slots stayed taken.
         """
-        self._check_open()
-        limit = tenant.quotas.max_concurrent_transfers
-        refusal = f"tenant {tenant.tenant_id!r} already runs {limit} transfers (max_concurrent_transfers)"
-        async with (
-            self._state(tenant).transfers.slot(refusal),
-            self._in_flight_work(),
-            self.lifecycle.hold(state),
-        ):
+        async with self.admission.transfer_slot(tenant), self.lifecycle.hold(state):
             yield
-
-    @asynccontextmanager
-    async def _in_flight_work(self) -> AsyncIterator[None]:
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no Dispatch call is in flight; False if ``timeout`` passed first."""
-        if self._idle.is_set():
-            return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await self.admission.wait_idle(timeout)
 
     @asynccontextmanager
     async def dispatch(
@@ -366,7 +317,7 @@ class SessionManager:
         Raises:
             QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
         """
-        async with self.dispatch_slot(tenant), self.lifecycle.hold(state):
+        async with self.admission.dispatch_slot(tenant), self.lifecycle.hold(state):
             call = DispatchCall(
                 self.dispatcher,
                 state.session,
@@ -421,25 +372,10 @@ class SessionManager:
         Raises:
             QuotaExceeded: the tenant already has ``max_watch_streams`` open.
         """
-        self._check_open()
+        self.admission.check_open()
         self.get(tenant, session_id, touch=False)  # watching is not activity
-        state = self._state(tenant)
-        limit = tenant.quotas.max_watch_streams
-        if limit is not None and state.watch_streams >= limit:
-            raise QuotaExceeded(
-                f"tenant {tenant.tenant_id!r} already has {limit} open watch streams (max_watch_streams)"
-            )
-        bus = self.dispatcher.events(session_id)
-        state.watch_streams += 1
-        try:
-            async with bus.subscribe(after_seq=after_seq) as sub:
-                self._watchers.add(sub)
-                try:
-                    yield sub
-                finally:
-                    self._watchers.discard(sub)
-        finally:
-            state.watch_streams -= 1
+        async with self.admission.watch(tenant, self.dispatcher.events(session_id), after_seq) as sub:
+            yield sub
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run cleanup work that must outlive the RPC that started it (kept until shutdown)."""
@@ -451,9 +387,7 @@ class SessionManager:
 
     def start_draining(self) -> None:
         """Refuse new work and end every watch stream (after it drains what it holds)."""
-        self._draining = True
-        for sub in tuple(self._watchers):
-            sub.close()
+        self.admission.start_draining()
 
     async def cancel_all(self) -> None:
         """Cancel the tools of every session (shutdown); returns when they have ended."""
@@ -477,17 +411,3 @@ class SessionManager:
                 await self.dispatcher.close_session(session_id)
             except Exception:
                 log.exception("closing session failed", extra={"session_id": session_id})
-
-    def _check_open(self) -> None:
-        if self._draining:
-            raise ShuttingDown("the server is shutting down")
-
-    def _state(self, tenant: Tenant) -> _TenantState:
-        state = self._tenants.get(tenant.tenant_id)
-        if state is None:
-            q = tenant.quotas
-            state = self._tenants[tenant.tenant_id] = _TenantState(
-                Slots(q.max_concurrent_dispatches, q.queue_timeout_seconds, observe=self._queue_observer),
-                Slots(q.max_concurrent_transfers, q.queue_timeout_seconds),
-            )
-        return state

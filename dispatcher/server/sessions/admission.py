@@ -1,0 +1,137 @@
+"""What the server lets in now: each tenant's dispatch and transfer slots (queued, FIFO) and watch
+streams, the work in flight (which a graceful shutdown waits for), and whether it still takes
+work at all (draining: refused, and every watch stream ended)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from dispatcher.core.events import EventBus, Subscription
+from dispatcher.server.rpc.errors import QuotaExceeded, ShuttingDown
+from dispatcher.server.tenancy.slots import Slots
+from dispatcher.server.tenancy.tenants import Tenant
+
+__all__ = ["Admission"]
+
+
+@dataclass(slots=True)
+class _TenantState:
+    dispatches: Slots
+    transfers: Slots
+    watch_streams: int = 0
+
+
+class Admission:
+    """Admits a tenant's dispatches, transfers and watch streams within its quotas."""
+
+    def __init__(self, queue_observer: Callable[[float], None] | None = None) -> None:
+        """``queue_observer``: told how long each Dispatch waited for a slot."""
+        self._queue_observer = queue_observer
+        self._tenants: dict[str, _TenantState] = {}
+        self._watchers: set[Subscription] = set()
+        self._draining = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def check_open(self) -> None:
+        """Refuse new work once draining.
+
+        Raises:
+            ShuttingDown: the server is draining.
+        """
+        if self._draining:
+            raise ShuttingDown("the server is shutting down")
+
+    def start_draining(self) -> None:
+        """Refuse new work and end every watch stream (after it drains what it holds)."""
+        self._draining = True
+        for sub in tuple(self._watchers):
+            sub.close()
+
+    @asynccontextmanager
+    async def dispatch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
+        """Hold one of the tenant's concurrent-dispatch slots, waiting for one in line for up to
+        ``queue_timeout_seconds``.
+
+        Raises:
+            QuotaExceeded: all ``max_concurrent_dispatches`` slots stayed taken.
+        """
+        self.check_open()
+        limit = tenant.quotas.max_concurrent_dispatches
+        refusal = f"tenant {tenant.tenant_id!r} already runs {limit} dispatches (max_concurrent_dispatches)"
+        async with self._state(tenant).dispatches.slot(refusal), self._in_flight_work():
+            yield
+
+    @asynccontextmanager
+    async def transfer_slot(self, tenant: Tenant) -> AsyncIterator[None]:
+        """Hold one of the tenant's transfer slots (``max_concurrent_transfers``, queued like
+        dispatches).
+
+        Raises:
+            QuotaExceeded: all slots stayed taken.
+        """
+        self.check_open()
+        limit = tenant.quotas.max_concurrent_transfers
+        refusal = f"tenant {tenant.tenant_id!r} already runs {limit} transfers (max_concurrent_transfers)"
+        async with self._state(tenant).transfers.slot(refusal), self._in_flight_work():
+            yield
+
+    @asynccontextmanager
+    async def watch(self, tenant: Tenant, bus: EventBus, after_seq: int) -> AsyncIterator[Subscription]:
+        """A subscription to ``bus`` after ``after_seq``, counted as one of the tenant's watch
+        streams and ended by ``start_draining``.
+
+        Raises:
+            QuotaExceeded: the tenant already has ``max_watch_streams`` open.
+        """
+        state = self._state(tenant)
+        limit = tenant.quotas.max_watch_streams
+        if limit is not None and state.watch_streams >= limit:
+            raise QuotaExceeded(
+                f"tenant {tenant.tenant_id!r} already has {limit} open watch streams (max_watch_streams)"
+            )
+        state.watch_streams += 1
+        try:
+            async with bus.subscribe(after_seq=after_seq) as sub:
+                self._watchers.add(sub)
+                try:
+                    yield sub
+                finally:
+                    self._watchers.discard(sub)
+        finally:
+            state.watch_streams -= 1
+
+    @asynccontextmanager
+    async def _in_flight_work(self) -> AsyncIterator[None]:
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no Dispatch call is in flight; False if ``timeout`` passed first."""
+        if self._idle.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _state(self, tenant: Tenant) -> _TenantState:
+        state = self._tenants.get(tenant.tenant_id)
+        if state is None:
+            q = tenant.quotas
+            state = self._tenants[tenant.tenant_id] = _TenantState(
+                Slots(q.max_concurrent_dispatches, q.queue_timeout_seconds, observe=self._queue_observer),
+                Slots(q.max_concurrent_transfers, q.queue_timeout_seconds),
+            )
+        return state
