@@ -7,7 +7,8 @@ Which sessions exist and whether one is open is the core's ``SessionRegistry``
 (``dispatcher.sessions``); this module checks a tenant's requests against it, and opens sessions
 there, new (``create``) or given back after a restart (``restore``), by one path. Their clocks
 (expiry, renew, pause, resume) are the core's ``SessionLifecycle``; this module applies the tenant's
-limits to them and counts each request on a session as activity (``get``; watching is not).
+limits to them (``lifetime.py``) and counts each request on a session as activity (``get``;
+watching is not).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
 from dispatcher.core.ordering import Ordering
 from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_clock import Lifetime, OnExpire, check_ttl
+from dispatcher.core.session_clock import Lifetime, OnExpire
 from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
@@ -37,6 +38,7 @@ from dispatcher.server.rpc.request_checks import check_id, check_labels
 from dispatcher.server.sessions.admission import Admission
 from dispatcher.server.sessions.create_requests import CreateRequests
 from dispatcher.server.sessions.entry import build_session
+from dispatcher.server.sessions.lifetime import check_tenant_ttl, requested_lifetime
 from dispatcher.server.tenancy.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.tools.shell import describe_network
 from dispatcher.wire.convert import SessionInfo
@@ -104,7 +106,7 @@ class SessionManager:
         """
         self.admission.check_open()
         check_id("request_id", request_id)
-        life = self._lifetime(tenant, ttl_seconds, idle_timeout_seconds, on_expire)
+        life = requested_lifetime(self.lifetime, tenant, ttl_seconds, idle_timeout_seconds, on_expire)
         fingerprint = repr((workspace, role, sorted(labels.items()), approval_mode, capabilities, life))
         earlier = self._create_requests.find(tenant.tenant_id, request_id, fingerprint)
         if earlier is not None:
@@ -112,32 +114,6 @@ class SessionManager:
         state = self._create(tenant, workspace, role, labels, approval_mode, capabilities, life)
         self._create_requests.remember(tenant.tenant_id, request_id, fingerprint, state.session.session_id)
         return state
-
-    def _lifetime(
-        self, tenant: Tenant, ttl: float | None, idle: float | None, on_expire: OnExpire | None
-    ) -> Lifetime:
-        """The clocks asked for, defaults filled in, within the tenant's maximum TTL.
-
-        Raises:
-            InvalidRequest: naming the maximum.
-        """
-        default = self.lifetime
-        maximum = tenant.max_session_ttl_seconds
-        if ttl is None:
-            ttl = default.ttl_seconds
-            if maximum and (ttl == 0 or ttl > maximum):
-                ttl = maximum  # the server's default never exceeds the tenant's maximum
-        if idle is not None and idle < 0:
-            raise InvalidRequest(f"idle_timeout_seconds: must be 0 (none) or positive, got {idle:g}")
-        try:
-            check_ttl(ttl, maximum)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
-        return Lifetime(
-            ttl,
-            default.idle_timeout_seconds if idle is None else idle,
-            on_expire or default.on_expire,
-        )
 
     def _create(
         self,
@@ -221,10 +197,7 @@ class SessionManager:
             InvalidRequest: naming the maximum.
         """
         state = self.get(tenant, session_id)
-        try:
-            check_ttl(ttl_seconds, tenant.max_session_ttl_seconds)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+        check_tenant_ttl(tenant, ttl_seconds)
         self.lifecycle.renew(state, ttl_seconds)
         return state
 
