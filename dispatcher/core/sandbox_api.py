@@ -188,13 +188,6 @@ class WorkspaceFileAPI(Protocol):
 
     async def delete(self, path: str) -> None: ...
 
-    async def patch(
-        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
-    ) -> None:
-        """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else.
-        ``expect_sha256`` as for ``write_bytes``."""
-        ...
-
     async def resolve(self, path: str) -> str:
         """Where ``path`` really is: normalised, relative to the workspace root ('.' for the root).
 

@@ -125,10 +125,5 @@ class StagedFiles:
     async def delete(self, path: str) -> None:
         await self._sandbox.delete(path)
 
-    async def patch(
-        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
-    ) -> None:
-        await self._sandbox.patch(path, old, new, approved=approved, expect_sha256=expect_sha256)
-
     async def resolve(self, path: str) -> str:
         return await self._sandbox.resolve(path)

@@ -74,14 +74,6 @@ class AgentFiles:
         """See ``WorkspaceFileAPI.delete``."""
         await self._file_op("delete", lambda ch: ch.delete(path))
 
-    async def patch(
-        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
-    ) -> None:
-        """See ``WorkspaceFileAPI.patch``."""
-        await self._file_op(
-            "patch", lambda ch: ch.patch(path, old, new, approved=approved, expect_sha256=expect_sha256)
-        )
-
     async def resolve(self, path: str) -> str:
         """See ``WorkspaceFileAPI.resolve``."""
         return await self._file_op("resolve", lambda ch: ch.resolve(path))

@@ -29,7 +29,6 @@ from dispatcher.sandbox.agent.protocol import (
     Exec,
     Exists,
     ListDir,
-    Patch,
     Procs,
     Read,
     Resolve,
@@ -121,14 +120,6 @@ class AgentChannel(AgentLink):
         # Exact: a name's undecodable bytes stay lone surrogates, so the path can be handed back as
         # the approved one; whoever shows it escapes them (``visible``).
         return (await self.call(Resolve(path))).path
-
-    async def patch(
-        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
-    ) -> None:
-        """Replace the single occurrence of ``old`` atomically; ``no_match``/``multiple_matches`` else."""
-        old_b, new_b = _encode(path, old), _encode(path, new)
-        self._payload(path, old_b + new_b)
-        await self.call(Patch(path, old_b, new_b, approved, expect_sha256))
 
     # -- processes --------------------------------------------------------------------------
 

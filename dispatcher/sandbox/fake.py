@@ -108,17 +108,6 @@ class FakeSandbox:
     async def delete(self, path: str) -> None:
         self.files.pop(self._path("delete", path), None)
 
-    async def patch(
-        self, path: str, old: str, new: str, *, approved: str | None = None, expect_sha256: str | None = None
-    ) -> None:
-        text = (await self.read_bytes(path, approved=approved)).decode()
-        count = text.count(old)
-        if count != 1:
-            raise FileOpError(
-                "no_match" if count == 0 else "multiple_matches", f"{count} matches in {path!r}"
-            )
-        await self.write(path, text.replace(old, new), approved=approved, expect_sha256=expect_sha256)
-
     async def resolve(self, path: str) -> str:
         pending = resolve_workspace_path(path, self.root)[len(self.root) :].strip("/").split("/")
         done: list[str] = []

@@ -41,7 +41,6 @@ from .protocol import (
     ExistsResult,
     ListDir,
     ListResult,
-    Patch,
     Ping,
     Pong,
     Procs,
@@ -112,10 +111,6 @@ def file_ops(ws: Workspace) -> dict[type[Request[Any]], Handler]:
         ws.append(r.path, r.data)
         return Done()
 
-    def patch(rid: int, r: Patch) -> Done:
-        ws.patch(r.path, r.old, r.new, r.approved, r.expect_sha256)
-        return Done()
-
     def delete(rid: int, r: Delete) -> Done:
         ws.delete(r.path)
         return Done()
@@ -128,7 +123,6 @@ def file_ops(ws: Workspace) -> dict[type[Request[Any]], Handler]:
         Read: read,
         Write: write,
         Append: append,
-        Patch: patch,
         Exists: lambda rid, r: ExistsResult(ws.exists(r.path)),
         Stat: lambda rid, r: ws.stat(r.path, r.approved),
         ListDir: listing,

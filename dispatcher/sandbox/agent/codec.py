@@ -206,7 +206,7 @@ class Reply(Message):
 
 @dataclass(frozen=True)
 class Done(Reply):
-    """A result with nothing to say (write, append, patch, delete, an upload chunk, tar_end)."""
+    """A result with nothing to say (write, append, delete, an upload chunk, tar_end)."""
 
 
 @dataclass(frozen=True)

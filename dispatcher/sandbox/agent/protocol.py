@@ -289,34 +289,6 @@ class Append(Request[Done], op="append", reply=Done):
 
 
 @dataclass(frozen=True)
-class Patch(Request[Done], op="patch", reply=Done):
-    """Replace the single occurrence of ``old`` with ``new``: the payload is both, ``old_len`` splits it."""
-
-    path: str
-    old: bytes
-    new: bytes
-    approved: str | None = None
-    expect_sha256: str | None = None
-
-    def encode(self) -> tuple[dict[str, Any], bytes]:
-        header: dict[str, Any] = {"path": self.path, "old_len": len(self.old)}
-        for key in ("approved", "expect_sha256"):
-            if getattr(self, key) is not None:
-                header[key] = getattr(self, key)
-        return header, self.old + self.new
-
-    @classmethod
-    def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> Patch:
-        path = take(header, "path", "str")
-        split = take(header, "old_len", "int")
-        approved = take(header, "approved", "str | None")
-        expect = take(header, "expect_sha256", "str | None")
-        if not 0 <= split <= len(payload):
-            raise BadMessage("old_len out of range")
-        return cls(path, payload[:split], payload[split:], approved, expect)
-
-
-@dataclass(frozen=True)
 class Exists(Request[ExistsResult], op="exists", reply=ExistsResult):
     """Whether the path exists (inside the workspace)."""
 
@@ -465,7 +437,7 @@ class TarEnd(Request[Done], op="tar_end", reply=Done):
 REQUESTS: dict[str, type[Request[Any]]] = {
     cls.OP: cls
     for cls in (
-        Ping, Read, Write, Append, Patch, Exists, Stat, ListDir, Delete, Resolve, Exec, SendSignal,
+        Ping, Read, Write, Append, Exists, Stat, ListDir, Delete, Resolve, Exec, SendSignal,
         Procs, UntarBegin, UntarChunk, UntarEnd, TarBegin, TarRead, TarEnd,
         TunnelListen, TunnelSend, TunnelClose, TunnelCredit,
     )

@@ -362,41 +362,6 @@ class Workspace:
             finally:
                 os.close(fd)
 
-    def patch(
-        self, path: str, old: bytes, new: bytes, approved: str | None = None, expect: str | None = None
-    ) -> None:
-        """Replace the single occurrence of ``old``; the file is untouched on any failure."""
-        if not old:
-            raise OpError("no_match", f"{path}: the text to replace is empty")
-        if approved is not None:
-            self._patch_approved(path, old, new, approved, expect)
-            return
-        real = self.granted(path, "rw")
-        with self._lock(real):
-            data, _ = self.read(path, MAX_PAYLOAD, True)
-            patched = _patched(data, old, new, path)
-            dfd, name = self._parent_fd(path, real)
-            try:
-                self._replace(dfd, name, patched, path, None, expect)
-            finally:
-                os.close(dfd)
-
-    def _patch_approved(self, path: str, old: bytes, new: bytes, approved: str, expect: str | None) -> None:
-        """``patch`` of exactly the approved file: read and replaced through one directory descriptor."""
-        real = self.approved(approved, path, "rw")
-        with self._lock(real):
-            dfd, name = self._parent_fd(path, real, "written", create=False)
-            try:
-                fd = self._open_pinned(dfd, name, path, os.O_RDONLY, "rw", "written")
-                with os.fdopen(fd, "rb") as f:
-                    size = os.fstat(fd).st_size
-                    if size > MAX_PAYLOAD:
-                        raise OpError("too_large", f"{path}: file is {size} bytes, more than {MAX_PAYLOAD}")
-                    data = f.read(MAX_PAYLOAD)
-                self._replace(dfd, name, _patched(data, old, new, path), path, "written", expect)
-            finally:
-                os.close(dfd)
-
     def exists(self, path: str) -> bool:
         """True if the resolved path exists."""
         try:
@@ -538,15 +503,6 @@ def _content_sha256(dfd: int, name: str) -> str:
         return digest.hexdigest()
     finally:
         os.close(fd)
-
-
-def _patched(data: bytes, old: bytes, new: bytes, shown: str) -> bytes:
-    count = data.count(old)  # UTF-8 is self-synchronising, so byte matches are char matches
-    if count == 0:
-        raise OpError("no_match", f"{shown}: the text to replace was not found")
-    if count > 1:
-        raise OpError("multiple_matches", f"{shown}: the text to replace occurs {count} times")
-    return data.replace(old, new, 1)
 
 
 def _changed(shown: str, done: str) -> OpError:

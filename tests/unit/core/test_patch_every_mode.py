@@ -45,12 +45,10 @@ async def _dispatch_allowing(d: ToolDispatcher, session: Session, use: ToolUseBl
 
 @pytest.mark.parametrize("mode", list(ApprovalMode))
 async def test_a_crlf_old_patches_an_lf_file_in_every_mode(
-    provider: FakeSandboxProvider, session: Session, mode: ApprovalMode, monkeypatch: pytest.MonkeyPatch
+    provider: FakeSandboxProvider, session: Session, mode: ApprovalMode
 ) -> None:
-    async def no_patch_op(*args: object, **kwargs: object) -> None:
-        raise AssertionError("patch_file computes the patch itself; the sandbox's patch op is unused")
-
-    monkeypatch.setattr(FakeSandbox, "patch", no_patch_op)
+    # The sandbox API has no patch op any more: patch_file's preview() is the one semantics.
+    assert not hasattr(FakeSandbox, "patch")
     d = ToolDispatcher(provider, policy=ConfirmationPolicy())
     d.register(WriteFileTool)
     d.register(PatchFileTool)

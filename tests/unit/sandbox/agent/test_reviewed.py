@@ -51,20 +51,6 @@ def test_a_file_reviewed_as_absent_must_still_be_absent(workspace: Path) -> None
     assert (workspace / "other.txt").read_bytes() == b"x"
 
 
-@pytest.mark.parametrize("approved", [False, True])
-def test_a_patch_of_a_file_that_changed_since_its_review_is_refused(workspace: Path, approved: bool) -> None:
-    ws = Workspace(str(workspace))
-    (workspace / "f.py").write_bytes(b"a\nb\n")
-    reviewed = sha(b"a\nb\n")
-    (workspace / "f.py").write_bytes(b"a\nb\nc\n")  # still patchable, but not what was reviewed
-    with pytest.raises(OpError) as caught:
-        ws.patch("f.py", b"b\n", b"B\n", ws.resolve_exact("f.py") if approved else None, reviewed)
-    assert refused(caught)
-    assert (workspace / "f.py").read_bytes() == b"a\nb\nc\n" and not leftovers(workspace)
-    ws.patch("f.py", b"b\n", b"B\n", None, sha(b"a\nb\nc\n"))
-    assert (workspace / "f.py").read_bytes() == b"a\nB\nc\n"
-
-
 def test_a_file_grown_past_any_review_is_refused_without_reading_it(workspace: Path) -> None:
     ws = Workspace(str(workspace))
     with open(workspace / "big.bin", "wb") as f:  # sparse: 1 GiB that costs nothing to make
