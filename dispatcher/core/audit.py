@@ -26,6 +26,9 @@ STAGED_APPLIED: Final = "staged.applied"
 STAGED_DISCARDED: Final = "staged.discarded"
 """A human discarded staged changes: nothing of them was written."""
 
+# One encoder for every record: ``json.dumps`` with options builds a new encoder per call.
+_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
+
 
 class AuditDecision(StrEnum):
     """A record's ``decision``: how the call was let through or refused. A closed set; each value is
@@ -99,9 +102,7 @@ class AuditLog(AuditSink):
 
     def record(self, kind: str, **fields: Any) -> None:
         """Append one record; ``fields`` must already be redacted."""
-        line = (
-            json.dumps({"time": time.time(), "kind": kind, **fields}, default=str, ensure_ascii=False) + "\n"
-        )
+        line = _encode({"time": time.time(), "kind": kind, **fields}) + "\n"
         size = len(line.encode("utf-8"))
         with self._lock:
             if self._file is None:

@@ -209,12 +209,23 @@ EVENT_TYPES: Final = frozenset(PAYLOAD_TYPES)
 def to_dict(payload: EventPayload) -> dict[str, Any]:
     """The stored (JSON) form: field name -> value, tuples as lists, empty optional fields left out."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(payload):
-        value = getattr(payload, f.name)
-        if f.default is not dataclasses.MISSING and value == f.default:
+    for name, default in _defaults(type(payload)):
+        value = getattr(payload, name)
+        if default is not dataclasses.MISSING and value == default:
             continue  # optional and empty: older rows never had it
-        out[f.name] = list(value) if isinstance(value, tuple) else value
+        out[name] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+_DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _defaults(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, default) of each field of a payload class (looked up once per class, not per event)."""
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        found = _DEFAULTS[cls] = tuple((f.name, f.default) for f in dataclasses.fields(cls))
+    return found
 
 
 def payload_from_dict(type: str, data: Mapping[str, Any]) -> EventPayload:

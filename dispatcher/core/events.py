@@ -77,12 +77,12 @@ def estimate_bytes(value: Any) -> int:
         item = stack.pop()
         if isinstance(item, str | bytes):
             total += sys.getsizeof(item)
-        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+        elif (names := _field_names(type(item))) is not None:
             if id(item) in seen:
                 continue
             seen.add(id(item))
             total += sys.getsizeof(item)
-            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+            stack.extend(getattr(item, name) for name in names)
         elif isinstance(item, Mapping | list | tuple | set | frozenset):
             if id(item) in seen:
                 continue
@@ -96,6 +96,24 @@ def estimate_bytes(value: Any) -> int:
         else:
             total += 32
     return total
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The field names of a dataclass type (None: not one), looked up once per type: every event
+    is sized at publish, and ``dataclasses.fields`` per object was a visible share of it."""
+    try:
+        return _FIELD_NAMES[cls]
+    except KeyError:
+        names = (
+            tuple(f.name for f in dataclasses.fields(cls))
+            if dataclasses.is_dataclass(cls) and not issubclass(cls, type)
+            else None
+        )
+        _FIELD_NAMES[cls] = names
+        return names
 
 
 # Backlogs ------------------------------------------------------------------------------------

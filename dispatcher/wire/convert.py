@@ -85,6 +85,8 @@ _ROLE_TO_PB = {r: pb.Role.Value(f"ROLE_{r.name}") for r in Role}
 _ROLE_FROM_PB: dict[int, Role] = {v: k for k, v in _ROLE_TO_PB.items()}
 _STREAM_TO_PB = {"stdout": pb.OUTPUT_STREAM_STDOUT, "stderr": pb.OUTPUT_STREAM_STDERR}
 _STREAM_FROM_PB = {v: k for k, v in _STREAM_TO_PB.items()}
+_encode_loose = json.JSONEncoder(default=str).encode
+"""``json.dumps(x, default=str)`` without building an encoder per call (once per event or result)."""
 _REASON_TO_PB = {
     "client": pb.RESOLUTION_REASON_CLIENT,
     "remembered": pb.RESOLUTION_REASON_REMEMBERED,
@@ -216,7 +218,7 @@ def result_to_pb(result: ToolResultBlock) -> pb.ToolResult:
         is_error=result.is_error,
         error_class=error_class_to_pb(result.error_class) if result.is_error else pb.ERROR_CLASS_UNSPECIFIED,
         content=[_content_to_pb(b) for b in result.content],
-        metadata_json=json.dumps(dict(result.metadata), default=str) if result.metadata else "{}",
+        metadata_json=_encode_loose(dict(result.metadata)) if result.metadata else "{}",
         files_modified=list(result.files_modified),
         reason=result.reason if result.is_error else "",
     )
@@ -249,14 +251,17 @@ def event_to_pb(event: Event) -> pb.Event:
         tool_use_id=event.tool_use_id,
         type=event.type,
     )
-    msg.time.FromNanoseconds(int(event.time * 1e9))
+    # Set directly: ``FromNanoseconds`` is pure Python in protobuf, and this runs once per event.
+    seconds, nanos = divmod(int(event.time * 1e9), 1_000_000_000)
+    msg.time.seconds = seconds
+    msg.time.nanos = nanos
     match event.payload:
         case ep.ToolCalled() as p:
             msg.called.CopyFrom(
                 pb.ToolCalled(
                     tool_name=p.tool_name,
                     side_effect=side_effect_to_pb(p.side_effect),
-                    input_json=json.dumps(p.input, default=str),
+                    input_json=_encode_loose(p.input),
                 )
             )
         case ep.ToolOutputDelta() as p:

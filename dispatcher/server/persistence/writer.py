@@ -32,6 +32,7 @@ they ended stays true. A tenant printing faster than the disk writes cannot grow
 more than this (live output flows for the whole run: 100 MiB of it must not cost 64 MiB here).
 What is stored stays within each session's ``event_history_bytes``: the writer prunes as it goes,
 so the file does not grow with the output either."""
+_encode_payload = json.JSONEncoder(default=str).encode  # one encoder, not one per event
 _TERMINAL = frozenset({ev.TOOL_COMPLETED, ev.TOOL_FAILED, ev.TOOL_INPUT_INVALID})
 
 
@@ -195,7 +196,7 @@ class StateWriter:
                         event.turn_id,
                         event.tool_use_id,
                         event.type,
-                        json.dumps(to_dict(event.payload), default=str),
+                        _encode_payload(to_dict(event.payload)),
                         event.size,
                     )
                 )
