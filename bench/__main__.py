@@ -33,6 +33,7 @@ MODULES = (
     "bench.egress_bench",
     "bench.lifecycle_bench",
     "bench.egress_flood_bench",
+    "bench.density_bench",
 )
 
 
@@ -83,7 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         path.chmod(0o755)
         env = (
             BenchEnv(
-                path, warm_iterations=30, docker_iterations=5, cold_iterations=2, concurrency_sessions=10
+                path,
+                warm_iterations=30,
+                docker_iterations=5,
+                cold_iterations=2,
+                concurrency_sessions=10,
+                density_sessions=6,
             )
             if args.quick
             else BenchEnv(path)

@@ -21,6 +21,8 @@ class BenchEnv:
     """Samples of each ~300 ms figure (container creation)."""
     concurrency_sessions: int = 100
     """Sessions of the concurrency figure (each makes a container and runs 4 calls at once)."""
+    density_sessions: int = 24
+    """Idle sessions of the density figure (each with its container started)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property

@@ -118,6 +118,9 @@ def _start_server(
     sandbox: dict[str, Any] = {"backend": backend}
     if backend == "docker":
         sandbox["instance"] = env.instance
+        # An image with this tree's agent, before the shared one is rebuilt (density rows).
+        if image := os.environ.get("BENCH_SANDBOX_IMAGE"):
+            sandbox["image"] = image
     config = {
         "home": str(home),
         "log": {"format": "json", "level": "warning"},
