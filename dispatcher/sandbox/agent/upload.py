@@ -7,7 +7,6 @@ import errno
 import itertools
 import os
 import queue
-import secrets
 import shutil
 import stat
 import sys
@@ -184,7 +183,7 @@ class Upload:
                 raise OpError("ENOTDIR", f"{path}: not a directory") from None
             raise
         try:
-            self.stage = f"{STAGE_PREFIX}{secrets.token_hex(6)}"
+            self.stage = f"{STAGE_PREFIX}{os.urandom(6).hex()}"
             os.mkdir(self.stage, 0o700, dir_fd=self.dest_fd)
             self.stage_fd = os.open(self.stage, DIR_FLAGS, dir_fd=self.dest_fd)
         except BaseException:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
-import secrets
 import stat
 import threading
 
@@ -319,7 +317,7 @@ class Workspace:
             if pinned is not None and stat.S_ISLNK(st.st_mode):
                 raise _changed(shown, pinned)  # approved as a file (or nothing), now a link
             mode = stat.S_IMODE(st.st_mode)
-        tmp = f".~{secrets.token_hex(6)}.tmp"  # short: a long leaf name plus a suffix could overflow
+        tmp = f".~{os.urandom(6).hex()}.tmp"  # short: a long leaf name plus a suffix could overflow
         fd = os.open(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
         )
@@ -497,6 +495,8 @@ def _content_sha256(dfd: int, name: str) -> str:
             return "not a file"
         if st.st_size > MAX_PAYLOAD:
             return "too large"  # never what a review showed (it reads at most 8 MiB): not read
+        import hashlib  # here: with secrets, it loaded OpenSSL (~4 MiB) into every idle agent
+
         digest = hashlib.sha256()
         while chunk := os.read(fd, 1 << 20):
             digest.update(chunk)
