@@ -44,7 +44,7 @@ from dispatcher.egress.policy import EgressPolicy
 from dispatcher.mcp import config as mcp_config
 from dispatcher.mcp.config import McpServerConfig
 from dispatcher.observe_config import ObserveConfig
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.config import SandboxConfig, WarmPoolConfig
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -182,7 +182,7 @@ def _build(
         dispatcher=_dispatcher_config(file.dispatcher, file.server, file.timeouts, file.dispatch.ordering),
         policy=ConfirmationPolicy().merged(tool_confirmation),
         sandbox_backend=file.sandbox.backend,
-        sandbox=file.sandbox.docker(),
+        sandbox=_embedded_pool(file.sandbox.docker(), source),
         custom_tools=file.tools,
         mcp_servers=mcp_config.named(file.mcp_servers),
         tenants=tenants,
@@ -195,6 +195,17 @@ def _build(
         sessions=file.sessions,
         source=source,
     )
+
+
+EMBEDDED_WARM_POOL = 2
+"""``sandbox.warm_pool.size`` of a server started without a config file (``make serve``): a
+developer's first sessions adopt a ready container. A config file's default stays 0."""
+
+
+def _embedded_pool(sandbox: SandboxConfig, source: Path | None) -> SandboxConfig:
+    if source is not None:
+        return sandbox
+    return sandbox.model_copy(update={"warm_pool": WarmPoolConfig(size=EMBEDDED_WARM_POOL)})
 
 
 def ensure_default_tenant(config: Config) -> tuple[Config, str | None]:

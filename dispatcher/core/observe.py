@@ -91,6 +91,14 @@ class SandboxObserver(Protocol):
 
     def sandbox_removed(self, reason: SandboxRemoval) -> None: ...
 
+    def pool_taken(self, hit: bool, seconds: float) -> None:
+        """A session asked the warm pool: ``hit`` and the adoption's duration, or a miss (0)."""
+        ...
+
+    def pool_ready(self, count: int) -> None:
+        """Containers waiting in the warm pool now."""
+        ...
+
 
 class _Nothing:
     def call_finished(self, call: FinishedCall) -> None:
@@ -106,6 +114,12 @@ class _Nothing:
         pass
 
     def sandbox_removed(self, reason: SandboxRemoval) -> None:
+        pass
+
+    def pool_taken(self, hit: bool, seconds: float) -> None:
+        pass
+
+    def pool_ready(self, count: int) -> None:
         pass
 
 

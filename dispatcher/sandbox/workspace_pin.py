@@ -70,6 +70,22 @@ def bind_mount(source: str, target: str) -> None:
         raise OSError(err, f"bind mount onto {target}: {os.strerror(err)}")
 
 
+MS_SHARED = 1 << 20
+
+
+def make_shared_mount(path: str) -> None:
+    """Bind ``path`` onto itself and make that mount shared: what is later mounted on it propagates
+    to every mount made from it with ``rslave`` (a warm pool's slot, ``docker/pool.py``).
+
+    Raises:
+        OSError: mount(2) failed (what was mounted stays; ``detach_mount`` undoes it).
+    """
+    bind_mount(path, path)
+    if _lib().mount(None, path.encode(), None, MS_SHARED, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"make {path} a shared mount: {os.strerror(err)}")
+
+
 def detach_mount(target: str) -> None:
     """``umount -l target``: gone from the host now, kept by whoever still uses it.
 

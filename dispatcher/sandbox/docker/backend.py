@@ -35,6 +35,7 @@ from dispatcher.sandbox.docker.image_check import (
     check_image,
 )
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, AgentLink, ContainerLauncher
+from dispatcher.sandbox.docker.pool import WarmPool
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
 
@@ -100,6 +101,14 @@ class DockerSandboxProvider(ProviderLifecycle):
         """What containers' ages and idleness are measured on (unit tests step a fake clock)."""
         self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
         """Told each launch's duration and each launch that failed (metrics)."""
+        self.pool = WarmPool(
+            self.launcher,
+            self.api,
+            os.path.join(os.path.dirname(self._run_dir), "pool"),
+            launch_slots=self._launch_slots,
+            observer=lambda: self.observer,
+        )
+        """Containers made ahead of sessions (``sandbox.warm_pool``); a session adopts one."""
         self.on_container: Callable[[str, str | None], None] | None = None
         """Told (session id, container id or None) whenever a session's container changes, so
         the server's stored state names the container a restart re-adopts."""
@@ -127,6 +136,7 @@ class DockerSandboxProvider(ProviderLifecycle):
     async def aclose(self) -> None:
         """Remove every container this provider started, unmount its volumes, release the client."""
         self._closed = True
+        await self.pool.aclose()
         if self._deaths:
             with contextlib.suppress(Exception):
                 self._deaths.close()
@@ -216,7 +226,11 @@ class DockerSandboxProvider(ProviderLifecycle):
                     sandbox.adoptable(float(container.get("Created") or time.time()))
                     continue
                 sandbox.adoption_failed(problem)
-            elif container["Id"] in owned or labels.get(LABEL_SESSION) in live:
+            elif (
+                container["Id"] in owned
+                or labels.get(LABEL_SESSION) in live
+                or self.pool.owns(container["Id"])
+            ):
                 continue
             if await self.api.remove(container["Id"]):
                 removed += 1
@@ -224,6 +238,8 @@ class DockerSandboxProvider(ProviderLifecycle):
             sandbox.adoption_failed(GONE)
         if removed:
             log.info("removed %d orphaned sandbox container(s) of instance %s", removed, self.instance)
+        # Filled only now: this start-up sweep removes the previous run's pooled containers.
+        self.pool.start()
         return removed
 
     # -- after a restart ------------------------------------------------------------------
@@ -305,6 +321,11 @@ class DockerSandboxProvider(ProviderLifecycle):
             SandboxError: the container could not be created or started.
         """
         self.volumes.check(session.tenant_id)
+        if self.pool.usable_for(session):
+            pooled = await self.pool.take(session)
+            if pooled is not None:
+                stream, channel = pooled.link
+                return LiveContainer(pooled.container_id, stream, channel, started=self.clock())
         async with self._launch_slots:
             started = time.monotonic()
             try:
@@ -340,6 +361,8 @@ class DockerSandboxProvider(ProviderLifecycle):
         except SandboxError as exc:
             # remove_orphans() on the next start catches what this could not remove.
             log.warning("could not remove container %s: %s", live.container_id[:12], exc)
+            return
+        await self.pool.removed(live.container_id)  # an adopted one's slot goes with it
 
     # -- internals -----------------------------------------------------------------------
 

@@ -25,6 +25,8 @@ DEFAULT_IMAGE = "dispatcher-sandbox:latest"
 LABEL_SESSION = "dispatcher.session"
 LABEL_TENANT = "dispatcher.tenant"
 LABEL_INSTANCE = "dispatcher.instance"
+LABEL_POOL = "dispatcher.pool"
+"""On a warm pool's containers (no session label): a restarted server removes them as orphans."""
 
 RUNSC_MIN_PIDS = 128
 """gVisor's own sentry threads count against the pids cgroup; below this, containers fail to start."""
@@ -109,6 +111,14 @@ CapabilityNames = Annotated[
     tuple[Capability, ...],
     BeforeValidator(_names, json_schema_input_type=str | list[Annotated[str, Field(min_length=1)]]),
 ]
+
+
+class WarmPoolConfig(Section):
+    """``sandbox.warm_pool``: containers made before any session asks (``docker/pool.py``)."""
+
+    size: Annotated[int, Field(strict=True, ge=0, le=256)] = 0
+    """Containers kept created, started and with their agent answering, across all sandbox users
+    (0: no pool). Each holds about one idle session's memory (see the README's sizing note)."""
 
 
 class SandboxConfig(Section):
@@ -199,6 +209,8 @@ class SandboxConfig(Section):
     watching usage; ``watch``: always watch usage (no image)."""
     workspace_watch_interval_seconds: Seconds = 10.0
     """How often a watched tenant's usage is measured."""
+    warm_pool: WarmPoolConfig = Field(default_factory=WarmPoolConfig)
+    """A new session adopts a waiting container instead of launching one (runc, root, no fs grants)."""
     extra_labels: Annotated[
         dict[Annotated[str, Field(strict=True)], Annotated[str, Field(strict=True)]], AfterValidator(_labels)
     ] = Field(default_factory=dict)

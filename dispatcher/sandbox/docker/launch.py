@@ -39,7 +39,7 @@ from dispatcher.sandbox.docker.image_check import HOW_TO_BUILD, ImageUnusable, v
 from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.tunnels import tunnel_setup
-from dispatcher.sandbox.workspace_pin import Stage, pin_session_mounts, split_relative
+from dispatcher.sandbox.workspace_pin import PinnedMount, Stage, pin_session_mounts, split_relative
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +104,18 @@ class ContainerLauncher:
             raise
 
     def _container_spec(self, session: Session, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+        labels = {
+            LABEL_SESSION: session.session_id,
+            LABEL_TENANT: session.tenant_id,
+            LABEL_SPEC: spec_fingerprint(self.config, session),
+        }
+        return self.spec(self.config.user_for(session.sandbox_uid, session.sandbox_gid), labels, mounts)
+
+    def spec(self, user: str, labels: dict[str, str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+        """The create request of a container running as ``user`` with these labels and mounts
+        (a session's, or a warm pool's, ``pool.py``), hardened as the config says."""
         cfg = self.config
-        labels = {**cfg.extra_labels, LABEL_INSTANCE: self.instance}
-        labels[LABEL_SESSION] = session.session_id
-        labels[LABEL_TENANT] = session.tenant_id
-        labels[LABEL_SPEC] = spec_fingerprint(cfg, session)
+        labels = {**cfg.extra_labels, **labels, LABEL_INSTANCE: self.instance}
         exec_flag = "exec" if cfg.tmp_exec else "noexec"
         host_config: dict[str, Any] = {
             "mounts": mounts,
@@ -131,7 +138,7 @@ class ContainerLauncher:
             "image": cfg.image,
             # The container only has to stay up; commands come through the agent or docker exec.
             "command": ["sleep", "2147483647"],
-            "user": cfg.user_for(session.sandbox_uid, session.sandbox_gid),
+            "user": user,
             "working_dir": WORKSPACE_ROOT,
             "labels": labels,
             "hostname": "sandbox",
@@ -210,6 +217,20 @@ class ContainerLauncher:
         Raises:
             SandboxError: a symlink or non-directory on the way, or a mount failed.
         """
+        pins, tmpfs = self.pin_mounts(session)
+        stage = Stage(self._run_dir, pins, empty_root=tmpfs)
+        if self.can_mount:
+            stage.bind_all(NAME_UNSAFE.sub("_", session.session_id)[:40])
+        else:
+            stage.use_paths(markers=self.config.runtime == "runsc")
+        return stage
+
+    def pin_mounts(self, session: Session) -> tuple[list[PinnedMount], bool]:
+        """``pin_session_mounts`` for the session's workspace and grants (blocking).
+
+        Raises:
+            SandboxError: a symlink or non-directory on the way.
+        """
         if session.workspace_root is not None:
             root = session.workspace_root
             parts = split_relative(session.workspace_name, "workspace")
@@ -219,15 +240,7 @@ class ContainerLauncher:
         grants = None
         if caps is not None and caps.fs_grants is not None:
             grants = [(g.prefix, g.mode) for g in caps.fs_grants]
-        pins, tmpfs = pin_session_mounts(
-            root, parts, grants, owner=self._owner(session), target=WORKSPACE_ROOT
-        )
-        stage = Stage(self._run_dir, pins, empty_root=tmpfs)
-        if self.can_mount:
-            stage.bind_all(NAME_UNSAFE.sub("_", session.session_id)[:40])
-        else:
-            stage.use_paths(markers=self.config.runtime == "runsc")
-        return stage
+        return pin_session_mounts(root, parts, grants, owner=self._owner(session), target=WORKSPACE_ROOT)
 
     @staticmethod
     def _mounts(stage: Stage) -> list[dict[str, Any]]:
@@ -293,18 +306,35 @@ class ContainerLauncher:
         Raises:
             SandboxError: the agent started but did not answer its first ping.
         """
+        user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
+        # The session's grants: the agent enforces them on every descriptor it opens.
+        link = await self.attach_agent(container_id, user, agent_grant_args(session))
+        if link is not None:
+            await self.open_tunnels(container_id, session, link, ca_mounted=ca_mounted)
+        return link
+
+    def needs_ca(self, session: Session) -> bool:
+        """Whether the session's container must be created with its tenant's egress CA bundle."""
+        gate = self._egress()
+        return gate is not None and gate.ca_bundle(session.tenant_id) is not None
+
+    async def attach_agent(self, container_id: str, user: str, grant_args: list[str]) -> AgentLink | None:
+        """``start_agent`` for a container running as ``user`` (a warm pool's: no session yet).
+
+        Raises:
+            SandboxError: the agent started but did not answer its first ping.
+        """
         cfg = self.config
         exec_id = await self.api.exec_create(
             container_id,
-            # The session's grants: the agent enforces them on every descriptor it opens.
             # -I: no PYTHON* variables, user site-packages or script directory on sys.path, so
             # nothing a command left in the container (a usercustomize.py) runs in the agent.
-            [cfg.agent_python, "-I", cfg.agent_path, "--root", WORKSPACE_ROOT, *agent_grant_args(session)],
+            [cfg.agent_python, "-I", cfg.agent_path, "--root", WORKSPACE_ROOT, *grant_args],
             stdin=True,
             stdout=True,
             stderr=True,
             tty=False,
-            user=cfg.user_for(session.sandbox_uid, session.sandbox_gid),
+            user=user,
             workdir=WORKSPACE_ROOT,
         )
         sock, leftover = await self.api.exec_attach(exec_id)
@@ -338,6 +368,18 @@ class ContainerLauncher:
                 await channel.close()
             stream.close()
             raise version_mismatch(cfg.image, version)
+        return stream, channel
+
+    async def open_tunnels(
+        self, container_id: str, session: Session, link: AgentLink, *, ca_mounted: bool | None = None
+    ) -> None:
+        """The session's egress listener in its agent, when the server has an egress proxy
+        (``ca_mounted``: see ``start_agent``).
+
+        Raises:
+            SandboxError: the agent refused it (the link is closed).
+        """
+        stream, channel = link
         setup = tunnel_setup(self._egress(), session, ca_path=lambda _: CA_TARGET)
         if setup is not None:
             env = setup.env
@@ -350,7 +392,6 @@ class ContainerLauncher:
                     await channel.close()
                 stream.close()
                 raise
-        return stream, channel
 
     async def _has_ca(self, container_id: str, mounted: bool | None) -> bool:
         """Whether the CA bundle is there to name. Known for a container made here; asked of an

@@ -42,6 +42,7 @@ log = logging.getLogger("dispatcher.server.observability.metrics")
 _CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 _WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _LAUNCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_ADOPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 
 class Metrics(BaseSessionListener):
@@ -84,6 +85,23 @@ class Metrics(BaseSessionListener):
             "Running sandboxes removed before their session ended, by why",
             ["reason"],
             registry=r,
+        )
+        self.pool_takes = Counter(
+            "dispatcher_sandbox_pool_takes",
+            "Sessions that asked the warm pool for a container, by outcome (hit, miss)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("hit", "miss"):
+            self.pool_takes.labels(outcome)
+        self.pool_adopt = Histogram(
+            "dispatcher_sandbox_pool_adopt_seconds",
+            "Adopting a warm pool's container: the workspace mounted and confirmed by its agent",
+            buckets=_ADOPT_BUCKETS,
+            registry=r,
+        )
+        self.pool_size = Gauge(
+            "dispatcher_sandbox_pool_ready", "Containers waiting in the warm pool", registry=r
         )
         self.rpc_requests = Counter(
             "dispatcher_rpc_requests",
@@ -177,6 +195,14 @@ class Metrics(BaseSessionListener):
 
     def sandbox_removed(self, reason: SandboxRemoval) -> None:
         self.sandbox_removals.labels(SandboxRemoval(reason).value).inc()
+
+    def pool_taken(self, hit: bool, seconds: float) -> None:
+        self.pool_takes.labels("hit" if hit else "miss").inc()
+        if hit:
+            self.pool_adopt.observe(seconds)
+
+    def pool_ready(self, count: int) -> None:
+        self.pool_size.set(count)
 
     # EgressObserver (labels: configured tenants and the closed sets of dispatcher.egress.record)
     def egress_connection(self, tenant: str, decision: str) -> None:

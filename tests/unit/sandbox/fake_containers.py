@@ -8,6 +8,7 @@ format: the agent (speaking the real protocol, with frames from ``agent/protocol
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import socket
 import struct
@@ -91,6 +92,16 @@ class FakeContainer:
     tunnel_envs: list[dict[str, str]] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
     """The ``env`` of every ``tunnel_listen`` its agents were sent, in order."""
+    slot_mounts: dict[str, str] = field(default_factory=dict)
+    """Host directory -> what is mounted on it (the client's table: a warm pool's slots)."""
+
+    def workspace(self) -> str | None:
+        """The host directory the container sees at /workspace, mounts on it followed."""
+        for mount in (self.spec.get("host_config") or {}).get("mounts") or ():
+            if mount.get("Target") == "/workspace":
+                source = str(mount["Source"])
+                return self.slot_mounts.get(source, source)
+        return None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -165,6 +176,8 @@ class FakeAgent:
                     self.send({"id": rid, "type": "listening", "port": header["port"] or 3128})
                 elif op == "exists" and header.get("path") == HANG:
                     pass  # a file operation the agent never answers
+                elif op == "stat":
+                    self._stat(rid, header["path"])
                 elif op == "exists":
                     self.send({"id": rid, "type": "result", "exists": False})
                 else:
@@ -173,6 +186,24 @@ class FakeAgent:
                     )
         except EOFError:
             pass
+
+    def _stat(self, rid: int, path: str) -> None:
+        """Files only, as the container would see them at /workspace."""
+        root = self.ex.container.workspace()
+        if root is not None and os.path.isfile(os.path.join(root, path)):
+            self.send(
+                {
+                    "id": rid,
+                    "type": "result",
+                    "path": path,
+                    "kind": "file",
+                    "size": 0,
+                    "mode": 0o600,
+                    "mtime": 0.0,
+                }
+            )
+        else:
+            self.send({"id": rid, "type": "error", "code": "ENOENT", "message": f"{path}: not found"})
 
     def _exec(self, rid: int, command: str) -> None:
         container = self.ex.container

@@ -69,6 +69,8 @@ class FakeDockerClient:
         self.containers_by_id: dict[str, FakeContainer] = {}
         self.execs: dict[str, FakeExec] = {}
         self.calls: list[str] = []
+        self.slot_mounts: dict[str, str] = {}
+        """Host directory -> the directory mounted on it (``FakeSlotMounts``: the warm pool's)."""
         self.images = {"dispatcher-sandbox:latest"}
         self.deaths_left = 1
         """How many ``DIE`` commands still kill their container (later ones just run)."""
@@ -196,7 +198,9 @@ class FakeDockerClient:
             if any(c.name == name for c in self.containers_by_id.values()):
                 raise api_error(409, f"Conflict. The container name {name!r} is already in use")
             cid = f"{next(self._ids):064x}"
-            self.containers_by_id[cid] = FakeContainer(cid, name, spec, die=lambda: self._scripted_death(cid))
+            self.containers_by_id[cid] = FakeContainer(
+                cid, name, spec, die=lambda: self._scripted_death(cid), slot_mounts=self.slot_mounts
+            )
         return {"Id": cid}
 
     def inspect_container(self, container_id: str) -> dict[str, Any]:

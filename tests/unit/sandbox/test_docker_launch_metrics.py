@@ -30,6 +30,12 @@ class Seen:
     def sandbox_removed(self, reason: SandboxRemoval) -> None:
         self.removals.append(reason)
 
+    def pool_taken(self, hit: bool, seconds: float) -> None:
+        pass
+
+    def pool_ready(self, count: int) -> None:
+        pass
+
 
 async def test_launches_and_their_failures_are_reported_by_reason(rig: Rig) -> None:
     seen = Seen()

@@ -1,0 +1,355 @@
+"""The warm pool: containers created, started and with their agent answering before any session asks.
+
+A bind mount is fixed when a container is created, so a pooled container cannot be given its
+session's workspace the usual way. Instead each one is created with an empty per-slot directory
+of the server's (``<state>/run/pool/<slot>``, root-owned, mode 0755, made a shared mount) bound at
+``/workspace`` with ``rslave`` propagation. Adopting it for a session:
+
+1. the session's workspace is pinned exactly as a launch pins it (``ContainerLauncher.pin_mounts``:
+   walked from the tenant's root without following a link) and the pinned fd is bind-mounted onto
+   the slot, from the host; the mount propagates into the container, over its empty ``/workspace``;
+2. a marker file with a random name is made through the pinned fd, and the container's agent must
+   see it at ``/workspace/<name>`` before the session gets the container; the marker is removed.
+
+So the server never follows a path a sandbox could have changed (the slot's path is the server's
+own; what is mounted is the pinned fd), and what the container sees is confirmed by its agent.
+Nothing of any session ran in a pooled container before, and an adopted container leaves the
+pool for good: it is removed with its session (or its idle expiry), never pooled again.
+
+Keys: a container runs as one uid:gid for its whole life (its agent too), and with per-tenant uids
+each tenant's sandboxes run as the tenant's own ids; so the pool is kept per sandbox user. The
+``size`` is shared by all users: the pool keeps containers for the users that asked most recently
+(the config's ``user`` from the start). Setting the uid at adoption instead would mean starting the
+agent at adoption (tens of ms of Python start-up), which is what the pool is for.
+
+Used only where it can keep these rules: runc (gVisor does not show host mounts made later), the
+server as root (mount(2)), sessions without fs grants (their view is several mounts) and without
+an egress CA bundle (mounted at creation); the session's egress listener is opened at adoption.
+Other sessions launch as before. Pooled containers belong to no tenant (no quota counts them), carry
+``dispatcher.pool`` and no session label (a restarted server removes them as orphans), are
+refilled in the background up to ``size`` and never past it, and are removed at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
+from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.session import Session
+from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.config import LABEL_POOL, WORKSPACE_ROOT
+from dispatcher.sandbox.docker.launch import AgentLink, ContainerLauncher
+from dispatcher.sandbox.workspace_pin import bind_mount, detach_mount, make_shared_mount
+
+log = logging.getLogger(__name__)
+
+_MARKER_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+RETRY_SECONDS = 5.0
+"""After a failed fill, how long the pool waits before trying again (a missing image, a full disk)."""
+
+
+class SlotMounts:
+    """The host side of the slots, with mount(2): the seam unit tests replace (they run without it)."""
+
+    def available(self) -> bool:
+        """mount(2) works (the server runs as root)."""
+        return os.geteuid() == 0
+
+    def make(self, slots_dir: str) -> str:
+        """A new empty slot directory, root-owned and made a shared mount (blocking).
+
+        Raises:
+            SandboxError: it could not be made.
+        """
+        os.makedirs(slots_dir, mode=0o700, exist_ok=True)
+        slot = os.path.join(slots_dir, secrets.token_hex(8))
+        os.mkdir(slot, 0o755)
+        try:
+            make_shared_mount(slot)
+        except OSError as exc:
+            self.release(slot)
+            raise SandboxError(f"cannot make a warm pool slot: {exc}") from exc
+        return slot
+
+    def attach(self, slot: str, fd: int) -> None:
+        """Mount the directory pinned by ``fd`` on the slot (blocking); OSError when it fails."""
+        bind_mount(f"/proc/self/fd/{fd}", slot)
+
+    def release(self, slot: str) -> None:
+        """Unmount everything on the slot (a workspace, then its own mount) and remove it."""
+        for _ in range(4):
+            try:
+                detach_mount(slot)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOENT):
+                    log.warning("could not unmount warm pool slot %s: %s", slot, exc)
+                break
+        with contextlib.suppress(OSError):
+            os.rmdir(slot)
+
+    def release_stale(self, slots_dir: str) -> None:
+        """Slots a previous run of this server left (its pooled containers are removed as orphans)."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(slots_dir):
+                self.release(os.path.join(slots_dir, name))
+
+
+@dataclass(slots=True)
+class Pooled:
+    """One container of the pool (or, once adopted, of its session until it is removed)."""
+
+    container_id: str
+    link: AgentLink
+    slot: str
+    user: str
+
+
+class WarmPool:
+    """Keeps ``size`` containers ready; ``take`` hands one to a session, or None (launch as usual)."""
+
+    def __init__(
+        self,
+        launcher: ContainerLauncher,
+        api: DockerAPI,
+        slots_dir: str,
+        *,
+        launch_slots: asyncio.Semaphore,
+        observer: Callable[[], SandboxObserver] = lambda: NO_SANDBOX_OBSERVER,
+        mounts: SlotMounts | None = None,
+    ) -> None:
+        self.launcher = launcher
+        self.config = launcher.config
+        self.api = api
+        self.size = self.config.warm_pool.size
+        self._slots_dir = slots_dir
+        self._launch_slots = launch_slots
+        self._observer = observer
+        self.mounts = mounts or SlotMounts()
+        self._ready: dict[str, deque[Pooled]] = {}
+        self._filling = 0
+        self._users: list[str] = [self.config.user]  # most recent demand first
+        self._adopted: dict[str, str] = {}  # container id -> slot, until the container is removed
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._fills: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._retry_at = 0.0  # after a failed fill, none before this (loop time)
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def ready(self) -> int:
+        """Containers waiting now."""
+        return sum(len(q) for q in self._ready.values())
+
+    def usable_for(self, session: Session) -> bool:
+        """Whether this session may adopt a pooled container (see the module docstring)."""
+        caps = session.capabilities
+        return (
+            self.size > 0
+            and not self._closed
+            and self.mounts.available()
+            and self.config.runtime in (None, "runc")
+            and (caps is None or caps.fs_grants is None)
+            # The tenant's egress CA bundle is mounted at creation: such sessions launch as before.
+            and not self.launcher.needs_ca(session)
+        )
+
+    def start(self) -> None:
+        """Remove slots a previous run left mounted, then fill in the background (after the
+        start-up sweep of orphans, which would remove pooled containers)."""
+        if self.size <= 0 or self._task is not None or not self.mounts.available():
+            return
+        self.mounts.release_stale(self._slots_dir)
+        self._task = asyncio.get_running_loop().create_task(self._refill(), name="sandbox-warm-pool")
+
+    async def take(self, session: Session) -> Pooled | None:
+        """A ready container with the session's workspace mounted and confirmed, or None."""
+        user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
+        self._want(user)
+        queue = self._ready.get(user)
+        if not queue:
+            self.misses += 1
+            self._observer().pool_taken(False, 0.0)
+            return None
+        pooled = queue.popleft()
+        self._report()
+        self._wake.set()
+        started = time.monotonic()
+        try:
+            await self._adopt(pooled, session)
+        except Exception as exc:
+            log.warning("adopting a warm pool's container failed, launching one instead: %s", exc)
+            await self.discard(pooled)
+            self.misses += 1
+            self._observer().pool_taken(False, 0.0)
+            return None
+        self.hits += 1
+        self._observer().pool_taken(True, time.monotonic() - started)
+        return pooled
+
+    def owns(self, container_id: str) -> bool:
+        """Whether the container is the pool's (waiting or adopted, until it is removed)."""
+        return container_id in self._adopted or any(
+            p.container_id == container_id for q in self._ready.values() for p in q
+        )
+
+    async def removed(self, container_id: str) -> None:
+        """An adopted container was removed: unmount and remove its slot."""
+        slot = self._adopted.pop(container_id, None)
+        if slot is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.mounts.release, slot)
+
+    async def discard(self, pooled: Pooled) -> None:
+        """Remove a pooled container and its slot (failed adoption, shutdown)."""
+        with contextlib.suppress(Exception):
+            await pooled.link[1].close()
+        pooled.link[0].close()
+        with contextlib.suppress(Exception):
+            await self.api.remove(pooled.container_id)
+        self._adopted.pop(pooled.container_id, None)
+        await asyncio.get_running_loop().run_in_executor(None, self.mounts.release, pooled.slot)
+
+    async def aclose(self) -> None:
+        """Stop filling and remove every waiting container (adopted ones go with their sessions)."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._fills:
+            # A fill cancelled mid-attach would leave its exec stream open: let those under way
+            # finish (each discards what it made, the pool being closed), within the agent's deadline.
+            _, late = await asyncio.wait(set(self._fills), timeout=self.config.agent_start_timeout + 5)
+            for task in late:
+                task.cancel()
+        waiting = [p for q in self._ready.values() for p in q]
+        self._ready.clear()
+        await asyncio.gather(*(self.discard(p) for p in waiting), return_exceptions=True)
+        self._report()
+
+    # -- adoption ---------------------------------------------------------------------------
+
+    async def _adopt(self, pooled: Pooled, session: Session) -> None:
+        loop = asyncio.get_running_loop()
+        self._adopted[pooled.container_id] = pooled.slot
+        fd, marker = await loop.run_in_executor(None, self._mount, pooled.slot, session)
+        try:
+            seen = await pooled.link[1].stat(marker)
+            if seen.kind != "file":
+                raise SandboxError(f"the pooled container sees {marker} as a {seen.kind}")
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(marker, dir_fd=fd)
+            os.close(fd)
+        # Never made with a CA bundle (such sessions launch their own): nothing to ask the container.
+        await self.launcher.open_tunnels(pooled.container_id, session, pooled.link, ca_mounted=False)
+
+    def _mount(self, slot: str, session: Session) -> tuple[int, str]:
+        """Pin the workspace, mount it on the slot, make the marker (blocking); (pinned fd, marker)."""
+        pins, empty_root = self.launcher.pin_mounts(session)
+        if empty_root or len(pins) != 1 or pins[0].target != WORKSPACE_ROOT or pins[0].read_only:
+            for pin in pins:
+                os.close(pin.fd)
+            raise SandboxError("the session's workspace is not one read-write mount")
+        fd = pins[0].fd
+        try:
+            self.mounts.attach(slot, fd)
+            marker = f".dispatcher-adopt-{secrets.token_hex(12)}"
+            os.close(os.open(marker, _MARKER_FLAGS, 0o600, dir_fd=fd))
+        except OSError as exc:
+            os.close(fd)
+            raise SandboxError(f"cannot mount the workspace into a pooled container: {exc}") from exc
+        return fd, marker
+
+    # -- filling ----------------------------------------------------------------------------
+
+    def _want(self, user: str) -> None:
+        if user in self._users:
+            self._users.remove(user)
+        self._users.insert(0, user)
+        del self._users[max(1, self.size) :]
+        self._wake.set()
+
+    def _next_user(self) -> str | None:
+        """The user to make the next container for, or None when the pool is full."""
+        if self.ready + self._filling >= self.size:
+            return None
+        return min(self._users, key=lambda u: len(self._ready.get(u, ())))
+
+    async def _refill(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            user = self._next_user()
+            wait = self._retry_at - loop.time()
+            if user is None or wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait if user is not None else None)
+                continue
+            self._filling += 1
+            task = asyncio.get_running_loop().create_task(self._fill(user), name="sandbox-warm-pool-fill")
+            self._fills.add(task)
+            task.add_done_callback(self._fills.discard)
+            await asyncio.sleep(0)  # let the fill take its launch slot before the next one queues
+
+    async def _fill(self, user: str) -> None:
+        try:
+            async with self._launch_slots:
+                pooled = await self._make(user)
+        except asyncio.CancelledError:
+            self._filling -= 1
+            raise
+        except Exception as exc:
+            log.warning("filling the warm pool failed (trying again in %g s): %s", RETRY_SECONDS, exc)
+            self._retry_at = asyncio.get_running_loop().time() + RETRY_SECONDS
+            self._filling -= 1
+            return
+        self._filling -= 1
+        if self._closed:
+            await self.discard(pooled)
+            return
+        self._ready.setdefault(user, deque()).append(pooled)
+        self._report()
+
+    async def _make(self, user: str) -> Pooled:
+        loop = asyncio.get_running_loop()
+        slot = await loop.run_in_executor(None, self.mounts.make, self._slots_dir)
+        container_id: str | None = None
+        try:
+            mounts = [
+                {
+                    "Type": "bind",
+                    "Source": slot,
+                    "Target": WORKSPACE_ROOT,
+                    "ReadOnly": False,
+                    "BindOptions": {"Propagation": "rslave"},
+                }
+            ]
+            spec = self.launcher.spec(user, {LABEL_POOL: "1"}, mounts)
+            name = f"dispatcher-{self.launcher.instance[:12]}-pool-{secrets.token_hex(4)}"
+            container_id = await self.api.create_container(name, spec)
+            await self.api.start(container_id)
+            link = await self.launcher.attach_agent(container_id, user, [])
+            if link is None:
+                raise SandboxError("the image cannot run the agent: no warm pool without it")
+            return Pooled(container_id, link, slot, user)
+        except BaseException:
+            if container_id is not None:
+                with contextlib.suppress(Exception):
+                    await self.api.remove(container_id)
+            await loop.run_in_executor(None, self.mounts.release, slot)
+            raise
+
+    def _report(self) -> None:
+        self._observer().pool_ready(self.ready)

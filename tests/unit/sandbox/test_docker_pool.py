@@ -1,0 +1,179 @@
+"""The warm pool over the fake daemon: filled to its size, adopted once, confirmed, drained, reaped.
+
+Mounts are the one seam: ``FakeSlotMounts`` records what would be mounted on each slot, and the
+fake agent answers ``stat`` from the directory the container would see at /workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from dispatcher.core.capabilities import Capabilities, FsGrant
+from dispatcher.core.session import Session
+from dispatcher.sandbox.docker.backend import DockerSandboxProvider
+from dispatcher.sandbox.docker.config import LABEL_POOL, WarmPoolConfig
+from dispatcher.sandbox.docker.pool import SlotMounts
+from tests.unit.sandbox.docker_rig import Rig, run
+from tests.unit.sandbox.fake_docker import FakeDockerClient
+
+
+class FakeSlotMounts(SlotMounts):
+    """Slots as plain directories; a "mount" is an entry in the fake daemon's table."""
+
+    def __init__(self, fake: FakeDockerClient, where: Path, *, propagate: bool = True) -> None:
+        self.fake = fake
+        self.where = where
+        self.propagate = propagate
+        self.released: list[str] = []
+
+    def available(self) -> bool:
+        return True
+
+    def make(self, slots_dir: str) -> str:
+        self.where.mkdir(exist_ok=True)
+        return tempfile.mkdtemp(dir=self.where)
+
+    def attach(self, slot: str, fd: int) -> None:
+        if self.propagate:  # False: the container never sees what is mounted
+            self.fake.slot_mounts[slot] = os.readlink(f"/proc/self/fd/{fd}")
+
+    def release(self, slot: str) -> None:
+        self.fake.slot_mounts.pop(slot, None)
+        self.released.append(slot)
+        os.rmdir(slot)
+
+    def release_stale(self, slots_dir: str) -> None:
+        pass
+
+
+def pooled(rig: Rig, size: int, **config: object) -> DockerSandboxProvider:
+    provider = rig.provider(warm_pool=WarmPoolConfig(size=size), **config)
+    provider.pool.mounts = FakeSlotMounts(rig.fake, rig.tmp / "slots")
+    return provider
+
+
+async def until(condition: object, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def pool_containers(fake: FakeDockerClient) -> set[str]:
+    return {c.id for c in fake.containers_alive if c.labels.get(LABEL_POOL)}
+
+
+async def test_the_pool_fills_to_its_size_and_a_session_adopts_one(rig: Rig) -> None:
+    provider = pooled(rig, 2)
+    await provider.remove_orphans()  # the start-up sweep starts the filling
+    await until(lambda: provider.pool.ready == 2, "the pool to fill")
+    waiting = pool_containers(rig.fake)
+    assert len(waiting) == 2
+    session = rig.session("adopt")
+    sandbox = provider.sandbox_for(session)
+
+    ran = await run(sandbox, "hello")
+
+    assert ran.stdout == b"ran: hello\n"
+    assert sandbox.container_id in waiting
+    assert provider.pool.hits == 1 and provider.pool.misses == 0
+    slot = next(s for s, ws in rig.fake.slot_mounts.items() if ws == session.workspace_path)
+    assert os.listdir(session.workspace_path) == []  # the marker the agent saw is gone
+    # Refilled to its size, never past it: two waiting, one adopted.
+    await until(lambda: provider.pool.ready == 2, "the refill")
+    assert len(pool_containers(rig.fake)) == 3
+    assert rig.fake.calls.count("create_container") == 3
+    assert slot not in provider.pool.mounts.released  # type: ignore[attr-defined]
+
+
+async def test_an_adopted_container_serves_one_session_and_leaves_with_it(rig: Rig) -> None:
+    provider = pooled(rig, 1)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == 1, "the pool to fill")
+    first = rig.session("one")
+    sandbox = provider.sandbox_for(first)
+    await run(sandbox, "x")
+    used = sandbox.container_id
+    await provider.close_session(first.session_id)
+
+    assert used not in rig.fake.containers_by_id  # removed with its session, never pooled again
+    assert not any(ws == first.workspace_path for ws in rig.fake.slot_mounts.values())
+    await until(lambda: provider.pool.ready == 1, "the refill")
+    second = provider.sandbox_for(rig.session("two"))
+    await run(second, "y")
+    assert second.container_id not in (None, used)
+
+
+async def test_an_empty_pool_is_a_miss_and_the_session_launches_as_before(rig: Rig) -> None:
+    provider = pooled(rig, 2)  # never started: nothing waits
+    sandbox = provider.sandbox_for(rig.session())
+
+    ran = await run(sandbox, "cold")
+
+    assert ran.stdout == b"ran: cold\n"
+    assert provider.pool.misses == 1 and provider.pool.hits == 0
+    assert sandbox.container_id not in pool_containers(rig.fake)
+
+
+async def test_a_container_that_does_not_see_the_workspace_is_discarded(rig: Rig) -> None:
+    provider = pooled(rig, 1)
+    provider.pool.mounts = FakeSlotMounts(rig.fake, rig.tmp / "slots", propagate=False)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == 1, "the pool to fill")
+    waiting = pool_containers(rig.fake)
+    sandbox = provider.sandbox_for(rig.session())
+
+    await run(sandbox, "z")
+
+    assert provider.pool.misses == 1 and provider.pool.hits == 0
+    assert sandbox.container_id not in waiting
+    assert not waiting & set(rig.fake.containers_by_id)  # the refused one is removed
+
+
+async def test_shutdown_drains_the_pool(rig: Rig) -> None:
+    provider = pooled(rig, 3)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == 3, "the pool to fill")
+    mounts = provider.pool.mounts
+
+    await provider.aclose()
+
+    assert not pool_containers(rig.fake)
+    assert len(mounts.released) == 3  # type: ignore[attr-defined]
+    assert not list((rig.tmp / "slots").iterdir())
+
+
+async def test_a_restarted_server_removes_the_previous_pool_as_orphans(rig: Rig) -> None:
+    before = pooled(rig, 2)
+    await before.remove_orphans()
+    await until(lambda: before.pool.ready == 2, "the pool to fill")
+    left = pool_containers(rig.fake)
+    before._closed = True  # the process died: nothing of it runs any more
+    assert before.pool._task is not None
+    before.pool._task.cancel()
+
+    after = rig.provider()  # same instance, no pool
+    removed = await after.remove_orphans()
+
+    assert removed == 2
+    assert not left & set(rig.fake.containers_by_id)
+
+
+def test_sessions_with_fs_grants_launch_as_before(rig: Rig) -> None:
+    provider = pooled(rig, 1)
+    plain = rig.session()
+    granted = Session(
+        session_id="g",
+        workspace_path=plain.workspace_path,
+        capabilities=Capabilities(fs_grants=(FsGrant("src", "r"),)),
+    )
+
+    assert provider.pool.usable_for(plain)
+    assert not provider.pool.usable_for(granted)
+    assert not pooled(rig, 1, runtime="runsc").pool.usable_for(plain)
+    assert not pooled(rig, 0).pool.usable_for(plain)
