@@ -24,7 +24,7 @@ import pytest
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig
+from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig, WarmPoolConfig
 from tests.integration.helpers import containers_of
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -33,6 +33,9 @@ BUSYBOX_IMAGE = "dispatcher-busybox:latest"
 SANDBOX_IDS = (1000, 1000)
 """The default ``sandbox.user``: the owner of the workspaces tests make by hand."""
 _counter = itertools.count()
+WARM_POOL_ENV = "DISPATCHER_TEST_WARM_POOL"
+"""Set to N: every provider made here keeps a warm pool of N, so the isolation tests run with
+sessions adopting pooled containers (those the pool may serve) as well as launching their own."""
 
 
 def _require_docker() -> bool:
@@ -86,8 +89,15 @@ class ProviderFactory:
     def __call__(
         self, config: SandboxConfig | None = None, *, instance: str | None = None
     ) -> DockerSandboxProvider:
-        provider = DockerSandboxProvider(config or SandboxConfig(), instance=instance or self.new_instance())
+        config = config or SandboxConfig()
+        pool = int(os.environ.get(WARM_POOL_ENV) or 0)
+        if pool and "warm_pool" not in config.model_fields_set:
+            config = config.model_copy(update={"warm_pool": WarmPoolConfig(size=pool)})
+        provider = DockerSandboxProvider(config, instance=instance or self.new_instance())
         self.providers.append(provider)
+        if pool:
+            with contextlib.suppress(RuntimeError):  # made outside a loop: no pool for it
+                provider.pool.start()
         return provider
 
     def session(self, name: str = "s", *, tenant: str = "tenant-a") -> Session:

@@ -61,9 +61,12 @@ RETRY_SECONDS = 5.0
 class SlotMounts:
     """The host side of the slots, with mount(2): the seam unit tests replace (they run without it)."""
 
+    def __init__(self, can_mount: Callable[[], bool] = lambda: os.geteuid() == 0) -> None:
+        self._can_mount = can_mount
+
     def available(self) -> bool:
         """mount(2) works (the server runs as root)."""
-        return os.geteuid() == 0
+        return self._can_mount()
 
     def make(self, slots_dir: str) -> str:
         """A new empty slot directory, root-owned and made a shared mount (blocking).
@@ -134,16 +137,17 @@ class WarmPool:
         self._slots_dir = slots_dir
         self._launch_slots = launch_slots
         self._observer = observer
-        self.mounts = mounts or SlotMounts()
+        self.mounts = mounts or SlotMounts(lambda: launcher.can_mount)
         self._ready: dict[str, deque[Pooled]] = {}
         self._filling = 0
+        self._filling_for: dict[str, int] = {}  # user -> containers being made for it
+        self._arrived = asyncio.Event()  # set whenever a fill ends (ready, or failed)
         self._users: list[str] = [self.config.user]  # most recent demand first
         self._adopted: dict[str, str] = {}  # container id -> slot, until the container is removed
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self._retry: asyncio.TimerHandle | None = None
         self._fills: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._retry_at = 0.0  # after a failed fill, none before this (loop time)
         self.hits = 0
         self.misses = 0
 
@@ -168,23 +172,24 @@ class WarmPool:
     def start(self) -> None:
         """Remove slots a previous run left mounted, then fill in the background (after the
         start-up sweep of orphans, which would remove pooled containers)."""
-        if self.size <= 0 or self._task is not None or not self.mounts.available():
+        if self.size <= 0 or self._started or not self.mounts.available():
             return
+        self._started = True
         self.mounts.release_stale(self._slots_dir)
-        self._task = asyncio.get_running_loop().create_task(self._refill(), name="sandbox-warm-pool")
+        self._kick()
 
     async def take(self, session: Session) -> Pooled | None:
         """A ready container with the session's workspace mounted and confirmed, or None."""
         user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
         self._want(user)
-        queue = self._ready.get(user)
+        queue = await self._ready_for(user)
         if not queue:
             self.misses += 1
             self._observer().pool_taken(False, 0.0)
             return None
         pooled = queue.popleft()
         self._report()
-        self._wake.set()
+        self._kick()
         started = time.monotonic()
         try:
             await self._adopt(pooled, session)
@@ -195,8 +200,31 @@ class WarmPool:
             self._observer().pool_taken(False, 0.0)
             return None
         self.hits += 1
-        self._observer().pool_taken(True, time.monotonic() - started)
+        took = time.monotonic() - started
+        self._observer().pool_taken(True, took)
+        log.debug(
+            "session adopted a warm pool's container",
+            extra={
+                "session_id": session.session_id,
+                "container": pooled.container_id[:12],
+                "ms": took * 1000,
+            },
+        )
         return pooled
+
+    async def _ready_for(self, user: str) -> deque[Pooled] | None:
+        """The user's waiting containers; when there are none but one is being made for the user,
+        wait for it (a launch of the session's own would take no less, and would compete with it
+        for the launch slots)."""
+        deadline = asyncio.get_running_loop().time() + self.config.agent_start_timeout + 5
+        while not self._ready.get(user) and self._filling_for.get(user) and not self._closed:
+            self._arrived.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+        return self._ready.get(user)
 
     def owns(self, container_id: str) -> bool:
         """Whether the container is the pool's (waiting or adopted, until it is removed)."""
@@ -223,10 +251,8 @@ class WarmPool:
     async def aclose(self) -> None:
         """Stop filling and remove every waiting container (adopted ones go with their sessions)."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        if self._retry is not None:
+            self._retry.cancel()
         if self._fills:
             # A fill cancelled mid-attach would leave its exec stream open: let those under way
             # finish (each discards what it made, the pool being closed), within the agent's deadline.
@@ -279,7 +305,7 @@ class WarmPool:
             self._users.remove(user)
         self._users.insert(0, user)
         del self._users[max(1, self.size) :]
-        self._wake.set()
+        self._kick()
 
     def _next_user(self) -> str | None:
         """The user to make the next container for, or None when the pool is full."""
@@ -287,40 +313,52 @@ class WarmPool:
             return None
         return min(self._users, key=lambda u: len(self._ready.get(u, ())))
 
-    async def _refill(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._closed:
-            user = self._next_user()
-            wait = self._retry_at - loop.time()
-            if user is None or wait > 0:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait if user is not None else None)
-                continue
+    def _kick(self) -> None:
+        """Start making containers until ready + being made reaches the size (counted at once,
+        so a session that asks next waits for one of these instead of launching its own)."""
+        if not self._started or self._closed or self._retry is not None:
+            return
+        while (user := self._next_user()) is not None:
             self._filling += 1
+            self._filling_for[user] = self._filling_for.get(user, 0) + 1
             task = asyncio.get_running_loop().create_task(self._fill(user), name="sandbox-warm-pool-fill")
             self._fills.add(task)
             task.add_done_callback(self._fills.discard)
-            await asyncio.sleep(0)  # let the fill take its launch slot before the next one queues
+
+    def _retry_later(self) -> None:
+        self._retry = None
+        self._kick()
 
     async def _fill(self, user: str) -> None:
         try:
             async with self._launch_slots:
                 pooled = await self._make(user)
         except asyncio.CancelledError:
-            self._filling -= 1
+            self._filled(user)
             raise
         except Exception as exc:
             log.warning("filling the warm pool failed (trying again in %g s): %s", RETRY_SECONDS, exc)
-            self._retry_at = asyncio.get_running_loop().time() + RETRY_SECONDS
-            self._filling -= 1
+            if self._retry is None:
+                self._retry = asyncio.get_running_loop().call_later(RETRY_SECONDS, self._retry_later)
+            self._filled(user)
             return
-        self._filling -= 1
         if self._closed:
+            self._filled(user)
             await self.discard(pooled)
             return
         self._ready.setdefault(user, deque()).append(pooled)
+        self._filled(user)
         self._report()
+        self._kick()  # a user asked meanwhile may still lack one
+
+    def _filled(self, user: str) -> None:
+        self._filling -= 1
+        left = self._filling_for.get(user, 1) - 1
+        if left:
+            self._filling_for[user] = left
+        else:
+            self._filling_for.pop(user, None)
+        self._arrived.set()
 
     async def _make(self, user: str) -> Pooled:
         loop = asyncio.get_running_loop()

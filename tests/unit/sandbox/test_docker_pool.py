@@ -25,6 +25,7 @@ class FakeSlotMounts(SlotMounts):
     """Slots as plain directories; a "mount" is an entry in the fake daemon's table."""
 
     def __init__(self, fake: FakeDockerClient, where: Path, *, propagate: bool = True) -> None:
+        super().__init__()
         self.fake = fake
         self.where = where
         self.propagate = propagate
@@ -153,9 +154,7 @@ async def test_a_restarted_server_removes_the_previous_pool_as_orphans(rig: Rig)
     await before.remove_orphans()
     await until(lambda: before.pool.ready == 2, "the pool to fill")
     left = pool_containers(rig.fake)
-    before._closed = True  # the process died: nothing of it runs any more
-    assert before.pool._task is not None
-    before.pool._task.cancel()
+    before.pool._closed = True  # the process died: it makes nothing more
 
     after = rig.provider()  # same instance, no pool
     removed = await after.remove_orphans()
@@ -177,3 +176,14 @@ def test_sessions_with_fs_grants_launch_as_before(rig: Rig) -> None:
     assert not provider.pool.usable_for(granted)
     assert not pooled(rig, 1, runtime="runsc").pool.usable_for(plain)
     assert not pooled(rig, 0).pool.usable_for(plain)
+
+
+async def test_a_session_waits_for_the_container_being_made_for_it(rig: Rig) -> None:
+    provider = pooled(rig, 1)
+    await provider.remove_orphans()  # the fill starts; nothing is ready yet
+    sandbox = provider.sandbox_for(rig.session())
+
+    await run(sandbox, "early")
+
+    assert provider.pool.hits == 1 and provider.pool.misses == 0
+    assert rig.fake.calls.count("create_container") >= 1

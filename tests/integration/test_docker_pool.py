@@ -1,0 +1,82 @@
+"""The warm pool against the real daemon (marker ``docker``): a pooled container serves exactly one
+session and sees exactly its workspace; the pool refills and is drained at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from dispatcher.sandbox.docker.backend import DockerSandboxProvider
+from dispatcher.sandbox.docker.config import LABEL_POOL, SandboxConfig, WarmPoolConfig
+from tests.integration.conftest import ProviderFactory
+from tests.integration.helpers import containers_of, run
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the warm pool mounts workspaces: root only"),
+]
+
+
+async def _filled(provider: DockerSandboxProvider, n: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while provider.pool.ready < n:
+        assert time.monotonic() < deadline, f"the pool did not fill to {n}"
+        await asyncio.sleep(0.05)
+
+
+def _pooled(make_provider: ProviderFactory, size: int) -> DockerSandboxProvider:
+    provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=size), workspace_quota=None))
+    provider.pool.start()
+    return provider
+
+
+async def test_a_pooled_container_serves_one_session_and_sees_exactly_its_workspace(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = _pooled(make_provider, 2)
+    await _filled(provider, 2)
+    waiting = {c.id for c in containers_of(docker_client, provider.instance) if c.labels.get(LABEL_POOL)}
+    mine, other = make_provider.session("mine"), make_provider.session("other")
+    Path(mine.workspace_path, "mine.txt").write_text("mine\n")
+    Path(other.workspace_path, "other.txt").write_text("other\n")
+    sandbox = provider.sandbox_for(mine)
+
+    ran = await run(
+        sandbox, "ls -A /workspace; cat /workspace/mine.txt; echo new > /workspace/new.txt; id -u"
+    )
+
+    assert ran.result.exit_code == 0, ran.err
+    assert ran.out.split() == ["mine.txt", "mine", "1000"]  # no marker, nothing of another session
+    assert Path(mine.workspace_path, "new.txt").read_text() == "new\n"
+    assert sandbox.container_id in waiting and provider.pool.hits == 1
+    used = sandbox.container_id
+    # The pool refills to its size; the adopted container is no longer among the waiting.
+    await _filled(provider, 2)
+    second = provider.sandbox_for(other)
+    ran = await run(second, "ls -A /workspace")
+    assert ran.out.split() == ["other.txt"]
+    assert second.container_id != used
+
+    await provider.close_session(mine.session_id)
+    assert used not in {c.id for c in containers_of(docker_client, provider.instance)}
+    assert not provider.pool.owns(used)  # never handed back to the pool
+
+
+async def test_the_pool_is_drained_at_shutdown(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = _pooled(make_provider, 2)
+    await _filled(provider, 2)
+    session = make_provider.session()
+    await run(provider.sandbox_for(session), "true")
+    assert provider.pool.hits == 1
+
+    await provider.aclose()
+
+    assert containers_of(docker_client, provider.instance) == []
+    assert not [m for m in Path("/proc/mounts").read_text().splitlines() if provider.pool._slots_dir in m]
