@@ -34,6 +34,7 @@ MODULES = (
     "bench.lifecycle_bench",
     "bench.egress_flood_bench",
     "bench.density_bench",
+    "bench.pool_bench",
 )
 
 
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 cold_iterations=2,
                 concurrency_sessions=10,
                 density_sessions=6,
+                pool_sessions=20,
             )
             if args.quick
             else BenchEnv(path)

@@ -23,6 +23,8 @@ class BenchEnv:
     """Sessions of the concurrency figure (each makes a container and runs 4 calls at once)."""
     density_sessions: int = 24
     """Idle sessions of the density figure (each with its container started)."""
+    pool_sessions: int = 40
+    """Sessions of the warm pool figure (created at 10 per second)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property

@@ -105,11 +105,16 @@ def _docker_answers() -> bool:
 
 
 def _start_server(
-    env: BenchEnv, token: str, backend: str, extra: dict[str, Any] | None = None
+    env: BenchEnv,
+    token: str,
+    backend: str,
+    extra: dict[str, Any] | None = None,
+    sandbox_options: dict[str, Any] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """``dispatcher serve`` with the NONE tool, or (backend "floor") the empty servicer.
 
-    ``extra``: more top-level config keys (the metrics row turns ``metrics:`` on).
+    ``extra``: more top-level config keys (the metrics row turns ``metrics:`` on);
+    ``sandbox_options``: more ``sandbox:`` keys (the pool row's ``warm_pool``).
     """
     repo = str(Path(__file__).resolve().parents[1])
     if backend == "floor":
@@ -121,6 +126,7 @@ def _start_server(
         # An image with this tree's agent, before the shared one is rebuilt (density rows).
         if image := os.environ.get("BENCH_SANDBOX_IMAGE"):
             sandbox["image"] = image
+        sandbox.update(sandbox_options or {})
     config = {
         "home": str(home),
         "log": {"format": "json", "level": "warning"},

@@ -54,6 +54,10 @@ from dispatcher.sandbox.workspace_pin import bind_mount, detach_mount, make_shar
 log = logging.getLogger(__name__)
 
 _MARKER_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+FILLS_AT_ONCE = 1
+"""Containers the pool makes at once: making one costs a few hundred ms of dockerd, containerd and
+runc CPU, which sessions being adopted (and every running call) need more; refilling one at a time
+leaves the other launch slots to sessions that launch their own."""
 RETRY_SECONDS = 5.0
 """After a failed fill, how long the pool waits before trying again (a missing image, a full disk)."""
 
@@ -142,7 +146,10 @@ class WarmPool:
         self._filling = 0
         self._filling_for: dict[str, int] = {}  # user -> containers being made for it
         self._arrived = asyncio.Event()  # set whenever a fill ends (ready, or failed)
-        self._users: list[str] = [self.config.user]  # most recent demand first
+        self._waiting: dict[str, int] = {}  # user -> sessions waiting for one under way
+        # The users of the latest takes: the pool's containers are shared among them in
+        # proportion (before any, all are the config's user's).
+        self._demand: deque[str] = deque(maxlen=max(1, self.size))
         self._adopted: dict[str, str] = {}  # container id -> slot, until the container is removed
         self._started = False
         self._retry: asyncio.TimerHandle | None = None
@@ -213,17 +220,23 @@ class WarmPool:
         return pooled
 
     async def _ready_for(self, user: str) -> deque[Pooled] | None:
-        """The user's waiting containers; when there are none but one is being made for the user,
-        wait for it (a launch of the session's own would take no less, and would compete with it
-        for the launch slots)."""
-        deadline = asyncio.get_running_loop().time() + self.config.agent_start_timeout + 5
-        while not self._ready.get(user) and self._filling_for.get(user) and not self._closed:
-            self._arrived.clear()
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+        """The user's waiting containers; when there are none but one is being made for the user
+        that no other session waits for, wait for it (a launch of the session's own would take no
+        less, and would compete with it for the launch slots)."""
+        if self._ready.get(user) or self._waiting.get(user, 0) >= self._filling_for.get(user, 0):
+            return self._ready.get(user)  # ready, or every container under way is spoken for
+        self._waiting[user] = self._waiting.get(user, 0) + 1
+        try:
+            deadline = asyncio.get_running_loop().time() + self.config.agent_start_timeout + 5
+            while not self._ready.get(user) and self._filling_for.get(user) and not self._closed:
+                self._arrived.clear()
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+        finally:
+            self._waiting[user] -= 1
         return self._ready.get(user)
 
     def owns(self, container_id: str) -> bool:
@@ -301,24 +314,55 @@ class WarmPool:
     # -- filling ----------------------------------------------------------------------------
 
     def _want(self, user: str) -> None:
-        if user in self._users:
-            self._users.remove(user)
-        self._users.insert(0, user)
-        del self._users[max(1, self.size) :]
+        """Count a take by ``user``; waiting containers of users now past their share are removed
+        (only waiting ones: never one being made or adopted), so the refill makes ``user``'s."""
+        self._demand.append(user)
+        targets = self._targets()
+        surplus: list[Pooled] = []
+        for other, queue in self._ready.items():
+            keep = max(0, targets.get(other, 0) - self._filling_for.get(other, 0))
+            surplus.extend(list(queue)[keep:])
+        for pooled in surplus:
+            self._ready[pooled.user].remove(pooled)
+            task = asyncio.get_running_loop().create_task(
+                self.discard(pooled), name="sandbox-warm-pool-evict"
+            )
+            self._fills.add(task)
+            task.add_done_callback(self._fills.discard)
+        if surplus:
+            self._report()
         self._kick()
+
+    def _targets(self) -> dict[str, int]:
+        """Containers per user: the size shared in proportion to the latest takes (largest
+        remainders first, ties to the most recent user)."""
+        if not self._demand:
+            return {self.config.user: self.size}
+        counts: dict[str, int] = {}
+        for user in reversed(self._demand):  # most recent first: ties go to it
+            counts[user] = counts.get(user, 0) + 1
+        total = len(self._demand)
+        targets = {u: self.size * c // total for u, c in counts.items()}
+        left = self.size - sum(targets.values())
+        for user in sorted(counts, key=lambda u: -(self.size * counts[u] % total))[:left]:
+            targets[user] += 1
+        return targets
 
     def _next_user(self) -> str | None:
         """The user to make the next container for, or None when the pool is full."""
         if self.ready + self._filling >= self.size:
             return None
-        return min(self._users, key=lambda u: len(self._ready.get(u, ())))
+        targets = self._targets()
+        have = {u: len(self._ready.get(u, ())) + self._filling_for.get(u, 0) for u in targets}
+        user = max(targets, key=lambda u: targets[u] - have[u])
+        return user if targets[user] > have[user] else None
 
     def _kick(self) -> None:
         """Start making containers until ready + being made reaches the size (counted at once,
         so a session that asks next waits for one of these instead of launching its own)."""
         if not self._started or self._closed or self._retry is not None:
             return
-        while (user := self._next_user()) is not None:
+        while self._filling < FILLS_AT_ONCE and (user := self._next_user()) is not None:
             self._filling += 1
             self._filling_for[user] = self._filling_for.get(user, 0) + 1
             task = asyncio.get_running_loop().create_task(self._fill(user), name="sandbox-warm-pool-fill")

@@ -7,6 +7,7 @@ fake agent answers ``stat`` from the directory the container would see at /works
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 import time
@@ -187,3 +188,19 @@ async def test_a_session_waits_for_the_container_being_made_for_it(rig: Rig) -> 
 
     assert provider.pool.hits == 1 and provider.pool.misses == 0
     assert rig.fake.calls.count("create_container") >= 1
+
+
+async def test_the_pool_follows_the_users_that_ask(rig: Rig) -> None:
+    provider = pooled(rig, 2)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == 2, "the pool to fill")
+    default = pool_containers(rig.fake)
+    tenant = dataclasses.replace(rig.session("tenant"), sandbox_uid=2001, sandbox_gid=2001)  # own ids
+
+    await run(provider.sandbox_for(tenant), "first")  # waits for a container made for it
+
+    await until(lambda: provider.pool.ready == 2, "the refill")
+    users = {c.spec["user"] for c in rig.fake.containers_alive if c.labels.get(LABEL_POOL)}
+    assert users == {"2001:2001"}  # its share is the whole pool now; the others are removed
+    assert not default & set(rig.fake.containers_by_id)
+    assert provider.pool.hits == 1
