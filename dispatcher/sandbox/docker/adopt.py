@@ -79,7 +79,7 @@ async def reattach(host: ContainerHost, session: Session, container_id: str) -> 
             "session %s: re-attaching container %s failed: %s", session.session_id, container_id[:12], exc
         )
         with contextlib.suppress(Exception):
-            await host.api.remove(container_id)
+            await host.remove_container(container_id)
         return f"its agent could not be re-attached after the server restarted ({exc})"
     log.info("session %s: re-adopted container %s", session.session_id, container_id[:12])
     if link is None:

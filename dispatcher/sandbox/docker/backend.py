@@ -28,6 +28,7 @@ from dispatcher.sandbox.docker.config import (
     LABEL_TENANT,
     SandboxConfig,
 )
+from dispatcher.sandbox.docker.exec_guard import still_running
 from dispatcher.sandbox.docker.host import LiveContainer
 from dispatcher.sandbox.docker.image_check import (
     AgentVersionMismatch,
@@ -307,6 +308,16 @@ class DockerSandboxProvider(ProviderLifecycle):
     async def working(self, session_id: str) -> bool:
         sandbox = self._sandboxes.get(session_id)
         return sandbox is not None and await sandbox.working()
+
+    @property
+    def docker(self) -> DockerAPI:
+        return self.api
+
+    async def is_running(self, container_id: str) -> bool:
+        return await still_running(self.api, container_id)
+
+    async def remove_container(self, container_id: str) -> None:
+        await self.api.remove(container_id)
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         if self.on_container is not None:

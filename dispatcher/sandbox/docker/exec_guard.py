@@ -83,9 +83,10 @@ async def run_command(
 
     for attempt in range(3):
         async with sandbox.using() as live:
-            if live.channel is None:
+            docker = sandbox.host.docker
+            if live.channel is None and docker is not None:  # only Docker runs agent-less images
                 return await fallback_exec(
-                    sandbox.host.api,
+                    docker,
                     live.container_id,
                     config.user_for(sandbox.session.sandbox_uid, sandbox.session.sandbox_gid),
                     request,
@@ -93,6 +94,9 @@ async def run_command(
                     cancel_event,
                     functools.partial(sandbox.enforce, live),
                 )
+
+            if live.channel is None:
+                raise SandboxError("the sandbox has no agent to run the command")
 
             async def enforce(
                 reason: str, tell: bool, kind: SandboxRemoval, live: LiveContainer = live
@@ -107,7 +111,7 @@ async def run_command(
                     cancel_event,
                     slack=config.enforce_slack_seconds,
                     enforce=enforce,
-                    running=functools.partial(still_running, sandbox.host.api, live.container_id),
+                    running=functools.partial(sandbox.host.is_running, live.container_id),
                 )
             except ContainerDied:
                 if attempt or answered:

@@ -1,7 +1,9 @@
 """What a Docker sandbox needs from the backend that made it: a narrow interface, so the sandbox
 (and the re-adoption after a restart) depend on it and not on the whole provider.
 
-``DockerSandboxProvider`` implements ``ContainerHost``; ``LiveContainer`` is what it launches.
+``DockerSandboxProvider`` implements ``ContainerHost``; ``LiveContainer`` is what it launches. The
+Kubernetes backend implements it too (its "container" is a Pod, its stream the attach WebSocket),
+so ``DockerSandbox`` and ``exec_guard`` serve both backends' sessions unchanged.
 """
 
 from __future__ import annotations
@@ -14,9 +16,21 @@ from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import SandboxConfig
-from dispatcher.sandbox.docker.stream import AttachStream
 
-__all__ = ["ContainerHost", "LiveContainer"]
+__all__ = ["AgentStream", "ContainerHost", "LiveContainer"]
+
+
+class AgentStream(Protocol):
+    """The byte stream an agent is attached by (``stream.AttachStream`` on Docker)."""
+
+    @property
+    def closed(self) -> bool:
+        """The agent's stdout ended (it exited or the connection broke)."""
+        ...
+
+    def close(self) -> None: ...
+
+    def stderr_tail(self) -> bytes: ...
 
 
 @dataclass(slots=True)
@@ -24,7 +38,7 @@ class LiveContainer:
     """A running container and, when its image can run it, the agent attached to it."""
 
     container_id: str
-    stream: AttachStream | None
+    stream: AgentStream | None
     channel: AgentChannel | None
     started: float
     """When the container started (on its host's ``clock``), for ``sandbox.max_lifetime_seconds``."""
@@ -43,7 +57,10 @@ class ContainerHost(Protocol):
     """Launches and removes a session's containers and is told when its container changes."""
 
     @property
-    def api(self) -> DockerAPI: ...
+    def docker(self) -> DockerAPI | None:
+        """The Docker API, for what only Docker does (the docker exec fallback, stdio processes);
+        None on another backend."""
+        ...
 
     @property
     def config(self) -> SandboxConfig: ...
@@ -69,12 +86,19 @@ class ContainerHost(Protocol):
 
     async def start_agent(
         self, container_id: str, session: Session
-    ) -> tuple[AttachStream, AgentChannel] | None:
+    ) -> tuple[AgentStream, AgentChannel] | None:
         """A fresh agent in a running container; None when the image cannot run it.
 
         Raises:
             SandboxError: the agent started but did not answer its first ping.
         """
+
+    async def is_running(self, container_id: str) -> bool:
+        """Whether the container still runs, asked after its agent's channel failed."""
+        ...
+
+    async def remove_container(self, container_id: str) -> None:
+        """Remove a container that is no live sandbox's (a failed re-adoption)."""
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         """The session's container is now ``container_id`` (None: it has none)."""

@@ -17,6 +17,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 
+from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
@@ -62,10 +63,13 @@ class DockerStdioProcess:
         # exec is set up.
         async with sandbox.using() as live:
             provider = sandbox.host
+            api = provider.docker
+            if api is None:
+                raise SandboxError("MCP servers with run: sandbox need the docker sandbox backend")
             session = sandbox.session
             user = provider.config.user_for(session.sandbox_uid, session.sandbox_gid)
             pidfile = f"/tmp/.dispatcher-stdio-{uuid.uuid4().hex}"
-            exec_id = await provider.api.exec_create(
+            exec_id = await api.exec_create(
                 live.container_id,
                 ["sh", "-c", _WRAPPER, "dispatcher-stdio", pidfile, *argv],
                 stdin=True,
@@ -76,7 +80,7 @@ class DockerStdioProcess:
                 environment=dict(env),
                 workdir=WORKSPACE_ROOT,
             )
-            sock, leftover = await provider.api.exec_attach(exec_id)
+            sock, leftover = await api.exec_attach(exec_id)
             stream = await open_attach_stream(sock, leftover, exec_id, limit=limit)
         return cls(sandbox, live.container_id, user, pidfile, stream)
 
@@ -91,9 +95,10 @@ class DockerStdioProcess:
 
     async def kill(self) -> None:
         """SIGKILL its process group inside the container, then drop the attachment."""
-        if not self._gone.is_set():
+        api = self._sandbox.host.docker
+        if not self._gone.is_set() and api is not None:
             with contextlib.suppress(Exception):
-                await self._sandbox.host.api.exec_run(
+                await api.exec_run(
                     self._container_id, ["sh", "-c", _KILL, "kill", self._pidfile], user=self._user
                 )
         self._stream.close()
