@@ -40,6 +40,7 @@ _POD_KEYS = {
     "containers", "volumes", "securityContext", "restartPolicy", "runtimeClassName", "nodeSelector",
     "tolerations", "imagePullSecrets", "automountServiceAccountToken", "enableServiceLinks",
     "terminationGracePeriodSeconds", "serviceAccountName", "hostname", "activeDeadlineSeconds",
+    "shareProcessNamespace",
 }  # fmt: skip
 _CONTAINER_KEYS = {
     "name", "image", "imagePullPolicy", "command", "args", "env", "workingDir", "stdin", "stdinOnce",
@@ -193,6 +194,9 @@ def plan_container(
         "environment": {e["name"]: str(e.get("value", "")) for e in container.get("env") or []},
         "pids_limit": pids_limit,  # the kubelet's podPidsLimit: node configuration, not in the Pod
     }
+    if spec.get("shareProcessNamespace"):
+        # The Pod's pause process becomes pid 1 and reaps orphans: docker-init does the same.
+        kwargs["init"] = True
     if container.get("command") is not None:
         kwargs["entrypoint"] = list(container["command"])
     if container.get("args") is not None:
