@@ -149,6 +149,25 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
     assert not bad, "\n".join(bad)
 
 
+BACKEND_CLIENTS = {
+    "dispatcher.sandbox.kubernetes": {"grpc", "docker"},
+    "dispatcher.sandbox.docker": {"grpc", "kubernetes_asyncio", "aiohttp"},
+}
+"""Each sandbox backend talks to its own engine only: the Kubernetes one through the API server
+(never a Docker daemon), the Docker one never through a cluster client."""
+
+
+def test_each_sandbox_backend_keeps_to_its_own_client() -> None:
+    _, third = _imports(_modules())
+    bad = [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in third
+        for package, forbidden in BACKEND_CLIENTS.items()
+        if (imp.source == package or imp.source.startswith(package + ".")) and imp.target in forbidden
+    ]
+    assert not bad, "\n".join(bad)
+
+
 AGENT = "dispatcher.sandbox.agent"
 """The in-sandbox agent: runs in any image with python3, so it imports the standard library only."""
 AGENT_PROTOCOL = f"{AGENT}.protocol"

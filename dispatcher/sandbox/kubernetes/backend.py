@@ -1,0 +1,406 @@
+"""Per-session Pods: launch, re-adoption after a restart, orphans, idle expiry.
+
+``KubernetesSandboxProvider`` implements the core ``SandboxProvider`` and the Docker backend's
+``ContainerHost``, so a session's sandbox is the same ``DockerSandbox`` (lifecycle, notices,
+enforcement) and its commands go through the same ``exec_guard``; only what a "container" is
+differs: a Pod (``manifests.py``) whose process is the agent, reached over ``pods/attach``
+(``attach.py``). Its id is the Pod's name, which the session registry stores for re-adoption.
+
+A Pod deleted behind the server's back (evicted, ``kubectl delete``) ends its attach stream: the
+call in flight fails (or, if the agent had answered nothing, runs once more in a fresh Pod) and
+the next call gets a new Pod, as for a vanished container. A command that outlives its kill
+sequence gets its Pod deleted (grace 0).
+
+After a restart, the stored Pod is re-adopted when its labels, its spec fingerprint and its phase
+agree: the server attaches again to the same agent (its stdin stayed open). Replies the agent still
+owed the previous server arrive with request ids the new link may also use; a mismatched reply is a
+protocol violation, which discards the Pod (the next call gets a fresh one) rather than misleading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Iterable
+
+from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
+from dispatcher.core.session import Session
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
+from dispatcher.sandbox.channel import AgentChannel
+from dispatcher.sandbox.docker.adopt import GONE, LABEL_SPEC
+from dispatcher.sandbox.docker.backend import launch_failure
+from dispatcher.sandbox.docker.config import (
+    LABEL_INSTANCE,
+    LABEL_SESSION,
+    WORKSPACE_ROOT,
+    SandboxConfig,
+)
+from dispatcher.sandbox.docker.host import LiveContainer
+from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable, version_mismatch
+from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.docker.workspace_volume import format_size
+from dispatcher.sandbox.kubernetes.api import KubeAPI, Obj
+from dispatcher.sandbox.kubernetes.attach import ChannelStream
+from dispatcher.sandbox.kubernetes.config import KubernetesConfig
+from dispatcher.sandbox.kubernetes.manifests import (
+    fingerprint,
+    label_value,
+    network_policy_manifest,
+    pod_labels,
+    pod_manifest,
+    pod_name,
+    pvc_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.1
+"""How often a starting Pod's phase is read (the stand-in and a warm node start one in ~1 s)."""
+_FATAL_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+
+
+def _created(pod: Obj) -> float:
+    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(stamp, str):
+        return time.time()
+    with contextlib.suppress(ValueError):
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return time.time()
+
+
+def _running(pod: Obj | None) -> bool:
+    return (
+        pod is not None
+        and (pod.get("status") or {}).get("phase") == "Running"
+        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+    )
+
+
+def _waiting_reason(pod: Obj) -> tuple[str, str] | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") in _FATAL_WAITING:
+            return str(waiting["reason"]), str(waiting.get("message") or "")
+    return None
+
+
+class KubernetesSandboxProvider(ProviderLifecycle):
+    """Hands out one Pod-backed sandbox per session (implements ``SandboxProvider``)."""
+
+    def __init__(
+        self, config: SandboxConfig, kube: KubernetesConfig, *, instance: str, api: KubeAPI | None = None
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.instance = config.instance or instance
+        if not self.instance:
+            raise ValueError("instance must be a non-empty string")
+        self._api = api
+        self._connecting = asyncio.Lock()
+        self._sandboxes: dict[str, DockerSandbox] = {}
+        self._claims: set[str] = set()
+        """PVCs known to exist (made or found by this process)."""
+        self._reaper: asyncio.Task[None] | None = None
+        self._starting: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._launch_slots = asyncio.Semaphore(config.max_concurrent_launches)
+
+    @property
+    def docker(self) -> None:
+        """No Docker here: no exec fallback, no ``run: sandbox`` stdio processes."""
+        return None
+
+    async def client(self) -> KubeAPI:
+        """The API client, connected on first use (loading credentials is asynchronous)."""
+        async with self._connecting:
+            if self._api is None:
+                self._api = await KubeAPI.connect(self.kube)
+            return self._api
+
+    # -- SandboxProvider -------------------------------------------------------------------
+
+    def sandbox_for(self, session: Session) -> DockerSandbox:
+        if self._closed:
+            raise SandboxError("the sandbox provider is closed")
+        sandbox = self._sandboxes.get(session.session_id)
+        if sandbox is None:
+            sandbox = self._sandboxes[session.session_id] = DockerSandbox(self, session)
+        self._ensure_reaper()
+        return sandbox
+
+    async def close_session(self, session_id: str) -> None:
+        """Delete the session's Pod (and any stray one with its labels); the workspace PVC stays."""
+        sandbox = self._sandboxes.pop(session_id, None)
+        if sandbox is not None:
+            await sandbox.close()
+        api = await self.client()
+        labels = {LABEL_INSTANCE: label_value(self.instance), LABEL_SESSION: label_value(session_id)}
+        for pod in await api.list_pods(labels):
+            await api.delete_pod(pod["metadata"]["name"])
+
+    async def aclose(self) -> None:
+        """Delete every Pod this provider started and release the client."""
+        self._closed = True
+        for task in (self._reaper, *self._starting):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        for result in await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.warning("closing a sandbox failed: %s", result)
+        if self._api is not None:
+            await self._api.aclose()
+
+    # -- server start-up -------------------------------------------------------------------
+
+    async def check_ready(self) -> None:
+        """The API server answers and lets us list Pods in the namespace; the deny-all
+        NetworkPolicy is there (made when missing, with ``kubernetes.network_policy``).
+
+        Raises:
+            SandboxError: unreachable, no credentials, or refused.
+        """
+        api = await self.client()
+        await api.check_access()
+        if self.kube.network_policy and await api.ensure_network_policy(
+            network_policy_manifest(self.kube.namespace)
+        ):
+            log.info("created the deny-all NetworkPolicy in namespace %s", self.kube.namespace)
+
+    async def remove_orphans(self, live_session_ids: Iterable[str] = ()) -> int:
+        """Delete this instance's Pods that no live session owns; returns how many. A session
+        expecting its Pod back (``expect_container``) keeps exactly that one if it can be adopted."""
+        expected = {s.adopting: s for s in self._sandboxes.values() if s.adopting}
+        adopting = {s.session.session_id for s in expected.values()}
+        live = {label_value(i) for i in (set(live_session_ids) | set(self._sandboxes)) - adopting}
+        owned = {s.container_id for s in self._sandboxes.values() if s.container_id}
+        api = await self.client()
+        removed = 0
+        for pod in await api.list_pods({LABEL_INSTANCE: label_value(self.instance)}):
+            name = pod["metadata"]["name"]
+            labels = pod["metadata"].get("labels") or {}
+            sandbox = expected.pop(name, None)
+            if sandbox is not None:
+                problem = self._adoption_problem(pod, sandbox.session)
+                if problem is None:
+                    sandbox.adoptable(_created(pod))
+                    continue
+                sandbox.adoption_failed(problem)
+            elif name in owned or labels.get(LABEL_SESSION) in live:
+                continue
+            if await api.delete_pod(name):
+                removed += 1
+        for sandbox in expected.values():
+            sandbox.adoption_failed(GONE.replace("container", "pod"))
+        if removed:
+            log.info("deleted %d orphaned sandbox pod(s) of instance %s", removed, self.instance)
+        return removed
+
+    def _adoption_problem(self, pod: Obj, session: Session) -> str | None:
+        labels = pod["metadata"].get("labels") or {}
+        if any(labels.get(k) != v for k, v in pod_labels(self.instance, session).items()):
+            return "its pod's labels no longer matched the session after the server restarted"
+        if labels.get(LABEL_SPEC) != fingerprint(self.config, self.kube, session):
+            return "the sandbox configuration (image, limits, user, workspace or grants) changed across the restart"
+        if not _running(pod):
+            return f"its pod had stopped ({(pod.get('status') or {}).get('phase')}) when the server restarted"
+        lifetime = self.config.max_lifetime_seconds
+        if lifetime is not None and time.time() - _created(pod) >= lifetime:
+            return f"its pod had reached the sandbox's maximum lifetime ({lifetime:g} s)"
+        return None
+
+    # -- sessions, restarts ----------------------------------------------------------------
+
+    def session_created(self, session: Session) -> None:
+        """With ``start_on_create``: start the session's Pod now, in the background."""
+        if not self.config.start_on_create or self._closed:
+            return
+        sandbox = self.sandbox_for(session)
+        task = asyncio.get_running_loop().create_task(self._start(sandbox), name="sandbox-start")
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    @staticmethod
+    async def _start(sandbox: DockerSandbox) -> None:
+        try:
+            async with sandbox.using():
+                pass
+        except Exception as exc:  # the first call tries again and says why
+            log.info("starting session %s's pod at creation failed: %s", sandbox.session.session_id, exc)
+
+    def expect_container(self, session: Session, container_id: str) -> None:
+        self.sandbox_for(session).expect(container_id)
+
+    async def adopt_all(self) -> None:
+        """Attach again to every expected Pod (a few at a time)."""
+
+        async def one(sandbox: DockerSandbox) -> None:
+            async with self._launch_slots:
+                await sandbox.adopt()
+
+        waiting = [s for s in self._sandboxes.values() if s.adopting]
+        await asyncio.gather(*(one(s) for s in waiting), return_exceptions=True)
+
+    async def detach_all(self) -> None:
+        """Let go of every Pod without deleting it: the agents keep waiting on their stdin."""
+        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        await asyncio.gather(*(s.detach() for s in sandboxes), return_exceptions=True)
+
+    # -- ContainerHost ---------------------------------------------------------------------
+
+    def container_changed(self, session_id: str, container_id: str | None) -> None:
+        if self.on_container is not None:
+            self.on_container(session_id, container_id)
+
+    def quota_note(self, tenant_id: str) -> str | None:
+        quota = self.config.workspace_quota
+        if not quota:
+            return None
+        return f"the workspace's volume of {format_size(quota)} (sandbox.workspace_quota) is full"
+
+    async def launch(self, session: Session) -> LiveContainer:
+        """A new running Pod for the session, its agent attached (one retry, as on Docker).
+
+        Raises:
+            SandboxError: the Pod could not be created, did not run, or its agent did not answer.
+        """
+        async with self._launch_slots:
+            started = time.monotonic()
+            try:
+                try:
+                    live = await self._launch_once(session)
+                except (AgentVersionMismatch, ImageUnusable):
+                    raise
+                except SandboxError as exc:
+                    log.warning("sandbox pod launch failed, retrying once: %s", exc)
+                    live = await self._launch_once(session)
+            except Exception as exc:
+                self.observer.sandbox_failed(launch_failure(exc))
+                raise
+            self.observer.sandbox_launched(time.monotonic() - started)
+            return live
+
+    async def _launch_once(self, session: Session) -> LiveContainer:
+        api = await self.client()
+        claim = pvc_manifest(self.config, self.kube, session)
+        if claim["metadata"]["name"] not in self._claims:
+            await api.ensure_pvc(claim)
+            self._claims.add(claim["metadata"]["name"])
+        name = pod_name(self.instance, session.session_id)
+        await api.create_pod(pod_manifest(self.config, self.kube, session, instance=self.instance, name=name))
+        try:
+            await self._wait_running(api, name)
+            link = await self.start_agent(name, session)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await api.delete_pod(name)
+            raise
+        return LiveContainer(name, link[0], link[1])
+
+    async def _wait_running(self, api: KubeAPI, name: str) -> None:
+        deadline = time.monotonic() + self.kube.pod_ready_timeout_seconds
+        while True:
+            pod = await api.get_pod(name)
+            if pod is None:
+                raise SandboxError(f"pod {name} was deleted while it started")
+            if _running(pod):
+                return
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Failed", "Succeeded"):
+                raise SandboxError(f"pod {name} ended ({phase}) before its agent was attached")
+            fatal = _waiting_reason(pod)
+            if fatal is not None:
+                raise ImageUnusable(f"pod {name} cannot start: {fatal[0]}: {fatal[1]}")
+            if time.monotonic() >= deadline:
+                raise SandboxError(
+                    f"pod {name} was not running after {self.kube.pod_ready_timeout_seconds:g} s (phase {phase})"
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def start_agent(self, container_id: str, session: Session) -> tuple[ChannelStream, AgentChannel]:
+        """Attach to the Pod's agent and check it answers and speaks our protocol.
+
+        Raises:
+            SandboxError: the attach was refused or the agent did not answer its ping.
+        """
+        api = await self.client()
+        ws, protocol = await api.attach(container_id)
+        stream = ChannelStream(ws, protocol, container_id)
+        channel = AgentChannel(stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT)
+        try:
+            version = await channel.ping(timeout=self.config.agent_start_timeout)
+        except (SandboxError, ConnectionError) as exc:
+            with contextlib.suppress(Exception):
+                await channel.close()
+            stream.close()
+            tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
+            raise SandboxError(
+                f"the sandbox agent in pod {container_id} did not answer: {exc}; stderr: {tail}"
+            ) from exc
+        if version != PROTOCOL_VERSION:
+            with contextlib.suppress(Exception):
+                await channel.close()
+            stream.close()
+            raise version_mismatch(self.config.image, version)
+        return stream, channel
+
+    async def destroy(self, live: LiveContainer) -> None:
+        """Close the agent channel and delete the Pod now (grace 0); failures are logged."""
+        if live.channel is not None:
+            with contextlib.suppress(Exception):
+                await live.channel.close()
+        if live.stream is not None:
+            live.stream.close()
+        try:
+            await (await self.client()).delete_pod(live.container_id)
+        except SandboxError as exc:
+            log.warning("could not delete pod %s: %s", live.container_id, exc)
+
+    async def is_running(self, container_id: str) -> bool:
+        try:
+            return _running(await (await self.client()).get_pod(container_id))
+        except SandboxError:
+            return False
+
+    async def remove_container(self, container_id: str) -> None:
+        await (await self.client()).delete_pod(container_id)
+
+    # -- idle expiry -----------------------------------------------------------------------
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is not None and not self._reaper.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._reaper = loop.create_task(self._reap_idle(), name="sandbox-pod-reaper")
+
+    async def _reap_idle(self) -> None:
+        ttl = self.config.idle_ttl_seconds
+        shortest = min(ttl, self.config.max_lifetime_seconds or ttl)
+        interval = min(max(shortest / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for sandbox in list(self._sandboxes.values()):
+                try:
+                    await asyncio.shield(sandbox.retire_if_idle(now, ttl))
+                except Exception as exc:
+                    log.warning("idle removal of session %s failed: %s", sandbox.session.session_id, exc)
+
+
+__all__ = ["KubernetesSandboxProvider"]
