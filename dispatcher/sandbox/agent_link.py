@@ -89,14 +89,17 @@ class AgentLink:
         workspace_root: str = "/workspace",
         max_frame: int = DEFAULT_MAX_FRAME,
         kill_wait: float = KILL_WAIT_SECONDS,
+        first_id: int = 1,
     ) -> None:
+        """``first_id``: the first request id; answers to lower ids are taken as late and ignored
+        (an agent that outlived its previous link may still answer that link's calls)."""
         self._reader = reader
         self._writer = writer
         self._root = workspace_root.rstrip("/") or "/"
         self._max_frame = max_frame
         self._kill_wait = kill_wait
         self._pending: dict[int, _Call | ExecCall | TunnelMux] = {}
-        self._next_id = 1
+        self._next_id = first_id
         self._failure: SandboxError | None = None
         self._read_task: asyncio.Task[None] | None = None
 

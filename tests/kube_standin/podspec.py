@@ -188,7 +188,7 @@ def plan_container(
         # stdinOnce (close the container's stdin when the first attach ends) gets through.
         "detach": not (container.get("stdin") and container.get("stdinOnce")),
         "network_mode": "none",
-        "hostname": meta["name"][:63],
+        "hostname": (spec.get("hostname") or meta["name"])[:63],
         "stdin_open": bool(container.get("stdin")),
         "tty": bool(container.get("tty")),
         "environment": {e["name"]: str(e.get("value", "")) for e in container.get("env") or []},

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -20,6 +21,7 @@ import pytest
 
 from tests.kube_standin import StandIn
 from tests.kube_standin.runtime import LABEL_INSTANCE
+from tests.kubernetes.backend_fixtures import KubeProviders
 from tests.kubernetes.helpers import Kube, unavailable
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -76,3 +78,18 @@ def namespace(standin: StandIn) -> str:
 async def kube(standin: StandIn, namespace: str) -> AsyncIterator[Kube]:
     async with Kube.connect(standin, namespace) as client:
         yield client
+
+
+@pytest.fixture
+def kubeconfig(standin: StandIn, namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig for the stand-in whose context's namespace is this test's own."""
+    return standin.kubeconfig(tmp_path_factory.mktemp("kubeconfig") / "config", namespace=namespace)
+
+
+@pytest.fixture
+async def kube_providers(standin: StandIn, namespace: str, kubeconfig: Path) -> AsyncIterator[KubeProviders]:
+    factory = KubeProviders(standin, namespace, kubeconfig, RUN_ID)
+    try:
+        yield factory
+    finally:
+        await factory.cleanup()

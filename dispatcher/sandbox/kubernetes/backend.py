@@ -12,9 +12,10 @@ the next call gets a new Pod, as for a vanished container. A command that outliv
 sequence gets its Pod deleted (grace 0).
 
 After a restart, the stored Pod is re-adopted when its labels, its spec fingerprint and its phase
-agree: the server attaches again to the same agent (its stdin stayed open). Replies the agent still
-owed the previous server arrive with request ids the new link may also use; a mismatched reply is a
-protocol violation, which discards the Pod (the next call gets a fresh one) rather than misleading.
+agree: the server attaches again to the same agent (its stdin stayed open, so unlike on Docker the
+agent is the same one). A command that was running at the restart is not killed with its call: it
+runs to its own timeout under the agent's kill sequence, and its late answers (request ids below the
+new link's first) are ignored.
 """
 
 from __future__ import annotations
@@ -339,7 +340,11 @@ class KubernetesSandboxProvider(ProviderLifecycle):
         api = await self.client()
         ws, protocol = await api.attach(container_id)
         stream = ChannelStream(ws, protocol, container_id)
-        channel = AgentChannel(stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT)
+        # The agent outlives a server restart, and may still answer the previous link's calls: ids
+        # from the clock (µs) start above any id an earlier link used, so those answers are ignored.
+        channel = AgentChannel(
+            stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT, first_id=time.time_ns() // 1000
+        )
         try:
             version = await channel.ping(timeout=self.config.agent_start_timeout)
         except (SandboxError, ConnectionError) as exc:
