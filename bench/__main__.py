@@ -35,6 +35,7 @@ MODULES = (
     "bench.egress_flood_bench",
     "bench.density_bench",
     "bench.pool_bench",
+    "bench.kubernetes_bench",
 )
 
 
