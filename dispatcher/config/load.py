@@ -45,6 +45,7 @@ from dispatcher.mcp import config as mcp_config
 from dispatcher.mcp.config import McpServerConfig
 from dispatcher.observe_config import ObserveConfig
 from dispatcher.sandbox.docker.config import SandboxConfig, WarmPoolConfig
+from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -99,9 +100,11 @@ class Config:
     server: ServerOptions = field(default_factory=ServerOptions)
     dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
     policy: ConfirmationPolicy = field(default_factory=ConfirmationPolicy)
-    sandbox_backend: Literal["docker", "local"] = "docker"
+    sandbox_backend: Literal["docker", "kubernetes", "local"] = "docker"
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    """The docker backend's config (its ``model_fields_set``: what the file set)."""
+    """The container backends' config (its ``model_fields_set``: what the file set)."""
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    """``sandbox.kubernetes``: what the kubernetes backend adds."""
     custom_tools: tuple[str, ...] = ()
     mcp_servers: tuple[McpServerConfig, ...] = ()
     """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>`` (see dispatcher.mcp.config)."""
@@ -183,6 +186,7 @@ def _build(
         policy=ConfirmationPolicy().merged(tool_confirmation),
         sandbox_backend=file.sandbox.backend,
         sandbox=_embedded_pool(file.sandbox.docker(), source),
+        kubernetes=file.sandbox.cluster(),
         custom_tools=file.tools,
         mcp_servers=mcp_config.named(file.mcp_servers),
         tenants=tenants,

@@ -24,6 +24,7 @@ from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
 from dispatcher.core.types import SideEffect
 from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 
 RESULT_MESSAGE_MARGIN = 64 << 10
 """What a result message needs besides its budgeted bytes."""
@@ -364,23 +365,46 @@ class TenantSection(CapabilitiesSection):
 
 
 class SandboxSection(SandboxConfig):
-    """``sandbox:``: the backend and, for docker, how its containers are made."""
+    """``sandbox:``: the backend and how its sandboxes are made (docker and kubernetes share the
+    image, limits, user, idle and lifetime keys; ``kubernetes:`` adds the cluster's)."""
 
-    backend: Literal["docker", "local"] = "docker"
-    """``docker`` (one container per session) or ``local`` (tests and trusted development only)."""
+    backend: Literal["docker", "kubernetes", "local"] = "docker"
+    """``docker`` (one container per session), ``kubernetes`` (one Pod per session) or ``local``
+    (tests and trusted development only)."""
+    kubernetes: KubernetesConfig | None = None
+    """With ``backend: kubernetes``: the namespace, credentials and Pod placement."""
 
     @model_validator(mode="after")
-    def _options_are_dockers(self) -> SandboxSection:
+    def _options_fit_the_backend(self) -> SandboxSection:
         others = sorted(self.model_fields_set - {"backend"})
-        if self.backend != "docker" and others:
-            raise KeyProblem(others[0], "only the docker backend takes options")
+        if self.backend == "local" and others:
+            raise KeyProblem(others[0], "the local backend takes no options")
+        if self.backend == "docker" and "kubernetes" in others:
+            raise KeyProblem("kubernetes", "only with backend: kubernetes")
+        if self.backend == "kubernetes":
+            docker_only = sorted(set(others) & _DOCKER_ONLY)
+            if docker_only:
+                raise KeyProblem(docker_only[0], "only the docker backend takes this option")
         return self
 
     def docker(self) -> SandboxConfig:
-        """The docker backend's own config: every key but ``backend``, as the file set them."""
+        """The sandbox config shared by both container backends: every key but ``backend`` and
+        ``kubernetes``, as the file set them."""
         return SandboxConfig.model_validate(
-            {k: getattr(self, k) for k in self.model_fields_set - {"backend"}}
+            {k: getattr(self, k) for k in self.model_fields_set - {"backend", "kubernetes"}}
         )
+
+    def cluster(self) -> KubernetesConfig:
+        """``sandbox.kubernetes`` (its defaults when absent)."""
+        return self.kubernetes or KubernetesConfig()
+
+
+_DOCKER_ONLY = frozenset(
+    {"network_mode", "runtime", "pin_cpus", "init", "exec_fallback", "workspace_quota_mode",
+     "workspace_watch_interval_seconds", "chown_workspace", "tmp_exec", "pids_limit"}
+)  # fmt: skip
+"""What a Pod cannot have as the Docker backend does (``runtime``: use
+``kubernetes.runtime_class_name``; ``pids_limit``: the kubelet's ``podPidsLimit`` is node config)."""
 
 
 TimeoutSeconds = Annotated[float, Field(strict=True, gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)]

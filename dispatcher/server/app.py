@@ -60,6 +60,13 @@ def make_provider(config: Config) -> ServedProvider:
         return LocalSandboxProvider()
     from dispatcher.sandbox.docker.backend import DockerSandboxProvider, instance_id_for
 
+    if config.sandbox_backend == "kubernetes":
+        from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
+
+        return KubernetesSandboxProvider(
+            config.sandbox, config.kubernetes, instance=instance_id_for(str(config.home))
+        )
+
     # The instance label follows the state directory, so a restarted server finds its orphans.
     return DockerSandboxProvider(
         config.sandbox,
