@@ -93,9 +93,18 @@ class Tunnels:
     # -- the reader thread's side -----------------------------------------------------------
 
     def listen(self, rid: int, request: TunnelListen) -> None:
-        """Bind, answer ``listening``, and start the tunnel thread; the request stays open."""
+        """Bind, answer ``listening``, and start the tunnel thread; the request stays open.
+
+        Listening again re-homes the listener to this request: a server attached again to this
+        agent (a Kubernetes Pod's stdin stays open across a server restart) takes it over, and the
+        connections the previous server served are closed.
+        """
         if self._rid is not None:
-            raise OpError("bad_request", "the agent already listens for tunnels")
+            if request.port not in (0, self._port()):
+                raise OpError("bad_request", f"the agent already listens for tunnels on port {self._port()}")
+            self._commands.add_env(request.env)
+            self._post("rehome", 0, rid)
+            return
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -113,6 +122,11 @@ class Tunnels:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         threading.Thread(target=self._run, name="tunnels", daemon=True).start()
         self._send(rid, Listening(port))
+
+    def _port(self) -> int:
+        assert self._listener is not None
+        port: int = self._listener.getsockname()[1]
+        return port
 
     def data(self, rid: int, request: TunnelSend) -> None:
         self._post("data", request.conn, request.data)
@@ -192,6 +206,12 @@ class Tunnels:
             if what == "stop":
                 self._stopped = True
                 return
+            if what == "rehome":
+                for old in list(self._conns.values()):
+                    self._drop(old)  # told on the previous request, which nobody reads now
+                self._rid = value
+                self._emit(Listening(self._port()))
+                continue
             c = self._conns.get(conn)
             if c is None:
                 continue  # closed on our side meanwhile: its late frames are dropped

@@ -25,11 +25,11 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import GONE, LABEL_SPEC
 from dispatcher.sandbox.docker.backend import launch_failure
@@ -55,6 +55,7 @@ from dispatcher.sandbox.kubernetes.manifests import (
     pod_name,
     pvc_manifest,
 )
+from dispatcher.sandbox.tunnels import tunnel_setup
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ class KubernetesSandboxProvider(ProviderLifecycle):
         self._starting: set[asyncio.Task[None]] = set()
         self._closed = False
         self._launch_slots = asyncio.Semaphore(config.max_concurrent_launches)
+        self.clock: Callable[[], float] = time.monotonic
+        """What Pods' ages and idleness are measured on (as the Docker provider's)."""
 
     @property
     def docker(self) -> None:
@@ -309,7 +312,7 @@ class KubernetesSandboxProvider(ProviderLifecycle):
             with contextlib.suppress(Exception):
                 await api.delete_pod(name)
             raise
-        return LiveContainer(name, link[0], link[1])
+        return LiveContainer(name, link[0], link[1], started=self.clock())
 
     async def _wait_running(self, api: KubeAPI, name: str) -> None:
         deadline = time.monotonic() + self.kube.pod_ready_timeout_seconds
@@ -360,6 +363,19 @@ class KubernetesSandboxProvider(ProviderLifecycle):
                 await channel.close()
             stream.close()
             raise version_mismatch(self.config.image, version)
+        setup = tunnel_setup(self.egress, session)
+        if setup is not None:
+            # No host file reaches a Pod: a tenant's egress.ca_bundle is not mounted (yet), so its
+            # variables are not set either. A re-attached agent re-homes its listener to this link.
+            if self.egress is not None and self.egress.ca_bundle(session.tenant_id):
+                log.warning("egress.ca_bundle of tenant %s is not mounted into Pods", session.tenant_id)
+            try:
+                await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env={})
+            except SandboxError:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+                stream.close()
+                raise
         return stream, channel
 
     async def destroy(self, live: LiveContainer) -> None:
@@ -400,7 +416,7 @@ class KubernetesSandboxProvider(ProviderLifecycle):
         interval = min(max(shortest / 4, 0.05), 30.0)
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
+            now = self.clock()
             for sandbox in list(self._sandboxes.values()):
                 try:
                     await asyncio.shield(sandbox.retire_if_idle(now, ttl))
