@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from tests.kube_standin import StandIn
 from tests.kube_standin.podspec import pvc_dir
 
 _counter = itertools.count()
+IMAGE = os.environ.get("DISPATCHER_KUBE_TEST_IMAGE", "dispatcher-sandbox:latest")
+"""The sandbox image the backend's Pods run (an override tests an agent not yet in the shared image)."""
 
 
 @dataclass
@@ -41,7 +44,7 @@ class KubeProviders:
         self, config: SandboxConfig | None = None, *, instance: str | None = None, **kube: object
     ) -> KubernetesSandboxProvider:
         provider = KubernetesSandboxProvider(
-            config or SandboxConfig(), self.kube(**kube), instance=instance or self.new_instance()
+            config or SandboxConfig(image=IMAGE), self.kube(**kube), instance=instance or self.new_instance()
         )
         self.providers.append(provider)
         return provider

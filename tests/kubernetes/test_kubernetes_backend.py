@@ -24,8 +24,8 @@ from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.kubernetes.manifests import NETWORK_POLICY
 from dispatcher.tools import ListDirTool, PatchFileTool, ReadFileTool, ShellTool, WriteFileTool
 from tests.integration.helpers import run, tool_context
-from tests.kubernetes.backend_fixtures import KubeProviders
-from tests.kubernetes.helpers import IMAGE, Kube, pod
+from tests.kubernetes.backend_fixtures import IMAGE, KubeProviders
+from tests.kubernetes.helpers import Kube, pod
 from tests.polling import until
 
 pytestmark = pytest.mark.docker
@@ -73,7 +73,7 @@ async def test_kubernetes_five_tools_in_a_pod(kube_providers: KubeProviders, kub
 
 
 async def test_kubernetes_pod_is_hardened(kube_providers: KubeProviders, kube: Kube) -> None:
-    provider = kube_providers(SandboxConfig(mem_limit=256 << 20, tmpfs_size="16m"))
+    provider = kube_providers(SandboxConfig(image=IMAGE, mem_limit=256 << 20, tmpfs_size="16m"))
     session = kube_providers.session()
     sandbox = provider.sandbox_for(session)
     ran = await run(
@@ -137,7 +137,7 @@ async def test_kubernetes_sigterm_ignored_then_killed(kube_providers: KubeProvid
 async def test_kubernetes_pod_deleted_past_grace_when_the_agent_cannot_kill(
     kube_providers: KubeProviders, kube: Kube
 ) -> None:
-    provider = kube_providers(SandboxConfig(enforce_slack_seconds=1.0))
+    provider = kube_providers(SandboxConfig(image=IMAGE, enforce_slack_seconds=1.0))
     sandbox = provider.sandbox_for(kube_providers.session())
     await sandbox.write("f.txt", "kept")
     first = sandbox.container_id
@@ -171,7 +171,9 @@ async def test_kubernetes_pod_deleted_behind_the_servers_back(
 
 
 async def test_kubernetes_idle_pod_is_deleted(kube_providers: KubeProviders, kube: Kube) -> None:
-    sandbox = kube_providers(SandboxConfig(idle_ttl_seconds=0.5)).sandbox_for(kube_providers.session())
+    sandbox = kube_providers(SandboxConfig(image=IMAGE, idle_ttl_seconds=0.5)).sandbox_for(
+        kube_providers.session()
+    )
     await run(sandbox, "true")
     first = sandbox.container_id
     assert first is not None
