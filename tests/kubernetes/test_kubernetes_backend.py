@@ -19,6 +19,7 @@ from dispatcher.core.errors import ToolCancelled
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.core.types import TextBlock, Tool, ToolOutput
+from dispatcher.egress.proxy import TunnelStream
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.kubernetes.manifests import NETWORK_POLICY
@@ -252,3 +253,57 @@ async def test_kubernetes_real_kubectl_sees_and_attaches(
         attach.kill()
         await attach.wait()
     assert (await run(sandbox, "echo still")).out == "still\n"  # our attachment is unharmed
+
+
+class EchoGate:
+    """An egress proxy stand-in: answers every proxied request itself, connecting nowhere."""
+
+    def __init__(self) -> None:
+        self.served: list[tuple[str, str | None]] = []
+
+    def ca_bundle(self, tenant_id: str) -> str | None:
+        return None
+
+    async def serve(self, session_id: str, stream: TunnelStream, tool_use_id: str | None) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = await stream.read(4096)
+            if not chunk:
+                break
+            head += chunk
+        self.served.append((session_id, head.split(b"\r\n", 1)[0].decode()))
+        await stream.write(b"HTTP/1.0 200 OK\r\nContent-Length: 14\r\n\r\nvia the tunnel")
+        await stream.close()
+
+
+FETCH = (
+    "python3 -c 'import urllib.request as u; "
+    'print(u.urlopen("http://sandbox-egress.invalid/x", timeout=10).read().decode())\''
+)
+
+
+async def test_kubernetes_egress_tunnel_and_its_listener_after_readoption(
+    kube_providers: KubeProviders,
+) -> None:
+    instance = kube_providers.new_instance()
+    gate = EchoGate()
+    first = kube_providers(instance=instance)
+    first.egress = gate
+    session = kube_providers.session()
+    sandbox = first.sandbox_for(session)
+    ran = await run(sandbox, FETCH)
+    assert ran.out.strip() == "via the tunnel", ran.err
+    assert gate.served == [(session.session_id, "GET http://sandbox-egress.invalid/x HTTP/1.1")]
+    pod_name = sandbox.container_id
+    assert pod_name is not None
+    await first.detach_all()
+
+    second = kube_providers(instance=instance)
+    second.egress = gate
+    second.expect_container(session, pod_name)
+    await second.remove_orphans()
+    await second.adopt_all()
+    again = second.sandbox_for(session)
+    assert again.container_id == pod_name  # the same agent, its listener taken over by this link
+    assert (await run(again, FETCH)).out.strip() == "via the tunnel"
+    assert len(gate.served) == 2
