@@ -15,6 +15,8 @@ import concurrent.futures
 import multiprocessing
 import os
 import resource
+import secrets
+import signal
 import tempfile
 import time
 import uuid
@@ -23,7 +25,9 @@ from pathlib import Path
 import docker
 
 from bench.env import BenchEnv
+from bench.grpc_bench import _start_server
 from bench.table import Row, row, time_async
+from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.config import SandboxConfig
@@ -31,6 +35,7 @@ from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from tests.kube_standin import StandIn
 
+GROUP = "kubernetes"
 IMAGE = os.environ.get("DISPATCHER_KUBE_BENCH_IMAGE", "dispatcher-sandbox:latest")
 
 
@@ -67,7 +72,7 @@ async def _measure(env: BenchEnv, kubeconfig: Path, namespace: str, sessions: in
         started = time.perf_counter()
         await _true(one)
         launch_ms = (time.perf_counter() - started) * 1000
-        rows.append(row("kubernetes", "first call: Pod created, running, attached", [launch_ms]))
+        rows.append(row(GROUP, "first call: Pod created, running, attached", [launch_ms]))
         rows.append(
             row(
                 "kubernetes",
@@ -117,6 +122,56 @@ async def _measure(env: BenchEnv, kubeconfig: Path, namespace: str, sessions: in
     return rows
 
 
+async def _grpc_rows(env: BenchEnv, kubeconfig: Path, namespace: str, sessions: int) -> list[Row]:
+    """The whole path: a ``dispatcher serve`` on the Kubernetes backend, its client here."""
+    token = secrets.token_urlsafe(24)
+    sandbox = {
+        "backend": "kubernetes",
+        "image": IMAGE,
+        "instance": f"bench-grpc-{env.run_id}",
+        "mem_limit": "64m",
+        "kubernetes": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
+    }
+    proc, target = _start_server(env, token, GROUP, {"sandbox": sandbox})
+    rows: list[Row] = []
+    try:
+        async with AsyncDispatcherClient(target, token=token) as client:
+            sids = [(await client.create_session(f"b{i}")).session_id for i in range(sessions)]
+
+            async def shell(sid: str) -> None:
+                result = await client.call(sid, "shell", {"command": "true"})
+                if result.is_error:
+                    raise RuntimeError(f"shell failed: {result}")
+
+            await asyncio.gather(*(shell(sid) for sid in sids))  # every Pod up
+            rows.append(
+                row(
+                    GROUP,
+                    "shell true via gRPC (warm, one session)",
+                    await time_async(lambda: shell(sids[0]), 100),
+                )
+            )
+            rounds = 5
+            started = time.perf_counter()
+            for _ in range(rounds):
+                await asyncio.gather(*(shell(sid) for sid in sids))
+            elapsed = time.perf_counter() - started
+            rows.append(
+                row(
+                    GROUP,
+                    f"shell true via gRPC x {sessions} sessions at once",
+                    [elapsed * 1000 / rounds],
+                    f"{rounds * sessions / elapsed:.0f} calls/s through serve",
+                )
+            )
+            for sid in sids:
+                await client.close_session(sid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return rows
+
+
 def _measure_sync(env: BenchEnv, kubeconfig: Path, namespace: str, sessions: int) -> list[Row]:
     return asyncio.run(_measure(env, kubeconfig, namespace, sessions))
 
@@ -134,7 +189,8 @@ async def measure(env: BenchEnv) -> list[Row]:
             context = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
                 future = pool.submit(_measure_sync, env, kubeconfig, "bench", sessions)
-                return await asyncio.wrap_future(future)
+                rows = await asyncio.wrap_future(future)
+            return rows + await _grpc_rows(env, kubeconfig, "bench", min(sessions, 20))
         finally:
             standin.stop()
             client.close()
