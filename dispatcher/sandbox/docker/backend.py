@@ -313,6 +313,12 @@ class DockerSandboxProvider(ProviderLifecycle):
     def docker(self) -> DockerAPI:
         return self.api
 
+    async def freeze(self, container_id: str) -> None:
+        await self.api.pause(container_id)
+
+    async def thaw(self, container_id: str) -> None:
+        await self.api.unpause(container_id)
+
     async def is_running(self, container_id: str) -> bool:
         return await still_running(self.api, container_id)
 

@@ -93,6 +93,16 @@ class ContainerHost(Protocol):
             SandboxError: the agent started but did not answer its first ping.
         """
 
+    async def freeze(self, container_id: str) -> None:
+        """Freeze the container's processes (a paused session)."""
+
+    async def thaw(self, container_id: str) -> None:
+        """Thaw them.
+
+        Raises:
+            ContainerNotFound: the container is gone.
+        """
+
     async def is_running(self, container_id: str) -> bool:
         """Whether the container still runs, asked after its agent's channel failed."""
         ...

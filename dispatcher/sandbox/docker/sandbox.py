@@ -246,7 +246,7 @@ class DockerSandbox(AgentFiles):
             self.paused = True
             container_id = self._live.container_id if self._live is not None else self._adopt
             if container_id is not None:
-                await self._provider.api.pause(container_id)
+                await self._provider.freeze(container_id)
 
     async def resume(self, notice: str | None) -> None:
         """Thaw the container; one removed meanwhile (``docker rm``) is handled as any vanished
@@ -258,7 +258,7 @@ class DockerSandbox(AgentFiles):
             if container_id is None:
                 return
             try:
-                await self._provider.api.unpause(container_id)
+                await self._provider.thaw(container_id)
             except ContainerNotFound:
                 reason = "its container was removed while the session was paused"
                 if live is not None:

@@ -26,13 +26,15 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.session import Session, SessionStatus
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import GONE, LABEL_SPEC
 from dispatcher.sandbox.docker.backend import launch_failure
+from dispatcher.sandbox.docker.client import ContainerNotFound
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
     LABEL_SESSION,
@@ -56,6 +58,10 @@ from dispatcher.sandbox.kubernetes.manifests import (
     pvc_manifest,
 )
 from dispatcher.sandbox.tunnels import tunnel_setup
+
+if TYPE_CHECKING:
+    from dispatcher.core.calls import SessionState
+    from dispatcher.core.session_registry import Restoration
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +269,36 @@ class KubernetesSandboxProvider(ProviderLifecycle):
         sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
         await asyncio.gather(*(s.detach() for s in sandboxes), return_exceptions=True)
 
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        super().session_restored(state, restored)
+        if state.status is SessionStatus.PAUSED:
+            self.sandbox_for(state.session).paused = True
+
+    async def pause(self, session_id: str) -> None:
+        sandbox = self._sandboxes.get(session_id)
+        if sandbox is not None:
+            await sandbox.pause()
+
+    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
+        sandbox = self._sandboxes.get(session_id)
+        if sandbox is not None:
+            await sandbox.resume(notice)
+
+    async def working(self, session_id: str) -> bool:
+        sandbox = self._sandboxes.get(session_id)
+        return sandbox is not None and await sandbox.working()
+
     # -- ContainerHost ---------------------------------------------------------------------
+
+    async def freeze(self, container_id: str) -> None:
+        """A Pod cannot be frozen (Kubernetes has no pause): a paused session's Pod keeps
+        running, its processes included; calls wait for the resume as on Docker."""
+        log.info("pod %s keeps running while its session is paused (pods cannot be frozen)", container_id)
+
+    async def thaw(self, container_id: str) -> None:
+        """Raises ``ContainerNotFound`` when the Pod went meanwhile (handled as a vanished one)."""
+        if await (await self.client()).get_pod(container_id) is None:
+            raise ContainerNotFound(f"pod {container_id} is gone")
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         if self.on_container is not None:
