@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -32,7 +31,7 @@ from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session, SessionStatus
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.adopt import GONE, LABEL_SPEC
+from dispatcher.sandbox.docker.adopt import GONE
 from dispatcher.sandbox.docker.backend import launch_failure
 from dispatcher.sandbox.docker.client import ContainerNotFound
 from dispatcher.sandbox.docker.config import (
@@ -45,18 +44,17 @@ from dispatcher.sandbox.docker.host import LiveContainer
 from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable, version_mismatch
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.workspace_volume import format_size
-from dispatcher.sandbox.kubernetes.api import KubeAPI, Obj
+from dispatcher.sandbox.kubernetes.api import KubeAPI
 from dispatcher.sandbox.kubernetes.attach import ChannelStream
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.manifests import (
-    fingerprint,
     label_value,
     network_policy_manifest,
-    pod_labels,
     pod_manifest,
     pod_name,
     pvc_manifest,
 )
+from dispatcher.sandbox.kubernetes.pods import adoption_problem, cannot_start, created_at, pod_running
 from dispatcher.sandbox.tunnels import tunnel_setup
 
 if TYPE_CHECKING:
@@ -67,40 +65,6 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1
 """How often a starting Pod's phase is read (the stand-in and a warm node start one in ~1 s)."""
-_FATAL_WAITING = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-    }
-)
-
-
-def _created(pod: Obj) -> float:
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
-    if not isinstance(stamp, str):
-        return time.time()
-    with contextlib.suppress(ValueError):
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    return time.time()
-
-
-def _running(pod: Obj | None) -> bool:
-    return (
-        pod is not None
-        and (pod.get("status") or {}).get("phase") == "Running"
-        and not (pod.get("metadata") or {}).get("deletionTimestamp")
-    )
-
-
-def _waiting_reason(pod: Obj) -> tuple[str, str] | None:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (status.get("state") or {}).get("waiting")
-        if waiting and waiting.get("reason") in _FATAL_WAITING:
-            return str(waiting["reason"]), str(waiting.get("message") or "")
-    return None
 
 
 class KubernetesSandboxProvider(ProviderLifecycle):
@@ -204,9 +168,9 @@ class KubernetesSandboxProvider(ProviderLifecycle):
             labels = pod["metadata"].get("labels") or {}
             sandbox = expected.pop(name, None)
             if sandbox is not None:
-                problem = self._adoption_problem(pod, sandbox.session)
+                problem = adoption_problem(pod, sandbox.session, self.instance, self.config, self.kube)
                 if problem is None:
-                    sandbox.adoptable(_created(pod))
+                    sandbox.adoptable(created_at(pod))
                     continue
                 sandbox.adoption_failed(problem)
             elif name in owned or labels.get(LABEL_SESSION) in live:
@@ -218,19 +182,6 @@ class KubernetesSandboxProvider(ProviderLifecycle):
         if removed:
             log.info("deleted %d orphaned sandbox pod(s) of instance %s", removed, self.instance)
         return removed
-
-    def _adoption_problem(self, pod: Obj, session: Session) -> str | None:
-        labels = pod["metadata"].get("labels") or {}
-        if any(labels.get(k) != v for k, v in pod_labels(self.instance, session).items()):
-            return "its pod's labels no longer matched the session after the server restarted"
-        if labels.get(LABEL_SPEC) != fingerprint(self.config, self.kube, session):
-            return "the sandbox configuration (image, limits, user, workspace or grants) changed across the restart"
-        if not _running(pod):
-            return f"its pod had stopped ({(pod.get('status') or {}).get('phase')}) when the server restarted"
-        lifetime = self.config.max_lifetime_seconds
-        if lifetime is not None and time.time() - _created(pod) >= lifetime:
-            return f"its pod had reached the sandbox's maximum lifetime ({lifetime:g} s)"
-        return None
 
     # -- sessions, restarts ----------------------------------------------------------------
 
@@ -355,12 +306,12 @@ class KubernetesSandboxProvider(ProviderLifecycle):
             pod = await api.get_pod(name)
             if pod is None:
                 raise SandboxError(f"pod {name} was deleted while it started")
-            if _running(pod):
+            if pod_running(pod):
                 return
             phase = (pod.get("status") or {}).get("phase")
             if phase in ("Failed", "Succeeded"):
                 raise SandboxError(f"pod {name} ended ({phase}) before its agent was attached")
-            fatal = _waiting_reason(pod)
+            fatal = cannot_start(pod)
             if fatal is not None:
                 raise ImageUnusable(f"pod {name} cannot start: {fatal[0]}: {fatal[1]}")
             if time.monotonic() >= deadline:
@@ -427,7 +378,7 @@ class KubernetesSandboxProvider(ProviderLifecycle):
 
     async def is_running(self, container_id: str) -> bool:
         try:
-            return _running(await (await self.client()).get_pod(container_id))
+            return pod_running(await (await self.client()).get_pod(container_id))
         except SandboxError:
             return False
 
