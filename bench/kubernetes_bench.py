@@ -193,6 +193,7 @@ async def measure(env: BenchEnv) -> list[Row]:
             return rows + await _grpc_rows(env, kubeconfig, "bench", min(sessions, 20))
         finally:
             standin.stop()
+            standin.runtime.remove_all()  # stop gives up after 60 s; what is left goes here
             client.close()
 
 
