@@ -105,3 +105,15 @@ def test_kubernetes_kustomize_renders_the_set(no_network: None) -> None:
     for doc in docs:
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "dispatcher"
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_kubernetes_configmap_is_a_valid_server_config(tmp_path: Path) -> None:
+    """The ConfigMap's config.yaml loads as serve would load it, with the Kubernetes backend."""
+    from dispatcher.config.load import load_config
+
+    (configmap,) = [d for d in _manifests() if d["kind"] == "ConfigMap"]
+    path = tmp_path / "config.yaml"
+    path.write_text(configmap["data"]["config.yaml"])
+    config = load_config(path, home=str(tmp_path / "home"))
+    assert config.sandbox_backend == "kubernetes"
+    assert config.kubernetes.namespace == SANDBOX_NAMESPACE and config.kubernetes.kubeconfig is None
