@@ -3,6 +3,7 @@
 ``backend`` (the provider: Pods launched, re-adopted, reaped; it reuses the per-session sandbox and
 command guard of ``dispatcher.sandbox.docker`` through their ``ContainerHost`` interface),
 ``manifests`` (the Pod, PVC and NetworkPolicy it creates, pure: ``config-check --show-pod`` prints
-them), ``pods`` (reading a Pod: running, age, re-adoptable), ``api`` (the few API calls it makes, through ``kubernetes_asyncio``), ``attach`` (the
-``pods/attach`` WebSocket as the agent's byte stream), ``config`` (``sandbox.kubernetes:``).
+them), ``pods`` (reading a Pod: running, age, re-adoptable), ``api`` (the few API calls it makes,
+through ``kubernetes_asyncio``), ``attach`` (the ``pods/attach`` WebSocket as the agent's byte
+stream), ``config`` (``sandbox.kubernetes:``).
 """

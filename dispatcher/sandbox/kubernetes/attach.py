@@ -8,7 +8,9 @@ server restart so it can be re-adopted (stdin stays open: ``stdinOnce: false``).
 
 What the agent sends is untrusted and parsed by the agent link; the channel bytes come from the API
 server. Writes are queued and sent in order by one task (``drain`` waits for the queue to empty),
-so the link can post a signal without awaiting, as it does on a Docker stream.
+so the link can post a signal without awaiting, as it does on a Docker stream. Reading has no
+back-pressure of its own: the agent link consumes frames as they come (each bounded by the
+protocol's frame limit), so what waits here is at most what the link has not parsed yet.
 """
 
 from __future__ import annotations
