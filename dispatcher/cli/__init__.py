@@ -161,6 +161,7 @@ def _tools(args: argparse.Namespace) -> int:
                 {
                     "name": t.name,
                     "side_effect": str(t.side_effect),
+                    "always_prompt": t.always_prompt,
                     "description": t.description,
                     "input_schema": t.input_schema,
                 }
@@ -169,7 +170,8 @@ def _tools(args: argparse.Namespace) -> int:
         width = max((len(t.name) for t in tools), default=0)
         for t in tools:
             first = t.description.strip().splitlines()[0] if t.description.strip() else ""
-            print(f"{t.name:<{width}}  {t.side_effect!s:<8}  {first}")
+            asks = "  [always asks]" if t.always_prompt else ""
+            print(f"{t.name:<{width}}  {t.side_effect!s:<8}  {first}{asks}")
     return EXIT_OK
 
 

@@ -33,6 +33,7 @@ Example::
     tools: ["mypkg.tools:make_grep_tool"]          # custom tool factories, module:callable
     mcp_servers:                                   # stdio MCP servers: tools mcp_<server>_<tool>
       notes: {command: notes-mcp, run: host, side_effect: read}   # see dispatcher/mcp/config.py
+    approval_modes: [cautious, manual, review, plan]  # the default; autonomous, audit: only if listed
     tenants:
       - id: acme
         token_sha256: [9f86d0...]                  # sha256 hex of each bearer token
@@ -43,7 +44,7 @@ Example::
         quotas: {max_sessions: 20, max_concurrent_dispatches: 8, max_watch_streams: 8}
         uid: 200500                                # host uid of its sandboxes (omit: allocated)
         gid: 200500                                # host gid (omit: the uid)
-        approval_modes: [cautious, review, manual] # modes its sessions may choose (omit: all)
+        approval_modes: [cautious, review, manual] # modes its sessions may choose (omit: top level's)
     tenant_uids: {start: 200000, count: 100000}    # where tenants without a uid get theirs
 
 Memory is bounded per session and per tenant, in bytes. Defaults: ``quotas: {max_sessions: 100,

@@ -9,6 +9,8 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN
 from dispatcher.config.egress import EgressSection
 from dispatcher.config.sections import (
+    DEFAULT_APPROVAL_MODES,
+    ApprovalModesOrNull,
     DispatcherSection,
     DispatchSection,
     LogSection,
@@ -70,6 +72,10 @@ class ConfigFile(Section):
     egress: EgressSection = Field(default_factory=EgressSection)
     """Which hosts sandboxes reach through the server's egress proxy (default: none); the default
     tenant's, and the base every ``tenants[].egress`` is laid over."""
+    approval_modes: ApprovalModesOrNull = DEFAULT_APPROVAL_MODES
+    """The approval modes sessions may choose (the first: what a session naming none gets), for the
+    default tenant and every tenant without its own. ``autonomous`` and ``audit`` run calls the
+    policy would ask about unasked, so they are allowed only when listed here or per tenant."""
     tenants: tuple[TenantSection, ...] | None = None
     """Without it: one tenant, ``default``, whose token is generated into ``<home>/token``."""
     tenant_uids: UidRange = Field(default_factory=UidRange)

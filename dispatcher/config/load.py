@@ -21,6 +21,7 @@ from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN, ENV_HOME, ENV_LISTEN
 from dispatcher.config.egress import EgressSection, egress_policy
 from dispatcher.config.file import ConfigFile
 from dispatcher.config.sections import (
+    DEFAULT_APPROVAL_MODES,
     RESULT_MESSAGE_MARGIN,
     CapabilitiesSection,
     DispatcherSection,
@@ -81,8 +82,10 @@ class TenantConfig:
     """Host uid of the tenant's sandboxes; None: allocated from ``Config.tenant_uids`` (if set)."""
     gid: int | None = None
     """Host gid; None: the uid."""
-    approval_modes: tuple[ApprovalMode, ...] = tuple(ApprovalMode)
+    approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
     """The approval modes its sessions may choose; the first is what a session that names none gets."""
+    approval_modes_key: str = "top-level approval_modes"
+    """The config key that sets ``approval_modes`` (a refusal names it)."""
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """Its ``egress:`` (laid over the top level's); ``capabilities.egress_allow`` is its ``allow``."""
     max_session_ttl_seconds: float | None = None
@@ -125,6 +128,8 @@ class Config:
     """The top-level ``egress:``: the default tenant's."""
     sessions: SessionsSection = field(default_factory=SessionsSection)
     """``sessions:``: their clocks' defaults (``core/lifecycle.py``)."""
+    approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
+    """The top-level ``approval_modes``: the default tenant's, and every tenant's without its own."""
     source: Path | None = None
 
     @property
@@ -172,7 +177,7 @@ def _build(
     file: ConfigFile = validate_section(ConfigFile, data, "")
     listen_addr = check_listen(listen or env.get(ENV_LISTEN) or file.listen, "listen")
     home_dir = Path(home or env.get(ENV_HOME) or file.home).expanduser().absolute()
-    tenants = _tenants(file.tenants or (), home_dir, file.egress)
+    tenants = _tenants(file.tenants or (), home_dir, file.egress, file.approval_modes)
     audit_path = Path(file.audit_log).expanduser() if file.audit_log else home_dir / "audit.jsonl"
     _check_workspace_roots(tenants, home_dir, audit_path)
     tool_confirmation = file.tool_confirmation.layer() if file.tool_confirmation else None
@@ -197,6 +202,7 @@ def _build(
         observe=ObserveConfig.of(file.metrics, file.tracing),
         egress=egress_policy(file.egress),
         sessions=file.sessions,
+        approval_modes=file.approval_modes,
         source=source,
     )
 
@@ -237,6 +243,7 @@ def ensure_default_tenant(config: Config) -> tuple[Config, str | None]:
         config.home / "workspaces",
         capabilities=Capabilities(egress_allow=config.egress.allow),
         egress=config.egress,
+        approval_modes=config.approval_modes,
     )
     return dataclasses.replace(config, tenants=(tenant,)), generated
 
@@ -283,7 +290,10 @@ def parse_timeouts(section: Any, *, where: str = "timeouts") -> dict[str, float]
 
 
 def _tenants(
-    sections: tuple[TenantSection, ...], home: Path, egress: EgressSection
+    sections: tuple[TenantSection, ...],
+    home: Path,
+    egress: EgressSection,
+    approval_modes: tuple[ApprovalMode, ...],
 ) -> tuple[TenantConfig, ...]:
     """Each tenant's own: ids, tokens and uids are never shared."""
     seen_ids: set[str] = set()
@@ -318,7 +328,9 @@ def _tenants(
                 quotas=item.quotas,
                 uid=item.uid,
                 gid=item.gid if item.gid is not None else item.uid,
-                approval_modes=item.approval_modes,
+                approval_modes=item.approval_modes or approval_modes,
+                approval_modes_key=f"{where}.approval_modes"
+                + ("" if item.approval_modes else " (or the top-level approval_modes)"),
                 egress=tenant_egress,
                 max_session_ttl_seconds=item.max_session_ttl_seconds,
             )

@@ -31,6 +31,10 @@ RESULT_MESSAGE_MARGIN = 64 << 10
 MAX_ID = 0xFFFFFFFE
 """(uid_t)-1 means "leave unchanged" to chown; every id below it is real."""
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DEFAULT_APPROVAL_MODES = (ApprovalMode.CAUTIOUS, ApprovalMode.MANUAL, ApprovalMode.REVIEW, ApprovalMode.PLAN)
+"""The modes a session may choose unless ``approval_modes`` says otherwise: those that never run a
+call the operator's ``tool_confirmation`` would ask about unasked (spec 000: the config is the
+operator's). ``autonomous`` and ``audit`` lower that bar, so the operator lists them."""
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _PIPELINE = DispatcherConfig()
 
@@ -250,6 +254,19 @@ EffectKey = Annotated[
 ModeName = Annotated[Mode, BeforeValidator(_lower, json_schema_input_type=Literal[_MODE_NAMES])]
 
 
+class ModeOverrides(Section):
+    """``tool_confirmation.modes.<mode>``: what differs for sessions in that approval mode."""
+
+    per_tool: dict[Annotated[str, Field(strict=True)], ModeName] = Field(default_factory=dict)
+    """Per tool name, over ``tool_confirmation.per_tool`` (a class ``deny`` still wins)."""
+
+
+_APPROVAL_NAMES = tuple(m.value for m in ApprovalMode)
+ApprovalModeKey = Annotated[
+    ApprovalMode, BeforeValidator(_lower, json_schema_input_type=Literal[_APPROVAL_NAMES])
+]
+
+
 class ToolConfirmation(Section):
     """``tool_confirmation:`` (spec 000's structure): what is asked before a call runs."""
 
@@ -265,6 +282,15 @@ class ToolConfirmation(Section):
     """Workspace paths (and everything under them) where ``trusted_workspace_overrides`` apply."""
     trusted_workspace_overrides: dict[EffectKey, ModeName] = Field(default_factory=dict)
     """Per class, in a trusted workspace (default: auto). A class ``deny`` stays deny."""
+    always_prompt: Annotated[
+        tuple[Annotated[str, Field(strict=True)], ...], BeforeValidator(lambda v: [] if v is None else v)
+    ] = ()
+    """Tool names (built-in, custom or ``mcp_<server>_<tool>``) that ask on every call, in every
+    approval mode, autonomous and audit included; an answer is never remembered for them. Only a
+    ``deny`` overrides it. A tenant's list adds to the server's."""
+    modes: dict[ApprovalModeKey, ModeOverrides] = Field(default_factory=dict)
+    """Per approval mode (``autonomous: {per_tool: {shell: prompt}}``): per-tool modes for sessions
+    in that mode, over ``per_tool``; they may loosen or tighten it, but a class ``deny`` stays deny."""
 
     def layer(self) -> PolicyLayer:
         return PolicyLayer(
@@ -273,6 +299,8 @@ class ToolConfirmation(Section):
             per_tool=self.per_tool,
             trusted_workspaces=self.trusted_workspaces,
             trusted_workspace_overrides=self.trusted_workspace_overrides,
+            always_prompt=self.always_prompt,
+            modes={str(mode): dict(o.per_tool) for mode, o in self.modes.items()},
         )
 
 
@@ -325,6 +353,15 @@ def _modes(value: object) -> object:
     return value
 
 
+ApprovalModes = Annotated[tuple[ApprovalMode, ...], BeforeValidator(_modes)]
+"""A non-empty list of approval modes without repeats."""
+ApprovalModesOrNull = Annotated[
+    tuple[ApprovalMode, ...],
+    BeforeValidator(lambda v: _modes([m.value for m in DEFAULT_APPROVAL_MODES] if v is None else v)),
+]
+"""The top-level list: null is the default."""
+
+
 Sha256 = Annotated[str, StringConstraints(strict=True, pattern=r"^[0-9a-fA-F]{64}$")]
 Sha256List = Annotated[
     tuple[Annotated[str, Field(strict=True)], ...],
@@ -350,8 +387,9 @@ class TenantSection(CapabilitiesSection):
     """Host uid of its sandboxes (omit: allocated from ``tenant_uids``)."""
     gid: HostId | None = None
     """Host gid (omit: the uid)."""
-    approval_modes: Annotated[tuple[ApprovalMode, ...], BeforeValidator(_modes)] = tuple(ApprovalMode)
-    """The approval modes its sessions may choose; the first is what a session that names none gets."""
+    approval_modes: ApprovalModes | None = None
+    """The approval modes its sessions may choose; the first is what a session that names none gets
+    (omit: the top-level ``approval_modes``)."""
     egress: EgressSection | None = None
     """What its sandboxes reach through the egress proxy: keys laid over the top-level ``egress:``."""
     max_session_ttl_seconds: Seconds | None = None

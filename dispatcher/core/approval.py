@@ -17,7 +17,10 @@ Modes (``Session.approval_mode``; the README's Policy section has the table):
   previewing tools are staged as in review, and a human applies them all or none.
 
 In every mode a ``deny`` of the tenant's policy (per tool or per class) stays a deny, a per-tool
-mode of the policy wins over the mode's class defaults, and ``always_prompt`` tools always ask.
+mode of the policy wins over the mode's class defaults (in ``manual`` it can only ask or deny), the
+operator's per-mode overrides (``tool_confirmation.modes.<mode>.per_tool``) win over ``per_tool``
+but never open a denied class, and ``always_prompt`` tools (the definition's or the operator's
+``tool_confirmation.always_prompt``) always ask and are never remembered.
 """
 
 from __future__ import annotations
@@ -80,7 +83,10 @@ STAGING_MODES = frozenset({"review", "audit"})
 
 def mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:
     """``base`` (the tenant's policy) as ``mode`` applies it: the mode sets the class defaults,
-    except where ``base`` denies; trusted workspaces only lower the bar of ``cautious``."""
+    except where ``base`` denies; trusted workspaces only lower the bar of ``cautious``; in
+    ``manual`` a ``per_tool`` auto or prompt_once asks too (every step is approved); the operator's
+    ``tool_confirmation.modes.<mode>.per_tool`` entries then win over ``per_tool``."""
+    base = replace(base, in_mode=dict(base.modes.get(str(mode), {})))
     if mode in (ApprovalMode.AUTONOMOUS, ApprovalMode.AUDIT):
         floor = Mode.AUTO
     elif mode == ApprovalMode.MANUAL:
@@ -88,7 +94,18 @@ def mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:
     else:
         return base
     default = {e: Mode.DENY if base.default.get(e) is Mode.DENY else floor for e in SideEffect}
-    return replace(base, default=default, trusted_workspaces=(), trusted_workspace_overrides={})
+    per_tool = base.per_tool
+    if mode == ApprovalMode.MANUAL:
+        per_tool = {t: Mode.DENY if m is Mode.DENY else Mode.PROMPT for t, m in per_tool.items()}
+    return replace(
+        base, default=default, per_tool=per_tool, trusted_workspaces=(), trusted_workspace_overrides={}
+    )
+
+
+def always_asks(run: RunState, definition: ToolDefinition) -> bool:
+    """Whether every call of this tool asks, never remembered: its definition says so, or the
+    operator's ``tool_confirmation.always_prompt`` lists it."""
+    return definition.always_prompt or (run.session.policy or run.deps.policy).asks_always(definition.name)
 
 
 def policy_mode(run: RunState, definition: ToolDefinition) -> Mode:
@@ -113,7 +130,7 @@ def policy_mode(run: RunState, definition: ToolDefinition) -> Mode:
     if stages(run, definition):
         # Staged, not run: the human's approval is the apply. Only a tool that always asks does.
         run.decision = AuditDecision.STAGED
-        return Mode.PROMPT if definition.always_prompt else Mode.AUTO
+        return Mode.PROMPT if always_asks(run, definition) else Mode.AUTO
     if run.state.mode == ApprovalMode.PLAN and definition.side_effect in SIDE_EFFECTS_THAT_CHANGE:
         return Mode.PROMPT  # held back as a step; resolved first, so the step shows its real paths
     if run.state.mode == ApprovalMode.AUDIT and mode is Mode.AUTO:
@@ -133,7 +150,8 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
     if mode is Mode.AUTO:
         return
     broker = run.state.broker
-    remembered = None if definition.always_prompt else broker.remembered(definition.name)
+    always = always_asks(run, definition)
+    remembered = None if always else broker.remembered(definition.name)
     if remembered is not None:
         run.decision = _REMEMBERED[remembered]
         # Watchers see why the call ran (or was refused) without a question.
@@ -146,7 +164,7 @@ async def confirm(run: RunState, definition: ToolDefinition, input_: dict[str, A
             )
         return
     decision, remember = await ask(run, definition, input_)
-    if (remember or mode is Mode.PROMPT_ONCE) and not definition.always_prompt:
+    if (remember or mode is Mode.PROMPT_ONCE) and not always:
         broker.remember(definition.name, decision)  # an always-prompt tool is never remembered
     run.decision = _ANSWERED[decision]
     if decision is Decision.DENY:
@@ -221,7 +239,7 @@ async def ask(
             reason=FailureReason.TOO_LONG_TO_CONFIRM,
         )
     broker = run.state.broker
-    request_id, answer = broker.open(rememberable=not definition.always_prompt)
+    request_id, answer = broker.open(rememberable=not always_asks(run, definition))
     run.emit(
         ToolConfirmationRequested(
             request_id=request_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from dispatcher.core import staged_apply
@@ -84,9 +85,15 @@ class ToolDispatcher:
         self.registry.seal()
 
     def get_definitions_for_session(self, session: Session) -> list[ToolDefinition]:
-        """Definitions this session may see: role-hidden and capability-denied tools left out."""
+        """Definitions this session may see: role-hidden and capability-denied tools left out, and
+        ``always_prompt`` set where the session's policy makes a tool always ask."""
         caps = session.capabilities or _UNRESTRICTED
-        return [d for d in self.registry.definitions(session.role) if caps.check_tool(d.name)]
+        policy = session.policy or self.policy
+        return [
+            replace(d, always_prompt=True) if policy.asks_always(d.name) and not d.always_prompt else d
+            for d in self.registry.definitions(session.role)
+            if caps.check_tool(d.name)
+        ]
 
     # -- sessions -------------------------------------------------------------------------
 

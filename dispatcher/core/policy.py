@@ -49,16 +49,30 @@ class PolicyLayer:
     per_tool: Mapping[str, Mode] = field(default_factory=dict)
     trusted_workspaces: tuple[str, ...] = ()
     trusted_workspace_overrides: Mapping[SideEffect, Mode] = field(default_factory=dict)
+    always_prompt: tuple[str, ...] = ()
+    modes: Mapping[str, Mapping[str, Mode]] = field(default_factory=dict)
+    """Per approval mode name: ``per_tool`` entries for sessions in that mode (spec 004's
+    ``modeToolPermissions``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ConfirmationPolicy:
-    """Resolves the mode for one call: per-tool > trusted-workspace rules > class default; deny stays deny."""
+    """Resolves the mode for one call: the session mode's per-tool override > per-tool >
+    trusted-workspace rules > class default; deny stays deny; an always-prompt tool asks."""
 
     default: Mapping[SideEffect, Mode] = field(default_factory=lambda: dict(_CAUTIOUS))
     per_tool: Mapping[str, Mode] = field(default_factory=dict)
     trusted_workspaces: tuple[str, ...] = ()
     trusted_workspace_overrides: Mapping[SideEffect, Mode] = field(default_factory=dict)
+    always_prompt: frozenset[str] = frozenset()
+    """Tools that ask on every call, in every approval mode, never remembered (spec 004
+    ``alwaysRequireApproval``, set by the operator for any tool)."""
+    modes: Mapping[str, Mapping[str, Mode]] = field(default_factory=dict)
+    """``tool_confirmation.modes``: per approval mode, per-tool modes over ``per_tool``."""
+    in_mode: Mapping[str, Mode] = field(default_factory=dict)
+    """The per-tool overrides of the approval mode in force (``approval.mode_policy`` sets them):
+    they win over ``per_tool``, loosening or tightening it, but never open a class the policy
+    denies."""
 
     @classmethod
     def preset(cls, name: str) -> ConfirmationPolicy:
@@ -87,7 +101,16 @@ class ConfirmationPolicy:
                 **policy.trusted_workspace_overrides,
                 **layer.trusted_workspace_overrides,
             },
+            always_prompt=policy.always_prompt | frozenset(layer.always_prompt),
+            modes={
+                mode: {**policy.modes.get(mode, {}), **layer.modes.get(mode, {})}
+                for mode in {*policy.modes, *layer.modes}
+            },
         )
+
+    def asks_always(self, tool_name: str) -> bool:
+        """Whether the operator made ``tool_name`` ask on every call."""
+        return tool_name in self.always_prompt
 
     def is_trusted(self, workspace_path: str) -> bool:
         """True when ``workspace_path`` is, or is inside, a trusted workspace."""
@@ -98,11 +121,18 @@ class ConfirmationPolicy:
     ) -> Mode:
         """The mode that applies to one call.
 
-        A per-tool mode wins. Otherwise the class default applies, and a trusted workspace may
-        replace it with its override (auto when none) unless the default is ``deny``: trust lowers
-        the bar for what would be asked, it never opens what is forbidden.
+        The approval mode's per-tool override wins, unless the tool's class is denied; then a
+        per-tool mode. Otherwise the class default applies, and a trusted workspace may replace it
+        with its override (auto when none) unless the default is ``deny``: trust lowers the bar for
+        what would be asked, it never opens what is forbidden. A tool that always asks (its
+        definition's ``always_prompt`` or the policy's) is never ``auto`` nor ``prompt_once``.
         """
-        if tool_name in self.per_tool:
+        always_prompt = always_prompt or tool_name in self.always_prompt
+        if tool_name in self.in_mode:
+            mode = self.in_mode[tool_name]
+            if self.default.get(side_effect) is Mode.DENY:
+                mode = Mode.DENY
+        elif tool_name in self.per_tool:
             mode = self.per_tool[tool_name]
         else:
             mode = self.default.get(side_effect, Mode.PROMPT)

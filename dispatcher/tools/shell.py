@@ -84,7 +84,7 @@ def describe_network(
     definition: ToolDefinition, allow: Sequence[str], policy: EgressPolicy
 ) -> ToolDefinition:
     """``definition`` as a session sees it: shell's description says what its network reaches."""
-    if definition is not ShellTool.definition:
+    if definition.name != ShellTool.definition.name:  # the name is the registry's key
         return definition
     return dataclasses.replace(
         definition, description=f"{definition.description} {network_sentence(allow, policy)}"

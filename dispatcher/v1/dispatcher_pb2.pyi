@@ -290,7 +290,8 @@ class _ApprovalModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Approval
     """Every call asks, NONE and READ tools included."""
     APPROVAL_MODE_PLAN: _ApprovalMode.ValueType  # 4
     """Reads run; a call with side effects does not run, it becomes a proposed step (event
-    tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous.
+    tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous
+    (cautious where the tenant's approval_modes does not list autonomous).
     """
     APPROVAL_MODE_REVIEW: _ApprovalMode.ValueType  # 5
     """Writes of previewing tools (write_file, patch_file) are staged without asking: not yet on disk,
@@ -303,7 +304,12 @@ class _ApprovalModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Approval
     """
 
 class ApprovalMode(_ApprovalMode, metaclass=_ApprovalModeEnumTypeWrapper):
-    """How a session asks before it runs a call (spec 004); the README's Policy section has the table."""
+    """How a session asks before it runs a call (spec 004); the README's Policy section has the table.
+    A tenant's sessions may choose only the modes its config lists (approval_modes; default:
+    cautious, manual, review, plan): AUTONOMOUS and AUDIT run calls unasked that the operator's policy
+    would ask about, so the operator must list them; CreateSession with another is INVALID_ARGUMENT
+    naming the config key to set.
+    """
 
 APPROVAL_MODE_UNSPECIFIED: ApprovalMode.ValueType  # 0
 """Not set; CreateSession takes it as APPROVAL_MODE_CAUTIOUS."""
@@ -315,7 +321,8 @@ APPROVAL_MODE_MANUAL: ApprovalMode.ValueType  # 3
 """Every call asks, NONE and READ tools included."""
 APPROVAL_MODE_PLAN: ApprovalMode.ValueType  # 4
 """Reads run; a call with side effects does not run, it becomes a proposed step (event
-tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous.
+tool.step_proposed) until ApprovePlan approves the plan; then the session runs as autonomous
+(cautious where the tenant's approval_modes does not list autonomous).
 """
 APPROVAL_MODE_REVIEW: ApprovalMode.ValueType  # 5
 """Writes of previewing tools (write_file, patch_file) are staged without asking: not yet on disk,
@@ -738,6 +745,7 @@ class Tool(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     INPUT_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
     SIDE_EFFECT_FIELD_NUMBER: _builtins.int
+    ALWAYS_PROMPT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Exact-case tool name, as the model must use it."""
     description: _builtins.str
@@ -746,6 +754,11 @@ class Tool(_message.Message):
     """The input JSON Schema (provider-safe subset), as a JSON document."""
     side_effect: Global___SideEffect.ValueType
     """The tool's side-effect class."""
+    always_prompt: _builtins.bool
+    """Every call of this tool in this session asks a human, in every approval mode (autonomous and
+    audit included), and an answer is never remembered for it; only a deny of the policy overrides
+    it. Set by the tool's definition or by the operator's tool_confirmation.always_prompt.
+    """
     def __init__(
         self,
         *,
@@ -753,10 +766,11 @@ class Tool(_message.Message):
         description: _builtins.str = ...,
         input_schema_json: _builtins.str = ...,
         side_effect: Global___SideEffect.ValueType = ...,
+        always_prompt: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema_json", b"input_schema_json", "name", b"name", "side_effect", b"side_effect"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["always_prompt", b"always_prompt", "description", b"description", "input_schema_json", b"input_schema_json", "name", b"name", "side_effect", b"side_effect"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1498,7 +1512,10 @@ class CreateSessionRequest(_message.Message):
     role: Global___Role.ValueType
     """The session's role."""
     approval_mode: Global___ApprovalMode.ValueType
-    """How the session asks before running calls (UNSPECIFIED: cautious)."""
+    """How the session asks before running calls (UNSPECIFIED: the first of the tenant's
+    approval_modes, cautious by default). A mode the tenant's approval_modes does not list
+    (autonomous and audit are not listed by default) is INVALID_ARGUMENT naming the key to set.
+    """
     ttl_seconds: _builtins.int
     """Absolute lifetime in seconds (unset: the server's sessions.ttl_seconds; 0: none). Above the
     tenant's max_session_ttl_seconds, or negative: INVALID_ARGUMENT naming the maximum.

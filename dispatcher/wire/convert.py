@@ -71,6 +71,8 @@ class ToolInfo:
     description: str
     input_schema: Mapping[str, Any]
     side_effect: SideEffect
+    always_prompt: bool = False
+    """Every call asks a human, in every approval mode; an answer is never remembered for it."""
 
 
 # --- enums -----------------------------------------------------------------------------------------
@@ -152,13 +154,18 @@ def tool_to_pb(definition: ToolDefinition) -> pb.Tool:
         description=definition.description,
         input_schema_json=json.dumps(definition.input_schema, sort_keys=True),
         side_effect=side_effect_to_pb(definition.side_effect),
+        always_prompt=definition.always_prompt,
     )
 
 
 def tool_from_pb(msg: pb.Tool) -> ToolInfo:
     schema = json.loads(msg.input_schema_json) if msg.input_schema_json else {}
     return ToolInfo(
-        msg.name, msg.description, schema, side_effect_from_pb(msg.side_effect) or SideEffect.EXECUTE
+        msg.name,
+        msg.description,
+        schema,
+        side_effect_from_pb(msg.side_effect) or SideEffect.EXECUTE,
+        always_prompt=msg.always_prompt,
     )
 
 

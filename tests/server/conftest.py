@@ -24,6 +24,7 @@ from dispatcher.server.app import DispatcherServer, build_server
 TOKEN_ALPHA = "alpha-token-0123456789"
 TOKEN_BETA = "beta-token-0123456789"
 TOKEN_TINY = "tiny-token-0123456789"
+ALL_MODES = ["cautious", "autonomous", "manual", "plan", "review", "audit"]
 
 
 def base_config(tmp: Path) -> dict[str, Any]:
@@ -38,6 +39,9 @@ def base_config(tmp: Path) -> dict[str, Any]:
         "dispatcher": {"confirmation_timeout": 20},
         "sandbox": {"backend": "local"},
         "tools": ["tests.server.tools:make_echo_tool", "tests.server.tools:make_block_tool"],
+        # Every mode, autonomous and audit included (by default only those that never lower the
+        # policy's bar may be chosen: tests/server/test_mode_limits.py).
+        "approval_modes": ALL_MODES,
         "tenants": [
             {
                 "id": "alpha",

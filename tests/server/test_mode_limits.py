@@ -24,6 +24,13 @@ from tests.server.test_restart import local_config, sigterm, wait_stored
 TOKEN = "limited-token-0123456789"
 
 
+OTHER_TOKEN = "other-token-0123456789"
+
+
+def _other_tenant(modes: list[str] | None, root: Path) -> dict[str, Any]:
+    return {**_tenant(modes, root), "id": "other", "token_sha256": hash_token(OTHER_TOKEN)}
+
+
 def _tenant(modes: list[str] | None, root: Path) -> dict[str, Any]:
     tenant: dict[str, Any] = {"id": "limited", "token_sha256": hash_token(TOKEN), "workspace_root": str(root)}
     if modes is not None:
@@ -87,6 +94,56 @@ async def test_a_plan_cannot_be_approved_whole_where_only_plan_is_allowed(
     assert (await client.get_session(s.session_id)).approval_mode == "plan"
     steps, mode = await client.approve_plan(s.session_id, Decision.DENY)  # rejecting still works
     assert len(steps) == 1 and mode == "plan"
+
+
+async def test_by_default_a_caller_cannot_lower_the_operators_bar(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Issue 22 item 2: without ``approval_modes`` a session may not choose autonomous or audit
+    (they would run unasked what the operator's policy asks about); the refusal names the key."""
+    h = await make_server(approval_modes=None, tenants=[_tenant(None, tmp_path / "ws-limited")])
+    client = h.client(TOKEN)
+    for mode in ("autonomous", "audit"):
+        with pytest.raises(RequestFailed) as err:
+            await client.create_session(mode=mode)
+        assert err.value.code == "INVALID_ARGUMENT", mode
+        assert f"does not allow {mode!r}" in err.value.details
+        assert "tenants[0].approval_modes" in err.value.details, err.value.details
+    for mode in ("cautious", "manual", "review", "plan"):
+        assert (await client.create_session(mode=mode)).approval_mode == mode
+    assert (await client.create_session()).approval_mode == "cautious"
+
+
+async def test_the_top_level_approval_modes_allow_a_mode_for_tenants_without_their_own(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    h = await make_server(
+        approval_modes=["cautious", "autonomous"],
+        tenants=[_tenant(None, tmp_path / "ws-limited"), _other_tenant(["cautious"], tmp_path / "ws-o")],
+    )
+    assert (await h.client(TOKEN).create_session(mode="autonomous")).approval_mode == "autonomous"
+    with pytest.raises(RequestFailed) as err:
+        await h.client(OTHER_TOKEN).create_session(mode="autonomous")
+    assert "tenants[1].approval_modes" in err.value.details
+
+
+def test_the_default_tenant_refusal_names_the_top_level_key(tmp_path: Path) -> None:
+    data = local_config()
+    del data["approval_modes"]
+    server = start_serve(tmp_path, data=data)
+    try:
+        with DispatcherClient(server.target, home=str(server.home)) as client:
+            with pytest.raises(RequestFailed) as err:
+                client.create_session("w", mode="autonomous")
+            assert err.value.code == "INVALID_ARGUMENT"
+            assert "top-level approval_modes" in err.value.details, err.value.details
+            # An approved plan then runs as cautious: its calls ask as the operator configured.
+            s = client.create_session("w", mode="plan")
+            client.call(s.session_id, "write_file", {"path": "p.txt", "content": "x"})
+            _, mode = client.approve_plan(s.session_id, Decision.ALLOW)
+            assert mode == "cautious"
+    finally:
+        server.close()
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import yaml
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.server.conftest import ALL_MODES
 from tests.server.helpers import text_of
 from tests.server.serve_process import REPO, ServeProcess, start_serve
 
@@ -33,6 +34,7 @@ def local_config(**overrides: Any) -> dict[str, Any]:
         "log": {"format": "json", "level": "info"},
         "tool_confirmation": {"default": {"EXECUTE": "auto"}},
         "tools": ["tests.server.tools:make_block_tool"],
+        "approval_modes": ALL_MODES,
         **overrides,
     }
 

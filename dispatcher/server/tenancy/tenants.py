@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from dispatcher.config.load import TenantConfig
-from dispatcher.config.sections import Quotas, UidRange
+from dispatcher.config.sections import DEFAULT_APPROVAL_MODES, Quotas, UidRange
 from dispatcher.core.approval import ApprovalMode, parse_mode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
@@ -37,8 +37,10 @@ class Tenant:
     uid: int | None = None
     """Host uid of the tenant's sandboxes (None: the sandbox backend's configured user)."""
     gid: int | None = None
-    approval_modes: tuple[ApprovalMode, ...] = tuple(ApprovalMode)
+    approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
     """The modes its sessions may choose (``tenants[].approval_modes``); the first is the default."""
+    approval_modes_key: str = "top-level approval_modes"
+    """The config key an operator sets to allow another mode (a refusal names it)."""
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """What its sandboxes reach through the egress proxy; ``capabilities.egress_allow`` is its list."""
     max_session_ttl_seconds: float | None = None
@@ -58,7 +60,8 @@ def allowed_mode(tenant: Tenant, name: str | None) -> ApprovalMode:
     if mode not in tenant.approval_modes:
         allowed = ", ".join(m.value for m in tenant.approval_modes)
         raise ValueError(
-            f"approval_mode: tenant {tenant.tenant_id!r} does not allow {mode.value!r} (allowed: {allowed})"
+            f"approval_mode: tenant {tenant.tenant_id!r} does not allow {mode.value!r} (allowed: {allowed});"
+            f" the server's operator allows it by listing it in the config's {tenant.approval_modes_key}"
         )
     return mode
 
@@ -141,6 +144,7 @@ class TenantDirectory:
                 uid=uid,
                 gid=gid,
                 approval_modes=cfg.approval_modes,
+                approval_modes_key=cfg.approval_modes_key,
                 egress=cfg.egress,
                 max_session_ttl_seconds=cfg.max_session_ttl_seconds,
             )
