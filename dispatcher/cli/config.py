@@ -24,9 +24,14 @@ def add_verbs(verbs: Any) -> None:
     check = verbs.add_parser(
         "config-check",
         help="validate a config file as serve would, without starting (exit 2 naming each bad key)",
-        description="Validate FILE as `dispatcher serve --config FILE` would before it starts: every "
-        "key, the checks across keys, the TLS files, and the custom tools (their modules are "
-        "imported, as serve does). Nothing is written; Docker and MCP servers are not contacted.",
+        description="Validate FILE with the checks `dispatcher serve --config FILE` runs before it "
+        "starts, reporting every problem at once: every key, the checks across keys, the TLS files, "
+        "the tool registry built (built-in and custom tools; their modules are imported, as serve "
+        "does), every tool name in timeouts, tool_confirmation (per_tool, always_prompt, "
+        "modes.*.per_tool) and tenants[].tools, and fs grants inside the workspace. MCP servers are "
+        "not started: a name mcp_<server>_<tool> of a configured server is accepted here and checked "
+        "by serve once the server lists its tools. Nothing is written; Docker is contacted only with "
+        "--images.",
     )
     check.add_argument("config", metavar="FILE")
     check.add_argument(
@@ -34,6 +39,12 @@ def add_verbs(verbs: Any) -> None:
         action="store_true",
         help="also print (YAML) the Pod, workspace PVC and NetworkPolicy the kubernetes backend "
         "would create for a session of the first tenant, for review",
+    )
+    check.add_argument(
+        "--images",
+        action="store_true",
+        help="also run serve's sandbox preflight: the Docker daemon answers and the configured image "
+        "exists, has python and this server's agent, and does not run as root",
     )
     check.set_defaults(func=_check)
 
@@ -51,19 +62,51 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """Raises ConfigError (main prints it and exits 2) when the file is not valid."""
+    """Raises ConfigError (main prints it and exits 2) with every problem, one per line."""
     from dispatcher.config.load import load_config
-    from dispatcher.server.app import load_tool_factory
+    from dispatcher.core.errors import ConfigError
+    from dispatcher.core.registry import ToolRegistry
+    from dispatcher.server.config_check import check_served_config
 
-    config = load_config(args.config)
-    for i, spec in enumerate(config.custom_tools):
-        load_tool_factory(spec, f"tools[{i}]")
+    problems: list[str] = []
+    config = load_config(args.config, problems=problems)
+    try:
+        check_served_config(config, ToolRegistry())
+    except ConfigError as exc:
+        problems.extend(str(exc).splitlines())
+    if args.images:
+        problems.extend(_images(config))
+    if problems:
+        raise ConfigError("\n".join(problems))
     tenants = f"{len(config.tenants)} tenant(s)" if config.tenants else "the single default tenant"
     if getattr(args, "show_pod", False):
         sys.stdout.write(pod_review(config))
         return 0
-    print(f"{args.config}: valid ({tenants}, sandbox backend {config.sandbox_backend})")
+    images = ""
+    if args.images:
+        images = ", image checked" if config.sandbox_backend == "docker" else ", no image to check"
+    print(f"{args.config}: valid ({tenants}, sandbox backend {config.sandbox_backend}{images})")
     return 0
+
+
+def _images(config: Any) -> list[str]:
+    """serve's preflight of the sandbox (``provider.check_ready``), its refusal as a problem."""
+    import asyncio
+
+    from dispatcher.server.app import make_provider
+    from dispatcher.server.config_check import check_images
+
+    if config.sandbox_backend != "docker":
+        return []
+
+    async def run() -> list[str]:
+        provider = make_provider(config)
+        try:
+            return await check_images(config, provider)
+        finally:
+            await provider.aclose()
+
+    return asyncio.run(run())
 
 
 def pod_review(config: Config) -> str:

@@ -143,8 +143,12 @@ def load_config(
     listen: str | None = None,
     home: str | None = None,
     env: Mapping[str, str] | None = None,
+    problems: list[str] | None = None,
 ) -> Config:
     """Read and validate the YAML file (if any) and apply env and flag overrides.
+
+    ``problems``: the checks across keys append to it instead of raising (``config-check`` goes on
+    to report the rest of what ``serve`` checks in the same run).
 
     Raises:
         ConfigError: naming the offending key; also for an unreadable file or bad YAML.
@@ -163,7 +167,7 @@ def load_config(
         if loaded is not None and not isinstance(loaded, Mapping):
             raise ConfigError(f"{source}: the top level must be a mapping")
         data = loaded or {}
-    return _build(data, source=source, listen=listen, home=home, env=env)
+    return _build(data, source=source, listen=listen, home=home, env=env, problems=problems)
 
 
 def _build(
@@ -173,21 +177,30 @@ def _build(
     listen: str | None,
     home: str | None,
     env: Mapping[str, str],
+    problems: list[str] | None = None,
 ) -> Config:
     file: ConfigFile = validate_section(ConfigFile, data, "")
     listen_addr = check_listen(listen or env.get(ENV_LISTEN) or file.listen, "listen")
     home_dir = Path(home or env.get(ENV_HOME) or file.home).expanduser().absolute()
-    tenants = _tenants(file.tenants or (), home_dir, file.egress, file.approval_modes)
+    found: list[str] = []  # every check across keys runs: one run reports every mistake
+    tenants = _tenants(file.tenants or (), home_dir, file.egress, file.approval_modes, found)
     audit_path = Path(file.audit_log).expanduser() if file.audit_log else home_dir / "audit.jsonl"
-    _check_workspace_roots(tenants, home_dir, audit_path)
+    _check_workspace_roots(tenants, home_dir, audit_path, found)
     tool_confirmation = file.tool_confirmation.layer() if file.tool_confirmation else None
+    dispatcher = _dispatcher_config(
+        file.dispatcher, file.server, file.timeouts, file.dispatch.ordering, found
+    )
+    if found and problems is None:
+        raise ConfigError("\n".join(found))
+    if problems is not None:
+        problems.extend(found)
     return Config(
         listen=listen_addr,
         home=home_dir,
         log_format=file.log.format,
         log_level=file.log.level,
         server=file.server,
-        dispatcher=_dispatcher_config(file.dispatcher, file.server, file.timeouts, file.dispatch.ordering),
+        dispatcher=dispatcher,
         policy=ConfirmationPolicy().merged(tool_confirmation),
         sandbox_backend=file.sandbox.backend,
         sandbox=_embedded_pool(file.sandbox.docker(), source),
@@ -294,8 +307,9 @@ def _tenants(
     home: Path,
     egress: EgressSection,
     approval_modes: tuple[ApprovalMode, ...],
+    problems: list[str],
 ) -> tuple[TenantConfig, ...]:
-    """Each tenant's own: ids, tokens and uids are never shared."""
+    """Each tenant's own: ids, tokens and uids are never shared (else a line in ``problems``)."""
     seen_ids: set[str] = set()
     seen_hashes: set[str] = set()
     seen_uids: dict[int, str] = {}
@@ -303,14 +317,14 @@ def _tenants(
     for i, item in enumerate(sections):
         where = f"tenants[{i}]"
         if item.id in seen_ids:
-            raise ConfigError(f"{where}.id: duplicate tenant id {item.id!r}")
+            problems.append(f"{where}.id: duplicate tenant id {item.id!r}")
         seen_ids.add(item.id)
         for digest in item.token_sha256:
             if digest in seen_hashes:
-                raise ConfigError(f"{where}.token_sha256: token already belongs to another tenant")
+                problems.append(f"{where}.token_sha256: token already belongs to another tenant")
             seen_hashes.add(digest)
         if item.uid is not None and item.uid in seen_uids:
-            raise ConfigError(
+            problems.append(
                 f"{where}.uid: {item.uid} belongs to tenant {seen_uids[item.uid]!r}; tenants never share"
             )
         if item.uid is not None:
@@ -338,62 +352,65 @@ def _tenants(
     return tuple(out)
 
 
-def _check_workspace_roots(tenants: tuple[TenantConfig, ...], home: Path, audit: Path) -> None:
-    """A tenant's sandboxes write under its root: no root may hold another's, or the server's state.
-
-    Raises:
-        ConfigError: naming the tenant's ``workspace_root``.
-    """
+def _check_workspace_roots(
+    tenants: tuple[TenantConfig, ...], home: Path, audit: Path, problems: list[str]
+) -> None:
+    """A tenant's sandboxes write under its root: no root may hold another's, or the server's state
+    (else a line in ``problems`` naming the tenant's ``workspace_root``)."""
     real_home = Path(os.path.realpath(home))
     state = [real_home / name for name in HOME_STATE] + [Path(os.path.realpath(audit))]
     roots = [Path(os.path.realpath(t.workspace_root)) for t in tenants]
     for i, root in enumerate(roots):
         where = f"tenants[{i}].workspace_root"
         if real_home.is_relative_to(root):
-            raise ConfigError(
+            problems.append(
                 f"{where}: {root} holds the server's home {real_home}; use a directory of its own"
             )
-        for path in state:
-            if path.is_relative_to(root) or root.is_relative_to(path):
-                raise ConfigError(
-                    f"{where}: {root} overlaps the server's state {path}; use another directory"
-                )
+            continue
+        overlaps = [p for p in state if p.is_relative_to(root) or root.is_relative_to(p)]
+        if overlaps:
+            problems.append(
+                f"{where}: {root} overlaps the server's state {overlaps[0]}; use another directory"
+            )
         for j, other_root in enumerate(roots):
             if j != i and root.is_relative_to(other_root):
-                raise ConfigError(
+                problems.append(
                     f"{where}: {root} is inside (or equal to) tenant {tenants[j].tenant_id!r}'s workspace"
                     f" root {other_root}; every tenant needs a root of its own, apart from the others"
                 )
 
 
 def _dispatcher_config(
-    section: DispatcherSection, server: ServerOptions, timeouts: Mapping[str, float], ordering: Ordering
+    section: DispatcherSection,
+    server: ServerOptions,
+    timeouts: Mapping[str, float],
+    ordering: Ordering,
+    problems: list[str],
 ) -> DispatcherConfig:
     """The ``dispatcher:`` section, its byte limits fitted into one another: a result into
     ``server.max_message_bytes``, a tool input into ``server.max_request_bytes``, a write_file's
     content (as base64) into a tool input. A limit the file leaves out comes down with a smaller
     one; a limit it sets that does not fit is an error.
 
-    Raises:
-        ConfigError: naming the key that does not fit, and what it must fit.
+    A key that does not fit is a line in ``problems`` naming it and what it must fit.
     """
     given = section.model_fields_set
     room = server.max_message_bytes - RESULT_MESSAGE_MARGIN
     if "result_budget_bytes" in given and section.result_budget_bytes > room:
-        raise ConfigError(
+        problems.append(
             f"dispatcher.result_budget_bytes: {section.result_budget_bytes} leaves no room in "
             f"server.max_message_bytes ({server.max_message_bytes}); at most {room}"
         )
     input_room = server.max_request_bytes - RESULT_MESSAGE_MARGIN
     if "max_input_bytes" in given and section.max_input_bytes > input_room:
-        raise ConfigError(
+        problems.append(
             f"dispatcher.max_input_bytes: {section.max_input_bytes} leaves no room in "
             f"server.max_request_bytes ({server.max_request_bytes}); at most {input_room}"
         )
     max_input = max(min(section.max_input_bytes, input_room), 1)
     write_room = max((max_input - WRITE_INPUT_MARGIN) // 4 * 3, 1)  # base64: 4 characters per 3 bytes
     if "max_write_bytes" in given and section.max_write_bytes > write_room:
-        raise ConfigError(
+        problems.append(
             f"dispatcher.max_write_bytes: {section.max_write_bytes} as base64 does not fit "
             f"dispatcher.max_input_bytes ({max_input}); at most {write_room}"
         )

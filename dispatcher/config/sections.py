@@ -7,6 +7,7 @@ turned into the domain's own types by ``dispatcher.config.load``.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -304,11 +305,20 @@ class ToolConfirmation(Section):
         )
 
 
+def _inside_workspace(path: str) -> str:
+    # As Capabilities.of normalises it: a grant over ".." would match no path, so every call of the
+    # tenant would fail; say so at start instead.
+    norm = posixpath.normpath(path.strip("/") or ".")
+    if norm == ".." or norm.startswith("../"):
+        raise ValueError(f'{path!r} leaves the workspace; a grant is a path inside it (".": all of it)')
+    return path
+
+
 class FsGrantSection(Section):
     """One workspace path prefix and what a sandbox may do under it."""
 
-    path: Annotated[str, Field(strict=True)]
-    """Relative to the workspace ("." is all of it)."""
+    path: Annotated[str, Field(strict=True), AfterValidator(_inside_workspace)]
+    """Relative to the workspace ("." is all of it); one leaving it (``../etc``) is an error."""
     mode: GrantMode = "r"
     """``r``: read only; ``rw``: read and write."""
 

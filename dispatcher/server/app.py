@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import signal
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,14 +16,15 @@ from dispatcher.config.load import Config
 from dispatcher.config.sections import ServerOptions, TlsFiles
 from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
-from dispatcher.core.errors import ConfigError, ToolRegistrationError
+from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
 from dispatcher.core.session_clock import Lifetime, OnExpire
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
-from dispatcher.core.types import ToolFactory
 from dispatcher.mcp.servers import McpServers
 from dispatcher.sandbox.transfer import AgentTreeTransport
+from dispatcher.server.config_check import check_served_config, check_tool_names
+from dispatcher.server.config_check import load_tool_factory as load_tool_factory
 from dispatcher.server.egress_wiring import egress_gateway
 from dispatcher.server.observability.setup import Observability
 from dispatcher.server.persistence.home_lock import HomeLock
@@ -75,43 +74,20 @@ def make_provider(config: Config) -> ServedProvider:
     )
 
 
-def load_tool_factory(spec: str, where: str = "tools") -> ToolFactory:
-    """Import ``module:factory`` (the factory makes one fresh Tool per call).
-
-    Raises:
-        ConfigError: naming the entry (``where``), when it cannot be imported or is not callable.
-    """
-    module_name, _, attr = spec.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except Exception as exc:  # ImportError, AttributeError, or whatever the module raised on import
-        raise ConfigError(f"{where}: cannot load {spec!r}: {exc!r}") from exc
-    if not callable(target):
-        raise ConfigError(f"{where}: {spec!r} is not callable")
-    factory: ToolFactory = target
-    return factory
-
-
 def build_dispatcher(
     config: Config, provider: SandboxProvider, observer: CallObserver = NO_OBSERVER
 ) -> ToolDispatcher:
-    """The core dispatcher with the built-in tools and the config's custom tools registered."""
-    from dispatcher.tools import builtin_factories
+    """The core dispatcher with the built-in tools and the config's custom tools registered, the
+    config checked against them as ``config-check`` does (``config_check.check_served_config``).
 
+    Raises:
+        ConfigError: every problem, one per line.
+    """
     audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
     dispatcher = ToolDispatcher(
         provider, config=config.dispatcher, policy=config.policy, audit=audit, observer=observer
     )
-    for factory in builtin_factories(max_write_bytes=config.dispatcher.max_write_bytes):
-        dispatcher.register(factory, builtin=True)
-    for i, spec in enumerate(config.custom_tools):
-        where = f"tools[{i}]"
-        try:
-            dispatcher.register(load_tool_factory(spec, where))
-        except ToolRegistrationError as exc:  # duplicate or built-in name, schema outside the subset
-            raise ConfigError(f"{where}: {spec!r}: {exc}") from None
+    check_served_config(config, dispatcher.registry)
     return dispatcher
 
 
@@ -250,6 +226,10 @@ class DispatcherServer:
         if self.port == 0:
             raise ConfigError(f"listen: cannot bind {self.config.listen}")
         await self.mcp.register(self.dispatcher)  # MCP servers' tools, before the seal
+        # Now that the MCP servers listed theirs, every tool name in the config is checked exactly.
+        problems = check_tool_names(self.config, self.dispatcher.registry.list(), mcp_pending=False)
+        if problems:
+            raise ConfigError("\n".join(problems))
         self.dispatcher.seal()
         await self.provider.check_ready()  # fail at start, clearly, not on the first tool call
         # Disk quotas, before CreateSession makes any workspace.
