@@ -226,8 +226,14 @@ def _answer(client: DispatcherClient, session_id: str, event: Event, args: argpa
         reply = input(f"  allow {p.tool_name}? [y/N] ").strip().lower()
         decision = Decision.ALLOW if reply in ("y", "yes") else Decision.DENY
     else:
+        # Said at once: otherwise a script sees nothing until the confirmation timeout ends the call.
+        # The call keeps waiting, since a human may answer from another terminal.
+        why = "--json output" if args.json else "stdin is not a terminal"
         print(
-            f"  waiting for an answer: dispatcher approve|deny {session_id} {request_id}",
+            f"  nobody can answer here ({why}): the call waits for an answer from another terminal, "
+            f"`dispatcher approve {session_id} {request_id}` (or deny), until the server's "
+            "confirmation timeout (dispatcher.confirmation_timeout, 300 s by default); "
+            "run it with --yes to approve its requests here",
             file=sys.stderr,
             flush=True,
         )

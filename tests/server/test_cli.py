@@ -90,6 +90,39 @@ async def test_approve_from_another_terminal(harness: Harness, capsys: pytest.Ca
     assert "not applied" in capsys.readouterr().out
 
 
+async def test_call_without_a_terminal_says_at_once_that_nobody_can_answer_here(
+    harness: Harness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22 item 8: no terminal on stdin, a prompting policy: the hint comes with the request,
+    not after the confirmation timeout, and the call still takes an answer from elsewhere."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal
+    session = await harness.client().create_session("no-tty")
+    call = asyncio.create_task(
+        run(
+            harness,
+            "call",
+            "write_file",
+            '{"path": "t.txt", "content": "ok"}',
+            "--session",
+            session.session_id,
+        )
+    )
+    request = await next_event(harness.client(), session.session_id, "tool.confirmation_requested")
+    request_id = str(request.payload.request_id)
+    err = ""
+
+    def hinted() -> bool:
+        nonlocal err
+        err += capsys.readouterr().err
+        return "nobody can answer here" in err
+
+    await until(hinted, "the hint, before any answer")
+    assert f"dispatcher approve {session.session_id} {request_id}" in err and "--yes" in err
+    assert not call.done()  # still waiting: a human may answer from another terminal
+    assert await run(harness, "approve", session.session_id, request_id) == 0
+    assert await asyncio.wait_for(call, 20) == 0
+
+
 async def test_watch_prints_until_the_session_closes(
     harness: Harness, capsys: pytest.CaptureFixture[str]
 ) -> None:
