@@ -10,6 +10,7 @@ the client.
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 import tarfile
 from collections.abc import Iterable, Iterator
@@ -20,7 +21,7 @@ _BLOCK = tarfile.BLOCKSIZE
 
 
 class LocalTreeError(ValueError):
-    """The local tree cannot be uploaded as it is (a symlink, a device, an unreadable file)."""
+    """The local tree cannot be uploaded as it is (a link leaving it, a device, an unreadable file)."""
 
 
 def _entries(root: str) -> Iterator[tuple[str, str]]:
@@ -40,13 +41,33 @@ def _entries(root: str) -> Iterator[tuple[str, str]]:
         stack.extend(reversed(subdirs))
 
 
+def _link_inside(full: str, arc: str) -> str:
+    """The target of the symlink ``full`` (archive name ``arc``) when the agent will accept it:
+    relative, staying inside the uploaded tree, no ``..`` after a name.
+
+    Raises:
+        LocalTreeError: naming the link and why.
+    """
+    target = os.readlink(full)
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    ups = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+    landed = posixpath.normpath(posixpath.join(posixpath.dirname(arc), target)) if target else ".."
+    if target.startswith("/") or ".." in parts[ups:] or landed == ".." or landed.startswith("../"):
+        raise LocalTreeError(
+            f"{full}: a symbolic link to {target!r}; uploads carry only relative links that stay "
+            "inside the uploaded tree"
+        )
+    return target
+
+
 def tar_chunks(local_dir: str, *, chunk: int = CHUNK) -> Iterator[bytes]:
     """The contents of ``local_dir`` as a tar stream (names relative to it), in ~``chunk`` pieces.
 
-    Regular files keep their mode and mtime; directories too.
+    Regular files keep their mode and mtime; directories too. A relative symlink whose target
+    stays inside the tree is carried as a link (the agent makes it, never following it).
 
     Raises:
-        LocalTreeError: the tree holds a symlink or a special file (uploads refuse them).
+        LocalTreeError: the tree holds a special file or a symlink leaving the tree, naming it.
     """
     if not os.path.isdir(local_dir):
         raise LocalTreeError(f"{local_dir}: not a directory")
@@ -60,9 +81,14 @@ def tar_chunks(local_dir: str, *, chunk: int = CHUNK) -> Iterator[bytes]:
             info.type = tarfile.DIRTYPE
         elif stat.S_ISREG(st.st_mode):
             info.size = st.st_size
+        elif stat.S_ISLNK(st.st_mode):
+            info.type = tarfile.SYMTYPE
+            info.linkname = _link_inside(full, arc)
+            info.mode = 0o777
         else:
-            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file or directory"
-            raise LocalTreeError(f"{full}: {kind}; uploads carry regular files and directories only")
+            raise LocalTreeError(
+                f"{full}: not a regular file, directory or symbolic link; uploads carry only those"
+            )
         pending += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
         if info.isreg():
             with open(full, "rb") as f:

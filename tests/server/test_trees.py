@@ -131,9 +131,10 @@ async def test_cli_upload_and_download(
     assert await run("download", sid, "in", str(tmp_path / "out"), "--json") == 0
     assert json.loads(capsys.readouterr().out)["files"] == 4
     assert_same_tree(files, tmp_path / "out")
-    (tmp_path / "src" / "link").symlink_to("README.md")
+    (tmp_path / "src" / "link").symlink_to("../outside.txt")
     assert await run("upload", sid, str(tmp_path / "src")) == cli.EXIT_USAGE
-    assert "symbolic link" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and "link" in err and "inside the uploaded tree" in err
     assert await run("download", sid, "missing", str(tmp_path / "x")) == cli.EXIT_BY_CODE["NOT_FOUND"]
     assert await run("upload", "ses_nope", str(tmp_path / "out")) == cli.EXIT_BY_CODE["NOT_FOUND"]
 
@@ -186,6 +187,59 @@ async def test_hostile_names_refused_naming_the_member(harness: Harness) -> None
         assert info.value.code == "INVALID_ARGUMENT" and bad in info.value.details, info.value
     assert not (workspace / "d").exists() and not (workspace.parent / "escape.txt").exists()
     assert audit_records(harness)[-1]["outcome"] == "TransferRefused"
+
+
+def link(name: str, target: str) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, MTIME
+    return info, None
+
+
+async def test_a_tree_with_relative_links_inside_it_uploads_them_as_links(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """Issue 22 item 8: a tree holding symlinks that stay inside it uploads whole; each lands as a
+    link (made, never followed), the files it names stay where they are."""
+    files = make_tree(tmp_path / "src")
+    (tmp_path / "src" / "readme-link").symlink_to("README.md")
+    (tmp_path / "src" / "a" / "b" / "up").symlink_to("../../data")
+    client = harness.client()
+    session = await client.create_session("links")
+    await client.upload(session.session_id, str(tmp_path / "src"), "in")
+    dest = Path(session.workspace_path) / "in"
+    assert os.readlink(dest / "readme-link") == "README.md"
+    assert os.readlink(dest / "a" / "b" / "up") == "../../data"
+    assert (dest / "a" / "b" / "up" / "blob.bin").read_bytes() == files["data/blob.bin"][0]
+    result = await client.call(session.session_id, "read_file", {"path": "in/readme-link"})
+    assert "# demo" in "".join(getattr(b, "text", "") for b in result.content)
+
+
+async def test_links_leaving_the_upload_or_written_through_are_refused_naming_the_member(
+    harness: Harness,
+) -> None:
+    client = harness.client()
+    session = await client.create_session("bad-links")
+    workspace = Path(session.workspace_path)
+    cases = {
+        "out": [link("out", "../x")],
+        "abs": [link("abs", "/etc")],
+        "deep/sneaky": [link("deep/sneaky", "here/../../../x")],
+        "dot/twice": [link("dot/self", "."), link("dot/twice", "self/../../x")],
+        "via/file.txt": [link("via", "real"), member("via/file.txt")],  # never written through
+    }
+    for bad, members in cases.items():
+        with pytest.raises(RequestFailed) as info:
+            await client.upload_tar(session.session_id, [tar_of(member("ok.txt"), *members)], "d")
+        assert info.value.code == "INVALID_ARGUMENT" and bad in info.value.details, (bad, info.value)
+        assert not (workspace / "d").exists(), bad
+    # The last member of a name wins: a file after a link of that name replaces the link itself.
+    await client.upload_tar(
+        session.session_id,
+        [tar_of(member("target.txt", b"t"), link("l", "target.txt"), member("l", b"f"))],
+        "e",
+    )
+    assert not (workspace / "e" / "l").is_symlink() and (workspace / "e" / "l").read_bytes() == b"f"
+    assert (workspace / "e" / "target.txt").read_bytes() == b"t"
 
 
 async def test_limits_are_clear_statuses(make_server: ServerFactory, tmp_path: Path) -> None:

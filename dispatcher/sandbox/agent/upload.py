@@ -6,6 +6,7 @@ import contextlib
 import errno
 import itertools
 import os
+import posixpath
 import queue
 import shutil
 import stat
@@ -236,7 +237,8 @@ class Upload:
     def _extract(self, tar: tarfile.TarFile, info: tarfile.TarInfo, member: str, staged: _DirWalker) -> None:
         rel = _member_path(info.name)
         if info.issym():
-            raise _refuse(member, "is a symbolic link (uploads carry files and directories only)")
+            self._link(info, rel, member, staged)
+            return
         if info.islnk():
             raise _refuse(member, "is a hard link (uploads carry files and directories only)")
         if info.ischr() or info.isblk():
@@ -263,14 +265,7 @@ class Upload:
             raise _refuse(member, "a file cannot replace the destination directory")
         if self.bytes + info.size > self.max_bytes:
             raise OpError("too_large", f"{member}: the files pass {self.max_bytes} bytes (max_upload_bytes)")
-        previous = self.entries.get(rel)
-        if previous is not None and previous[0] == "dir":
-            raise _refuse(member, "a file with the name of a directory earlier in the archive")
-        head, _, name = rel.rpartition("/")
-        pfd = staged.get(head, member, create=True)
-        if previous is not None:  # the same name twice in one archive: the last one wins
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=pfd)
+        name, pfd, previous = self._replaceable(rel, member, staged)
         fd = os.open(
             name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd
         )
@@ -291,9 +286,50 @@ class Upload:
         finally:
             os.close(fd)
         self.bytes += info.size
-        if previous is None:
+        if previous is None or previous[0] != "file":
             self.files += 1
         self.entries[rel] = ("file", mode, float(info.mtime))
+
+    def _replaceable(
+        self, rel: str, member: str, staged: _DirWalker
+    ) -> tuple[str, int, tuple[str, int, float] | None]:
+        """(name, its staged directory's fd, the earlier entry) for a file or link member;
+        an earlier file or link of the same name is removed (the last one wins), never followed.
+        Its directory is walked without following links, so a member whose path goes through a
+        symlink made earlier in the archive is refused naming it."""
+        previous = self.entries.get(rel)
+        if previous is not None and previous[0] == "dir":
+            raise _refuse(member, "a file with the name of a directory earlier in the archive")
+        head, _, name = rel.rpartition("/")
+        pfd = staged.get(head, member, create=True)
+        if previous is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=pfd)
+        return name, pfd, previous
+
+    def _link(self, info: tarfile.TarInfo, rel: str, member: str, staged: _DirWalker) -> None:
+        """A relative symlink whose target stays inside the upload (checked lexically, from the
+        link's directory, against the upload's root); made with symlinkat, never followed here."""
+        target = info.linkname
+        if not rel:
+            raise _refuse(member, "a symbolic link cannot replace the destination directory")
+        if not target or "\x00" in target:
+            raise _refuse(member, "is a symbolic link with an empty or NUL-holding target")
+        if target.startswith("/"):
+            raise _refuse(member, f"is a symbolic link to an absolute path ({clean(target[:200])})")
+        parts = [p for p in target.split("/") if p not in ("", ".")]
+        ups = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+        if ".." in parts[ups:]:
+            # "l -> x/../y" follows x first: were x a link, ".." would climb from where x points.
+            raise _refuse(member, f"is a symbolic link with '..' after a name ({clean(target[:200])})")
+        landed = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+        if landed == ".." or landed.startswith("../"):
+            raise _refuse(member, f"is a symbolic link leaving the uploaded tree ({clean(target[:200])})")
+        if len(self.entries) >= self.max_files and rel not in self.entries:
+            raise OpError("too_large", f"{member}: more than {self.max_files} entries (max_upload_files)")
+        name, pfd, _ = self._replaceable(rel, member, staged)
+        os.symlink(target, name, dir_fd=pfd)
+        self.entries[rel] = ("link", 0o777, float(info.mtime))
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -326,7 +362,7 @@ class Upload:
             for rel in dirs:
                 dest.get(rel, rel, create=True)
             for rel, (kind, _, _) in self.entries.items():
-                if kind == "file" and rel.partition("/")[0] not in moved:
+                if kind in ("file", "link") and rel.partition("/")[0] not in moved:
                     head, _, name = rel.rpartition("/")
                     src_dir = staged.get(head, rel, create=False)
                     os.replace(name, name, src_dir_fd=src_dir, dst_dir_fd=dest.get(head, rel, create=True))
@@ -404,7 +440,7 @@ class Upload:
                     break
             else:
                 found = kind_of(rel)
-                if kind == "file" and found == "dir":
+                if kind in ("file", "link") and found == "dir":
                     raise OpError("conflict", f"{rel}: is a directory in the workspace")
                 if kind == "dir" and found != "dir" and found != "missing":
                     what = "a symbolic link" if found == "link" else "a file"

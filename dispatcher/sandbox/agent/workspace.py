@@ -89,7 +89,36 @@ def _inside(path: str, root: str) -> bool:
 def os_error(exc: OSError, shown: str) -> OpError:
     code = errno.errorcode.get(exc.errno or 0, "EIO")
     # strerror only: the filename in the exception is a real path, which must not leak.
-    return OpError(code, f"{shown}: {exc.strerror or code}")
+    message = f"{shown}: {exc.strerror or code}"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        message += _owner_hint(exc.filename)
+    return OpError(code, message)
+
+
+def _owner_hint(filename: object) -> str:
+    """Why a path of the workspace (absolute: the exception's) is refused to the sandbox user, when
+    it or its directory belongs to another user; "" when that is not why."""
+    if not isinstance(filename, str) or not filename.startswith("/"):
+        return ""
+    for path, what in ((filename, "the file"), (os.path.dirname(filename), "its directory")):
+        try:
+            return not_owned(os.lstat(path), what)
+        except OSError:
+            continue
+    return ""
+
+
+def not_owned(st: os.stat_result, what: str) -> str:
+    """The hint for a ``Permission denied`` on something ``st`` describes, when the sandbox user
+    does not own it (a file placed on the host as root, typically): whose it is and the fix."""
+    me, group = os.geteuid(), os.getegid()
+    if st.st_uid == me:
+        return ""
+    return (
+        f" ({what} belongs to uid {st.st_uid}, not to the sandbox user, uid {me}: a file placed "
+        f"in the workspace from the host must be owned by the sandbox user; on the host, "
+        f"`chown {me}:{group}` it, or make it readable/writable for uid {me})"
+    )
 
 
 class Workspace:
@@ -318,9 +347,13 @@ class Workspace:
                 raise _changed(shown, pinned)  # approved as a file (or nothing), now a link
             mode = stat.S_IMODE(st.st_mode)
         tmp = f".~{os.urandom(6).hex()}.tmp"  # short: a long leaf name plus a suffix could overflow
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
-        )
+        try:
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
+            )
+        except PermissionError as exc:  # the directory is not the sandbox user's to write in
+            hint = not_owned(os.fstat(dfd), "its directory")
+            raise OpError("EACCES", f"{shown}: {exc.strerror}{hint}") from None
         try:
             try:
                 view = memoryview(data)

@@ -69,3 +69,20 @@ async def test_a_root_owned_workspace_is_never_reowned(serve: Serve, tmp_path: P
     assert wrote.is_error and "Permission denied" in text_of(wrote)
     assert _owner(old) == _owner(old / "keep.txt") == "0:0"
     assert not (old / "new.txt").exists()
+
+
+async def test_a_root_owned_file_placed_on_the_host_says_whose_it_is_and_how_to_fix_it(serve: Serve) -> None:
+    """Issue 22 item 8: not a bare "Permission denied", but whose the file is and the chown."""
+    client = await serve((0, 0))  # the sandbox runs as 1000:1000
+    session = await client.create_session("placed")
+    workspace = Path(session.workspace_path)
+    (workspace / "root-dir").mkdir()  # made on the host, as root
+    (workspace / "secret.txt").write_text("root's")
+    (workspace / "secret.txt").chmod(0o600)
+    wrote = await client.call(session.session_id, "write_file", {"path": "root-dir/x.txt", "content": "x"})
+    read = await client.call(session.session_id, "read_file", {"path": "secret.txt"})
+    for result, what in ((wrote, "its directory"), (read, "the file")):
+        assert result.is_error, text_of(result)
+        text = text_of(result)
+        assert "Permission denied" in text and f"{what} belongs to uid 0" in text, text
+        assert "not to the sandbox user, uid 1000" in text and "chown 1000:1000" in text, text
