@@ -20,7 +20,12 @@ MAX_WRITE = 4_128_768  # what write_file's description promises (dispatcher.max_
 async def server(make_server: ServerFactory) -> Harness:
     return await make_server(
         tool_confirmation={"default": {"WRITE": "auto", "EXECUTE": "auto"}},
-        tools=["tests.server.tools:make_echo_tool", "tests.server.limit_tools:make_blocks_tool"],
+        # the block tool too: the tiny tenant of the base config lists it (an unknown name is an error)
+        tools=[
+            "tests.server.tools:make_echo_tool",
+            "tests.server.tools:make_block_tool",
+            "tests.server.limit_tools:make_blocks_tool",
+        ],
     )
 
 

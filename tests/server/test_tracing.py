@@ -48,7 +48,12 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> Any:
 async def test_dispatch_and_tool_call_spans_continue_the_callers_trace(
     make_server: ServerFactory, exporter: Any
 ) -> None:
-    tools = ["tests.server.tools:make_echo_tool", "tests.server.log_tools:make_log_tool"]
+    # the block tool too: the tiny tenant of the base config lists it (an unknown name is an error)
+    tools = [
+        "tests.server.tools:make_echo_tool",
+        "tests.server.tools:make_block_tool",
+        "tests.server.log_tools:make_log_tool",
+    ]
     harness = await make_server(**TRACING_ON, tools=tools)
     lines = io.StringIO()
     handler = logging.StreamHandler(lines)
