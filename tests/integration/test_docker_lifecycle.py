@@ -10,7 +10,7 @@ import pytest
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
-from dispatcher.sandbox.docker.sandbox import AgentUnavailable
+from dispatcher.sandbox.docker.file_guard import AgentUnavailable
 from dispatcher.sandbox.docker.stdio import DockerStdioProcess
 from tests.integration.conftest import BUSYBOX_IMAGE, ProviderFactory
 from tests.integration.helpers import containers_of, run, runsc_available

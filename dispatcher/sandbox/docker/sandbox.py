@@ -1,7 +1,7 @@
 """One session's Docker sandbox: the agent channel, with the Docker API as its enforcer.
 
 Calls go to the in-container agent over its attached ``docker exec`` stream. Around every call sits
-the enforcement the agent cannot provide for itself (``exec_guard.py``): if the channel breaks (the
+the enforcement the agent cannot provide for itself (``exec_guard.py``, ``file_guard.py``): if the channel breaks (the
 agent died), the agent raises ``AgentUnresponsive``, or a command outlives timeout + grace + slack,
 the container is removed through the Docker API and the next call creates a fresh one. The in-flight exec then
 returns with the output it streamed so far and ``killed=True``; a file operation raises
@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
 from dispatcher.core.observe import SandboxRemoval
@@ -34,19 +35,16 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.core.session import Session
 from dispatcher.sandbox.agent_files import AgentFiles
-from dispatcher.sandbox.channel import AgentChannel, NotDelivered
+from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import reattach
 from dispatcher.sandbox.docker.client import ContainerNotFound
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker.exec_guard import run_command
+from dispatcher.sandbox.docker.file_guard import guarded_file_op, held_channel
 from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class AgentUnavailable(SandboxError):
-    """The image cannot run the agent; only exec (through plain docker exec) is available."""
 
 
 class DockerSandbox(AgentFiles):
@@ -368,67 +366,16 @@ class DockerSandbox(AgentFiles):
         """See ``Sandbox.exec``: through the agent, guarded (``exec_guard.run_command``)."""
         return await run_command(self, request, on_output, cancel_event)
 
-    # -- file operations -----------------------------------------------------------------
+    # -- file operations (guarded: ``file_guard.py``) -----------------------------------------
 
     async def _file_op(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
-        try:
-            return await self._file_op_once(what, op)
-        except NotDelivered:  # never reached a live agent: once more, in the fresh sandbox
-            return await self._file_op_once(what, op)
+        return await guarded_file_op(self, what, op)
 
-    def _require_agent(self, live: LiveContainer, what: str) -> None:
-        if live.channel is None:
-            raise AgentUnavailable(
-                f"{what}: the sandbox image {self._provider.config.image!r} cannot run the agent"
-                " (file operations need python3 and the agent in the image)"
-            )
-
-    async def _file_op_once(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
-        live = await self._acquire()
-        try:
-            self._require_agent(live, what)
-            assert live.channel is not None
-            try:
-                return await asyncio.wait_for(op(live.channel), self._provider.config.op_timeout_seconds)
-            except TimeoutError:
-                await self.enforce(live, f"{what}: agent did not answer")
-                raise SandboxError(f"{what}: the sandbox did not answer; it will be recreated") from None
-            except FileOpError as exc:
-                note = self._provider.quota_note(self.session.tenant_id) if exc.code == "ENOSPC" else None
-                if note is None:
-                    raise
-                raise FileOpError(exc.code, f"{exc}: {note}") from None
-            except SandboxError as exc:
-                # A request the agent answered with an error (``internal``) leaves the channel and
-                # the session's other calls intact; only a broken channel means a broken agent.
-                if live.channel.broken:
-                    await self.enforce(
-                        live,
-                        f"{what}: {exc}",
-                        tell=not isinstance(exc, NotDelivered),
-                        kind=SandboxRemoval.DIED,
-                    )
-                raise
-        finally:
-            self._release()
-
-    @contextlib.asynccontextmanager
-    async def agent_channel(self, what: str) -> AsyncIterator[AgentChannel]:
+    def agent_channel(self, what: str) -> AbstractAsyncContextManager[AgentChannel]:
         """The live agent channel held for one long operation (a tree transfer): no op timeout,
         the container counts as busy until the block ends; a channel that broke meanwhile is
         stopped (the next call recreates the sandbox)."""
-        live = await self._acquire()
-        try:
-            self._require_agent(live, what)
-            assert live.channel is not None
-            try:
-                yield live.channel
-            except SandboxError as exc:
-                if live.channel.broken:
-                    await self.enforce(live, f"{what}: {exc}", kind=SandboxRemoval.DIED)
-                raise
-        finally:
-            self._release()
+        return held_channel(self, what)
 
     def quota_note(self) -> str | None:
         """What to say when the workspace's disk is full (the tenant's quota), if anything."""

@@ -12,8 +12,8 @@ import requests
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.docker.client import DockerUnavailable
+from dispatcher.sandbox.docker.file_guard import AgentUnavailable
 from dispatcher.sandbox.docker.image_check import ImageUnusable
-from dispatcher.sandbox.docker.sandbox import AgentUnavailable
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_containers import HANG, IGNORE_TERM
