@@ -21,6 +21,7 @@ from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, Sandbox
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session, SessionStatus
 from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
+from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
@@ -35,7 +36,7 @@ from dispatcher.sandbox.docker.image_check import (
     ImageUnusable,
     check_image,
 )
-from dispatcher.sandbox.docker.launch import NAME_UNSAFE, AgentLink, ContainerLauncher
+from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
 from dispatcher.sandbox.docker.pool import WarmPool
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size

@@ -1,10 +1,8 @@
 """Making one session's container: its mounts pinned and staged, the container created and started,
-what it sees checked, and the agent attached.
+what it sees checked, and the agent attached (``agent_attach.py``).
 
 ``ContainerLauncher`` does one attempt; the provider (``backend.py``) owns the launch slots, the
-retry and the metrics. The agent is started with an attached ``docker exec`` (stdin/stdout/stderr,
-no tty); its stream goes through the Docker daemon, so nothing in the sandbox can redirect it to a
-host path, and it works under gVisor, which cannot reach host unix sockets by default.
+retry and the metrics.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-import logging
 import os
 import re
 import secrets
@@ -24,9 +21,8 @@ from typing import Any
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
-from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
+from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, open_tunnels
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
@@ -35,22 +31,12 @@ from dispatcher.sandbox.docker.config import (
     WORKSPACE_ROOT,
     SandboxConfig,
 )
-from dispatcher.sandbox.docker.image_check import HOW_TO_BUILD, ImageUnusable, version_mismatch
-from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
 from dispatcher.sandbox.grants import agent_grant_args
-from dispatcher.sandbox.tunnels import tunnel_setup
 from dispatcher.sandbox.workspace_pin import PinnedMount, Stage, pin_session_mounts, split_relative
-
-log = logging.getLogger(__name__)
 
 NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 """What may not appear in a container or mount name."""
-_MISSING_EXECUTABLE = {126, 127}
-CA_TARGET = "/opt/dispatcher/ca-bundle.crt"
-"""Where a tenant's ``egress.ca_bundle`` is mounted (read-only) in its sandboxes."""
 MAX_CA_BYTES = 16 << 20
-
-AgentLink = tuple[AttachStream, AgentChannel]
 
 
 class ContainerLauncher:
@@ -319,56 +305,13 @@ class ContainerLauncher:
         return gate is not None and gate.ca_bundle(session.tenant_id) is not None
 
     async def attach_agent(self, container_id: str, user: str, grant_args: list[str]) -> AgentLink | None:
-        """``start_agent`` for a container running as ``user`` (a warm pool's: no session yet).
+        """``start_agent`` for a container running as ``user`` (a warm pool's: no session yet);
+        see ``agent_attach.attach_agent``.
 
         Raises:
             SandboxError: the agent started but did not answer its first ping.
         """
-        cfg = self.config
-        exec_id = await self.api.exec_create(
-            container_id,
-            # -I: no PYTHON* variables, user site-packages or script directory on sys.path, so
-            # nothing a command left in the container (a usercustomize.py) runs in the agent.
-            [cfg.agent_python, "-I", cfg.agent_path, "--root", WORKSPACE_ROOT, *grant_args],
-            stdin=True,
-            stdout=True,
-            stderr=True,
-            tty=False,
-            user=user,
-            workdir=WORKSPACE_ROOT,
-        )
-        sock, leftover = await self.api.exec_attach(exec_id)
-        stream = await open_attach_stream(sock, leftover, exec_id)
-        channel = AgentChannel(stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT)
-        try:
-            version = await channel.ping(timeout=cfg.agent_start_timeout)
-        except (SandboxError, ConnectionError) as exc:
-            with contextlib.suppress(Exception):
-                await channel.close()
-            stream.close()
-            info = await self.api.exec_inspect(exec_id)
-            if not info.get("Running") and info.get("ExitCode") in _MISSING_EXECUTABLE:
-                if not cfg.exec_fallback:
-                    raise ImageUnusable(
-                        f"sandbox image {cfg.image!r} cannot run {cfg.agent_python!r} (exit "
-                        f"{info.get('ExitCode')}): the agent needs python3 >= 3.9; {HOW_TO_BUILD}, "
-                        "or set sandbox.exec_fallback: true to run shell through docker exec"
-                    ) from exc
-                log.warning(
-                    "image %s cannot run the agent (%s); using docker exec for commands",
-                    cfg.image,
-                    stream.stderr_tail().decode(errors="replace").strip()[-200:],
-                )
-                return None
-            tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
-            raise SandboxError(f"the sandbox agent did not start: {exc}; stderr: {tail}") from exc
-        if version != PROTOCOL_VERSION:
-            # Every later op could fail as "unknown op" or worse; refuse the agent instead.
-            with contextlib.suppress(Exception):
-                await channel.close()
-            stream.close()
-            raise version_mismatch(cfg.image, version)
-        return stream, channel
+        return await attach_agent(self.api, self.config, container_id, user, grant_args)
 
     async def open_tunnels(
         self, container_id: str, session: Session, link: AgentLink, *, ca_mounted: bool | None = None
@@ -379,33 +322,4 @@ class ContainerLauncher:
         Raises:
             SandboxError: the agent refused it (the link is closed).
         """
-        stream, channel = link
-        setup = tunnel_setup(self._egress(), session, ca_path=lambda _: CA_TARGET)
-        if setup is not None:
-            env = setup.env
-            if env and not await self._has_ca(container_id, ca_mounted):
-                env = {}
-            try:
-                await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
-            except SandboxError:
-                with contextlib.suppress(Exception):
-                    await channel.close()
-                stream.close()
-                raise
-
-    async def _has_ca(self, container_id: str, mounted: bool | None) -> bool:
-        """Whether the CA bundle is there to name. Known for a container made here; asked of an
-        adopted one (made by an earlier server, maybe before the tenant had a ``ca_bundle``):
-        variables naming a missing file would break every TLS client in it, none break nothing
-        that worked before. Nothing is remembered per container, so nothing is left to forget."""
-        if mounted is not None:
-            return mounted
-        code, _ = await self.api.exec_run(container_id, ["test", "-f", CA_TARGET])
-        if code != 0:
-            log.warning(
-                "container %s (adopted) has no CA bundle at %s: its commands are not told of one; "
-                "it gets one when the session's sandbox is next recreated",
-                container_id[:12],
-                CA_TARGET,
-            )
-        return code == 0
+        await open_tunnels(self.api, self._egress(), container_id, session, link, ca_mounted=ca_mounted)

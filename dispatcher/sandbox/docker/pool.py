@@ -46,9 +46,10 @@ from dataclasses import dataclass
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
+from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import LABEL_POOL, WORKSPACE_ROOT
-from dispatcher.sandbox.docker.launch import AgentLink, ContainerLauncher
+from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.workspace_pin import bind_mount, detach_mount, make_shared_mount
 
 log = logging.getLogger(__name__)
