@@ -1,20 +1,9 @@
 """The warm pool: containers created, started and with their agent answering before any session asks.
 
-A bind mount is fixed when a container is created, so a pooled container cannot be given its
-session's workspace the usual way. Instead each one is created with an empty per-slot directory
-of the server's (``<state>/run/pool/<slot>``, root-owned, mode 0755, made a shared mount) bound at
-``/workspace`` with ``rslave`` propagation. Adopting it for a session:
-
-1. the session's workspace is pinned exactly as a launch pins it (``ContainerLauncher.pin_mounts``:
-   walked from the tenant's root without following a link) and the pinned fd is bind-mounted onto
-   the slot, from the host; the mount propagates into the container, over its empty ``/workspace``;
-2. a marker file with a random name is made through the pinned fd, and the container's agent must
-   see it at ``/workspace/<name>`` before the session gets the container; the marker is removed.
-
-So the server never follows a path a sandbox could have changed (the slot's path is the server's
-own; what is mounted is the pinned fd), and what the container sees is confirmed by its agent.
-Nothing of any session ran in a pooled container before, and an adopted container leaves the
-pool for good: it is removed with its session (or its idle expiry), never pooled again.
+A pooled container is given its session's workspace at adoption through a slot mount, confirmed
+by its agent (``pool_adopt.py``). Nothing of any session ran in a pooled container before, and an
+adopted container leaves the pool for good: it is removed with its session (or its idle expiry),
+never pooled again.
 
 Keys: a container runs as one uid:gid for its whole life (its agent too), and with per-tenant uids
 each tenant's sandboxes run as the tenant's own ids; so the pool is kept per sandbox user. The
@@ -34,9 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import os
 import secrets
 import time
 from collections import deque
@@ -50,66 +37,16 @@ from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import LABEL_POOL, WORKSPACE_ROOT
 from dispatcher.sandbox.docker.launch import ContainerLauncher
-from dispatcher.sandbox.workspace_pin import bind_mount, detach_mount, make_shared_mount
+from dispatcher.sandbox.docker.pool_adopt import SlotMounts, adopt
 
 log = logging.getLogger(__name__)
 
-_MARKER_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 FILLS_AT_ONCE = 1
 """Containers the pool makes at once: making one costs a few hundred ms of dockerd, containerd and
 runc CPU, which sessions being adopted (and every running call) need more; refilling one at a time
 leaves the other launch slots to sessions that launch their own."""
 RETRY_SECONDS = 5.0
 """After a failed fill, how long the pool waits before trying again (a missing image, a full disk)."""
-
-
-class SlotMounts:
-    """The host side of the slots, with mount(2): the seam unit tests replace (they run without it)."""
-
-    def __init__(self, can_mount: Callable[[], bool] = lambda: os.geteuid() == 0) -> None:
-        self._can_mount = can_mount
-
-    def available(self) -> bool:
-        """mount(2) works (the server runs as root)."""
-        return self._can_mount()
-
-    def make(self, slots_dir: str) -> str:
-        """A new empty slot directory, root-owned and made a shared mount (blocking).
-
-        Raises:
-            SandboxError: it could not be made.
-        """
-        os.makedirs(slots_dir, mode=0o700, exist_ok=True)
-        slot = os.path.join(slots_dir, secrets.token_hex(8))
-        os.mkdir(slot, 0o755)
-        try:
-            make_shared_mount(slot)
-        except OSError as exc:
-            self.release(slot)
-            raise SandboxError(f"cannot make a warm pool slot: {exc}") from exc
-        return slot
-
-    def attach(self, slot: str, fd: int) -> None:
-        """Mount the directory pinned by ``fd`` on the slot (blocking); OSError when it fails."""
-        bind_mount(f"/proc/self/fd/{fd}", slot)
-
-    def release(self, slot: str) -> None:
-        """Unmount everything on the slot (a workspace, then its own mount) and remove it."""
-        for _ in range(4):
-            try:
-                detach_mount(slot)
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, errno.ENOENT):
-                    log.warning("could not unmount warm pool slot %s: %s", slot, exc)
-                break
-        with contextlib.suppress(OSError):
-            os.rmdir(slot)
-
-    def release_stale(self, slots_dir: str) -> None:
-        """Slots a previous run of this server left (its pooled containers are removed as orphans)."""
-        with contextlib.suppress(OSError):
-            for name in os.listdir(slots_dir):
-                self.release(os.path.join(slots_dir, name))
 
 
 @dataclass(slots=True)
@@ -200,7 +137,15 @@ class WarmPool:
         self._kick()
         started = time.monotonic()
         try:
-            await self._adopt(pooled, session)
+            self._adopted[pooled.container_id] = pooled.slot
+            await adopt(
+                self.launcher,
+                self.mounts,
+                session,
+                container_id=pooled.container_id,
+                slot=pooled.slot,
+                link=pooled.link,
+            )
         except Exception as exc:
             log.warning("adopting a warm pool's container failed, launching one instead: %s", exc)
             await self.discard(pooled)
@@ -277,40 +222,6 @@ class WarmPool:
         self._ready.clear()
         await asyncio.gather(*(self.discard(p) for p in waiting), return_exceptions=True)
         self._report()
-
-    # -- adoption ---------------------------------------------------------------------------
-
-    async def _adopt(self, pooled: Pooled, session: Session) -> None:
-        loop = asyncio.get_running_loop()
-        self._adopted[pooled.container_id] = pooled.slot
-        fd, marker = await loop.run_in_executor(None, self._mount, pooled.slot, session)
-        try:
-            seen = await pooled.link[1].stat(marker)
-            if seen.kind != "file":
-                raise SandboxError(f"the pooled container sees {marker} as a {seen.kind}")
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(marker, dir_fd=fd)
-            os.close(fd)
-        # Never made with a CA bundle (such sessions launch their own): nothing to ask the container.
-        await self.launcher.open_tunnels(pooled.container_id, session, pooled.link, ca_mounted=False)
-
-    def _mount(self, slot: str, session: Session) -> tuple[int, str]:
-        """Pin the workspace, mount it on the slot, make the marker (blocking); (pinned fd, marker)."""
-        pins, empty_root = self.launcher.pin_mounts(session)
-        if empty_root or len(pins) != 1 or pins[0].target != WORKSPACE_ROOT or pins[0].read_only:
-            for pin in pins:
-                os.close(pin.fd)
-            raise SandboxError("the session's workspace is not one read-write mount")
-        fd = pins[0].fd
-        try:
-            self.mounts.attach(slot, fd)
-            marker = f".dispatcher-adopt-{secrets.token_hex(12)}"
-            os.close(os.open(marker, _MARKER_FLAGS, 0o600, dir_fd=fd))
-        except OSError as exc:
-            os.close(fd)
-            raise SandboxError(f"cannot mount the workspace into a pooled container: {exc}") from exc
-        return fd, marker
 
     # -- filling ----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import LABEL_POOL, WarmPoolConfig
-from dispatcher.sandbox.docker.pool import SlotMounts
+from dispatcher.sandbox.docker.pool_adopt import SlotMounts
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_docker import FakeDockerClient
 
