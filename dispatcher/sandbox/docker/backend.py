@@ -1,4 +1,5 @@
-"""Per-session Docker containers: launch slots and retries, orphans, re-adoption, idle expiry.
+"""Per-session Docker containers: launch slots and retries, orphans, re-adoption (idle expiry and
+container deaths: ``watch.py``).
 
 ``DockerSandboxProvider`` implements the core ``SandboxProvider``. Each session gets one container,
 created on its first sandboxed call (by ``ContainerLauncher``, ``launch.py``), with the workspace
@@ -12,10 +13,9 @@ import contextlib
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
@@ -39,6 +39,7 @@ from dispatcher.sandbox.docker.image_check import (
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
 from dispatcher.sandbox.docker.pool import WarmPool
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.docker.watch import SandboxWatch
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
 
 if TYPE_CHECKING:
@@ -91,9 +92,16 @@ class DockerSandboxProvider(ProviderLifecycle):
         )
         self._watcher: asyncio.Task[None] | None = None
         self._sandboxes: dict[str, DockerSandbox] = {}
-        self._reaper: asyncio.Task[None] | None = None
-        self._deaths: Any = None  # the Docker event stream of this instance's container deaths
         self._closed = False
+        self._watch = SandboxWatch(
+            self.api,
+            self.config,
+            self.instance,
+            sandboxes=lambda: list(self._sandboxes.values()),
+            clock=lambda: self.clock(),
+            closed=lambda: self._closed,
+        )
+        """Idle and lifetime retirement, and containers Docker reports dead."""
         # A burst of new sessions on a small machine: launching them all at once makes every agent
         # miss its start deadline; a few at a time makes each one fast.
         self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
@@ -124,7 +132,7 @@ class DockerSandboxProvider(ProviderLifecycle):
         sandbox = self._sandboxes.get(session.session_id)
         if sandbox is None:
             sandbox = self._sandboxes[session.session_id] = DockerSandbox(self, session)
-        self._ensure_reaper()
+        self._watch.start()
         return sandbox
 
     async def close_session(self, session_id: str) -> None:
@@ -139,10 +147,8 @@ class DockerSandboxProvider(ProviderLifecycle):
         """Remove every container this provider started, unmount its volumes, release the client."""
         self._closed = True
         await self.pool.aclose()
-        if self._deaths:
-            with contextlib.suppress(Exception):
-                self._deaths.close()
-        for task in (self._reaper, self._watcher, *self._starting):
+        await self._watch.aclose()
+        for task in (self._watcher, *self._starting):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -399,58 +405,6 @@ class DockerSandboxProvider(ProviderLifecycle):
                 await self.scan_usage()
             except Exception as exc:  # one failed scan must not stop the watcher
                 log.warning("measuring workspace usage failed: %s", exc)
-
-    def _ensure_reaper(self) -> None:
-        if self._reaper is not None and not self._reaper.done():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # sandbox_for() called outside a loop; the first async call starts it
-        self._reaper = loop.create_task(self._reap_idle(), name="sandbox-idle-reaper")
-        if self._deaths is None:
-            self._deaths = False  # once
-            threading.Thread(
-                target=self._watch_deaths, args=(loop,), name="docker-deaths", daemon=True
-            ).start()
-
-    def _watch_deaths(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Tell each sandbox when Docker reports its container dead (runs on its own thread: the
-        event stream blocks; ``aclose`` closes it)."""
-        filters = {"type": "container", "event": "die", "label": f"{LABEL_INSTANCE}={self.instance}"}
-        try:
-            stream = self.api.client.events(decode=True, filters=filters)
-            self._deaths = stream
-            if self._closed:
-                stream.close()
-            for event in stream:
-                cid = event.get("id") if isinstance(event, dict) else None
-                if isinstance(cid, str):
-                    loop.call_soon_threadsafe(self._container_died, cid)
-        except Exception as exc:  # closed by aclose, or a daemon gone: calls still time out
-            if not self._closed:
-                log.warning("watching container deaths stopped: %s", exc)
-
-    def _container_died(self, container_id: str) -> None:
-        for sandbox in list(self._sandboxes.values()):
-            sandbox.container_died(container_id)
-
-    async def _reap_idle(self) -> None:
-        ttl = self.config.idle_ttl_seconds
-        shortest = min(ttl, self.config.max_lifetime_seconds or ttl)
-        interval = min(max(shortest / 4, 0.05), 30.0)
-        while True:
-            await asyncio.sleep(interval)
-            now = self.clock()
-            for sandbox in list(self._sandboxes.values()):
-                if sandbox.paused:
-                    continue  # frozen on purpose: neither idle nor too old until it resumes
-                try:
-                    # Shielded: a stop (aclose cancels this task) waits for a removal under way, on
-                    # the sandbox's lock, instead of leaving it half done.
-                    await asyncio.shield(sandbox.retire_if_idle(now, ttl))
-                except Exception as exc:  # one failing removal must not stop the reaper
-                    log.warning("idle removal of session %s failed: %s", sandbox.session.session_id, exc)
 
 
 def launch_failure(exc: BaseException) -> SandboxFailure:
