@@ -1,5 +1,5 @@
-"""Per-session Docker containers: launch slots and retries, orphans, re-adoption (idle expiry and
-container deaths: ``watch.py``).
+"""Per-session Docker containers: launch slots and retries, re-adoption, quotas (the start-up sweep
+of orphans: ``orphans.py``; idle expiry and container deaths: ``watch.py``).
 
 ``DockerSandboxProvider`` implements the core ``SandboxProvider``. Each session gets one container,
 created on its first sandboxed call (by ``ContainerLauncher``, ``launch.py``), with the workspace
@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session, SessionStatus
-from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
@@ -37,6 +36,7 @@ from dispatcher.sandbox.docker.image_check import (
     check_image,
 )
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
+from dispatcher.sandbox.docker.orphans import sweep_orphans
 from dispatcher.sandbox.docker.pool import WarmPool
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.watch import SandboxWatch
@@ -219,33 +219,9 @@ class DockerSandboxProvider(ProviderLifecycle):
         A session expecting to re-adopt a container (``expect_container``) keeps exactly that
         one, if its labels match and it runs; otherwise it learns why it will get a fresh one.
         """
-        expected = {s.adopting: s for s in self._sandboxes.values() if s.adopting}
-        adopting = {s.session.session_id for s in expected.values()}
-        # Every other session with a handle counts as live, even one whose container is being created.
-        live = (set(live_session_ids) | set(self._sandboxes)) - adopting
-        owned = {s.container_id for s in self._sandboxes.values() if s.container_id}
-        removed = 0
-        for container in await self.api.list_by_labels({LABEL_INSTANCE: self.instance}):
-            labels = container.get("Labels") or {}
-            sandbox = expected.pop(container["Id"], None)
-            if sandbox is not None:
-                problem = adoption_problem(container, sandbox.session, self.instance, self.config)
-                if problem is None:
-                    sandbox.adoptable(float(container.get("Created") or time.time()))
-                    continue
-                sandbox.adoption_failed(problem)
-            elif (
-                container["Id"] in owned
-                or labels.get(LABEL_SESSION) in live
-                or self.pool.owns(container["Id"])
-            ):
-                continue
-            if await self.api.remove(container["Id"]):
-                removed += 1
-        for sandbox in expected.values():
-            sandbox.adoption_failed(GONE)
-        if removed:
-            log.info("removed %d orphaned sandbox container(s) of instance %s", removed, self.instance)
+        removed = await sweep_orphans(
+            self.api, self.instance, self.config, self._sandboxes, live_session_ids, pooled=self.pool.owns
+        )
         # Filled only now: this start-up sweep removes the previous run's pooled containers.
         self.pool.start()
         return removed

@@ -1,0 +1,62 @@
+"""The start-up sweep: removing this instance's containers that no live session owns.
+
+A previous run of the server (crashed, or stopped keeping its sessions) leaves containers labelled
+with its instance. Each is removed unless a session still owns it: a live session's (even one
+whose container is being created), the warm pool's, or the one a restarted session expects to
+re-adopt (``expect_container``), kept only when ``adopt.adoption_problem`` finds nothing wrong
+with it; otherwise that session learns why it will get a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
+from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, SandboxConfig
+
+if TYPE_CHECKING:
+    from dispatcher.sandbox.docker.sandbox import DockerSandbox
+
+log = logging.getLogger(__name__)
+
+
+async def sweep_orphans(
+    api: DockerAPI,
+    instance: str,
+    config: SandboxConfig,
+    sandboxes: Mapping[str, DockerSandbox],
+    live_session_ids: Iterable[str],
+    *,
+    pooled: Callable[[str], bool],
+) -> int:
+    """Remove the instance's containers that no session in ``sandboxes`` or ``live_session_ids``
+    owns and ``pooled`` does not claim; tell each expecting sandbox whether it may adopt its own.
+    Returns how many were removed."""
+    expected = {s.adopting: s for s in sandboxes.values() if s.adopting}
+    adopting = {s.session.session_id for s in expected.values()}
+    # Every other session with a handle counts as live, even one whose container is being created.
+    live = (set(live_session_ids) | set(sandboxes)) - adopting
+    owned = {s.container_id for s in sandboxes.values() if s.container_id}
+    removed = 0
+    for container in await api.list_by_labels({LABEL_INSTANCE: instance}):
+        labels = container.get("Labels") or {}
+        sandbox = expected.pop(container["Id"], None)
+        if sandbox is not None:
+            problem = adoption_problem(container, sandbox.session, instance, config)
+            if problem is None:
+                sandbox.adoptable(float(container.get("Created") or time.time()))
+                continue
+            sandbox.adoption_failed(problem)
+        elif container["Id"] in owned or labels.get(LABEL_SESSION) in live or pooled(container["Id"]):
+            continue
+        if await api.remove(container["Id"]):
+            removed += 1
+    for sandbox in expected.values():
+        sandbox.adoption_failed(GONE)
+    if removed:
+        log.info("removed %d orphaned sandbox container(s) of instance %s", removed, instance)
+    return removed
