@@ -1,4 +1,5 @@
-"""Per-session Pods: launch, re-adoption after a restart, orphans, idle expiry.
+"""Per-session Pods: launch slots and retries, re-adoption after a restart, orphans, idle expiry
+(making one Pod: ``launch.py``).
 
 ``KubernetesSandboxProvider`` implements the core ``SandboxProvider`` and the Docker backend's
 ``ContainerHost``, so a session's sandbox is the same ``DockerSandbox`` (lifecycle, notices,
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING
 
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
 from dispatcher.core.session import Session, SessionStatus
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import GONE
 from dispatcher.sandbox.docker.backend import launch_failure
@@ -37,34 +37,27 @@ from dispatcher.sandbox.docker.client import ContainerNotFound
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
     LABEL_SESSION,
-    WORKSPACE_ROOT,
     SandboxConfig,
 )
 from dispatcher.sandbox.docker.host import LiveContainer
-from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable, version_mismatch
+from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.workspace_volume import format_size
 from dispatcher.sandbox.kubernetes.api import KubeAPI
 from dispatcher.sandbox.kubernetes.attach import ChannelStream
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
+from dispatcher.sandbox.kubernetes.launch import PodLauncher
 from dispatcher.sandbox.kubernetes.manifests import (
     label_value,
     network_policy_manifest,
-    pod_manifest,
-    pod_name,
-    pvc_manifest,
 )
-from dispatcher.sandbox.kubernetes.pods import adoption_problem, cannot_start, created_at, pod_running
-from dispatcher.sandbox.tunnels import tunnel_setup
+from dispatcher.sandbox.kubernetes.pods import adoption_problem, created_at, pod_running
 
 if TYPE_CHECKING:
     from dispatcher.core.calls import SessionState
     from dispatcher.core.session_registry import Restoration
 
 log = logging.getLogger(__name__)
-
-POLL_SECONDS = 0.1
-"""How often a starting Pod's phase is read (the stand-in and a warm node start one in ~1 s)."""
 
 
 class KubernetesSandboxProvider(ProviderLifecycle):
@@ -81,14 +74,20 @@ class KubernetesSandboxProvider(ProviderLifecycle):
         self._api = api
         self._connecting = asyncio.Lock()
         self._sandboxes: dict[str, DockerSandbox] = {}
-        self._claims: set[str] = set()
-        """PVCs known to exist (made or found by this process)."""
         self._reaper: asyncio.Task[None] | None = None
         self._starting: set[asyncio.Task[None]] = set()
         self._closed = False
         self._launch_slots = asyncio.Semaphore(config.max_concurrent_launches)
         self.clock: Callable[[], float] = time.monotonic
         """What Pods' ages and idleness are measured on (as the Docker provider's)."""
+        self.launcher = PodLauncher(
+            config,
+            kube,
+            instance=self.instance,
+            client=self.client,
+            egress=lambda: self.egress,
+            clock=lambda: self.clock(),
+        )
 
     @property
     def docker(self) -> None:
@@ -271,98 +270,25 @@ class KubernetesSandboxProvider(ProviderLifecycle):
             started = time.monotonic()
             try:
                 try:
-                    live = await self._launch_once(session)
+                    live = await self.launcher.launch_once(session)
                 except (AgentVersionMismatch, ImageUnusable):
                     raise
                 except SandboxError as exc:
                     log.warning("sandbox pod launch failed, retrying once: %s", exc)
-                    live = await self._launch_once(session)
+                    live = await self.launcher.launch_once(session)
             except Exception as exc:
                 self.observer.sandbox_failed(launch_failure(exc))
                 raise
             self.observer.sandbox_launched(time.monotonic() - started)
             return live
 
-    async def _launch_once(self, session: Session) -> LiveContainer:
-        api = await self.client()
-        claim = pvc_manifest(self.config, self.kube, session)
-        if claim["metadata"]["name"] not in self._claims:
-            await api.ensure_pvc(claim)
-            self._claims.add(claim["metadata"]["name"])
-        name = pod_name(self.instance, session.session_id)
-        await api.create_pod(pod_manifest(self.config, self.kube, session, instance=self.instance, name=name))
-        try:
-            await self._wait_running(api, name)
-            link = await self.start_agent(name, session)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await api.delete_pod(name)
-            raise
-        return LiveContainer(name, link[0], link[1], started=self.clock())
-
-    async def _wait_running(self, api: KubeAPI, name: str) -> None:
-        deadline = time.monotonic() + self.kube.pod_ready_timeout_seconds
-        while True:
-            pod = await api.get_pod(name)
-            if pod is None:
-                raise SandboxError(f"pod {name} was deleted while it started")
-            if pod_running(pod):
-                return
-            phase = (pod.get("status") or {}).get("phase")
-            if phase in ("Failed", "Succeeded"):
-                raise SandboxError(f"pod {name} ended ({phase}) before its agent was attached")
-            fatal = cannot_start(pod)
-            if fatal is not None:
-                raise ImageUnusable(f"pod {name} cannot start: {fatal[0]}: {fatal[1]}")
-            if time.monotonic() >= deadline:
-                raise SandboxError(
-                    f"pod {name} was not running after {self.kube.pod_ready_timeout_seconds:g} s (phase {phase})"
-                )
-            await asyncio.sleep(POLL_SECONDS)
-
     async def start_agent(self, container_id: str, session: Session) -> tuple[ChannelStream, AgentChannel]:
-        """Attach to the Pod's agent and check it answers and speaks our protocol.
+        """Attach to the Pod's agent (see ``PodLauncher.start_agent``).
 
         Raises:
             SandboxError: the attach was refused or the agent did not answer its ping.
         """
-        api = await self.client()
-        ws, protocol = await api.attach(container_id)
-        stream = ChannelStream(ws, protocol, container_id)
-        # The agent outlives a server restart, and may still answer the previous link's calls: ids
-        # from the clock (µs) start above any id an earlier link used, so those answers are ignored.
-        channel = AgentChannel(
-            stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT, first_id=time.time_ns() // 1000
-        )
-        try:
-            version = await channel.ping(timeout=self.config.agent_start_timeout)
-        except (SandboxError, ConnectionError) as exc:
-            with contextlib.suppress(Exception):
-                await channel.close()
-            stream.close()
-            tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
-            raise SandboxError(
-                f"the sandbox agent in pod {container_id} did not answer: {exc}; stderr: {tail}"
-            ) from exc
-        if version != PROTOCOL_VERSION:
-            with contextlib.suppress(Exception):
-                await channel.close()
-            stream.close()
-            raise version_mismatch(self.config.image, version)
-        setup = tunnel_setup(self.egress, session)
-        if setup is not None:
-            # No host file reaches a Pod: a tenant's egress.ca_bundle is not mounted (yet), so its
-            # variables are not set either. A re-attached agent re-homes its listener to this link.
-            if self.egress is not None and self.egress.ca_bundle(session.tenant_id):
-                log.warning("egress.ca_bundle of tenant %s is not mounted into Pods", session.tenant_id)
-            try:
-                await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env={})
-            except SandboxError:
-                with contextlib.suppress(Exception):
-                    await channel.close()
-                stream.close()
-                raise
-        return stream, channel
+        return await self.launcher.start_agent(container_id, session)
 
     async def destroy(self, live: LiveContainer) -> None:
         """Close the agent channel and delete the Pod now (grace 0); failures are logged."""
