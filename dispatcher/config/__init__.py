@@ -3,7 +3,7 @@
 Precedence, highest first: command-line flags (``--listen``, ``--home``), the environment
 (``DISPATCHER_LISTEN``, ``DISPATCHER_HOME``), the file, then the embedded defaults. Everything is
 validated when the server starts; every error names the offending key (``tenants[1].quotas.max_sessions:
-...``). The sections are pydantic models (``sections.py``, ``file.py``; the sandbox's own in
+...``). The sections are pydantic models (``sections.py``, ``policy.py``, ``file.py``; the sandbox's own in
 ``dispatcher/sandbox/docker/config.py``, MCP servers' in ``dispatcher/mcp/config.py``), and
 ``dispatcher config-schema`` prints the JSON Schema they make (``docs/config.schema.json``).
 

@@ -8,9 +8,8 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN
 from dispatcher.config.egress import EgressSection
+from dispatcher.config.policy import DEFAULT_APPROVAL_MODES, ApprovalModesOrNull, ToolConfirmation
 from dispatcher.config.sections import (
-    DEFAULT_APPROVAL_MODES,
-    ApprovalModesOrNull,
     DispatcherSection,
     DispatchSection,
     LogSection,
@@ -21,7 +20,6 @@ from dispatcher.config.sections import (
     TenantSection,
     Timeouts,
     TlsFiles,
-    ToolConfirmation,
     UidRange,
 )
 from dispatcher.config_base import HostPort, Section, Text

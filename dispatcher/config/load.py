@@ -20,10 +20,9 @@ import yaml
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN, ENV_HOME, ENV_LISTEN, TOKEN_FILE, hash_token
 from dispatcher.config.egress import EgressSection, egress_policy
 from dispatcher.config.file import ConfigFile
+from dispatcher.config.policy import DEFAULT_APPROVAL_MODES, CapabilitiesSection, ToolConfirmation
 from dispatcher.config.sections import (
-    DEFAULT_APPROVAL_MODES,
     RESULT_MESSAGE_MARGIN,
-    CapabilitiesSection,
     DispatcherSection,
     Quotas,
     ServerOptions,
@@ -31,7 +30,6 @@ from dispatcher.config.sections import (
     TenantSection,
     Timeouts,
     TlsFiles,
-    ToolConfirmation,
     UidRange,
 )
 from dispatcher.config_base import check_listen, validate_section

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from dispatcher.config.load import parse_policy, parse_timeouts
-from dispatcher.config.sections import ToolConfirmation
+from dispatcher.config.policy import ToolConfirmation
 from dispatcher.core.approval import ApprovalMode, mode_policy
 from dispatcher.core.policy import PRESETS, ConfirmationPolicy, Mode
 from dispatcher.core.settings import DispatcherConfig

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from dispatcher.config.load import TenantConfig
-from dispatcher.config.sections import DEFAULT_APPROVAL_MODES, Quotas, UidRange
+from dispatcher.config.policy import DEFAULT_APPROVAL_MODES
+from dispatcher.config.sections import Quotas, UidRange
 from dispatcher.core.approval import ApprovalMode, parse_mode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
