@@ -1,8 +1,9 @@
 """Reading the config file: YAML to the validated model, then the domain's types the server runs on.
 
 The model (``ConfigFile``) checks each key on its own; what needs several keys or the machine is
-checked here: tenants' ids, tokens and uids are their own, no workspace root holds another's or the
-server's state, and the result budget fits the message limit.
+checked here: the result budget fits the message limit, and (``tenants.py``) tenants' ids, tokens
+and uids are their own and no workspace root holds another's or the server's state.
+``TenantConfig`` and ``HOME_STATE`` are importable from here too.
 """
 
 from __future__ import annotations
@@ -18,20 +19,19 @@ from typing import Any, Literal
 import yaml
 
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN, ENV_HOME, ENV_LISTEN, TOKEN_FILE, hash_token
-from dispatcher.config.egress import EgressSection, egress_policy
+from dispatcher.config.egress import egress_policy
 from dispatcher.config.file import ConfigFile
 from dispatcher.config.policy import DEFAULT_APPROVAL_MODES, CapabilitiesSection, ToolConfirmation
 from dispatcher.config.sections import (
     RESULT_MESSAGE_MARGIN,
     DispatcherSection,
-    Quotas,
     ServerOptions,
     SessionsSection,
-    TenantSection,
     Timeouts,
     TlsFiles,
     UidRange,
 )
+from dispatcher.config.tenants import HOME_STATE, TenantConfig, check_workspace_roots, tenant_configs
 from dispatcher.config_base import check_listen, validate_section
 from dispatcher.core.approval_mode import ApprovalMode
 from dispatcher.core.capabilities import Capabilities
@@ -62,32 +62,6 @@ __all__ = [
 DEFAULT_TENANT = "default"
 WRITE_INPUT_MARGIN = 64 << 10
 """What a write_file input needs besides its base64 content (the path, the keys, escapes)."""
-HOME_STATE = ("run", "volumes", TOKEN_FILE, "state.db", "audit.jsonl", "uids.json", "server.lock")
-"""What the server keeps in its home besides workspaces; no tenant root may hold or be inside it."""
-
-
-@dataclass(frozen=True, slots=True)
-class TenantConfig:
-    """One tenant: who it is (token hashes), where its workspaces live and what it may do."""
-
-    tenant_id: str
-    token_sha256: tuple[str, ...]
-    workspace_root: Path
-    capabilities: Capabilities = field(default_factory=Capabilities)
-    policy_overrides: PolicyLayer | None = None
-    quotas: Quotas = field(default_factory=Quotas)
-    uid: int | None = None
-    """Host uid of the tenant's sandboxes; None: allocated from ``Config.tenant_uids`` (if set)."""
-    gid: int | None = None
-    """Host gid; None: the uid."""
-    approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
-    """The approval modes its sessions may choose; the first is what a session that names none gets."""
-    approval_modes_key: str = "top-level approval_modes"
-    """The config key that sets ``approval_modes`` (a refusal names it)."""
-    egress: EgressPolicy = field(default_factory=EgressPolicy)
-    """Its ``egress:`` (laid over the top level's); ``capabilities.egress_allow`` is its ``allow``."""
-    max_session_ttl_seconds: float | None = None
-    """The longest TTL its sessions may have (None: no maximum)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +155,9 @@ def _build(
     listen_addr = check_listen(listen or env.get(ENV_LISTEN) or file.listen, "listen")
     home_dir = Path(home or env.get(ENV_HOME) or file.home).expanduser().absolute()
     found: list[str] = []  # every check across keys runs: one run reports every mistake
-    tenants = _tenants(file.tenants or (), home_dir, file.egress, file.approval_modes, found)
+    tenants = tenant_configs(file.tenants or (), home_dir, file.egress, file.approval_modes, found)
     audit_path = Path(file.audit_log).expanduser() if file.audit_log else home_dir / "audit.jsonl"
-    _check_workspace_roots(tenants, home_dir, audit_path, found)
+    check_workspace_roots(tenants, home_dir, audit_path, found)
     tool_confirmation = file.tool_confirmation.layer() if file.tool_confirmation else None
     dispatcher = _dispatcher_config(
         file.dispatcher, file.server, file.timeouts, file.dispatch.ordering, found
@@ -298,84 +272,6 @@ def parse_timeouts(section: Any, *, where: str = "timeouts") -> dict[str, float]
         return {}
     timeouts: dict[str, float] = validate_section(Timeouts, section, where)
     return timeouts
-
-
-def _tenants(
-    sections: tuple[TenantSection, ...],
-    home: Path,
-    egress: EgressSection,
-    approval_modes: tuple[ApprovalMode, ...],
-    problems: list[str],
-) -> tuple[TenantConfig, ...]:
-    """Each tenant's own: ids, tokens and uids are never shared (else a line in ``problems``)."""
-    seen_ids: set[str] = set()
-    seen_hashes: set[str] = set()
-    seen_uids: dict[int, str] = {}
-    out: list[TenantConfig] = []
-    for i, item in enumerate(sections):
-        where = f"tenants[{i}]"
-        if item.id in seen_ids:
-            problems.append(f"{where}.id: duplicate tenant id {item.id!r}")
-        seen_ids.add(item.id)
-        for digest in item.token_sha256:
-            if digest in seen_hashes:
-                problems.append(f"{where}.token_sha256: token already belongs to another tenant")
-            seen_hashes.add(digest)
-        if item.uid is not None and item.uid in seen_uids:
-            problems.append(
-                f"{where}.uid: {item.uid} belongs to tenant {seen_uids[item.uid]!r}; tenants never share"
-            )
-        if item.uid is not None:
-            seen_uids[item.uid] = item.id
-        # A relative root is under the server's home, never under whatever directory it started in.
-        root = item.workspace_root
-        tenant_egress = egress_policy(item.egress.over(egress) if item.egress else egress)
-        out.append(
-            TenantConfig(
-                tenant_id=item.id,
-                token_sha256=item.token_sha256,
-                workspace_root=home / Path(root).expanduser() if root else home / "workspaces" / item.id,
-                capabilities=dataclasses.replace(item.capabilities(), egress_allow=tenant_egress.allow),
-                policy_overrides=item.tool_confirmation.layer() if item.tool_confirmation else None,
-                quotas=item.quotas,
-                uid=item.uid,
-                gid=item.gid if item.gid is not None else item.uid,
-                approval_modes=item.approval_modes or approval_modes,
-                approval_modes_key=f"{where}.approval_modes"
-                + ("" if item.approval_modes else " (or the top-level approval_modes)"),
-                egress=tenant_egress,
-                max_session_ttl_seconds=item.max_session_ttl_seconds,
-            )
-        )
-    return tuple(out)
-
-
-def _check_workspace_roots(
-    tenants: tuple[TenantConfig, ...], home: Path, audit: Path, problems: list[str]
-) -> None:
-    """A tenant's sandboxes write under its root: no root may hold another's, or the server's state
-    (else a line in ``problems`` naming the tenant's ``workspace_root``)."""
-    real_home = Path(os.path.realpath(home))
-    state = [real_home / name for name in HOME_STATE] + [Path(os.path.realpath(audit))]
-    roots = [Path(os.path.realpath(t.workspace_root)) for t in tenants]
-    for i, root in enumerate(roots):
-        where = f"tenants[{i}].workspace_root"
-        if real_home.is_relative_to(root):
-            problems.append(
-                f"{where}: {root} holds the server's home {real_home}; use a directory of its own"
-            )
-            continue
-        overlaps = [p for p in state if p.is_relative_to(root) or root.is_relative_to(p)]
-        if overlaps:
-            problems.append(
-                f"{where}: {root} overlaps the server's state {overlaps[0]}; use another directory"
-            )
-        for j, other_root in enumerate(roots):
-            if j != i and root.is_relative_to(other_root):
-                problems.append(
-                    f"{where}: {root} is inside (or equal to) tenant {tenants[j].tenant_id!r}'s workspace"
-                    f" root {other_root}; every tenant needs a root of its own, apart from the others"
-                )
 
 
 def _dispatcher_config(
