@@ -8,10 +8,10 @@ import os
 import queue
 import stat
 import sys
-import tarfile
 import threading
 
 from .protocol import Send, TarChunk
+from .tarformat import BLOCK, DIRECTORY, SYMLINK, header, trailer
 from .workspace import DIR_FLAGS, MAX_DEPTH, OpError, Workspace, clean, os_error
 
 TAR_CHUNK = 1 << 20  # bytes of archive in one tar_read answer
@@ -19,22 +19,6 @@ TAR_CHUNK = 1 << 20  # bytes of archive in one tar_read answer
 
 class _Aborted(Exception):
     """The host gave up on the download; the producer thread stops quietly."""
-
-
-class _Exactly:
-    """Reads exactly ``size`` bytes of an open file: zeros if it shrank meanwhile, cut if it grew."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self._fd = fd
-        self._left = size
-
-    def read(self, size: int = -1) -> bytes:
-        want = self._left if size is None or size < 0 else min(size, self._left)
-        data = os.read(self._fd, want) if want else b""
-        if want and not data:
-            data = bytes(want)
-        self._left -= len(data)
-        return data
 
 
 class Download:
@@ -50,7 +34,11 @@ class Download:
         self.max_bytes = max_bytes
         self.lock = threading.Lock()
         self.reads: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self.buf = bytearray()
+        # The next chunk, filled in place: file contents are read straight into it.
+        self.buf = bytearray(TAR_CHUNK)
+        self.view = memoryview(self.buf)
+        self.filled = 0
+        self.written = 0  # archive bytes so far
         self.stopped = False
         self.error: OpError | None = None
         self.total = 0
@@ -84,30 +72,50 @@ class Download:
     def abort(self) -> None:
         self.reads.put(None)
 
-    # file object for tarfile
-    def write(self, data: bytes) -> int:
-        self.buf += data
-        while len(self.buf) >= TAR_CHUNK:
-            self._emit(bytes(self.buf[:TAR_CHUNK]))
-            del self.buf[:TAR_CHUNK]
-        return len(data)
+    def _put(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            step = min(len(view), TAR_CHUNK - self.filled)
+            self.view[self.filled : self.filled + step] = view[:step]
+            self.filled += step
+            view = view[step:]
+            if self.filled == TAR_CHUNK:
+                self._emit()
 
-    def _emit(self, chunk: bytes) -> None:
+    def _put_contents(self, fd: int, size: int) -> None:
+        """Exactly ``size`` bytes of an open file: zeros if it shrank meanwhile, cut if it grew."""
+        left = size
+        while left:
+            step = min(left, TAR_CHUNK - self.filled)
+            target = self.view[self.filled : self.filled + step]
+            got = os.readv(fd, [target])
+            if not got:
+                target[:] = bytes(step)
+                got = step
+            self.filled += got
+            left -= got
+            if self.filled == TAR_CHUNK:
+                self._emit()
+        self._put(bytes(-size % BLOCK))
+
+    def _emit(self) -> None:
         rid = self.reads.get()
         if rid is None:
             raise _Aborted
+        chunk = bytes(self.view[: self.filled])
+        self.written += self.filled
+        self.filled = 0
         self.send(rid, TarChunk(False, chunk))
 
     def _run(self) -> None:
         try:
-            with tarfile.open(fileobj=self, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-                tar.copybufsize = TAR_CHUNK  # file contents read in big pieces, not 16 KiB ones
-                if self.name:
-                    self._add_file(tar, self.fd, self.name)
-                else:
-                    self._add_tree(tar)
-            if self.buf:
-                self._emit(bytes(self.buf))
+            if self.name:
+                self._add_file(self.fd, self.name)
+            else:
+                self._add_tree()
+            self._put(trailer(self.written + self.filled))
+            if self.filled:
+                self._emit()
         except OpError as exc:
             self.error = exc
         except _Aborted:
@@ -130,25 +138,21 @@ class Download:
                 if rid is not None:
                     self._answer_late(rid)
 
-    def _info(self, name: str, st: os.stat_result) -> tarfile.TarInfo:
-        info = tarfile.TarInfo(name)
-        info.mode = stat.S_IMODE(st.st_mode)
-        info.mtime = int(st.st_mtime)
-        info.uid, info.gid = st.st_uid, st.st_gid
-        return info
+    def _header(self, name: str, kind: bytes, st: os.stat_result, size: int = 0, link: str = "") -> None:
+        mode = stat.S_IMODE(st.st_mode)
+        self._put(header(name, kind, mode, st.st_uid, st.st_gid, size, int(st.st_mtime), link))
 
-    def _add_file(self, tar: tarfile.TarFile, fd: int, name: str) -> None:
+    def _add_file(self, fd: int, name: str) -> None:
         st = os.fstat(fd)
         self.total += st.st_size
         if self.total > self.max_bytes:
             raise OpError(
                 "too_large", f"{clean(name)}: the files pass {self.max_bytes} bytes (max_download_bytes)"
             )
-        info = self._info(name, st)
-        info.size = st.st_size
-        tar.addfile(info, _Exactly(fd, st.st_size))
+        self._header(name, b"0", st, st.st_size)
+        self._put_contents(fd, st.st_size)
 
-    def _add_tree(self, tar: tarfile.TarFile) -> None:
+    def _add_tree(self) -> None:
         """Depth first, names sorted, one open descriptor per level (never recursing)."""
         stack: list[tuple[int, str, list[str]]] = [(self.fd, "", sorted(os.listdir(self.fd), reverse=True))]
         try:
@@ -169,25 +173,20 @@ class Download:
                         child = os.open(name, DIR_FLAGS, dir_fd=dfd)
                         try:
                             children = sorted(os.listdir(child), reverse=True)
-                            info = self._info(rel, os.fstat(child))
-                            info.type = tarfile.DIRTYPE
-                            tar.addfile(info)
+                            self._header(rel + "/", DIRECTORY, os.fstat(child))
                         except BaseException:
                             os.close(child)
                             raise
                         stack.append((child, rel + "/", children))
                     elif stat.S_ISLNK(st.st_mode):
-                        info = self._info(rel, st)
-                        info.type = tarfile.SYMTYPE
-                        info.linkname = os.readlink(name, dir_fd=dfd)
-                        tar.addfile(info)
+                        self._header(rel, SYMLINK, st, link=os.readlink(name, dir_fd=dfd))
                     elif stat.S_ISREG(st.st_mode):
                         fd = os.open(
                             name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
                         )
                         try:
                             if stat.S_ISREG(os.fstat(fd).st_mode):
-                                self._add_file(tar, fd, rel)
+                                self._add_file(fd, rel)
                         finally:
                             os.close(fd)
                 except (FileNotFoundError, NotADirectoryError):

@@ -11,11 +11,11 @@ import queue
 import shutil
 import stat
 import sys
-import tarfile
 import threading
 from collections.abc import Mapping
 
-from .protocol import CHUNK, Done, Send, UntarResult
+from .protocol import Done, Send, UntarResult
+from .tarformat import DIRECTORY, REGULAR, SYMLINK, Member, TarFormatError, TarReader, Truncated
 from .workspace import DIR_FLAGS, MAX_DEPTH, OpError, Workspace, clean, os_error
 
 WALKER_FDS = 512  # directory descriptors one upload keeps open at most (per tree it walks)
@@ -106,7 +106,7 @@ class _DirWalker:
 
 
 class _ChunkFeed:
-    """File object over an upload's chunks, read by ``tarfile`` on the extractor thread.
+    """An upload's chunks, taken one by one by the extractor thread.
 
     A chunk is acknowledged when taken, so the host (which keeps a small window of unacknowledged
     chunks) never sends much more than the extractor has consumed.
@@ -115,7 +115,6 @@ class _ChunkFeed:
     def __init__(self, send: Send) -> None:
         self._send = send
         self._queue: queue.SimpleQueue[tuple[int | None, bytes]] = queue.SimpleQueue()
-        self._buf = memoryview(b"")
         self._eof = False
 
     def put(self, rid: int | None, data: bytes) -> None:
@@ -132,19 +131,18 @@ class _ChunkFeed:
             if rid is not None:
                 rids.append(rid)
 
-    def read(self, size: int = -1) -> bytes:
-        while not self._buf and not self._eof:
+    def take(self) -> bytes:
+        """The next chunk (whole: its file contents are written from it without a copy), or
+        ``b""`` at the end of the archive."""
+        while not self._eof:
             rid, data = self._queue.get()
             if rid is None:
                 self._eof = True
                 break
             self._send(rid, Done())
-            self._buf = memoryview(data)
-        if size is None or size < 0:
-            size = len(self._buf)
-        out = bytes(self._buf[:size])
-        self._buf = self._buf[size:]
-        return out
+            if data:
+                return data
+        return b""
 
 
 class Upload:
@@ -170,6 +168,7 @@ class Upload:
         self.feed = _ChunkFeed(send)
         self.entries: dict[str, tuple[str, int, float]] = {}  # rel -> (kind, mode, mtime)
         self.files = self.bytes = 0
+        self.umask = 0o777 & ~ws.dir_mode
         real = ws.granted(path or ".", "rw")
         # Directories made for this upload's destination go again if it fails (when still empty).
         self.made: list[str] = []  # deepest first
@@ -212,15 +211,17 @@ class Upload:
         try:
             staged = _DirWalker(self.stage_fd, "the upload", 0o700)
             try:
-                with tarfile.open(fileobj=self.feed, mode="r|") as tar:  # type: ignore[call-overload]
-                    for info in tar:
-                        member = clean(info.name)
-                        self._extract(tar, info, member, staged)
+                tar = TarReader(self.feed.take)
+                info = tar.next()
+                while info is not None:
+                    member = clean(info.name)
+                    self._extract(tar, info, member, staged)
+                    info = tar.next()
             finally:
                 staged.close()
         except OpError as exc:
             self.error = exc
-        except tarfile.TarError as exc:
+        except TarFormatError as exc:
             self.error = OpError("bad_archive", f"not a valid tar archive at {member}: {exc}")
         except OSError as exc:
             self.error = os_error(exc, member)
@@ -234,20 +235,21 @@ class Upload:
                 self._answer_late(rid)
             self.finished.set()
 
-    def _extract(self, tar: tarfile.TarFile, info: tarfile.TarInfo, member: str, staged: _DirWalker) -> None:
+    def _extract(self, tar: TarReader, info: Member, member: str, staged: _DirWalker) -> None:
         rel = _member_path(info.name)
-        if info.issym():
+        if info.type == SYMLINK:
             self._link(info, rel, member, staged)
             return
-        if info.islnk():
+        if info.type == b"1":
             raise _refuse(member, "is a hard link (uploads carry files and directories only)")
-        if info.ischr() or info.isblk():
+        if info.type in (b"3", b"4"):
             raise _refuse(member, "is a device node")
-        if info.isfifo():
+        if info.type == b"6":
             raise _refuse(member, "is a fifo")
-        if info.issparse():
+        if info.sparse:
             raise _refuse(member, "is a sparse file")
-        if not (info.isreg() or info.isdir()):
+        is_dir = info.type == DIRECTORY
+        if not (info.type in REGULAR or is_dir):
             raise _refuse(member, f"has an unsupported type {info.type!r}")
         if info.mode & stat.S_ISUID:
             raise _refuse(member, "has the setuid bit")
@@ -256,7 +258,7 @@ class Upload:
         if len(self.entries) >= self.max_files and rel not in self.entries:
             raise OpError("too_large", f"{member}: more than {self.max_files} entries (max_upload_files)")
         mode = stat.S_IMODE(info.mode) & 0o777
-        if info.isdir():
+        if is_dir:
             if rel:
                 staged.get(rel, member, create=True)
             self.entries[rel] = ("dir", mode, float(info.mtime))
@@ -266,22 +268,20 @@ class Upload:
         if self.bytes + info.size > self.max_bytes:
             raise OpError("too_large", f"{member}: the files pass {self.max_bytes} bytes (max_upload_bytes)")
         name, pfd, previous = self._replaceable(rel, member, staged)
+        # Made with its final mode (inside the private staging directory); fchmod only where the
+        # umask would take bits away.
         fd = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd
         )
         try:
-            src = tar.extractfile(info)
-            assert src is not None
-            left = info.size
-            while left:
-                data = src.read(min(left, CHUNK))
-                if not data:
-                    raise OpError("bad_archive", f"{member}: the archive ends inside this file")
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                left -= len(data)
-            os.fchmod(fd, mode)
+            try:
+                for view in tar.contents():  # views of the chunks: written without a copy
+                    while view:
+                        view = view[os.write(fd, view) :]
+            except Truncated:
+                raise OpError("bad_archive", f"{member}: the archive ends inside this file") from None
+            if mode & self.umask:
+                os.fchmod(fd, mode)
             os.utime(fd, (info.mtime, info.mtime))
         finally:
             os.close(fd)
@@ -307,7 +307,7 @@ class Upload:
                 os.unlink(name, dir_fd=pfd)
         return name, pfd, previous
 
-    def _link(self, info: tarfile.TarInfo, rel: str, member: str, staged: _DirWalker) -> None:
+    def _link(self, info: Member, rel: str, member: str, staged: _DirWalker) -> None:
         """A relative symlink whose target stays inside the upload (checked lexically, from the
         link's directory, against the upload's root); made with symlinkat, never followed here."""
         target = info.linkname

@@ -1,0 +1,135 @@
+"""The agent's own tar reader and header writer agree with ``tarfile`` (the format's reference
+here): same members, same contents, an error where tarfile has one; extended headers are bounded."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import tarfile
+
+import pytest
+
+from dispatcher.sandbox.agent.tarformat import (
+    MAX_EXTENDED,
+    RECORD,
+    REGULAR,
+    TarFormatError,
+    TarReader,
+    header,
+    trailer,
+)
+
+Seen = tuple[str, list[tuple[str, bytes, int, float, str, bytes]]]
+NAMES = ["a", "d/b.txt", "x" * 150 + "/y", "é/ü.txt", "d" * 99, "p/" + "q" * 120, "deep/" * 30 + "f"]
+
+
+def via_tarfile(data: bytes) -> Seen:
+    seen = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:  # type: ignore[call-overload]
+            for m in tar:
+                body = tar.extractfile(m).read() if m.isreg() else b""  # type: ignore[union-attr]
+                if m.isreg() and len(body) < m.size:
+                    return "error", seen  # the agent refuses a file cut short
+                seen.append((m.name, m.type, m.mode, float(m.mtime), m.linkname, body))
+    except tarfile.TarError:
+        return "error", seen
+    return "ok", seen
+
+
+def via_reader(data: bytes, step: int) -> Seen:
+    pieces = iter([data[i : i + step] for i in range(0, len(data), step)])
+    reader = TarReader(lambda: next(pieces, b""))
+    seen = []
+    try:
+        m = reader.next()
+        while m is not None:
+            body = b"".join(bytes(v) for v in reader.contents()) if m.type in REGULAR else b""
+            seen.append((m.name, m.type, m.mode, m.mtime, m.linkname, body))
+            m = reader.next()
+    except TarFormatError:
+        return "error", seen
+    return "ok", seen
+
+
+def random_archive(rng: random.Random) -> bytes:
+    buf = io.BytesIO()
+    fmt = rng.choice([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for i in range(rng.randint(0, 6)):
+            info = tarfile.TarInfo(rng.choice(NAMES[:4] if fmt == tarfile.USTAR_FORMAT else NAMES) + str(i))
+            info.mtime, info.mode = rng.choice([0, 1_600_000_000]), rng.choice([0o644, 0o4755])
+            kind = rng.random()
+            if kind < 0.2:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind < 0.35:
+                info.type, info.linkname = tarfile.SYMTYPE, rng.choice(NAMES[:2])
+                tar.addfile(info)
+            else:
+                data = os.urandom(rng.choice([0, 1, 511, 512, 513, 5000]))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_reader_agrees_with_tarfile_on_valid_cut_and_damaged_archives() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        data = random_archive(rng)
+        damage = rng.random()
+        if damage < 0.3:
+            data = data[: rng.randrange(len(data) + 1)]
+        elif damage < 0.5:
+            pos = rng.randrange(len(data))
+            data = data[:pos] + bytes([data[pos] ^ 0xFF]) + data[pos + 1 :]
+        expected = via_tarfile(data)
+        got = via_reader(data, rng.choice([1, 7, 512, 777, 1 << 20]))
+        assert got[0] == expected[0] and got[1] == expected[1][: len(got[1])]
+        if got[0] == "ok":
+            assert got == expected
+
+
+def test_extended_headers_are_bounded() -> None:
+    info = tarfile.TarInfo("p" * (MAX_EXTENDED + 1))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(TarFormatError, match="extended header"):
+        via_reader_raising(buf.getvalue())
+
+
+def via_reader_raising(data: bytes) -> None:
+    pieces = iter([data])
+    TarReader(lambda: next(pieces, b"")).next()
+
+
+@pytest.mark.parametrize(
+    ("name", "link"), [("a/b", ""), ("é" * 80, ""), ("l", "x" * 200), ("n\udcff", ""), ("s", "../t")]
+)
+def test_written_headers_read_back_with_tarfile(name: str, link: str) -> None:
+    size = 0 if link else 3
+    data = header(name, b"2" if link else b"0", 0o640, 1000, 1001, size, 1_600_000_000, link)
+    data += b"abc" + bytes(509) if size else b""
+    data += trailer(len(data))
+    assert len(data) % RECORD == 0
+    with tarfile.open(fileobj=io.BytesIO(data), encoding="utf-8", errors="surrogateescape") as tar:
+        (m,) = tar.getmembers()
+        assert (m.name, m.linkname, m.mode, m.mtime, m.uid, m.gid) == (
+            name,
+            link,
+            0o640,
+            1_600_000_000,
+            1000,
+            1001,
+        )
+        if size:
+            assert tar.extractfile(m).read() == b"abc"  # type: ignore[union-attr]
+
+
+def test_numbers_past_their_fields_go_in_the_pax_header() -> None:
+    data = header("big", b"0", 0o600, 2**40, 0, 0, -5) + trailer(1024)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:  # type: ignore[call-overload]
+        (m,) = list(tar)
+        assert (m.uid, m.mtime) == (2**40, -5)
