@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
-from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
-from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
@@ -39,12 +39,12 @@ from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
 from dispatcher.sandbox.docker.orphans import sweep_orphans
 from dispatcher.sandbox.docker.pool import WarmPool
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.docker.sessions import SessionSandboxes
 from dispatcher.sandbox.docker.watch import SandboxWatch
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
-    from dispatcher.core.session_registry import Restoration
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def instance_id_for(state_dir: str) -> str:
     return hashlib.sha256(real.encode()).hexdigest()[:16]
 
 
-class DockerSandboxProvider(ProviderLifecycle):
+class DockerSandboxProvider(SessionSandboxes):
     """Hands out one Docker-backed sandbox per session (implements ``SandboxProvider``)."""
 
     def __init__(
@@ -153,11 +153,7 @@ class DockerSandboxProvider(ProviderLifecycle):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
-        results = await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                log.warning("closing a sandbox failed: %s", result)
+        await self.close_all()
         # Kept containers hold their own mounts of a volume; the next start mounts the same loop
         # device again (``attached_loop``), never a second one.
         await asyncio.get_running_loop().run_in_executor(None, self.volumes.release)
@@ -227,70 +223,6 @@ class DockerSandboxProvider(ProviderLifecycle):
         return removed
 
     # -- after a restart ------------------------------------------------------------------
-
-    def session_created(self, session: Session) -> None:
-        """With ``start_on_create``: launch the session's container now, in the background (a
-        failure is logged; the first call launches again and reports it)."""
-        if not self.config.start_on_create or self._closed:
-            return
-        # The handle now, so a CloseSession that comes first closes this very sandbox.
-        sandbox = self.sandbox_for(session)
-        task = asyncio.get_running_loop().create_task(self._start(sandbox), name="sandbox-start")
-        self._starting.add(task)
-        task.add_done_callback(self._starting.discard)
-
-    @staticmethod
-    async def _start(sandbox: DockerSandbox) -> None:
-        try:
-            async with sandbox.using():
-                pass
-        except Exception as exc:  # the first call tries again and says why
-            log.info("starting session %s's sandbox at creation failed: %s", sandbox.session.session_id, exc)
-
-    def expect_container(self, session: Session, container_id: str) -> None:
-        """A restarted server gives ``session`` back: ``container_id`` (its stored container) is
-        kept by ``remove_orphans`` and re-adopted by ``adopt_all`` or the session's first call."""
-        self.sandbox_for(session).expect(container_id)
-
-    async def adopt_all(self) -> None:
-        """Re-attach every expected container now (a few at a time), so that idle expiry and
-        process counts work on them as on any other; the first call of a session still waiting
-        for its turn re-attaches it itself."""
-        waiting = [s for s in self._sandboxes.values() if s.adopting and not s.paused]
-
-        async def one(sandbox: DockerSandbox) -> None:
-            # The slot first, then the sandbox's lock: a call of a session still waiting here
-            # re-attaches its own container at once instead of queueing behind the others.
-            async with self._launch_slots:
-                await sandbox.adopt()
-
-        await asyncio.gather(*(one(s) for s in waiting), return_exceptions=True)
-
-    async def detach_all(self) -> None:
-        """Let go of every container without removing it (a graceful stop that keeps sessions):
-        the agents exit as their streams close; what commands left running keeps running."""
-        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
-        await asyncio.gather(*(s.detach() for s in sandboxes), return_exceptions=True)
-
-    def session_restored(self, state: SessionState, restored: Restoration) -> None:
-        """Re-adopt its container; a session paused before the restart keeps it frozen."""
-        super().session_restored(state, restored)
-        if state.status is SessionStatus.PAUSED:
-            self.sandbox_for(state.session).paused = True
-
-    async def pause(self, session_id: str) -> None:
-        sandbox = self._sandboxes.get(session_id)
-        if sandbox is not None:
-            await sandbox.pause()
-
-    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
-        sandbox = self._sandboxes.get(session_id)
-        if sandbox is not None:
-            await sandbox.resume(notice)
-
-    async def working(self, session_id: str) -> bool:
-        sandbox = self._sandboxes.get(session_id)
-        return sandbox is not None and await sandbox.working()
 
     @property
     def docker(self) -> DockerAPI:

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
-from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import GONE
 from dispatcher.sandbox.docker.backend import launch_failure
@@ -42,6 +42,7 @@ from dispatcher.sandbox.docker.config import (
 from dispatcher.sandbox.docker.host import LiveContainer
 from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.docker.sessions import SessionSandboxes
 from dispatcher.sandbox.docker.workspace_volume import format_size
 from dispatcher.sandbox.kubernetes.api import KubeAPI
 from dispatcher.sandbox.kubernetes.attach import ChannelStream
@@ -54,13 +55,12 @@ from dispatcher.sandbox.kubernetes.manifests import (
 from dispatcher.sandbox.kubernetes.pods import adoption_problem, created_at, pod_running
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
-    from dispatcher.core.session_registry import Restoration
+    pass
 
 log = logging.getLogger(__name__)
 
 
-class KubernetesSandboxProvider(ProviderLifecycle):
+class KubernetesSandboxProvider(SessionSandboxes):
     """Hands out one Pod-backed sandbox per session (implements ``SandboxProvider``)."""
 
     def __init__(
@@ -130,10 +130,7 @@ class KubernetesSandboxProvider(ProviderLifecycle):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
-        for result in await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True):
-            if isinstance(result, BaseException):
-                log.warning("closing a sandbox failed: %s", result)
+        await self.close_all()
         if self._api is not None:
             await self._api.aclose()
 
@@ -183,60 +180,6 @@ class KubernetesSandboxProvider(ProviderLifecycle):
         return removed
 
     # -- sessions, restarts ----------------------------------------------------------------
-
-    def session_created(self, session: Session) -> None:
-        """With ``start_on_create``: start the session's Pod now, in the background."""
-        if not self.config.start_on_create or self._closed:
-            return
-        sandbox = self.sandbox_for(session)
-        task = asyncio.get_running_loop().create_task(self._start(sandbox), name="sandbox-start")
-        self._starting.add(task)
-        task.add_done_callback(self._starting.discard)
-
-    @staticmethod
-    async def _start(sandbox: DockerSandbox) -> None:
-        try:
-            async with sandbox.using():
-                pass
-        except Exception as exc:  # the first call tries again and says why
-            log.info("starting session %s's pod at creation failed: %s", sandbox.session.session_id, exc)
-
-    def expect_container(self, session: Session, container_id: str) -> None:
-        self.sandbox_for(session).expect(container_id)
-
-    async def adopt_all(self) -> None:
-        """Attach again to every expected Pod (a few at a time)."""
-
-        async def one(sandbox: DockerSandbox) -> None:
-            async with self._launch_slots:
-                await sandbox.adopt()
-
-        waiting = [s for s in self._sandboxes.values() if s.adopting]
-        await asyncio.gather(*(one(s) for s in waiting), return_exceptions=True)
-
-    async def detach_all(self) -> None:
-        """Let go of every Pod without deleting it: the agents keep waiting on their stdin."""
-        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
-        await asyncio.gather(*(s.detach() for s in sandboxes), return_exceptions=True)
-
-    def session_restored(self, state: SessionState, restored: Restoration) -> None:
-        super().session_restored(state, restored)
-        if state.status is SessionStatus.PAUSED:
-            self.sandbox_for(state.session).paused = True
-
-    async def pause(self, session_id: str) -> None:
-        sandbox = self._sandboxes.get(session_id)
-        if sandbox is not None:
-            await sandbox.pause()
-
-    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
-        sandbox = self._sandboxes.get(session_id)
-        if sandbox is not None:
-            await sandbox.resume(notice)
-
-    async def working(self, session_id: str) -> bool:
-        sandbox = self._sandboxes.get(session_id)
-        return sandbox is not None and await sandbox.working()
 
     # -- ContainerHost ---------------------------------------------------------------------
 
