@@ -26,7 +26,7 @@ async def _shell_description(client: AsyncDispatcherClient, session_id: str) -> 
 async def test_a_session_narrows_its_tenants_egress_list_and_is_told_what_it_reaches(
     make_server: ServerFactory,
 ) -> None:
-    h = await make_server(egress={"allow": ["pypi.org", "*.example.org"]})
+    h = await make_server(egress={"allow": ["pkgs.example.com", "*.example.org"]})
     client = h.client(TOKEN_BETA)
     narrowed = await _create(client, ["A.example.org"])
     assert list(narrowed.capabilities.egress_allow) == ["a.example.org"]
@@ -34,7 +34,7 @@ async def test_a_session_narrows_its_tenants_egress_list_and_is_told_what_it_rea
     assert "to these hosts on ports 80, 443: a.example.org" in described
     assert "other hosts are refused at once" in described
     whole = await _create(client, [])
-    assert list(whole.capabilities.egress_allow) == ["*.example.org", "pypi.org"]
+    assert list(whole.capabilities.egress_allow) == ["*.example.org", "pkgs.example.com"]
     with pytest.raises(RequestFailed) as err:
         await _create(client, ["evil.example"])
     assert err.value.code == "INVALID_ARGUMENT"

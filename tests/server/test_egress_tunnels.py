@@ -119,9 +119,12 @@ async def test_by_default_a_connection_is_refused_at_once_with_the_403_text(harn
     client = harness.client(TOKEN_ALPHA)
     session = await client.create_session()
     started = time.monotonic()
-    result = await client.call(session.session_id, "shell", _shell("connect pypi.org 443"))
+    result = await client.call(session.session_id, "shell", _shell("connect pkgs.example.com 443"))
     text = text_of(result)
-    assert "status: HTTP/1.1 403 egress refused: pypi.org:443: pypi.org is not on this session's" in text
+    assert (
+        "status: HTTP/1.1 403 egress refused: pkgs.example.com:443: pkgs.example.com is not on this session's"
+        in text
+    )
     assert "no host is allowed: this sandbox has no network access" in text
     assert time.monotonic() - started < 5  # the whole call; the refusal itself:
     seconds = float(text.split("seconds: ")[1].split()[0])

@@ -39,28 +39,36 @@ def test_a_tenants_keys_are_laid_over_the_top_level(tmp_path: Path) -> None:
         tmp_path,
         {
             "egress": {
-                "allow": ["PyPI.org", "*.example.org"],
+                "allow": ["Pkgs.Example.com", "*.example.org"],
                 "max_bytes": "1m",
                 "deny_networks": ["10.0.0.0/8"],
             },
             "tenants": [
-                {"id": "a", "token_sha256": T1, "egress": {"unknown": "prompt", "allow": ["pypi.org"]}},
+                {
+                    "id": "a",
+                    "token_sha256": T1,
+                    "egress": {"unknown": "prompt", "allow": ["pkgs.example.com"]},
+                },
                 {"id": "b", "token_sha256": T2},
             ],
         },
     )
     a, b = config.tenants
-    assert (a.egress.allow, a.egress.unknown, a.egress.max_bytes) == (("pypi.org",), Unknown.PROMPT, 1 << 20)
+    assert (a.egress.allow, a.egress.unknown, a.egress.max_bytes) == (
+        ("pkgs.example.com",),
+        Unknown.PROMPT,
+        1 << 20,
+    )
     assert a.egress.deny_networks == parse_networks(["10.0.0.0/8"])
-    assert a.capabilities.egress_allow == ("pypi.org",)
-    assert (b.egress.allow, b.egress.unknown) == (("pypi.org", "*.example.org"), Unknown.DENY)
+    assert a.capabilities.egress_allow == ("pkgs.example.com",)
+    assert (b.egress.allow, b.egress.unknown) == (("pkgs.example.com", "*.example.org"), Unknown.DENY)
 
 
 @pytest.mark.parametrize(
     ("section", "message"),
     [
         ({"allow": ["*"]}, r"egress\.allow\[0\]: .*leading"),
-        ({"allow": ["https://pypi.org"]}, r"egress\.allow\[0\]: not a host name"),
+        ({"allow": ["https://pkgs.example.com"]}, r"egress\.allow\[0\]: not a host name"),
         ({"unknown": "ask"}, r"egress\.unknown: "),
         ({"ports": [443, 443]}, r"egress\.ports: a port is listed twice"),
         ({"ports": [0]}, r"egress\.ports\[0\]: "),
@@ -76,21 +84,21 @@ def test_errors_name_the_key(tmp_path: Path, section: dict[str, Any], message: s
 
 
 def test_a_session_may_only_narrow_the_list_and_sees_the_effective_one() -> None:
-    tenant = Capabilities(egress_allow=("pypi.org", "*.example.org"))
+    tenant = Capabilities(egress_allow=("pkgs.example.com", "*.example.org"))
     msg = pb.SessionCapabilities(egress_allow=["a.example.org"])
     requested = cp.capabilities_from_pb(msg, True)
     session = cp.narrow_capabilities(tenant, requested, ["shell"])
     assert session.egress_allow == ("a.example.org",)
     assert list(cp.capabilities_to_pb(session).egress_allow) == ["a.example.org"]
     kept = cp.narrow_capabilities(tenant, cp.capabilities_from_pb(pb.SessionCapabilities(), True), [])
-    assert kept.egress_allow == ("pypi.org", "*.example.org")  # empty: the tenant's list
+    assert kept.egress_allow == ("pkgs.example.com", "*.example.org")  # empty: the tenant's list
     with pytest.raises(ValueError, match=r"capabilities\.egress_allow\[0\]: 'evil\.example' is not within"):
         cp.narrow_capabilities(tenant, Capabilities(egress_allow=("evil.example",)), [])
     too_many = pb.SessionCapabilities(egress_allow=[f"h{i}.example.org" for i in range(257)])
     with pytest.raises(ValueError, match="at most 256"):
         cp.capabilities_from_pb(too_many, True)
-    assert cp.session_capabilities_to_pb(egress_allow=["pypi.org"]) == pb.SessionCapabilities(
-        egress_allow=["pypi.org"]
+    assert cp.session_capabilities_to_pb(egress_allow=["pkgs.example.com"]) == pb.SessionCapabilities(
+        egress_allow=["pkgs.example.com"]
     )
 
 
@@ -101,4 +109,4 @@ def test_a_stored_session_keeps_its_narrowing_within_its_tenants_list_as_it_is_n
     now = Capabilities(egress_allow=("*.other.org",))  # the tenant's list changed meanwhile
     assert now.intersect(fields["capabilities"]).egress_allow == ()
     with pytest.raises(ValueError, match="egress_allow"):
-        session_fields_from_json({"capabilities": {"egress_allow": "pypi.org"}})
+        session_fields_from_json({"capabilities": {"egress_allow": "pkgs.example.com"}})

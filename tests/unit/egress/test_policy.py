@@ -24,10 +24,19 @@ from dispatcher.egress.policy import (
 
 
 def test_patterns_are_exact_hosts_or_leading_wildcards() -> None:
-    assert parse_pattern("PyPI.org.") == "pypi.org"
+    assert parse_pattern("Pkgs.Example.com.") == "pkgs.example.com"
     assert parse_pattern("*.Mirror.Example.org") == "*.mirror.example.org"
     assert parse_pattern("[2001:db8::1]") == "2001:db8::1"
-    for bad in ("*", "*.org", "a.*.org", "http://pypi.org", "pypi.org:443", "pypi.org/simple", "a..b", ""):
+    for bad in (
+        "*",
+        "*.org",
+        "a.*.org",
+        "http://pkgs.example.com",
+        "pkgs.example.com:443",
+        "pkgs.example.com/simple",
+        "a..b",
+        "",
+    ):
         with pytest.raises(ValueError):
             parse_pattern(bad)
 
@@ -37,50 +46,54 @@ def test_a_wildcard_matches_subdomains_only_and_never_an_ip_literal() -> None:
     assert matches("*.example.org", "a.b.example.org")
     assert not matches("*.example.org", "example.org")
     assert not matches("*.example.org", "badexample.org")
-    assert matches("pypi.org", normalize_host("PYPI.ORG."))
-    assert not matches("pypi.org", "files.pypi.org")
+    assert matches("pkgs.example.com", normalize_host("PKGS.EXAMPLE.COM."))
+    assert not matches("pkgs.example.com", "files.pkgs.example.com")
     assert not matches("*.0.0.1", "127.0.0.1")
 
 
 def test_a_session_may_only_narrow_its_tenants_list() -> None:
-    tenant = ("pypi.org", "*.example.org")
-    assert narrow(tenant, ["a.example.org", "PyPI.org"]) == ("a.example.org", "pypi.org")
+    tenant = ("pkgs.example.com", "*.example.org")
+    assert narrow(tenant, ["a.example.org", "Pkgs.Example.com"]) == ("a.example.org", "pkgs.example.com")
     assert narrow(tenant, ["*.b.example.org"]) == ("*.b.example.org",)
     with pytest.raises(ValueError, match=r"egress_allow\[0\]: 'example.org' is not within"):
         narrow(tenant, ["example.org"])
     with pytest.raises(ValueError, match=r"egress_allow\[1\]"):
-        narrow(tenant, ["pypi.org", "*"])
+        narrow(tenant, ["pkgs.example.com", "*"])
     with pytest.raises(ValueError, match="not within"):
-        narrow((), ["pypi.org"])
+        narrow((), ["pkgs.example.com"])
 
 
 def test_meet_keeps_what_both_lists_allow() -> None:
-    assert meet(["*.example.org"], ["a.example.org", "pypi.org"]) == ("a.example.org",)
+    assert meet(["*.example.org"], ["a.example.org", "pkgs.example.com"]) == ("a.example.org",)
     assert meet(["a.example.org"], ["*.example.org"]) == ("a.example.org",)
-    assert meet([], ["pypi.org"]) == ()
+    assert meet([], ["pkgs.example.com"]) == ()
     assert covers("*.example.org", "*.b.example.org") and not covers("*.b.example.org", "*.example.org")
 
 
 def test_the_port_is_checked_before_the_list_and_before_asking() -> None:
-    policy = EgressPolicy(allow=("pypi.org",), unknown=Unknown.PROMPT)
-    assert decide(policy, policy.allow, "pypi.org", 443).verdict is Verdict.ALLOW
-    refused = decide(policy, policy.allow, "pypi.org", 22)
+    policy = EgressPolicy(allow=("pkgs.example.com",), unknown=Unknown.PROMPT)
+    assert decide(policy, policy.allow, "pkgs.example.com", 443).verdict is Verdict.ALLOW
+    refused = decide(policy, policy.allow, "pkgs.example.com", 22)
     assert (refused.verdict, refused.reason) == (Verdict.REFUSE, Reason.PORT_NOT_ALLOWED)
     assert decide(policy, policy.allow, "other.org", 443).verdict is Verdict.ASK
     assert decide(policy, policy.allow, "other.org", 443, {"other.org"}).reason is Reason.REMEMBERED
-    deny = EgressPolicy(allow=("pypi.org",))
-    assert decide(deny, (), "pypi.org", 443).reason is Reason.NOT_LISTED  # the session narrowed it away
+    deny = EgressPolicy(allow=("pkgs.example.com",))
+    assert (
+        decide(deny, (), "pkgs.example.com", 443).reason is Reason.NOT_LISTED
+    )  # the session narrowed it away
 
 
 def test_refusal_text_names_host_why_and_what_is_allowed() -> None:
-    text = explain(Reason.NOT_LISTED, "evil.example", 443, allow=["pypi.org"], ports=[80, 443])
+    text = explain(Reason.NOT_LISTED, "evil.example", 443, allow=["pkgs.example.com"], ports=[80, 443])
     assert text == (
         "egress refused: evil.example:443: evil.example is not on this session's egress allow list "
-        "(allowed: pypi.org)"
+        "(allowed: pkgs.example.com)"
     )
-    nothing = explain(Reason.NOT_LISTED, "pypi.org", 443, allow=[], ports=[80, 443])
+    nothing = explain(Reason.NOT_LISTED, "pkgs.example.com", 443, allow=[], ports=[80, 443])
     assert "no host is allowed: this sandbox has no network access" in nothing
-    port = explain(Reason.PORT_NOT_ALLOWED, "pypi.org", 22, allow=["pypi.org"], ports=[80, 443])
+    port = explain(
+        Reason.PORT_NOT_ALLOWED, "pkgs.example.com", 22, allow=["pkgs.example.com"], ports=[80, 443]
+    )
     assert port.endswith("port 22 is not allowed (allowed ports: 80, 443)")
 
 

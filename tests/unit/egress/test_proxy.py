@@ -40,11 +40,11 @@ def loopback_policy(port: int, **kwargs: Any) -> EgressPolicy:
 
 
 async def test_an_unlisted_host_is_refused_at_once_without_a_lookup(harness: Make) -> None:
-    h: Harness = await harness(EgressPolicy(allow=("pypi.org",)))
+    h: Harness = await harness(EgressPolicy(allow=("pkgs.example.com",)))
     answer = await h.request(connect("evil.example", 443))
     expected = (
         "egress refused: evil.example:443: evil.example is not on this session's egress allow list "
-        "(allowed: pypi.org)"
+        "(allowed: pkgs.example.com)"
     )
     assert status_line(answer) == f"HTTP/1.1 403 {expected}"
     assert body(answer) == expected + "\n"
@@ -63,13 +63,13 @@ async def test_an_unlisted_host_is_refused_at_once_without_a_lookup(harness: Mak
 
 async def test_the_default_policy_reaches_nothing(harness: Make) -> None:
     h: Harness = await harness()
-    answer = await h.request(connect("pypi.org", 443))
+    answer = await h.request(connect("pkgs.example.com", 443))
     assert "no host is allowed: this sandbox has no network access" in status_line(answer)
 
 
 async def test_a_port_not_listed_is_refused(harness: Make) -> None:
-    h: Harness = await harness(EgressPolicy(allow=("pypi.org",)))
-    answer = await h.request(connect("pypi.org", 8443))
+    h: Harness = await harness(EgressPolicy(allow=("pkgs.example.com",)))
+    answer = await h.request(connect("pkgs.example.com", 8443))
     assert status_line(answer).endswith("port 8443 is not allowed (allowed ports: 80, 443)")
     assert (await h.settled(1))[0]["reason"] == "port_not_allowed"
 
@@ -200,8 +200,8 @@ async def test_bytes_are_bounded_per_session_both_directions_together(harness: M
 
 
 async def test_a_request_head_too_large_is_431(harness: Make) -> None:
-    h: Harness = await harness(EgressPolicy(allow=("pypi.org",)), limits=EgressLimits(head_bytes=512))
-    answer = await h.request(b"CONNECT pypi.org:443 HTTP/1.1\r\nX-Pad: " + b"a" * 1000 + b"\r\n\r\n")
+    h: Harness = await harness(EgressPolicy(allow=("pkgs.example.com",)), limits=EgressLimits(head_bytes=512))
+    answer = await h.request(b"CONNECT pkgs.example.com:443 HTTP/1.1\r\nX-Pad: " + b"a" * 1000 + b"\r\n\r\n")
     assert status_line(answer) == "HTTP/1.1 431 bad proxy request: request head over 512 bytes"
     assert (await h.settled(1))[0]["decision"] == "failed"
 

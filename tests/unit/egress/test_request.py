@@ -9,8 +9,8 @@ from dispatcher.egress.request import RequestKind, parse_head, read_head
 
 
 def test_connect_takes_host_and_port() -> None:
-    req = parse_head(b"CONNECT PyPI.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n")
-    assert (req.kind, req.host, req.port) == (RequestKind.CONNECT, "pypi.org", 443)
+    req = parse_head(b"CONNECT Pkgs.Example.com:443 HTTP/1.1\r\nHost: pkgs.example.com:443\r\n\r\n")
+    assert (req.kind, req.host, req.port) == (RequestKind.CONNECT, "pkgs.example.com", 443)
     v6 = parse_head(b"CONNECT [2001:DB8::1]:8443 HTTP/1.1\r\n\r\n")
     assert (v6.host, v6.port) == ("2001:db8::1", 8443)
 
@@ -35,13 +35,13 @@ def test_absolute_form_is_rewritten_to_origin_form() -> None:
 @pytest.mark.parametrize(
     "head",
     [
-        b"CONNECT pypi.org HTTP/1.1\r\n\r\n",  # no port
-        b"CONNECT pypi.org:0 HTTP/1.1\r\n\r\n",
-        b"CONNECT pypi.org:99999 HTTP/1.1\r\n\r\n",
+        b"CONNECT pkgs.example.com HTTP/1.1\r\n\r\n",  # no port
+        b"CONNECT pkgs.example.com:0 HTTP/1.1\r\n\r\n",
+        b"CONNECT pkgs.example.com:99999 HTTP/1.1\r\n\r\n",
         b"CONNECT 2001:db8::1:443 HTTP/1.1\r\n\r\n",  # IPv6 without brackets
-        b"CONNECT user@pypi.org:443 HTTP/1.1\r\n\r\n",
+        b"CONNECT user@pkgs.example.com:443 HTTP/1.1\r\n\r\n",
         b"GET http://allowed.example@evil.example/ HTTP/1.1\r\n\r\n",
-        b"GET https://pypi.org/ HTTP/1.1\r\n\r\n",
+        b"GET https://pkgs.example.com/ HTTP/1.1\r\n\r\n",
         b"GET /relative HTTP/1.1\r\n\r\n",
         b"GET http://h.example/#frag HTTP/1.1\r\n\r\n",
         b"GET http://h.example/ HTTP/2\r\n\r\n",

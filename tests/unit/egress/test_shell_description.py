@@ -14,9 +14,9 @@ def test_nothing_reachable_is_said_plainly() -> None:
 
 
 def test_the_allowed_hosts_and_ports_are_listed_and_prompting_is_said() -> None:
-    policy = EgressPolicy(allow=("pypi.org",), unknown=Unknown.PROMPT, ports=(443,))
-    text = describe_network(ShellTool.definition, ("pypi.org", "*.example.org"), policy).description
-    assert "to these hosts on ports 443: pypi.org, *.example.org" in text
+    policy = EgressPolicy(allow=("pkgs.example.com",), unknown=Unknown.PROMPT, ports=(443,))
+    text = describe_network(ShellTool.definition, ("pkgs.example.com", "*.example.org"), policy).description
+    assert "to these hosts on ports 443: pkgs.example.com, *.example.org" in text
     assert "other hosts are asked about: a human allows or refuses each" in text
 
 
