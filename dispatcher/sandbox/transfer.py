@@ -92,10 +92,14 @@ async def _channel(sandbox: Sandbox, what: str) -> AsyncIterator[AgentChannel]:
 async def _upload(
     channel: AgentChannel, path: str, chunks: AsyncIterable[bytes], limits: TransferLimits
 ) -> UploadSummary:
-    started = await channel.call(UntarBegin(path, limits.max_upload_files, limits.max_upload_bytes))
-    upload_id = started.upload
+    # Shielded: a cancel that lands after the agent made the staging directory but before its answer
+    # came back must still end that upload (else the staging stays in the workspace).
+    begin = asyncio.ensure_future(
+        channel.call(UntarBegin(path, limits.max_upload_files, limits.max_upload_bytes))
+    )
     inflight: set[asyncio.Future[Any]] = set()
     try:
+        upload_id = (await asyncio.shield(begin)).upload
         sent = 0
         async for chunk in chunks:
             sent += len(chunk)
@@ -112,13 +116,25 @@ async def _upload(
         done, inflight = await asyncio.wait(inflight) if inflight else (set(), set())
         _raise_first(done)
     except BaseException:
-        # The agent answers every chunk, even after a failure; collect them before ending.
-        await asyncio.gather(*inflight, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await channel.call(UntarEnd(upload_id, commit=False))
+        # Its own task, shielded: a second cancel cannot stop the agent from dropping the staging.
+        await asyncio.shield(asyncio.ensure_future(_abandon(channel, begin, inflight)))
         raise
     moved = await channel.call(UntarEnd(upload_id, commit=True))
     return UploadSummary(files=moved.files, directories=moved.directories, bytes=moved.bytes)
+
+
+async def _abandon(
+    channel: AgentChannel, begin: asyncio.Future[Any], inflight: set[asyncio.Future[Any]]
+) -> None:
+    """End an upload the agent may have begun, writing nothing: its answers first, then untar_end."""
+    try:
+        started = await begin
+    except BaseException:  # it never began (refused, or the channel broke): nothing to end
+        return
+    # The agent answers every chunk, even after a failure; collect them before ending.
+    await asyncio.gather(*inflight, return_exceptions=True)
+    with contextlib.suppress(Exception):
+        await channel.call(UntarEnd(started.upload, commit=False))
 
 
 def _raise_first(done: set[asyncio.Future[Any]]) -> None:
