@@ -118,6 +118,11 @@ class CallPrinter:
             elif not streamed:
                 text = block.text
                 self._out.write(text if text.endswith("\n") else text + "\n")
+        if streamed:
+            # The output went by as deltas; what happened to the sandbox (recreated, resumed,
+            # leftovers killed) is only in the result: a person must see it too.
+            for notice in result.metadata.get("sandbox_notices") or ():
+                print(f"  [sandbox: {notice}]", file=self._err)
         if "exit_code" in result.metadata:
             print(f"  exit code {result.metadata['exit_code']}", file=self._err)
         if result.is_error:

@@ -61,6 +61,19 @@ async def test_sessions_pause_resume_renew_and_plan_show(
     assert "cancelled" in capsys.readouterr().out
 
 
+async def test_a_call_that_resumed_its_session_says_so_after_streamed_output(
+    harness: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sid = (await harness.client().create_session("w")).session_id
+    assert await run(harness, "pause", sid) == 0
+    capsys.readouterr()
+    command = json.dumps({"command": "echo streamed"})
+    assert await run(harness, "call", "--session", sid, "shell", command, "--yes") == 0
+    out = capsys.readouterr()
+    assert "streamed" in out.out
+    assert "[sandbox: the session was paused and has been resumed for this call" in out.err, out.err
+
+
 async def test_close_named_idle_and_all(harness: Harness, capsys: pytest.CaptureFixture[str]) -> None:
     client = harness.client()
     ids = [(await client.create_session(f"w{i}")).session_id for i in range(3)]
