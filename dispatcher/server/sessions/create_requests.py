@@ -18,8 +18,9 @@ __all__ = ["REQUEST_ID_TTL", "CreateRequests"]
 
 REQUEST_ID_TTL = 600.0
 """How long a request id is remembered (seconds)."""
-MAX_REMEMBERED = 100_000
-"""Request ids remembered at most, every tenant's (the oldest forgotten first)."""
+MAX_REMEMBERED = 10_000
+"""Request ids remembered at most per tenant (its oldest forgotten first): one tenant's flood of
+creates cannot push another tenant's ids out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,7 @@ class CreateRequests:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._seen: OrderedDict[tuple[str, str], _Seen] = OrderedDict()
+        self._seen: dict[str, OrderedDict[str, _Seen]] = {}
 
     def find(self, tenant_id: str, request_id: str, fingerprint: str) -> str | None:
         """The session this request created already; None: a new request (or no id).
@@ -44,8 +45,7 @@ class CreateRequests:
         """
         if not request_id:
             return None
-        self._forget_old()
-        seen = self._seen.get((tenant_id, request_id))
+        seen = self._of(tenant_id).get(request_id)
         if seen is None:
             return None
         if seen.fingerprint != fingerprint:
@@ -57,14 +57,18 @@ class CreateRequests:
 
     def remember(self, tenant_id: str, request_id: str, fingerprint: str, session_id: str) -> None:
         if request_id:
-            self._seen[(tenant_id, request_id)] = _Seen(fingerprint, session_id, self._clock())
-            while len(self._seen) > MAX_REMEMBERED:
-                self._seen.popitem(last=False)
+            seen = self._of(tenant_id)
+            seen[request_id] = _Seen(fingerprint, session_id, self._clock())
+            while len(seen) > MAX_REMEMBERED:
+                seen.popitem(last=False)
 
-    def _forget_old(self) -> None:
+    def _of(self, tenant_id: str) -> OrderedDict[str, _Seen]:
+        """The tenant's ids of the last ``REQUEST_ID_TTL`` seconds, oldest first."""
+        seen = self._seen.setdefault(tenant_id, OrderedDict())
         horizon = self._clock() - REQUEST_ID_TTL
-        while self._seen:
-            key, seen = next(iter(self._seen.items()))
-            if seen.at >= horizon:
-                return
-            del self._seen[key]
+        while seen:
+            oldest = next(iter(seen.values()))
+            if oldest.at >= horizon:
+                break
+            seen.popitem(last=False)
+        return seen
