@@ -8,9 +8,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
-from dispatcher.core import approval, call_record, call_result, review
+from dispatcher.core import approval, call_record, call_result, eager, review
 from dispatcher.core.audit import DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import (
@@ -269,7 +270,12 @@ class CallRun(RunState):
             timeout_seconds=limit,
             resolved=dict(self.resolved),  # the tool uses exactly what was checked and approved
         )
-        task = asyncio.ensure_future(tool.execute(input_, context))
+        # Started now: a tool that finishes without waiting (a NONE tool, a refusal) is answered
+        # without a loop turn, a waiter or a timer; one that waits is supervised as its task.
+        started = eager.start(tool.execute(input_, context))
+        if started.done_now:
+            return _tool_result(started.outcome, self.tool_name, self.log_extra())
+        task = started.task
         try:
             return await self._supervise(tool, task, timeout)
         except asyncio.CancelledError:
@@ -285,7 +291,7 @@ class CallRun(RunState):
 
     async def _supervise(self, tool: Tool, task: asyncio.Future[ToolOutput], timeout: float) -> ToolOutput:
         if await self.call.wait(cast("asyncio.Future[Any]", task), timeout):
-            return _tool_result(task, self.tool_name, self.log_extra())
+            return _tool_result(task.result, self.tool_name, self.log_extra())
         if not self.call.cancel_event.is_set():
             self.call.cancel(ToolErrorClass.TIMEOUT)
         reason = self.call.cancel_reason
@@ -323,10 +329,11 @@ def _tool_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"dispatcher.tool.{name}")
 
 
-def _tool_result(task: asyncio.Future[ToolOutput], tool_name: str, extra: dict[str, str]) -> ToolOutput:
-    """The tool's output, with any non-ToolError turned into an opaque execution error."""
+def _tool_result(result: Callable[[], ToolOutput], tool_name: str, extra: dict[str, str]) -> ToolOutput:
+    """The tool's output (``result`` gives it or raises), with any non-ToolError turned into an
+    opaque execution error."""
     try:
-        output = task.result()
+        output = result()
     except ToolError:
         raise
     except SandboxError as exc:

@@ -28,6 +28,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
+from dispatcher.core import eager
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import Backlog, Event
@@ -102,12 +103,14 @@ class DispatchCall:
     def _start(self, tu: ToolUseBlock) -> None:
         # Started in message order: a call only ever waits for calls started before it.
         index = len(self._tasks)
-        task = asyncio.create_task(
+        # Its first step runs now (core/eager.py): the events of a call that does not wait are
+        # queued before this Dispatch first waits for them.
+        task = eager.start(
             self._dispatcher.dispatch(
                 tu, self._session, turn_id=self._turn_id, order=self._order, index=index
             ),
             name=f"dispatch:{self._session.session_id}:{tu.id}",
-        )
+        ).task
         # The id travels with the callback: a task name is for humans, and ids may contain ":".
         task.add_done_callback(functools.partial(self._result_ready, tu.id))
         self._tasks[tu.id] = task
