@@ -114,16 +114,26 @@ class AsyncDispatcherClient(ClientBase):
         turn_id: str = "",
         ordering: str | None = None,
     ) -> AsyncIterator[DispatchItem]:
+        items: AsyncIterator[DispatchItem] = self._stream(
+            self._dispatch_call(session_id, tool_uses, turn_id, ordering), base.dispatch_item
+        )
+        async for item in items:
+            yield item
+
+    def _dispatch_call(
+        self,
+        session_id: str,
+        tool_uses: Sequence[ToolUseBlock | tuple[str, Any]],
+        turn_id: str,
+        ordering: str | None,
+    ) -> Any:
         req = pb.DispatchRequest(
             session_id=session_id,
             turn_id=turn_id,
             tool_uses=[base.tool_use(t) for t in tool_uses],
             ordering=convert.ordering_to_pb(ordering),  # None: the server's default
         )
-        call = self._stub.Dispatch(req, metadata=self._metadata)
-        items: AsyncIterator[DispatchItem] = self._stream(call, base.dispatch_item)
-        async for item in items:
-            yield item
+        return self._stub.Dispatch(req, metadata=self._metadata)
 
     async def call(
         self,
@@ -137,7 +147,12 @@ class AsyncDispatcherClient(ClientBase):
     ) -> ToolResultBlock:
         block = ToolUseBlock(tool_use_id or base.new_id(), name, tool_input)
         result: ToolResultBlock | None = None
-        async for item in self.dispatch(session_id, [block], turn_id=turn_id):
+        call = self._dispatch_call(session_id, [block], turn_id, None)
+        # Events are converted only for someone who sees them.
+        items: AsyncIterator[DispatchItem] = self._stream(
+            call, base.dispatch_item if on_event is not None else base.result_item
+        )
+        async for item in items:
             if isinstance(item, ToolResultBlock):
                 result = item
             elif on_event is not None:

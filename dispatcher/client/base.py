@@ -88,6 +88,14 @@ def dispatch_item(resp: pb.DispatchResponse) -> DispatchItem | None:
     return convert.event_from_pb(resp.event)
 
 
+def result_item(resp: pb.DispatchResponse) -> ToolResultBlock | None:
+    """The result of a response, None for an event: a caller nobody shows events to does not
+    convert them."""
+    if resp.WhichOneof("item") == "result":
+        return convert.result_from_pb(resp.result)
+    return None
+
+
 def create_request(
     workspace: str,
     role: Role,

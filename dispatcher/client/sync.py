@@ -119,14 +119,22 @@ class DispatcherClient(ClientBase):
     ) -> Iterator[DispatchItem]:
         """Events and one ToolResultBlock per tool_use, as they come. Closing the iterator early
         cancels the call (and so its tools)."""
+        return self._stream(self._dispatch_call(session_id, tool_uses, turn_id, ordering), base.dispatch_item)
+
+    def _dispatch_call(
+        self,
+        session_id: str,
+        tool_uses: Sequence[ToolUseBlock | tuple[str, Any]],
+        turn_id: str,
+        ordering: str | None,
+    ) -> Any:
         req = pb.DispatchRequest(
             session_id=session_id,
             turn_id=turn_id,
             tool_uses=[base.tool_use(t) for t in tool_uses],
             ordering=convert.ordering_to_pb(ordering),  # None: the server's default
         )
-        call = self._stub.Dispatch(req, metadata=self._metadata)
-        return self._stream(call, base.dispatch_item)
+        return self._stub.Dispatch(req, metadata=self._metadata)
 
     def call(
         self,
@@ -140,7 +148,10 @@ class DispatcherClient(ClientBase):
     ) -> ToolResultBlock:
         """Run one tool and return its result; ``on_event`` sees the call's events as they come."""
         block = ToolUseBlock(tool_use_id or base.new_id(), name, tool_input)
-        return base.only_result(self.dispatch(session_id, [block], turn_id=turn_id), on_event)
+        call = self._dispatch_call(session_id, [block], turn_id, None)
+        # Events are converted only for someone who sees them.
+        conv = base.dispatch_item if on_event is not None else base.result_item
+        return base.only_result(self._stream(call, conv), on_event)
 
     def watch(self, session_id: str, after_seq: int = 0) -> Iterator[Event]:
         """Every event of the session after ``after_seq`` (history, then live) until it closes."""
