@@ -67,17 +67,36 @@ def make_noop_tool() -> NoopTool:
 
 
 class _FloorServicer(pb_grpc.ToolDispatcherServicer):
-    """An empty Dispatch answering like a NONE call (2 events, 1 result): what grpc.aio itself costs."""
+    """An empty Dispatch answering like a NONE call: what grpc.aio itself costs.
+
+    The same three messages the dispatcher sends for the NONE tool, field for field (event times,
+    session and seq, side effect, the result's text and metadata), built per call as a servicer
+    would; only the dispatcher's own work between request and answer is missing.
+    """
+
+    def __init__(self) -> None:
+        self._seq = 0
 
     async def Dispatch(self, request: pb.DispatchRequest, context: Any) -> AsyncIterator[pb.DispatchResponse]:
         tid = request.tool_uses[0].id
-        called = pb.ToolCalled(tool_name="noop", input_json="{}")
-        yield pb.DispatchResponse(event=pb.Event(seq=1, type="tool.called", tool_use_id=tid, called=called))
-        completed = pb.ToolCompleted(tool_name="noop", duration_ms=0.01)
-        yield pb.DispatchResponse(
-            event=pb.Event(seq=2, type="tool.completed", tool_use_id=tid, completed=completed)
+        sid = request.session_id
+        self._seq += 2
+        called = pb.ToolCalled(tool_name="noop", side_effect=pb.SIDE_EFFECT_NONE, input_json="{}")
+        event = pb.Event(
+            seq=self._seq - 1, session_id=sid, tool_use_id=tid, type="tool.called", called=called
         )
-        yield pb.DispatchResponse(result=pb.ToolResult(tool_use_id=request.tool_uses[0].id))
+        event.time.GetCurrentTime()
+        yield pb.DispatchResponse(event=event)
+        completed = pb.ToolCompleted(tool_name="noop", duration_ms=0.064)
+        event = pb.Event(
+            seq=self._seq, session_id=sid, tool_use_id=tid, type="tool.completed", completed=completed
+        )
+        event.time.GetCurrentTime()
+        yield pb.DispatchResponse(event=event)
+        result = pb.ToolResult(
+            tool_use_id=tid, content=[pb.ContentBlock(text=pb.TextContent(text="ok"))], metadata_json="{}"
+        )
+        yield pb.DispatchResponse(result=result)
 
 
 async def _serve_floor() -> None:
