@@ -24,7 +24,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from dispatcher.core.event_payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
@@ -158,21 +158,21 @@ class SessionLifecycle(BaseSessionListener):
         if idle > 0 and now - stored >= idle / 10:
             self._changed(state)
 
-    @contextlib.asynccontextmanager
-    async def hold(self, state: SessionState) -> AsyncIterator[None]:
-        """Work on the session (a Dispatch, a transfer): it is busy for the block, resumed first
-        if paused (``notice``: the call's result says so)."""
-        sid = state.session.session_id
+    def hold(self, state: SessionState) -> Held:
+        """Work on the session (a Dispatch, a transfer): it is busy for the ``async with`` block,
+        resumed first if paused (``notice``: the call's result says so)."""
+        return Held(self, state)
+
+    def _hold(self, state: SessionState) -> None:
         self.touch(state)
-        self._held[sid] += 1
-        try:
-            await self.ensure_running(state)
-            yield
-        finally:
-            self._held[sid] -= 1
-            if self._held[sid] <= 0:
-                self._held.pop(sid, None)
-            self.touch(state)
+        self._held[state.session.session_id] += 1
+
+    def _release(self, state: SessionState) -> None:
+        sid = state.session.session_id
+        self._held[sid] -= 1
+        if self._held[sid] <= 0:
+            self._held.pop(sid, None)
+        self.touch(state)
 
     def _busy(self, state: SessionState) -> bool:
         return bool(state.calls or state.waiting or self._held.get(state.session.session_id))
@@ -354,3 +354,24 @@ class SessionLifecycle(BaseSessionListener):
         state.bus.publish(SessionExpired(reason.value), turn_id="", tool_use_id="")
         self._registry.mark_expired(state, self.clock(), reason)
         await self._closer.close_session(sid)
+
+
+class Held:
+    """``SessionLifecycle.hold``: a class rather than a generator, because every Dispatch enters one."""
+
+    __slots__ = ("_lifecycle", "_state")
+
+    def __init__(self, lifecycle: SessionLifecycle, state: SessionState) -> None:
+        self._lifecycle = lifecycle
+        self._state = state
+
+    async def __aenter__(self) -> None:
+        self._lifecycle._hold(self._state)
+        try:
+            await self._lifecycle.ensure_running(self._state)
+        except BaseException:
+            self._lifecycle._release(self._state)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._lifecycle._release(self._state)

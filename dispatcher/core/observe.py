@@ -12,9 +12,8 @@ tool, trace id) to every log line written meanwhile, whichever logger writes it.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -130,11 +129,18 @@ _NO_FIELDS: Final[Mapping[str, str]] = MappingProxyType({})
 log_context: ContextVar[Mapping[str, str]] = ContextVar("dispatcher_log_context", default=_NO_FIELDS)
 
 
-@contextlib.contextmanager
-def log_fields(**fields: str) -> Iterator[None]:
-    """Add ``fields`` to every log line written in this context (tasks started in it included)."""
-    token = log_context.set({**log_context.get(), **fields})
-    try:
-        yield
-    finally:
-        log_context.reset(token)
+class log_fields:
+    """Add ``fields`` to every log line written in this context (tasks started in it included).
+
+    A class rather than a generator-based context manager: every tool call enters one."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: str) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        self._token = log_context.set({**log_context.get(), **self._fields})
+
+    def __exit__(self, *exc_info: object) -> None:
+        log_context.reset(self._token)

@@ -17,8 +17,7 @@ done) if a link or another directory stands there now: what a human approves is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -86,15 +85,20 @@ def report_notice(text: str) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def collect_notices() -> Iterator[list[str]]:
-    """Gather the notices that sandboxes report while the block (and tasks it starts) runs."""
-    notices: list[str] = []
-    token = _notices.set(notices)
-    try:
-        yield notices
-    finally:
-        _notices.reset(token)
+class collect_notices:
+    """Gather the notices that sandboxes report while the block (and tasks it starts) runs.
+
+    A class rather than a generator-based context manager: every tool call enters one."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> list[str]:
+        notices: list[str] = []
+        self._token = _notices.set(notices)
+        return notices
+
+    def __exit__(self, *exc_info: object) -> None:
+        _notices.reset(self._token)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,11 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from dispatcher.core import eager
+from dispatcher.core.calls import SessionState
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import Backlog, Event
@@ -190,3 +192,49 @@ class DispatchCall:
         )
         await self._dispatcher.cancel_tool_uses(self._session.session_id, pending)
         await asyncio.gather(*(self._tasks[t] for t in pending), return_exceptions=True)
+
+
+class DispatchScope:
+    """One Dispatch call of a session for an ``async with`` block: admitted (one of the tenant's
+    dispatch slots held), the session held busy (resumed first if paused), and the call known to
+    the session, so that a cancel or a close starts its tool_uses still waiting for the client to
+    read and so reaches them too. A class rather than a generator: every Dispatch enters one."""
+
+    __slots__ = ("_admitted", "_call", "_held", "_make", "_state")
+
+    def __init__(
+        self,
+        admitted: AbstractAsyncContextManager[None],
+        held: AbstractAsyncContextManager[None],
+        state: SessionState,
+        make: Callable[[], DispatchCall],
+    ) -> None:
+        self._admitted = admitted
+        self._held = held
+        self._state = state
+        self._make = make
+        self._call: DispatchCall | None = None
+
+    async def __aenter__(self) -> DispatchCall:
+        await self._admitted.__aenter__()
+        try:
+            await self._held.__aenter__()
+            try:
+                call = self._make()
+            except BaseException:
+                await self._held.__aexit__(None, None, None)
+                raise
+        except BaseException:
+            await self._admitted.__aexit__(None, None, None)
+            raise
+        self._state.waiting.add(call.start_all)
+        self._call = call
+        return call
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if self._call is not None:
+            self._state.waiting.discard(self._call.start_all)
+        try:
+            await self._held.__aexit__(*exc_info)
+        finally:
+            await self._admitted.__aexit__(*exc_info)

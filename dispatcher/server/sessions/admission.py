@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from dispatcher.core.events import EventBus, Subscription
 from dispatcher.server.rpc.errors import QuotaExceeded, ShuttingDown
-from dispatcher.server.tenancy.slots import Slots
+from dispatcher.server.tenancy.slots import Slot, Slots
 from dispatcher.server.tenancy.tenants import Tenant
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "Admitted"]
 
 
 @dataclass(slots=True)
@@ -52,33 +52,27 @@ class Admission:
         for sub in tuple(self._watchers):
             sub.close()
 
-    @asynccontextmanager
-    async def dispatch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
-        """Hold one of the tenant's concurrent-dispatch slots, waiting for one in line for up to
-        ``queue_timeout_seconds``.
+    def dispatch_slot(self, tenant: Tenant) -> Admitted:
+        """Hold one of the tenant's concurrent-dispatch slots (``async with``), waiting for one in
+        line for up to ``queue_timeout_seconds``.
 
         Raises:
             QuotaExceeded: all ``max_concurrent_dispatches`` slots stayed taken.
         """
-        self.check_open()
         limit = tenant.quotas.max_concurrent_dispatches
         refusal = f"tenant {tenant.tenant_id!r} already runs {limit} dispatches (max_concurrent_dispatches)"
-        async with self._state(tenant).dispatches.slot(refusal), self._in_flight_work():
-            yield
+        return Admitted(self, self._state(tenant).dispatches.slot(refusal))
 
-    @asynccontextmanager
-    async def transfer_slot(self, tenant: Tenant) -> AsyncIterator[None]:
+    def transfer_slot(self, tenant: Tenant) -> Admitted:
         """Hold one of the tenant's transfer slots (``max_concurrent_transfers``, queued like
         dispatches).
 
         Raises:
             QuotaExceeded: all slots stayed taken.
         """
-        self.check_open()
         limit = tenant.quotas.max_concurrent_transfers
         refusal = f"tenant {tenant.tenant_id!r} already runs {limit} transfers (max_concurrent_transfers)"
-        async with self._state(tenant).transfers.slot(refusal), self._in_flight_work():
-            yield
+        return Admitted(self, self._state(tenant).transfers.slot(refusal))
 
     @asynccontextmanager
     async def watch(self, tenant: Tenant, bus: EventBus, after_seq: int) -> AsyncIterator[Subscription]:
@@ -105,16 +99,14 @@ class Admission:
         finally:
             state.watch_streams -= 1
 
-    @asynccontextmanager
-    async def _in_flight_work(self) -> AsyncIterator[None]:
+    def _work_started(self) -> None:
         self._in_flight += 1
         self._idle.clear()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
+
+    def _work_ended(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no Dispatch call is in flight; False if ``timeout`` passed first."""
@@ -135,3 +127,24 @@ class Admission:
                 Slots(q.max_concurrent_transfers, q.queue_timeout_seconds),
             )
         return state
+
+
+class Admitted:
+    """A dispatch or transfer admitted for an ``async with`` block: refused while draining, one of
+    the tenant's slots held, counted as work in flight. A class rather than a generator: every
+    Dispatch enters one."""
+
+    __slots__ = ("_admission", "_slot")
+
+    def __init__(self, admission: Admission, slot: Slot) -> None:
+        self._admission = admission
+        self._slot = slot
+
+    async def __aenter__(self) -> None:
+        self._admission.check_open()
+        await self._slot.__aenter__()
+        self._admission._work_started()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._admission._work_ended()
+        await self._slot.__aexit__(*exc_info)

@@ -32,7 +32,7 @@ from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence
-from dispatcher.server.rpc.dispatch_stream import DispatchCall
+from dispatcher.server.rpc.dispatch_stream import DispatchCall, DispatchScope
 from dispatcher.server.rpc.errors import InvalidRequest, QuotaExceeded
 from dispatcher.server.rpc.request_checks import check_id, check_labels
 from dispatcher.server.sessions.admission import Admission
@@ -274,8 +274,7 @@ class SessionManager:
         """Wait until no Dispatch call is in flight; False if ``timeout`` passed first."""
         return await self.admission.wait_idle(timeout)
 
-    @asynccontextmanager
-    async def dispatch(
+    def dispatch(
         self,
         tenant: Tenant,
         state: SessionState,
@@ -284,14 +283,16 @@ class SessionManager:
         *,
         max_pending: int = 4096,
         ordering: Ordering | None = None,
-    ) -> AsyncIterator[DispatchCall]:
-        """One Dispatch call of the session, holding one of the tenant's dispatch slots.
+    ) -> DispatchScope:
+        """One Dispatch call of the session (``async with``), holding one of the tenant's dispatch
+        slots.
 
         Raises:
             QuotaExceeded: all ``max_concurrent_dispatches`` slots are taken.
         """
-        async with self.admission.dispatch_slot(tenant), self.lifecycle.hold(state):
-            call = DispatchCall(
+
+        def make() -> DispatchCall:
+            return DispatchCall(
                 self.dispatcher,
                 state.session,
                 turn_id,
@@ -300,14 +301,8 @@ class SessionManager:
                 max_pending=max_pending,
                 ordering=ordering,
             )
-            # Its tool_uses still waiting for the client to read start when the session's calls are
-            # cancelled (or it closes), so that the cancel reaches them too.
-            start_all = call.start_all
-            state.waiting.add(start_all)
-            try:
-                yield call
-            finally:
-                state.waiting.discard(start_all)
+
+        return DispatchScope(self.admission.dispatch_slot(tenant), self.lifecycle.hold(state), state, make)
 
     async def cancel(self, tenant: Tenant, session_id: str) -> None:
         self.get(tenant, session_id)
