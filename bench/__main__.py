@@ -26,6 +26,7 @@ MODULES = (
     "bench.baselines",
     "bench.sandbox_bench",
     "bench.grpc_bench",
+    "bench.go_client_bench",
     "bench.metrics_bench",
     "bench.isolation_bench",
     "bench.trees_bench",
