@@ -37,8 +37,9 @@ def add_verbs(verbs: Any) -> None:
     check.add_argument(
         "--show-pod",
         action="store_true",
-        help="also print (YAML) the Pod, workspace PVC and NetworkPolicy the kubernetes backend "
-        "would create for a session of the first tenant, for review",
+        help="also print (YAML) the Pod, workspace PVC and NetworkPolicy (and the egress CA "
+        "bundle's ConfigMap) the kubernetes backend would create for a session of the first "
+        "tenant, for review",
     )
     check.add_argument(
         "--images",
@@ -113,13 +114,18 @@ def pod_review(config: Config) -> str:
     """The manifests the kubernetes backend would create for an example session, as YAML documents.
 
     The session is the first tenant's (its uid and gid; the first of ``tenant_uids`` when it has
-    none, as the allocation starts there), on a workspace named ``example``.
+    none, as the allocation starts there), on a workspace named ``example``; with its
+    ``egress.ca_bundle``, the ConfigMap holding it too.
     """
     import yaml
 
+    from dispatcher.core.errors import ConfigError
+    from dispatcher.core.sandbox_api import SandboxError
     from dispatcher.core.session import Session
     from dispatcher.sandbox.docker.backend import instance_id_for
+    from dispatcher.sandbox.kubernetes.ca import configmap_manifest, read_bundle
     from dispatcher.sandbox.kubernetes.manifests import (
+        label_value,
         network_policy_manifest,
         pod_manifest,
         pod_name,
@@ -142,10 +148,22 @@ def pod_review(config: Config) -> str:
     )
     instance = config.sandbox.instance or instance_id_for(str(config.home))
     name = pod_name(instance, session.session_id)
+    bundle = (tenant.egress if tenant is not None else config.egress).ca_bundle
+    ca = None
+    if bundle is not None:
+        try:
+            data = read_bundle(bundle)
+        except SandboxError as exc:
+            raise ConfigError(str(exc)) from None
+        ca = configmap_manifest(
+            config.kubernetes.namespace, instance, data, instance_label=label_value(instance)
+        )
+    ca_name = ca["metadata"]["name"] if ca is not None else None
     docs = [
-        pod_manifest(config.sandbox, config.kubernetes, session, instance=instance, name=name),
+        pod_manifest(config.sandbox, config.kubernetes, session, instance=instance, name=name, ca=ca_name),
         pvc_manifest(config.sandbox, config.kubernetes, session),
         network_policy_manifest(config.kubernetes.namespace),
+        *([ca] if ca is not None else []),
     ]
     header = f"# {config.source}: valid; what sandbox.backend: kubernetes creates for one session\n"
     return header + yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)

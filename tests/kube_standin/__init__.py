@@ -1,7 +1,7 @@
 """A stand-in Kubernetes API server for tests: the subset the Kubernetes sandbox backend uses.
 
-No real API server can run on these machines, so this one serves pods, persistentvolumeclaims and
-networkpolicies in namespaces (create, get, list with label selectors, watch, delete), ``pods/attach``
+No real API server can run on these machines, so this one serves pods, persistentvolumeclaims,
+configmaps and networkpolicies in namespaces (create, get, list with label selectors, watch, delete), ``pods/attach``
 over WebSocket (``v4.channel.k8s.io`` / ``v5.channel.k8s.io``) and ``Status`` objects for errors,
 and runs each Pod as a real local Docker container with the Pod's settings translated
 (``podspec.py``). A real ``kubectl`` is pointed at it in ``tests/kubernetes`` so it is held to a real

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.kube_standin.store import KINDS, POD, PVC, Kind
+from tests.kube_standin.store import CONFIGMAP, KINDS, POD, PVC, Kind
 
 Obj = dict[str, Any]
 
@@ -109,6 +109,11 @@ def _pvc_row(pvc: Obj) -> list[Any]:
     ]
 
 
+def _configmap_row(configmap: Obj) -> list[Any]:
+    keys = len(configmap.get("data") or {}) + len(configmap.get("binaryData") or {})
+    return [configmap["metadata"]["name"], keys, _age(configmap)]
+
+
 def _default_row(obj: Obj) -> list[Any]:
     return [obj["metadata"]["name"], _age(obj)]
 
@@ -116,8 +121,9 @@ def _default_row(obj: Obj) -> list[Any]:
 _COLUMNS = {
     POD: ["Name", "Ready", "Status", "Restarts", "Age"],
     PVC: ["Name", "Status", "Volume", "Capacity", "Access Modes", "StorageClass", "Age"],
+    CONFIGMAP: ["Name", "Data", "Age"],
 }
-_ROWS = {POD: _pod_row, PVC: _pvc_row}
+_ROWS = {POD: _pod_row, PVC: _pvc_row, CONFIGMAP: _configmap_row}
 
 
 def table(kind: Kind, items: list[Obj], resource_version: str) -> Obj:
@@ -131,7 +137,7 @@ def table(kind: Kind, items: list[Obj], resource_version: str) -> Obj:
         "columnDefinitions": [
             {
                 "name": c,
-                "type": "integer" if c == "Restarts" else "string",
+                "type": "integer" if c in ("Restarts", "Data") else "string",
                 "format": "name" if c == "Name" else "",
                 "description": "",
                 "priority": 0,

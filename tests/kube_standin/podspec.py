@@ -1,6 +1,7 @@
 """A Pod's spec translated into the Docker container that stands in for it.
 
-Only one container per Pod; the settings a sandbox Pod uses are translated, every other field the
+Only one container per Pod; the settings a sandbox Pod uses are translated (volumes: ``emptyDir``,
+``persistentVolumeClaim`` and ``configMap``, see ``configmaps.py``), every other field the
 backend could set and this cannot honour is refused with 422 rather than silently dropped, so a test
 never passes on a setting the stand-in ignored. Stored and ignored on purpose (no scheduling here):
 nodeSelector, tolerations, imagePullSecrets, annotations, requests, automountServiceAccountToken and
@@ -17,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from tests.kube_standin.configmaps import validate_volume
 from tests.kube_standin.status import Cause
 
 Obj = dict[str, Any]
@@ -47,6 +49,7 @@ _CONTAINER_KEYS = {
     "tty", "securityContext", "resources", "volumeMounts", "terminationMessagePolicy",
 }  # fmt: skip
 _HOST_KEYS = {"hostNetwork", "hostPID", "hostIPC"}
+_SOURCES = {"emptyDir", "persistentVolumeClaim", "configMap"}
 
 
 def parse_quantity(text: str | int | float) -> Decimal:
@@ -114,22 +117,40 @@ def validate_pod(pod: Obj) -> list[Cause]:
                 Cause("FieldValueInvalid", str(exc), f"spec.containers[0].resources.limits[{name}]")
             )
     volumes = {v.get("name"): v for v in spec.get("volumes") or []}
-    for name, volume in volumes.items():
-        if not ({"emptyDir", "persistentVolumeClaim"} & set(volume)):
+    for index, (name, volume) in enumerate(volumes.items()):
+        sources = _SOURCES & set(volume)
+        if not sources:
             causes.append(
                 Cause(
                     "FieldValueNotSupported",
-                    "only emptyDir and persistentVolumeClaim",
+                    "only emptyDir, persistentVolumeClaim and configMap",
                     f"spec.volumes[{name}]",
                 )
             )
-    for mount in container.get("volumeMounts") or []:
+        elif len(sources) > 1:
+            causes.append(
+                Cause(
+                    "FieldValueForbidden", "may not specify more than 1 volume type", f"spec.volumes[{index}]"
+                )
+            )
+        elif "configMap" in volume:
+            causes += validate_volume(index, volume["configMap"] or {})
+    for i, mount in enumerate(container.get("volumeMounts") or []):
         if mount.get("name") not in volumes:
             causes.append(
                 Cause(
                     "FieldValueNotFound",
                     f"Not found: {mount.get('name')!r}",
                     "spec.containers[0].volumeMounts",
+                )
+            )
+        sub = str(mount.get("subPath") or "")
+        if sub.startswith("/") or ".." in sub.split("/"):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: \"{sub}\": must be a relative path without '..'",
+                    f"spec.containers[0].volumeMounts[{i}].subPath",
                 )
             )
     policy = spec.get("restartPolicy", "Always")
@@ -160,6 +181,8 @@ class ContainerPlan:
     kwargs: dict[str, Any]
     host_dirs: list[HostDir] = field(default_factory=list)
     claims: list[str] = field(default_factory=list)
+    configmaps: list[tuple[Path, Obj, int | None]] = field(default_factory=list)
+    """Each ``configMap`` volume mounted: (where its files go, its source, the fsGroup)."""
     run_as_non_root: bool = False
 
 
@@ -246,6 +269,7 @@ def plan_container(
     tmpfs: dict[str, str] = {}
     host_dirs: list[HostDir] = []
     claims: list[str] = []
+    configmaps: list[tuple[Path, Obj, int | None]] = []
     for mount in container.get("volumeMounts") or []:
         volume = volumes[mount["name"]]
         mode = "ro" if mount.get("readOnly") else "rw"
@@ -256,6 +280,14 @@ def plan_container(
             if mode == "ro":
                 options.append("ro")
             tmpfs[mount["mountPath"]] = ",".join(options)
+            continue
+        if "configMap" in volume:
+            # Always read-only, whatever the mount says (the kubelet forces it).
+            root = pod_dir(state_dir, meta["uid"]) / "configMap" / mount["name"]
+            if all(r != root for r, _, _ in configmaps):
+                configmaps.append((root, volume["configMap"], fs_group))
+            source = root / mount["subPath"] if mount.get("subPath") else root
+            binds[str(source)] = {"bind": mount["mountPath"], "mode": "ro"}
             continue
         if "emptyDir" in volume:
             root = pod_dir(state_dir, meta["uid"]) / "emptyDir" / mount["name"]
@@ -272,7 +304,7 @@ def plan_container(
         kwargs["volumes"] = binds
     if tmpfs:
         kwargs["tmpfs"] = tmpfs
-    return ContainerPlan(kwargs, host_dirs, claims, bool(security.get("runAsNonRoot")))
+    return ContainerPlan(kwargs, host_dirs, claims, configmaps, bool(security.get("runAsNonRoot")))
 
 
 def prepare_host_dir(host_dir: HostDir) -> None:

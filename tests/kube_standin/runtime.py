@@ -17,8 +17,11 @@ from typing import Any
 import docker
 import docker.errors
 
-from tests.kube_standin.podspec import Obj, plan_container, pod_dir, prepare_host_dir, pvc_dir
-from tests.kube_standin.store import POD, PVC, Store, now
+from tests.kube_standin.configmaps import files, write_volume
+from tests.kube_standin.podspec import ContainerPlan, Obj, plan_container, pod_dir, prepare_host_dir, pvc_dir
+from tests.kube_standin.selectors import parse_selector
+from tests.kube_standin.status import ApiError
+from tests.kube_standin.store import CONFIGMAP, POD, PVC, Store, now
 
 LABEL_INSTANCE = "kube-standin.instance"
 """Every container the stand-in makes carries it: a test teardown removes them all by it."""
@@ -79,6 +82,8 @@ class PodRuntime:
         self._events_client: docker.DockerClient | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._mount_waits: dict[str, asyncio.Future[Any]] = {}
+        """Pods (by uid) waiting for a ConfigMap to mount: their deletion ends the wait."""
 
     # -- lifecycle of the runtime itself ---------------------------------------------------
 
@@ -110,7 +115,7 @@ class PodRuntime:
     def remove_all(self) -> None:
         """Force-remove every container of this instance (teardown; also after a failed test)."""
         for container in self.client.containers.list(
-            all=True, filters={"label": f"{LABEL_INSTANCE}={self.instance}"}
+            all=True, filters={"label": f"{LABEL_INSTANCE}={self.instance}"}, ignore_removed=True
         ):
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 container.remove(force=True)
@@ -180,6 +185,8 @@ class PodRuntime:
 
                 self._update(pod, unschedulable)
                 return
+        if not await self._configmaps_mounted(pod, plan):
+            return
         try:
             image = await asyncio.to_thread(self.client.images.get, plan.kwargs["image"])
         except docker.errors.ImageNotFound:
@@ -213,6 +220,44 @@ class PodRuntime:
                     obj, _waiting("CreateContainerError", message), ready=False
                 ),
             )
+
+    async def _configmaps_mounted(self, pod: Obj, plan: ContainerPlan) -> bool:
+        """Write the Pod's ``configMap`` volumes, waiting (``ContainerCreating``, as the kubelet
+        retries its FailedMount) until what they name exists; False: the Pod went meanwhile."""
+        meta = pod["metadata"]
+        while True:
+            ready: list[tuple[Path, dict[str, tuple[bytes, int]], int | None]] = []
+            for root, source, fs_group in plan.configmaps:
+                try:
+                    configmap: Obj | None = self.store.get(
+                        CONFIGMAP, meta["namespace"], source.get("name", "")
+                    )
+                except ApiError:
+                    configmap = None
+                found = files(source, configmap)
+                if isinstance(found, str):
+                    break
+                ready.append((root, found, fs_group))
+            else:
+                for root, contents, fs_group in ready:
+                    await asyncio.to_thread(write_volume, root, contents, fs_group)
+                return True
+            # No await between the look and the watch: no change can slip between them.
+            changes = self.store.watch(
+                CONFIGMAP, meta["namespace"], parse_selector(None), self.store.resource_version
+            )
+            wait = asyncio.ensure_future(anext(changes))
+            self._mount_waits[meta["uid"]] = wait
+            try:
+                await wait
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                return False  # deleted while it waited
+            finally:
+                self._mount_waits.pop(meta["uid"], None)
+                await changes.aclose()
 
     def _observe(self, pod_key: str, uid: str, state: Obj) -> None:
         """A container state change from the daemon, written into its Pod's status."""
@@ -253,6 +298,9 @@ class PodRuntime:
 
     def delete(self, pod: Obj, grace: int) -> None:
         """Stop the container (SIGTERM, SIGKILL past ``grace``), remove it, then forget the Pod."""
+        waiting = self._mount_waits.pop(pod["metadata"]["uid"], None)
+        if waiting is not None:
+            waiting.cancel()
         self._spawn(self._delete(pod, grace))
 
     async def _delete(self, pod: Obj, grace: int) -> None:

@@ -1,4 +1,4 @@
-"""The stand-in's HTTP surface (aiohttp): discovery, the three kinds' REST verbs, watch, attach.
+"""The stand-in's HTTP surface (aiohttp): discovery, the kinds' REST verbs, watch, attach.
 
 ``StandIn`` runs it on 127.0.0.1 at a random port in a thread with its own event loop, so a test
 (sync or async, in any event loop) and a ``kubectl`` subprocess can all talk to one server.
@@ -25,11 +25,12 @@ from aiohttp import web
 
 from tests.kube_standin import discovery
 from tests.kube_standin.attach import check_upgrade, serve_attach
+from tests.kube_standin.configmaps import decode, validate_configmap
 from tests.kube_standin.podspec import RUNTIMES, Obj, validate_pod
 from tests.kube_standin.runtime import PodRuntime, initial_status
 from tests.kube_standin.selectors import SelectorError, parse_selector
-from tests.kube_standin.status import ApiError, Cause, bad_request, forbidden, unauthorized
-from tests.kube_standin.store import KINDS, NAMESPACE, POD, PVC, Kind, Store, now
+from tests.kube_standin.status import ApiError, Cause, bad_request, forbidden, success, unauthorized
+from tests.kube_standin.store import CONFIGMAP, KINDS, NAMESPACE, POD, PVC, Kind, Store, now
 
 _TRUE = ("1", "true", "True")
 
@@ -64,7 +65,8 @@ class Api:
         self.token = token
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        # The API server reads request bodies of up to 3 MiB (aiohttp's default is 1 MiB).
+        app = web.Application(middlewares=[self._errors], client_max_size=3 << 20)
         ns = "/namespaces/{namespace}/{plural}"
         for prefix in ("/api/v1", "/apis/{group}/v1"):
             app.router.add_get(prefix + ns, self.list_or_watch)
@@ -179,6 +181,9 @@ class Api:
             body.pop("status", None)
             obj = self.store.create(kind, namespace, body, validate_pod, initial_status)
             self.runtime.launch(obj)
+        elif kind == CONFIGMAP:
+            decode(body)
+            obj = self.store.create(kind, namespace, body, validate_configmap)
         else:
             obj = self.store.create(kind, namespace, body, _no_checks)
             if kind == PVC:
@@ -188,6 +193,11 @@ class Api:
     async def delete(self, request: web.Request) -> web.Response:
         kind = _kind(request)
         namespace, name = request.match_info["namespace"], request.match_info["name"]
+        if kind == CONFIGMAP:
+            # No finalizer, no graceful deletion: the real server answers a Status, not the object.
+            gone = self.store.delete(kind, namespace, name)
+            details = {"name": name, "kind": kind.plural, "uid": gone["metadata"]["uid"]}
+            return web.json_response({**success(), "details": details})
         if kind != POD:
             obj = self.store.delete(kind, namespace, name)
             if kind == PVC:

@@ -48,8 +48,9 @@ NAMESPACE = Kind("namespaces", "Namespace", "", ("ns",), namespaced=False)
 """Cluster-scoped: stored under the namespace "". Objects may only be made in one that exists."""
 POD = Kind("pods", "Pod", "", ("po",))
 PVC = Kind("persistentvolumeclaims", "PersistentVolumeClaim", "", ("pvc",))
+CONFIGMAP = Kind("configmaps", "ConfigMap", "", ("cm",))
 NETWORK_POLICY = Kind("networkpolicies", "NetworkPolicy", "networking.k8s.io", ("netpol",))
-KINDS = {(k.group, k.plural): k for k in (NAMESPACE, POD, PVC, NETWORK_POLICY)}
+KINDS = {(k.group, k.plural): k for k in (NAMESPACE, POD, PVC, CONFIGMAP, NETWORK_POLICY)}
 
 
 def now() -> str:

@@ -33,7 +33,9 @@ _counter = itertools.count()
 
 def sweep(client: docker.DockerClient) -> None:
     """Force-remove every container this run's stand-in made."""
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={INSTANCE}"}):
+    for container in client.containers.list(
+        all=True, filters={"label": f"{LABEL_INSTANCE}={INSTANCE}"}, ignore_removed=True
+    ):
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             container.remove(force=True)
 

@@ -77,6 +77,7 @@ def test_kubernetes_manifests_are_what_the_issue_asks_for() -> None:
         ("", "pods"),
         ("", "pods/attach"),
         ("", "persistentvolumeclaims"),
+        ("", "configmaps"),
         ("networking.k8s.io", "networkpolicies"),
     }
     assert all("*" not in rule["verbs"] for rule in role["rules"])

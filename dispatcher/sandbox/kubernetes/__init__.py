@@ -5,5 +5,6 @@ command guard of ``dispatcher.sandbox.docker`` through their ``ContainerHost`` i
 ``manifests`` (the Pod, PVC and NetworkPolicy it creates, pure: ``config-check --show-pod`` prints
 them), ``pods`` (reading a Pod: running, age, re-adoptable), ``api`` (the few API calls it makes,
 through ``kubernetes_asyncio``), ``attach`` (the ``pods/attach`` WebSocket as the agent's byte
-stream), ``config`` (``sandbox.kubernetes:``).
+stream), ``ca`` (a tenant's egress CA bundle as a ConfigMap the Pods mount), ``config``
+(``sandbox.kubernetes:``).
 """

@@ -32,7 +32,7 @@ CHANNEL_PROTOCOLS = "v5.channel.k8s.io,v4.channel.k8s.io"
 
 
 class KubeAPI:
-    """Pods, PVCs and the NetworkPolicy in one namespace."""
+    """Pods, PVCs, CA bundle ConfigMaps and the NetworkPolicy in one namespace."""
 
     def __init__(self, configuration: client.Configuration, namespace: str) -> None:
         # One connection per attached session: no pool limit (aiohttp's default is 100).
@@ -147,6 +147,41 @@ class KubeAPI:
         return await self._ensure(
             "create networkpolicy", self._net.create_namespaced_network_policy, self.namespace, body
         )
+
+    async def create_configmap(self, body: Obj) -> Obj | None:
+        """Create it; None when one of that name exists (409)."""
+        try:
+            return await self._call(
+                "create configmap", self._core.create_namespaced_config_map, self.namespace, body
+            )
+        except _Conflict:
+            return None
+
+    async def get_configmap(self, name: str) -> Obj | None:
+        try:
+            return await self._call(
+                "read configmap", self._core.read_namespaced_config_map, name, self.namespace
+            )
+        except _NotFound:
+            return None
+
+    async def list_configmaps(self, labels: dict[str, str]) -> list[Obj]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        found = await self._call(
+            "list configmaps", self._core.list_namespaced_config_map, self.namespace, label_selector=selector
+        )
+        items: list[Obj] = found.get("items") or []
+        return items
+
+    async def delete_configmap(self, name: str) -> bool:
+        """False if it was gone."""
+        try:
+            await self._call(
+                "delete configmap", self._core.delete_namespaced_config_map, name, self.namespace
+            )
+        except _NotFound:
+            return False
+        return True
 
     async def check_access(self) -> None:
         """One cheap request that needs the namespace and the right to list Pods in it.

@@ -177,6 +177,9 @@ class KubernetesSandboxProvider(SessionSandboxes):
             sandbox.adoption_failed(GONE.replace("container", "pod"))
         if removed:
             log.info("deleted %d orphaned sandbox pod(s) of instance %s", removed, self.instance)
+        # Only now is it settled which Pods stay: the CA bundles none of them mounts can go.
+        if swept := await self.launcher.sweep_cas():
+            log.info("deleted %d unused egress CA configmap(s) of instance %s", swept, self.instance)
         return removed
 
     # -- sessions, restarts ----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Making one session's Pod: its workspace claim, the Pod, waiting for it to run, the agent attached.
+"""Making one session's Pod: its workspace claim (and its tenant's CA bundle, ``ca.py``), the Pod,
+waiting for it to run, the agent attached.
 
 ``PodLauncher`` does one attempt; the provider (``backend.py``) owns the launch slots, the retry
 and the metrics, as on Docker. The agent is the Pod's own process, reached over ``pods/attach``
@@ -19,13 +20,22 @@ from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.config import WORKSPACE_ROOT, SandboxConfig
+from dispatcher.sandbox.docker.agent_attach import CA_TARGET
+from dispatcher.sandbox.docker.config import LABEL_INSTANCE, WORKSPACE_ROOT, SandboxConfig
 from dispatcher.sandbox.docker.host import LiveContainer
 from dispatcher.sandbox.docker.image_check import ImageUnusable, version_mismatch
-from dispatcher.sandbox.kubernetes.api import KubeAPI
+from dispatcher.sandbox.kubernetes.api import KubeAPI, Obj
 from dispatcher.sandbox.kubernetes.attach import ChannelStream
+from dispatcher.sandbox.kubernetes.ca import (
+    LABEL_CA,
+    CaMaps,
+    configmap_manifest,
+    mounted_ca,
+    read_bundle,
+    same_content,
+)
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
-from dispatcher.sandbox.kubernetes.manifests import pod_manifest, pod_name, pvc_manifest
+from dispatcher.sandbox.kubernetes.manifests import label_value, pod_manifest, pod_name, pvc_manifest
 from dispatcher.sandbox.kubernetes.pods import cannot_start, pod_running
 from dispatcher.sandbox.tunnels import tunnel_setup
 
@@ -58,6 +68,8 @@ class PodLauncher:
         self._clock = clock
         self._claims: set[str] = set()
         """PVCs known to exist (made or found by this process)."""
+        self.cas = CaMaps()
+        """The egress CA bundles' ConfigMaps (``ca.py``)."""
 
     async def launch_once(self, session: Session) -> LiveContainer:
         """The session's PVC (made once), a new Pod, running, with its agent attached.
@@ -71,15 +83,75 @@ class PodLauncher:
             await api.ensure_pvc(claim)
             self._claims.add(claim["metadata"]["name"])
         name = pod_name(self.instance, session.session_id)
-        await api.create_pod(pod_manifest(self.config, self.kube, session, instance=self.instance, name=name))
+        ca = self._ca_manifest(session)
+        ca_name = ca["metadata"]["name"] if ca is not None else None
+        with self.cas.using(ca_name):
+            if ca is not None:
+                await self._ensure_ca(api, ca)
+            manifest = pod_manifest(
+                self.config, self.kube, session, instance=self.instance, name=name, ca=ca_name
+            )
+            await api.create_pod(manifest)
         try:
             await self._wait_running(api, name)
-            link = await self.start_agent(name, session)
+            link = await self.start_agent(name, session, ca_mounted=ca is not None)
         except BaseException:
             with contextlib.suppress(Exception):
                 await api.delete_pod(name)
             raise
         return LiveContainer(name, link[0], link[1], started=self._clock())
+
+    def _ca_manifest(self, session: Session) -> Obj | None:
+        """The ConfigMap of the tenant's egress CA bundle as read now; None: it has none (or
+        there is no egress proxy).
+
+        Raises:
+            SandboxError: the file cannot be read or is too big for a ConfigMap.
+        """
+        gate = self._egress()
+        path = gate.ca_bundle(session.tenant_id) if gate is not None else None
+        if path is None:
+            return None
+        label = label_value(self.instance)
+        return configmap_manifest(self.kube.namespace, self.instance, read_bundle(path), instance_label=label)
+
+    async def _ensure_ca(self, api: KubeAPI, wanted: Obj) -> None:
+        """The bundle's ConfigMap exists with these bytes (made once per process, checked if found).
+
+        Raises:
+            SandboxError: one of that name holds something else, or the API refused.
+        """
+        name = wanted["metadata"]["name"]
+        if name in self.cas.known:
+            return
+        if await api.create_configmap(wanted) is None:
+            found = await api.get_configmap(name)
+            if found is not None and not same_content(found, wanted):
+                raise SandboxError(
+                    f"configmap {name} exists but does not hold the egress CA bundle it is named for "
+                    "(delete it: the server makes it again)"
+                )
+            if found is None:  # deleted between the two calls: once more
+                await api.create_configmap(wanted)
+        self.cas.known.add(name)
+
+    async def sweep_cas(self) -> int:
+        """Delete this instance's CA ConfigMaps that none of its Pods mounts and no launch used
+        while this ran; how many were deleted."""
+        api = await self._client()
+        instance = {LABEL_INSTANCE: label_value(self.instance)}
+        deleted = 0
+        with self.cas.guard() as in_use:
+            # Listed after the guard began: a Pod created before is listed, a launch after is seen.
+            mounted = {mounted_ca(pod) for pod in await api.list_pods(instance)}
+            for item in await api.list_configmaps({**instance, LABEL_CA: "true"}):
+                name = item["metadata"]["name"]
+                if name in mounted or name in in_use:
+                    continue
+                self.cas.forget([name])
+                if await api.delete_configmap(name):
+                    deleted += 1
+        return deleted
 
     async def _wait_running(self, api: KubeAPI, name: str) -> None:
         deadline = time.monotonic() + self.kube.pod_ready_timeout_seconds
@@ -101,8 +173,13 @@ class PodLauncher:
                 )
             await asyncio.sleep(POLL_SECONDS)
 
-    async def start_agent(self, container_id: str, session: Session) -> tuple[ChannelStream, AgentChannel]:
+    async def start_agent(
+        self, container_id: str, session: Session, *, ca_mounted: bool | None = None
+    ) -> tuple[ChannelStream, AgentChannel]:
         """Attach to the Pod's agent and check it answers and speaks our protocol.
+
+        ``ca_mounted``: whether the Pod mounts its tenant's CA bundle; None (re-attaching after a
+        restart): read from the Pod's spec.
 
         Raises:
             SandboxError: the attach was refused or the agent did not answer its ping.
@@ -130,18 +207,33 @@ class PodLauncher:
                 await channel.close()
             stream.close()
             raise version_mismatch(self.config.image, version)
-        egress = self._egress()
-        setup = tunnel_setup(egress, session)
+        setup = tunnel_setup(self._egress(), session, ca_path=lambda _: CA_TARGET)
         if setup is not None:
-            # No host file reaches a Pod: a tenant's egress.ca_bundle is not mounted (yet), so its
-            # variables are not set either. A re-attached agent re-homes its listener to this link.
-            if egress is not None and egress.ca_bundle(session.tenant_id):
-                log.warning("egress.ca_bundle of tenant %s is not mounted into Pods", session.tenant_id)
+            # A re-attached agent re-homes its listener to this link.
+            env = setup.env
+            if env and not await self._has_ca(api, container_id, ca_mounted):
+                env = {}
             try:
-                await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env={})
+                await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
             except SandboxError:
                 with contextlib.suppress(Exception):
                     await channel.close()
                 stream.close()
                 raise
         return stream, channel
+
+    async def _has_ca(self, api: KubeAPI, name: str, mounted: bool | None) -> bool:
+        """Whether the bundle is there to name: known for a Pod made here; read from the spec of
+        one made by an earlier server (maybe before the tenant had a bundle). Variables naming a
+        missing file would break every TLS client in it; none break nothing that worked before."""
+        if mounted is not None:
+            return mounted
+        pod = await api.get_pod(name)
+        if pod is not None and mounted_ca(pod) is not None:
+            return True
+        log.warning(
+            "pod %s (re-attached) mounts no egress CA bundle: its commands are not told of one; "
+            "it gets one when the session's sandbox is next recreated",
+            name,
+        )
+        return False

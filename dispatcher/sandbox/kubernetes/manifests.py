@@ -30,6 +30,7 @@ from dispatcher.sandbox.docker.config import (
     parse_size,
 )
 from dispatcher.sandbox.grants import agent_grant_args
+from dispatcher.sandbox.kubernetes.ca import ca_volume
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 
 Manifest = dict[str, Any]
@@ -150,9 +151,16 @@ def _volumes(config: SandboxConfig, session: Session, claim: str) -> tuple[list[
 
 
 def pod_manifest(
-    config: SandboxConfig, kube: KubernetesConfig, session: Session, *, instance: str, name: str
+    config: SandboxConfig,
+    kube: KubernetesConfig,
+    session: Session,
+    *,
+    instance: str,
+    name: str,
+    ca: str | None = None,
 ) -> Manifest:
-    """The session's Pod.
+    """The session's Pod; ``ca``: the ConfigMap of its tenant's egress CA bundle (``ca.py``),
+    mounted read-only at the Docker backend's path.
 
     Raises:
         ConfigError: the sandbox user is not numeric.
@@ -160,6 +168,10 @@ def pod_manifest(
     uid, gid = sandbox_ids(config, session)
     claim = pvc_name(session)
     volumes, mounts = _volumes(config, session, claim)
+    if ca is not None:
+        volume, mount = ca_volume(ca)
+        volumes.append(volume)
+        mounts.append(mount)
     limits = {
         "cpu": _cpu(config.nano_cpus),
         "memory": _quantity(config.mem_limit),
