@@ -22,6 +22,7 @@ from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN, ENV_HOME, ENV_LISTEN
 from dispatcher.config.egress import egress_policy
 from dispatcher.config.file import ConfigFile
 from dispatcher.config.policy import DEFAULT_APPROVAL_MODES, CapabilitiesSection, ToolConfirmation
+from dispatcher.config.salvage import salvage
 from dispatcher.config.sections import (
     RESULT_MESSAGE_MARGIN,
     DispatcherSection,
@@ -151,7 +152,33 @@ def _build(
     env: Mapping[str, str],
     problems: list[str] | None = None,
 ) -> Config:
-    file: ConfigFile = validate_section(ConfigFile, data, "")
+    try:
+        file: ConfigFile = validate_section(ConfigFile, data, "")
+    except ConfigError as exc:
+        # config-check goes on without the keys that failed (salvage.py), so the checks that need
+        # a whole config (the tool names) report in this same run. Only these lines are the
+        # file's: the checks across keys ran on a file that is not the user's, and stay silent.
+        salvaged = salvage(ConfigFile, data) if problems is not None else None
+        if problems is None or salvaged is None:
+            raise
+        try:
+            config = _from_file(salvaged, source=source, listen=listen, home=home, env=env, problems=[])
+        except ConfigError:
+            raise exc from None
+        problems.extend(str(exc).splitlines())
+        return config
+    return _from_file(file, source=source, listen=listen, home=home, env=env, problems=problems)
+
+
+def _from_file(
+    file: ConfigFile,
+    *,
+    source: Path | None,
+    listen: str | None,
+    home: str | None,
+    env: Mapping[str, str],
+    problems: list[str] | None,
+) -> Config:
     listen_addr = check_listen(listen or env.get(ENV_LISTEN) or file.listen, "listen")
     home_dir = Path(home or env.get(ENV_HOME) or file.home).expanduser().absolute()
     found: list[str] = []  # every check across keys runs: one run reports every mistake

@@ -78,6 +78,19 @@ def test_a_grant_leaving_the_workspace_is_an_error_naming_it(tmp_path: Path) -> 
     assert served.returncode == 2 and "tenants[0].fs[1].path" in served.stderr
 
 
+def test_a_key_failing_its_own_check_does_not_hide_the_tool_names(tmp_path: Path) -> None:
+    # The grant fails on its own; the unknown tool names are still reported in the same run.
+    done = config_check(tmp_path, **MISTAKES)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    for line in ("tenants[0].fs[1].path: '../etc' leaves the workspace", *EXPECTED):
+        assert sum(line in shown for shown in lines) == 1, (line, done.stderr)
+    # A second tenant stays tenants[1] although the first one's key was dropped to check the rest.
+    second = {"id": "b", "token_sha256": "b" * 64, "tools": ["nope"]}
+    done = config_check(tmp_path, tenants=[MISTAKES["tenants"][0], second])
+    assert done.returncode == 2 and "tenants[1].tools: no tool named 'nope'" in done.stderr, done.stderr
+
+
 def test_cross_key_mistakes_and_tool_names_come_in_one_run(tmp_path: Path) -> None:
     tenants = [
         {"id": "a", "token_sha256": "a" * 64, "tools": ["nope"]},
