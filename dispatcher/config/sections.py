@@ -302,7 +302,8 @@ class SandboxSection(SandboxConfig):
         if self.backend == "kubernetes":
             docker_only = sorted(set(others) & _DOCKER_ONLY)
             if docker_only:
-                raise KeyProblem(docker_only[0], "only the docker backend takes this option")
+                key = docker_only[0]
+                raise KeyProblem(key, "only the docker backend takes this option" + _INSTEAD.get(key, ""))
         return self
 
     def docker(self) -> SandboxConfig:
@@ -323,6 +324,14 @@ _DOCKER_ONLY = frozenset(
 )  # fmt: skip
 """What a Pod cannot have as the Docker backend does (``runtime``: use
 ``kubernetes.runtime_class_name``; ``pids_limit``: the kubelet's ``podPidsLimit`` is node config)."""
+_INSTEAD = {
+    "runtime": "; use kubernetes.runtime_class_name",
+    "pids_limit": (
+        "; a Pod has no process limit of its own: the kubelet's podPidsLimit (node configuration)"
+        " bounds each Pod's processes, so set it on the sandbox nodes"
+    ),
+}
+"""What to do instead, where there is something."""
 
 
 TimeoutSeconds = Annotated[float, Field(strict=True, gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)]

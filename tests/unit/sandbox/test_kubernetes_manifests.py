@@ -160,6 +160,8 @@ def test_kubernetes_config_check_validates_and_shows_the_pod(
 
     for sandbox, message in (
         ({"backend": "kubernetes", "runtime": "runsc"}, "sandbox.runtime: only the docker backend"),
+        # No per-Pod process limit exists: the key is refused, naming what bounds a Pod instead.
+        ({"backend": "kubernetes", "pids_limit": 64}, "the kubelet's podPidsLimit (node configuration)"),
         ({"backend": "docker", "kubernetes": {}}, "sandbox.kubernetes: only with backend: kubernetes"),
         ({"backend": "kubernetes", "kubernetes": {"namespace": "Bad_NS"}}, "sandbox.kubernetes.namespace"),
         ({"backend": "kubernetes", "kubernetes": {"bogus": 1}}, "sandbox.kubernetes.bogus"),
