@@ -29,6 +29,7 @@ from dispatcher.sandbox.agent.protocol import (
     Exec,
     Exists,
     ListDir,
+    Pause,
     Procs,
     Read,
     Resolve,
@@ -203,6 +204,12 @@ class AgentChannel(AgentLink):
         out the processes of sessions the server attached itself (sandboxed MCP servers)."""
         reply = await self.call(Procs(kill, spare_exec_sessions))
         return reply.processes, reply.killed, reply.left
+
+    async def pause(self, paused: bool) -> int:
+        """Stop (``SIGSTOP``) every process commands started, or continue (``SIGCONT``) those
+        earlier pauses stopped; how many (see ``Pause``). For sandboxes that cannot be frozen."""
+        reply = await self.call(Pause(paused))
+        return reply.processes
 
 
 def _kind(kind: str) -> EntryKind:

@@ -8,7 +8,10 @@ Commands run on threads started with the agent (a full pids limit cannot starve 
 processes outlive their command. ``procs`` counts what commands left running, and with ``kill``
 stops and kills all of it (a fork bomb included): every process but the agent and those that ran
 before it (init, the container's keep-alive process); an agent running as root kills nothing,
-since it is not in a sandbox.
+since it is not in a sandbox. ``pause`` stops (``SIGSTOP``) the same processes and later
+continues (``SIGCONT``) exactly those it stopped: a paused session where the sandbox cannot be
+frozen (a Pod). Unlike a cgroup freeze, processes can tell: their parents get ``SIGCHLD``, and a
+process that handles ``SIGCONT`` runs its handler on resume.
 """
 
 from __future__ import annotations
@@ -23,7 +26,19 @@ import time
 from collections.abc import Mapping
 from typing import IO, NoReturn
 
-from .protocol import CHUNK, Delivered, Exec, Exit, Output, Procs, ProcsResult, Send, SendSignal
+from .protocol import (
+    CHUNK,
+    Delivered,
+    Exec,
+    Exit,
+    Output,
+    Pause,
+    Paused,
+    Procs,
+    ProcsResult,
+    Send,
+    SendSignal,
+)
 from .workers import Workers
 from .workspace import OpError, Workspace, os_error
 
@@ -186,6 +201,25 @@ class _Strays:
             time.sleep(0.005)
         return len(killed)
 
+    def stop_all(self, deadline: float, stopped: set[tuple[int, int]]) -> int:
+        """Stop every stray not stopped already, adding each to ``stopped``; returns how many.
+
+        Rounds until one finds nothing new to stop: a process signalled while it forks has its
+        fork restarted (the kernel's rule), so what the last round found is everything. A
+        process something else had stopped (state ``T``) is left out: it is not ours to continue.
+        """
+        count = 0
+        while time.monotonic() < deadline:
+            fresh = [(pid, start) for pid, state, start in self.list() if state not in "ZXTt"]
+            fresh = [p for p in fresh if p not in stopped]
+            if not fresh:
+                break
+            for pid, start in fresh:
+                if _signal_process(pid, start, signal.SIGSTOP):
+                    stopped.add((pid, start))
+                    count += 1
+        return count
+
 
 def _signal_process(pid: int, start: int, sig: int) -> bool:
     """Signal the process ``pid`` only if it is still the one that started at ``start``."""
@@ -255,6 +289,9 @@ class Commands:
         self._lingering: set[int] = set()  # groups of finished commands that left children running
         self._strays = _Strays()
         self._env = command_env(os.environ)
+        self._pause_lock = threading.Lock()
+        self._stopped: set[tuple[int, int]] = set()
+        """(pid, start time) of each process ``pause`` stopped, until it continues them."""
 
     @property
     def in_container(self) -> bool:
@@ -382,6 +419,16 @@ class Commands:
                 raise OpError("bad_request", "the agent runs as root; it kills no processes")
             killed = self._strays.kill_all(time.monotonic() + KILL_STRAYS_SECONDS)
         return ProcsResult(processes, killed, len(self._strays.list()))
+
+    def pause(self, rid: int, request: Pause) -> Paused:
+        """Stop what commands started, or continue what earlier pauses stopped (see ``Pause``)."""
+        if os.geteuid() == 0:  # not in a sandbox (sandboxes never run as root): touch nothing
+            raise OpError("bad_request", "the agent runs as root; it stops no processes")
+        with self._pause_lock:
+            if request.paused:
+                return Paused(self._strays.stop_all(time.monotonic() + KILL_STRAYS_SECONDS, self._stopped))
+            stopped, self._stopped = self._stopped, set()
+            return Paused(sum(_signal_process(pid, start, signal.SIGCONT) for pid, start in stopped))
 
     def _remember_group(self, pgid: int) -> None:
         with self._lock:

@@ -60,8 +60,9 @@ from .tunnel_messages import TunnelOpened as TunnelOpened
 from .tunnel_messages import TunnelSend as TunnelSend
 from .tunnel_messages import TunnelWindow as TunnelWindow
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
+6: ``pause`` (stop and continue what commands started, where the sandbox cannot be frozen).
 5: the egress tunnel ops (``tunnel_listen`` and the frames of its connections).
 3: file ops take ``approved`` and exec ``approved_cwd`` (a path used exactly, never through a link),
 and ``resolve`` answers the path itself (undecodable bytes as lone surrogates, not U+FFFD).
@@ -223,6 +224,12 @@ class ProcsResult(Reply):
     processes: Count
     killed: Count
     left: Count
+
+
+@dataclass(frozen=True)
+class Paused(Reply):
+    processes: Count
+    """How many processes the request stopped (or continued)."""
 
 
 @dataclass(frozen=True)
@@ -388,6 +395,15 @@ class Procs(Request[ProcsResult], op="procs", reply=ProcsResult):
 
 
 @dataclass(frozen=True)
+class Pause(Request[Paused], op="pause", reply=Paused):
+    """``paused``: stop (``SIGSTOP``) every process the sandbox's commands started, again until no
+    new one appears; else continue (``SIGCONT``) exactly those earlier pauses stopped (one stopped
+    by anything else stays so). For a paused session whose sandbox cannot be frozen (a Pod)."""
+
+    paused: bool
+
+
+@dataclass(frozen=True)
 class UntarBegin(Request[UploadStarted], op="untar_begin", reply=UploadStarted):
     """Start an upload: a tar stream unpacked into directory ``path`` (made if missing)."""
 
@@ -438,7 +454,7 @@ REQUESTS: dict[str, type[Request[Any]]] = {
     cls.OP: cls
     for cls in (
         Ping, Read, Write, Append, Exists, Stat, ListDir, Delete, Resolve, Exec, SendSignal,
-        Procs, UntarBegin, UntarChunk, UntarEnd, TarBegin, TarRead, TarEnd,
+        Procs, Pause, UntarBegin, UntarChunk, UntarEnd, TarBegin, TarRead, TarEnd,
         TunnelListen, TunnelSend, TunnelClose, TunnelCredit,
     )
 }  # fmt: skip

@@ -62,6 +62,9 @@ REQUESTS: list[tuple[p.Request[Any], dict[str, Any], bytes]] = [
         {"op": "procs", "kill": True, "spare_exec_sessions": True},
         b"",
     ),
+    # protocol 6: pausing what cannot be frozen
+    (p.Pause(True), {"op": "pause", "paused": True}, b""),
+    (p.Pause(False), {"op": "pause", "paused": False}, b""),
     (
         p.UntarBegin(".", 10, 100),
         {"op": "untar_begin", "path": ".", "max_files": 10, "max_bytes": 100},
@@ -115,6 +118,7 @@ REPLIES: list[tuple[p.Request[Any], p.Reply, dict[str, Any], bytes]] = [
         {"type": "result", "processes": 3, "killed": 2, "left": 1},
         b"",
     ),
+    (p.Pause(True), p.Paused(4), {"type": "result", "processes": 4}, b""),
     (p.UntarBegin(".", 1, 1), p.UploadStarted(9), {"type": "result", "upload": 9}, b""),
     (
         p.UntarEnd(9, True),
@@ -218,6 +222,8 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
         ({"op": "exec", "command": "x", "stdin": "yes"}, b"", "'stdin' must be bool"),
         ({"op": "signal", "exec_id": 1, "signal": "HUP"}, b"", "unknown signal 'HUP'"),
         ({"op": "untar_end", "upload": 1}, b"", "'commit' must be bool"),
+        ({"op": "pause", "paused": 1}, b"", "'paused' must be bool"),
+        ({"op": "pause"}, b"", "'paused' must be bool"),
         ({"op": "tunnel_data", "conn": 1}, b"", "tunnel data size out of bounds"),
         ({"op": "tunnel_credit", "conn": 1, "credit": 0}, b"", "tunnel credit out of bounds"),
         ({"op": "tunnel_credit", "conn": 1, "credit": 1 << 30}, b"", "tunnel credit out of bounds"),
@@ -259,6 +265,8 @@ def test_the_agent_refuses_requests_that_break_the_schema(
         ),
         (p.Resolve("a"), {"type": "result", "path": "a/../b"}, b""),
         (p.Procs(), {"type": "result", "processes": -1, "killed": 0, "left": 0}, b""),
+        (p.Pause(False), {"type": "result", "processes": -1}, b""),
+        (p.Pause(True), {"type": "result"}, b""),
         (p.UntarEnd(1, True), {"type": "result", "files": 1, "directories": 0}, b""),
     ],
 )
