@@ -7,6 +7,9 @@ enforcement) and its commands go through the same ``exec_guard``; only what a "c
 differs: a Pod (``manifests.py``) whose process is the agent, reached over ``pods/attach``
 (``attach.py``). Its id is the Pod's name, which the session registry stores for re-adoption.
 
+A Pod cannot be frozen: pausing a session has its agent stop (``SIGSTOP``) every process its
+commands started, and resuming continue (``SIGCONT``) exactly those (the agent's ``pause`` op).
+
 A Pod deleted behind the server's back (evicted, ``kubectl delete``) ends its attach stream: the
 call in flight fails (or, if the agent had answered nothing, runs once more in a fresh Pod) and
 the next call gets a new Pod, as for a vanished container. A command that outlives its kill
@@ -28,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.sandbox_api import FileOpError, SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import GONE
@@ -78,6 +81,8 @@ class KubernetesSandboxProvider(SessionSandboxes):
         self._starting: set[asyncio.Task[None]] = set()
         self._closed = False
         self._launch_slots = asyncio.Semaphore(config.max_concurrent_launches)
+        self._channels: dict[str, AgentChannel] = {}
+        """Each attached Pod's agent channel, by Pod name: what ``freeze`` and ``thaw`` talk to."""
         self.clock: Callable[[], float] = time.monotonic
         """What Pods' ages and idleness are measured on (as the Docker provider's)."""
         self.launcher = PodLauncher(
@@ -187,14 +192,30 @@ class KubernetesSandboxProvider(SessionSandboxes):
     # -- ContainerHost ---------------------------------------------------------------------
 
     async def freeze(self, container_id: str) -> None:
-        """A Pod cannot be frozen (Kubernetes has no pause): a paused session's Pod keeps
-        running, its processes included; calls wait for the resume as on Docker."""
-        log.info("pod %s keeps running while its session is paused (pods cannot be frozen)", container_id)
+        """A Pod cannot be frozen (Kubernetes has no pause): its agent stops (``SIGSTOP``) every
+        process commands started instead; the agent itself keeps running. A Pod not attached
+        (after a restart) is dealt with when it is (``start_agent``)."""
+        await self._pause_processes(container_id, True)
 
     async def thaw(self, container_id: str) -> None:
-        """Raises ``ContainerNotFound`` when the Pod went meanwhile (handled as a vanished one)."""
+        """Continue what ``freeze`` stopped. Raises ``ContainerNotFound`` when the Pod went
+        meanwhile (handled as a vanished one)."""
         if await (await self.client()).get_pod(container_id) is None:
             raise ContainerNotFound(f"pod {container_id} is gone")
+        await self._pause_processes(container_id, False)
+
+    async def _pause_processes(self, container_id: str, paused: bool) -> None:
+        channel = self._channels.get(container_id)
+        if channel is None:
+            return
+        what = "stop" if paused else "continue"
+        try:
+            count = await asyncio.wait_for(channel.pause(paused), self.config.op_timeout_seconds)
+        except (SandboxError, FileOpError, TimeoutError, ConnectionError) as exc:
+            log.warning("pod %s: could not %s its processes: %s", container_id, what, exc)
+            return
+        done = "stopped" if paused else "continued"
+        log.info("pod %s: %s %d process(es) of its session (paused: %s)", container_id, done, count, paused)
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         if self.on_container is not None:
@@ -226,6 +247,8 @@ class KubernetesSandboxProvider(SessionSandboxes):
                 self.observer.sandbox_failed(launch_failure(exc))
                 raise
             self.observer.sandbox_launched(time.monotonic() - started)
+            if live.channel is not None:
+                self._channels[live.container_id] = live.channel
             return live
 
     async def start_agent(self, container_id: str, session: Session) -> tuple[ChannelStream, AgentChannel]:
@@ -234,10 +257,17 @@ class KubernetesSandboxProvider(SessionSandboxes):
         Raises:
             SandboxError: the attach was refused or the agent did not answer its ping.
         """
-        return await self.launcher.start_agent(container_id, session)
+        stream, channel = await self.launcher.start_agent(container_id, session)
+        self._channels[container_id] = channel
+        # Its processes may have been stopped by a pause before the restart: the session says
+        # whether they stay so (a paused session) or continue.
+        sandbox = self._sandboxes.get(session.session_id)
+        await self._pause_processes(container_id, sandbox is not None and sandbox.paused)
+        return stream, channel
 
     async def destroy(self, live: LiveContainer) -> None:
         """Close the agent channel and delete the Pod now (grace 0); failures are logged."""
+        self._channels.pop(live.container_id, None)
         if live.channel is not None:
             with contextlib.suppress(Exception):
                 await live.channel.close()
@@ -255,6 +285,7 @@ class KubernetesSandboxProvider(SessionSandboxes):
             return False
 
     async def remove_container(self, container_id: str) -> None:
+        self._channels.pop(container_id, None)
         await (await self.client()).delete_pod(container_id)
 
     # -- idle expiry -----------------------------------------------------------------------
