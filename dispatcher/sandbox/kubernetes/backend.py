@@ -182,9 +182,16 @@ class KubernetesSandboxProvider(SessionSandboxes):
             sandbox.adoption_failed(GONE.replace("container", "pod"))
         if removed:
             log.info("deleted %d orphaned sandbox pod(s) of instance %s", removed, self.instance)
-        # Only now is it settled which Pods stay: the CA bundles none of them mounts can go.
-        if swept := await self.launcher.sweep_cas():
-            log.info("deleted %d unused egress CA configmap(s) of instance %s", swept, self.instance)
+        # Only now is it settled which Pods stay: the CA bundles none of them mounts can go. A
+        # Role from before configmaps were granted refuses: that costs a few stale objects, not
+        # the start (a launch that needs a bundle says what it was refused).
+        try:
+            swept = await self.launcher.sweep_cas()
+        except SandboxError as exc:
+            log.warning("could not sweep unused egress CA configmaps: %s", exc)
+        else:
+            if swept:
+                log.info("deleted %d unused egress CA configmap(s) of instance %s", swept, self.instance)
         return removed
 
     # -- sessions, restarts ----------------------------------------------------------------

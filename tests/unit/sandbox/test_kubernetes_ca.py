@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.agent_attach import CA_TARGET
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, SandboxConfig
+from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
 from dispatcher.sandbox.kubernetes.ca import (
     CA_KEY,
     CA_VOLUME,
@@ -101,3 +103,24 @@ def test_kubernetes_show_pod_prints_the_ca_configmap(
     assert [d["kind"] for d in docs] == ["Pod", "PersistentVolumeClaim", "NetworkPolicy", "ConfigMap"]
     assert docs[3] == configmap_manifest("sandboxes", "inst", PEM, instance_label="inst")
     assert mounted_ca(docs[0]) == docs[3]["metadata"]["name"]
+
+
+class _RefusingConfigMaps:
+    """An API whose Role predates configmaps: Pods may be listed, ConfigMaps not."""
+
+    namespace = "ns"
+
+    async def list_pods(self, labels: dict[str, str]) -> list[dict[str, object]]:
+        return []
+
+    async def list_configmaps(self, labels: dict[str, str]) -> list[dict[str, object]]:
+        raise SandboxError("kubernetes: list configmaps failed (403): forbidden")
+
+
+async def test_kubernetes_a_refused_ca_sweep_does_not_stop_the_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api: Any = _RefusingConfigMaps()
+    provider = KubernetesSandboxProvider(SandboxConfig(), KubernetesConfig(), instance="i", api=api)
+    assert await provider.remove_orphans() == 0
+    assert "could not sweep unused egress CA configmaps" in caplog.text
