@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+# The Go client (tests/server/test_go_client.py): Debian's toolchain, about a minute when cold.
+bash scripts/build_go_client.sh >/dev/null
 export DISPATCHER_REQUIRE_DOCKER=1
 exec "${PY:-python3}" -m pytest -q -p no:cacheprovider "$@"

@@ -1,8 +1,8 @@
 """The Go bench client (bench/go_client) against a live ``dispatcher serve``: Go speaks the contract.
 
-Runs only where ``go`` is on PATH: a cold build compiles grpc-go from source (about a minute here),
-too slow to add to every run of the suite. ``scripts/build_go_client.sh`` installs the toolchain
-from Debian packages; after that the binary is cached, and this module takes a few seconds.
+Runs where ``go`` is on PATH. ``make test`` (scripts/test.sh) builds the client first, installing
+Debian's toolchain when it is missing (a cold build compiles grpc-go from source: about a minute);
+a bare ``pytest`` on a machine without Go skips this module and says how to get it.
 """
 
 from __future__ import annotations
