@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from enum import StrEnum
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
 DISPATCHED: Final = "tool.call.dispatched"
 DENIED: Final = "tool.call.denied"
@@ -78,18 +78,17 @@ class AuditLog(AuditSink):
         self.max_bytes = max_bytes
         self.backups = backups
         self._lock = threading.Lock()
-        self._file: TextIO | None = None
+        self._fd: int | None = None
         self._size = 0
         self._open()
 
     def _open(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._size = os.fstat(fd).st_size
-        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._size = os.fstat(self._fd).st_size
 
     def _rotate(self) -> None:
-        assert self._file is not None
-        self._file.close()
+        assert self._fd is not None
+        os.close(self._fd)
         for i in range(self.backups - 1, 0, -1):
             older = f"{self.path}.{i}"
             if os.path.exists(older):
@@ -102,21 +101,26 @@ class AuditLog(AuditSink):
 
     def record(self, kind: str, **fields: Any) -> None:
         """Append one record; ``fields`` must already be redacted."""
-        line = _encode({"time": time.time(), "kind": kind, **fields}) + "\n"
-        size = len(line.encode("utf-8"))
+        line = (_encode({"time": time.time(), "kind": kind, **fields}) + "\n").encode("utf-8")
+        size = len(line)
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 return
             if self._size and self._size + size > self.max_bytes:
                 self._rotate()
-            self._file.write(line)
+                assert self._fd is not None
+            # One write per record, straight to the kernel (O_APPEND: whole lines, never
+            # interleaved): the record is in the file before the tool it announces starts.
+            written = os.write(self._fd, line)
+            while written < size:  # a regular file takes it whole; a full disk raises instead
+                written += os.write(self._fd, line[written:])
             self._size += size
 
     def close(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class MemoryAuditLog(AuditSink):
