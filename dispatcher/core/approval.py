@@ -81,11 +81,29 @@ STAGING_MODES = frozenset({"review", "audit"})
 """The approval modes whose previewing writes are staged (``core/staging.py``)."""
 
 
+_MODE_POLICIES: dict[tuple[int, str], tuple[ConfirmationPolicy, ConfirmationPolicy]] = {}
+_MODE_POLICIES_KEPT = 256
+
+
 def mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:
     """``base`` (the tenant's policy) as ``mode`` applies it: the mode sets the class defaults,
     except where ``base`` denies; trusted workspaces only lower the bar of ``cautious``; in
     ``manual`` a ``per_tool`` auto or prompt_once asks too (every step is approved); the operator's
-    ``tool_confirmation.modes.<mode>.per_tool`` entries then win over ``per_tool``."""
+    ``tool_confirmation.modes.<mode>.per_tool`` entries then win over ``per_tool``.
+
+    Made once per policy object and mode (every call asks; policies are frozen and long-lived)."""
+    key = (id(base), str(mode))
+    kept = _MODE_POLICIES.get(key)
+    if kept is not None and kept[0] is base:  # the same object, not a new one at a reused id
+        return kept[1]
+    applied = _mode_policy(base, mode)
+    if len(_MODE_POLICIES) >= _MODE_POLICIES_KEPT:
+        _MODE_POLICIES.clear()
+    _MODE_POLICIES[key] = (base, applied)
+    return applied
+
+
+def _mode_policy(base: ConfirmationPolicy, mode: str) -> ConfirmationPolicy:
     base = replace(base, in_mode=dict(base.modes.get(str(mode), {})))
     if mode in (ApprovalMode.AUTONOMOUS, ApprovalMode.AUDIT):
         floor = Mode.AUTO
