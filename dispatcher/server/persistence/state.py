@@ -264,6 +264,7 @@ class SessionPersistence(BaseSessionListener):
     def _reopen(self, manager: Restores, tenant: Tenant, row: StoredSession, path: str) -> None:
         session, restored = self._restoration(tenant, row, path)
         bus = manager.restore(tenant, session, restored).bus
+        self.writer.running_stored(row.session_id, (call.tool_use_id for call in row.running))
         for call in row.running:
             bus.publish(
                 ToolFailed(

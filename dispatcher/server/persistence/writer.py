@@ -65,6 +65,7 @@ class StateWriter:
         # it mirrors the bus's own bounds so the file keeps what memory keeps.
         self._kept: dict[str, deque[tuple[int, int]]] = {}
         self._kept_bytes: dict[str, int] = {}
+        self._running: set[tuple[str, str]] = set()  # (session, tool_use_id) stored as running
         self._thread = threading.Thread(target=self._run, name="state-writer", daemon=True)
         self._thread.start()
 
@@ -77,6 +78,11 @@ class StateWriter:
             kept = self._kept[session_id] = deque((e.seq, e.size) for e in events)
             self._kept_bytes[session_id] = sum(size for _, size in kept)
 
+    def running_stored(self, session_id: str, tool_use_ids: Iterable[str]) -> None:
+        """These calls of a session given back are stored as running (their end deletes them)."""
+        with self._store.lock:
+            self._running.update((session_id, tid) for tid in tool_use_ids)
+
     def forget(self, session_ids: Iterable[str]) -> None:
         """Stop writing for these sessions and delete their rows (CloseSession)."""
         ids = list(session_ids)
@@ -85,6 +91,8 @@ class StateWriter:
                 self._live.discard(sid)
                 self._kept.pop(sid, None)
                 self._kept_bytes.pop(sid, None)
+            closed = set(ids)
+            self._running = {key for key in self._running if key[0] not in closed}
         self._store.delete_sessions(ids)
 
     def live_ids(self) -> list[str]:
@@ -211,8 +219,15 @@ class StateWriter:
                 ):
                     tool_name = event.payload.tool_name
                     calls[key] = (sid, event.tool_use_id, event.turn_id, tool_name)
-            started = [row for row in calls.values() if row is not None]
-            ended = [key for key, row in calls.items() if row is None]
+            started: list[tuple[str, str, str, str]] = []
+            ended: list[tuple[str, str]] = []
+            for key, row in calls.items():
+                if row is not None:
+                    started.append(row)
+                    self._running.add(key)
+                elif key in self._running:  # stored by an earlier batch; one that started and
+                    self._running.discard(key)  # ended within this batch never was
+                    ended.append(key)
             self._store.write_batch(rows, pruned, started, ended, last, updates)
 
     def _keep(self, sid: str, event: Event, pruned: dict[str, int]) -> None:
