@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from dispatcher.core.event_payloads import (
     EVENT_TYPES,
@@ -25,6 +24,7 @@ from dispatcher.core.event_payloads import (
     EventPayload,
     ToolOutputDelta,
 )
+from dispatcher.core.event_size import estimate_bytes, event_bytes
 
 T = TypeVar("T")
 
@@ -66,61 +66,6 @@ class Event:
     def type(self) -> str:
         """``tool.called``, ``tool.output_delta``, ...: the payload's kind."""
         return self.payload.TYPE
-
-
-def estimate_bytes(value: Any) -> int:
-    """An estimate, from above, of the memory ``value`` holds; walks containers without recursion."""
-    total = 0
-    stack = [value]
-    seen: set[int] = set()
-    while stack:
-        item = stack.pop()
-        cls = type(item)
-        # Exact types first: nearly every leaf is one, and an ABC check costs several times more.
-        if cls is str or cls is bytes:
-            total += sys.getsizeof(item)
-        elif cls in _SCALARS:
-            total += 32
-        elif isinstance(item, str | bytes):
-            total += sys.getsizeof(item)
-        elif (names := _field_names(cls)) is not None:
-            if id(item) in seen:
-                continue
-            seen.add(id(item))
-            total += sys.getsizeof(item)
-            stack.extend(getattr(item, name) for name in names)
-        elif isinstance(item, Mapping | list | tuple | set | frozenset):
-            if id(item) in seen:
-                continue
-            seen.add(id(item))
-            total += sys.getsizeof(item)
-            if isinstance(item, Mapping):
-                stack.extend(item.keys())
-                stack.extend(item.values())
-            else:
-                stack.extend(item)
-        else:
-            total += 32
-    return total
-
-
-_SCALARS: frozenset[type] = frozenset({int, float, bool, type(None)})
-_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...] | None:
-    """The field names of a dataclass type (None: not one), looked up once per type: every event
-    is sized at publish, and ``dataclasses.fields`` per object was a visible share of it."""
-    try:
-        return _FIELD_NAMES[cls]
-    except KeyError:
-        names = (
-            tuple(f.name for f in dataclasses.fields(cls))
-            if dataclasses.is_dataclass(cls) and not issubclass(cls, type)
-            else None
-        )
-        _FIELD_NAMES[cls] = names
-        return names
 
 
 # Backlogs ------------------------------------------------------------------------------------
@@ -346,7 +291,7 @@ class EventBus:
     def publish(self, payload: EventPayload, *, turn_id: str, tool_use_id: str) -> Event:
         """Stamp and deliver one event to history and every subscriber."""
         self._seq += 1
-        size = _EVENT_OVERHEAD + estimate_bytes((turn_id, tool_use_id, payload))
+        size = _EVENT_OVERHEAD + event_bytes(turn_id, tool_use_id, payload)
         event = Event(self._seq, time.time(), self.session_id, turn_id, tool_use_id, payload, size)
         self._remember(event)
         if self.sink is not None:
