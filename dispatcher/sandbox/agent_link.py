@@ -29,7 +29,7 @@ from dispatcher.sandbox.agent.protocol import (
     TunnelListen,
     decode_header,
     decode_prefix,
-    encode_request,
+    request_writes,
     response_head,
 )
 from dispatcher.sandbox.tunnels import Serve, TunnelMux
@@ -144,7 +144,8 @@ class AgentLink:
 
     async def _send(self, rid: int, request: Request[Any]) -> None:
         try:
-            self._writer.write(encode_request(rid, request))
+            for data in request_writes(rid, request):
+                self._writer.write(data)
             await self._writer.drain()
         except (OSError, RuntimeError) as exc:
             raise self._fail(SandboxError(f"cannot write to the agent: {exc}")) from exc
@@ -156,7 +157,8 @@ class AgentLink:
         rid = self._next_id
         self._next_id += 1  # the agent's answer arrives as a late reply and is ignored
         try:
-            self._writer.write(encode_request(rid, request))
+            for data in request_writes(rid, request):
+                self._writer.write(data)
         except (OSError, RuntimeError) as exc:
             self._fail(SandboxError(f"cannot write to the agent: {exc}"))
 

@@ -14,6 +14,8 @@ the agent, or, for what never blocks, on the reader thread; answers are written 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -70,7 +72,7 @@ from .protocol import (
     decode_header,
     decode_prefix,
     decode_request,
-    encode_reply,
+    reply_writes,
     request_id,
 )
 from .tunnels import Tunnels
@@ -229,10 +231,11 @@ class Agent:
 
     def send(self, rid: int | None, reply: Reply) -> bool:
         """Write one frame; blocks while the host is slow, which back-pressures commands."""
-        frame = encode_reply(rid, reply)
+        writes = reply_writes(rid, reply)
         with self._out_lock:
             try:
-                self._out.write(frame)
+                for data in writes:
+                    self._out.write(data)
                 self._out.flush()
             except (OSError, ValueError):
                 return False
@@ -339,6 +342,18 @@ def parse_grants(raw: str | None) -> list[tuple[str, str]] | None:
     return grants
 
 
+PIPE_BYTES = 1 << 20
+"""The capacity asked for the channel's pipes (Linux's default for an unprivileged process may
+grant up to 1 MiB): a 64 KiB pipe (the default) splits every large frame into several writes and
+wake-ups at both ends."""
+
+
+def widen_pipe(fd: int) -> None:
+    """Ask for a larger pipe buffer; a socket, a tty or a refusal leaves it as it is."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -364,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     # inherited descriptor can never write into (or read from) the protocol stream.
     inp = os.fdopen(os.dup(0), "rb", buffering=CHUNK)
     out = os.fdopen(os.dup(1), "wb", buffering=CHUNK)
+    for stream in (inp, out):
+        widen_pipe(stream.fileno())
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(2, 1)

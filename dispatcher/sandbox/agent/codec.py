@@ -38,11 +38,22 @@ def check_env(env: Mapping[str, Any]) -> None:
             raise BadMessage(f"bad environment variable {key!r}")
 
 
-def encode_frame(header: Mapping[str, Any], payload: bytes = b"") -> bytes:
-    """Serialise one frame."""
+JOIN_BELOW = 16 << 10
+"""A payload smaller than this is copied onto its frame's head and written with it; a larger one is
+written after it, as it is (one more write costs less than copying a tunnel chunk or a file)."""
+
+
+def frame_writes(header: Mapping[str, Any], payload: bytes = b"") -> tuple[bytes, ...]:
+    """Serialise one frame as the writes that put it on a stream, in order."""
     # ASCII escapes keep any str encodable, lone surrogates from odd file names included.
     raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("ascii")
-    return PREFIX.pack(len(raw), len(payload)) + raw + payload
+    head = PREFIX.pack(len(raw), len(payload)) + raw
+    return (head + payload,) if len(payload) < JOIN_BELOW else (head, payload)
+
+
+def encode_frame(header: Mapping[str, Any], payload: bytes = b"") -> bytes:
+    """Serialise one frame."""
+    return b"".join(frame_writes(header, payload))
 
 
 def decode_prefix(prefix: bytes, *, max_header: int, max_payload: int) -> tuple[int, int]:

@@ -46,6 +46,7 @@ from .codec import Request as Request
 from .codec import decode_header as decode_header
 from .codec import decode_prefix as decode_prefix
 from .codec import encode_frame as encode_frame
+from .codec import frame_writes as frame_writes
 from .tunnel_messages import MAX_TUNNELS as MAX_TUNNELS
 from .tunnel_messages import TUNNEL_PORT as TUNNEL_PORT
 from .tunnel_messages import TUNNEL_WINDOW as TUNNEL_WINDOW
@@ -470,16 +471,26 @@ class Send(Protocol):
     def __call__(self, rid: int | None, reply: Reply, /) -> bool: ...
 
 
+def request_writes(rid: int, request: Request[Any]) -> tuple[bytes, ...]:
+    """The frame of a request (the host's side), as the writes that send it (``frame_writes``)."""
+    fields, payload = request.encode()
+    return frame_writes({"id": rid, "op": request.OP, **fields}, payload)
+
+
 def encode_request(rid: int, request: Request[Any]) -> bytes:
     """The frame of a request (the host's side)."""
-    fields, payload = request.encode()
-    return encode_frame({"id": rid, "op": request.OP, **fields}, payload)
+    return b"".join(request_writes(rid, request))
+
+
+def reply_writes(rid: int | None, reply: Reply) -> tuple[bytes, ...]:
+    """The frame of a response (the agent's side), as the writes that send it."""
+    fields, payload = reply.encode()
+    return frame_writes({"id": rid, "type": reply.TYPE, **fields}, payload)
 
 
 def encode_reply(rid: int | None, reply: Reply) -> bytes:
     """The frame of a response (the agent's side)."""
-    fields, payload = reply.encode()
-    return encode_frame({"id": rid, "type": reply.TYPE, **fields}, payload)
+    return b"".join(reply_writes(rid, reply))
 
 
 def request_id(header: Mapping[str, Any]) -> int | None:

@@ -23,12 +23,22 @@ class FakeAgent:
         self.reader = asyncio.StreamReader()
         self.requests: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue()
         self.closed = False
+        self.writes = 0
+        self._stream = bytearray()  # written, not yet a whole frame (a large payload is a write of its own)
 
     def write(self, data: bytes) -> None:
-        header_len, payload_len = decode_prefix(data[:8], max_header=1 << 20, max_payload=1 << 30)
-        header = decode_header(data[8 : 8 + header_len])
-        self.requests.put_nowait((header, data[8 + header_len :]))
-        assert len(data) == 8 + header_len + payload_len, "one write per frame"
+        self.writes += 1
+        self._stream += data
+        while len(self._stream) >= 8:
+            header_len, payload_len = decode_prefix(
+                bytes(self._stream[:8]), max_header=1 << 20, max_payload=1 << 30
+            )
+            end = 8 + header_len + payload_len
+            if len(self._stream) < end:
+                return
+            header = decode_header(bytes(self._stream[8 : 8 + header_len]))
+            self.requests.put_nowait((header, bytes(self._stream[8 + header_len : end])))
+            del self._stream[:end]
 
     async def drain(self) -> None:
         return None
@@ -204,6 +214,22 @@ async def test_oversized_write_is_refused_before_sending(channel: AgentChannel, 
     with pytest.raises(FileOpError) as info:
         await channel.write_bytes("big", b"x" * ((1 << 20) + 1))
     assert info.value.code == "too_large" and fake.requests.empty()
+
+
+async def test_a_large_payload_follows_its_head_as_a_write_of_its_own(
+    channel: AgentChannel, fake: FakeAgent
+) -> None:
+    data = bytes(range(256)) * 1024  # not copied onto its head: a tunnel chunk, a file
+    call = asyncio.ensure_future(channel.write_bytes("big", data))
+    header, payload = await asyncio.wait_for(fake.requests.get(), WAIT)
+    assert (header["op"], payload, fake.writes) == ("write", data, 2)
+    fake.reply({"id": header["id"], "type": "result"})
+    await call
+    small = asyncio.ensure_future(channel.write_bytes("small", b"x" * 100))
+    header, payload = await asyncio.wait_for(fake.requests.get(), WAIT)
+    assert (payload, fake.writes) == (b"x" * 100, 3)  # a small one travels with its head
+    fake.reply({"id": header["id"], "type": "result"})
+    await small
 
 
 async def test_late_answer_to_an_abandoned_call_is_ignored(channel: AgentChannel, fake: FakeAgent) -> None:

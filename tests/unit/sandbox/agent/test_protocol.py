@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dispatcher.sandbox.agent import protocol as p
+from dispatcher.sandbox.agent.codec import JOIN_BELOW
 from dispatcher.sandbox.agent.protocol import (
     PREFIX,
     BadMessage,
@@ -18,6 +19,7 @@ from dispatcher.sandbox.agent.protocol import (
     encode_frame,
     encode_reply,
     encode_request,
+    frame_writes,
     response_head,
 )
 
@@ -168,6 +170,16 @@ def test_every_op_and_every_reply_type_is_covered() -> None:
     assert replies == {
         cls for cls in vars(p).values() if isinstance(cls, type) and issubclass(cls, p.Reply)
     } - {p.Reply}
+
+
+def test_a_frame_is_one_write_unless_its_payload_is_large() -> None:
+    small = b"s" * (JOIN_BELOW - 1)
+    assert frame_writes({"id": 1}, small) == (encode_frame({"id": 1}, small),)
+    large = b"l" * JOIN_BELOW
+    head, payload = frame_writes({"id": 1}, large)
+    assert payload is large  # written as it is, not copied onto its head
+    assert head + payload == encode_frame({"id": 1}, large)
+    assert _split(head + payload) == ({"id": 1}, large)
 
 
 @pytest.mark.parametrize(("request_", "header", "payload"), REQUESTS, ids=lambda v: type(v).__name__)
