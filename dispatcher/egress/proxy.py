@@ -94,7 +94,8 @@ class EgressLimits:
     """Seconds to connect, every checked address tried included."""
     idle_timeout: float = 300.0
     """Seconds a tunnel may carry no byte either way before it is closed."""
-    chunk: int = 64 << 10
+    chunk: int = 256 << 10
+    """Bytes read from either side at once (the agent channel's ``TUNNEL_CHUNK``: one frame each)."""
 
 
 @dataclass(slots=True)

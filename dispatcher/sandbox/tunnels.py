@@ -6,11 +6,12 @@ to host unix sockets by default, and the Kubernetes backend reaches its agent on
 attach stream. One transport serves every backend, and the connection frames ride the stream the
 agent already has.
 
-Flow control is per connection and per direction (``TUNNEL_WINDOW``): the agent sends at most a
-window ahead of the credit this side returns as the proxy reads, and this side sends at most a
-window ahead of the agent's credit. So one slow connection buffers a window at each end, never
-more, and never holds up the channel's other traffic (the read loop only appends to a buffer the
-window bounds; a frame beyond the window breaks the link as any protocol violation does).
+Flow control is per connection and per direction: the agent sends at most ``HOST_WINDOW`` ahead
+of the credit this side returns as the proxy reads, and this side sends at most ``SANDBOX_WINDOW``
+ahead of the agent's credit. So one slow connection buffers a window at each end, never more, and
+never holds up the channel's other traffic (the read loop only appends to a buffer the window
+bounds; a frame beyond the window breaks the link as any protocol violation does). Credit goes
+back once per half window, and a chunk the proxy read whole from the origin travels uncopied.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from dispatcher.egress.gate import EgressGate, ca_env
 from dispatcher.egress.proxy import TunnelStream
 from dispatcher.sandbox.agent.protocol import (
-    CHUNK,
-    TUNNEL_WINDOW,
+    HOST_WINDOW,
+    SANDBOX_WINDOW,
+    TUNNEL_CHUNK,
     Error,
     Listening,
     ProtocolError,
@@ -52,7 +54,8 @@ log = logging.getLogger(__name__)
 
 Serve = Callable[[TunnelStream, "str | None"], Awaitable[None]]
 """Serves one connection to its end: (the stream, the tool_use_id of the call that opened it)."""
-_CREDIT_STEP = TUNNEL_WINDOW // 4
+_CREDIT_STEP = HOST_WINDOW // 2
+"""Bytes read before the agent is told (see the agent's own ``_CREDIT_STEP``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +103,7 @@ class ChannelTunnel:
         self._inbox: deque[bytes] = deque()
         self._buffered = 0
         self._unacked = 0  # bytes read by the proxy since the last credit we gave
-        self._window = TUNNEL_WINDOW  # bytes we may still send
+        self._window = SANDBOX_WINDOW  # bytes we may still send
         self._eof = False  # nothing more comes from the sandbox
         self._gone = False  # the sandbox side is closed: writes fail
         self._closed = False  # we closed it
@@ -120,7 +123,7 @@ class ChannelTunnel:
             data = data[:n]
         self._buffered -= len(data)
         self._unacked += len(data)
-        if self._unacked >= _CREDIT_STEP or (not self._inbox and self._unacked):
+        if self._unacked >= _CREDIT_STEP:
             if not self._gone and not self._closed:
                 self._mux.link.post(TunnelCredit(self.conn, self._unacked))
             self._unacked = 0
@@ -134,9 +137,11 @@ class ChannelTunnel:
                 await self._changed.wait()
             if self._gone or self._closed:
                 raise ConnectionResetError("the sandbox closed the connection")
-            n = min(len(view), self._window, CHUNK)
+            n = min(len(view), self._window, TUNNEL_CHUNK)
             self._window -= n
-            await self._mux.link.send_unanswered(TunnelSend(self.conn, bytes(view[:n])))
+            # All of it in one frame (the proxy reads the origin a chunk at a time): sent uncopied.
+            chunk = data if n == len(data) else bytes(view[:n])
+            await self._mux.link.send_unanswered(TunnelSend(self.conn, chunk))
             view = view[n:]
 
     async def close(self) -> None:
@@ -152,7 +157,7 @@ class ChannelTunnel:
     # -- from the mux ---------------------------------------------------------------------
 
     def received(self, data: bytes) -> None:
-        if self._buffered + len(data) > TUNNEL_WINDOW:
+        if self._buffered + len(data) > HOST_WINDOW:
             raise ProtocolError(f"tunnel {self.conn}: more data than its window")
         if self._eof:
             raise ProtocolError(f"tunnel {self.conn}: data after its end")
@@ -169,7 +174,7 @@ class ChannelTunnel:
         self._changed.set()
 
     def credited(self, credit: int) -> None:
-        if self._window + credit > TUNNEL_WINDOW:
+        if self._window + credit > SANDBOX_WINDOW:
             raise ProtocolError(f"tunnel {self.conn}: credit beyond its window")
         self._window += credit
         self._changed.set()

@@ -47,9 +47,11 @@ from .codec import decode_header as decode_header
 from .codec import decode_prefix as decode_prefix
 from .codec import encode_frame as encode_frame
 from .codec import frame_writes as frame_writes
+from .tunnel_messages import HOST_WINDOW as HOST_WINDOW
 from .tunnel_messages import MAX_TUNNELS as MAX_TUNNELS
+from .tunnel_messages import SANDBOX_WINDOW as SANDBOX_WINDOW
+from .tunnel_messages import TUNNEL_CHUNK as TUNNEL_CHUNK
 from .tunnel_messages import TUNNEL_PORT as TUNNEL_PORT
-from .tunnel_messages import TUNNEL_WINDOW as TUNNEL_WINDOW
 from .tunnel_messages import Listening as Listening
 from .tunnel_messages import TunnelClose as TunnelClose
 from .tunnel_messages import TunnelClosed as TunnelClosed
@@ -61,8 +63,9 @@ from .tunnel_messages import TunnelOpened as TunnelOpened
 from .tunnel_messages import TunnelSend as TunnelSend
 from .tunnel_messages import TunnelWindow as TunnelWindow
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
+7: tunnel frames carry up to ``TUNNEL_CHUNK`` (256 KiB) and the window differs by direction.
 6: ``pause`` (stop and continue what commands started, where the sandbox cannot be frozen).
 5: the egress tunnel ops (``tunnel_listen`` and the frames of its connections).
 3: file ops take ``approved`` and exec ``approved_cwd`` (a path used exactly, never through a link),

@@ -5,9 +5,12 @@ requests among its ops, so the host imports ``protocol.py`` alone, as for every 
 
 All the frames of the listener travel on the ``tunnel_listen`` request's id, like exec's output.
 Each connection the sandbox opens to its proxy port is one ``conn``. Bytes travel in
-``tunnel_data`` frames, each way under a window of ``TUNNEL_WINDOW`` bytes that the receiver
+``tunnel_data`` frames of at most ``TUNNEL_CHUNK`` bytes, each way under a window that the receiver
 reopens with ``tunnel_credit`` as it hands bytes on: neither end buffers more than a window per
-connection, and a slow connection holds up nothing but itself.
+connection, and a slow connection holds up nothing but itself. The windows differ by direction
+because their costs do: the agent holds ``SANDBOX_WINDOW`` of a download (in the sandbox's own
+memory), the server ``HOST_WINDOW`` of what a sandbox sends (in the server's, for every connection
+of every sandbox).
 """
 
 from __future__ import annotations
@@ -15,22 +18,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .codec import CHUNK, BadMessage, Count, Done, Env, Reply, Request, check_env
+from .codec import BadMessage, Count, Done, Env, Reply, Request, check_env
 
 TUNNEL_PORT = 3128
 """Where the agent listens in a sandbox container (``127.0.0.1``); the local backend asks for any."""
-TUNNEL_WINDOW = 256 * 1024
+TUNNEL_CHUNK = 256 * 1024
+"""The largest payload of a ``tunnel_data`` frame: per-frame costs (a header, a hand-over to the
+agent's tunnel thread, a wake-up of each reader) are paid once per this many bytes."""
+SANDBOX_WINDOW = 1 << 20
+"""Bytes the server may send a connection ahead of the agent's credit (what the agent buffers).
+It bounds a download's rate at a window per round trip of the channel."""
+HOST_WINDOW = 512 * 1024
+"""Bytes the agent may send ahead of the server's credit (what the server buffers per connection)."""
 MAX_TUNNELS = 256
 """Connections the agent holds at once; more wait in the listen backlog."""
 
 
 def _tunnel_chunk(data: bytes) -> None:
-    if not 0 < len(data) <= CHUNK:
+    if not 0 < len(data) <= TUNNEL_CHUNK:
         raise BadMessage("tunnel data size out of bounds")
 
 
-def _credit(credit: int) -> None:
-    if not 0 < credit <= TUNNEL_WINDOW:
+def _credit(credit: int, window: int) -> None:
+    if not 0 < credit <= window:
         raise BadMessage("tunnel credit out of bounds")
 
 
@@ -87,7 +97,7 @@ class TunnelWindow(Reply):
     credit: Count
 
     def check(self) -> None:
-        _credit(self.credit)
+        _credit(self.credit, SANDBOX_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -134,4 +144,4 @@ class TunnelCredit(Request[Done], op="tunnel_credit", reply=Done):
     credit: Count
 
     def check(self) -> None:
-        _credit(self.credit)
+        _credit(self.credit, HOST_WINDOW)

@@ -4,10 +4,16 @@ the server over the agent's channel (``protocol.py``: ``tunnel_listen`` and the 
 The server decides everything (policy, names, the outbound connection); the agent only carries
 bytes. One thread serves the listener and every connection with a selector, so a flood of
 connections costs no pid (threads take pids like processes do) and a stalled one blocks none of
-the others. Each connection sends at most its window (``TUNNEL_WINDOW``) ahead of the server's
-credit, and the agent holds at most a window of the server's bytes per connection, so neither end
-buffers without bound. Frames from the server arrive on the reader thread and are queued for the
-tunnel thread, which a byte on a socket pair wakes.
+the others. Each connection sends at most its window (``HOST_WINDOW``) ahead of the server's
+credit, and the agent holds at most a window (``SANDBOX_WINDOW``) of the server's bytes per
+connection, so neither end buffers without bound.
+
+The server's bytes arrive on the reader thread, which writes them to the connection's socket
+itself (never blocking: the socket is non-blocking) while nothing of that connection waits; what
+the socket does not take waits in ``pending`` for the tunnel thread, which writes it once the
+socket is writable. A download thus costs no hand-over between threads. A lock per connection
+orders the two threads' writes and the socket's close. Everything else from the server (credit,
+close) is queued for the tunnel thread, which a byte on a socket pair wakes.
 """
 
 from __future__ import annotations
@@ -20,14 +26,16 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from .peers import ancestry, peer_pid
 from .processes import Commands
 from .protocol import (
-    CHUNK,
+    HOST_WINDOW,
     MAX_TUNNELS,
-    TUNNEL_WINDOW,
+    SANDBOX_WINDOW,
+    TUNNEL_CHUNK,
     Listening,
     Send,
     TunnelClose,
@@ -44,7 +52,10 @@ from .workspace import OpError
 
 CLOSE_FLUSH_SECONDS = 10.0
 """How long a connection the server closed may take to accept the bytes still owed to it."""
-_CREDIT_STEP = TUNNEL_WINDOW // 4
+_CREDIT_STEP = SANDBOX_WINDOW // 2
+"""Bytes handed on before the server is told: a credit frame per half window, not per chunk. It
+never stalls the server: a server out of window has a whole window here, so it gets credit as
+soon as half of that is written."""
 
 
 def proxy_env(port: int) -> dict[str, str]:
@@ -65,12 +76,39 @@ class _Conn:
     def __init__(self, conn: int, sock: socket.socket) -> None:
         self.conn = conn
         self.sock = sock
-        self.window = TUNNEL_WINDOW  # bytes we may still send to the server
-        self.pending = bytearray()  # the server's bytes not yet written to the socket
-        self.written = 0  # written since the last credit we gave
+        self.window = HOST_WINDOW  # bytes we may still send to the server
         self.reading = True  # until the sandbox side half-closed
         self.closing_since: float | None = None  # the server closed it: flush, then close
         self.events = 0
+        # Shared by the reader thread and the tunnel thread, under ``lock``:
+        self.lock = threading.Lock()
+        self.pending: deque[memoryview] = deque()  # the server's bytes not yet written to the socket
+        self.written = 0  # written since the last credit we gave
+        self.closed = False  # the socket is closed: nothing may be written to it any more
+
+    def write(self, data: memoryview) -> int | None:
+        """Queue ``data`` and write what the socket takes of the queue, without blocking; the
+        bytes to credit the server with now (None: the socket failed, the tunnel thread drops it).
+        Under ``lock``."""
+        pending = self.pending
+        if data:
+            pending.append(data)
+        while pending and not self.closed:
+            try:
+                n = self.sock.send(pending[0])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                return None
+            self.written += n
+            if n < len(pending[0]):  # the socket is full: the rest waits for it, uncopied
+                pending[0] = pending[0][n:]
+                break
+            pending.popleft()
+        if self.written >= _CREDIT_STEP:
+            credit, self.written = self.written, 0
+            return credit
+        return 0
 
 
 class Tunnels:
@@ -89,6 +127,7 @@ class Tunnels:
         self._conns: dict[int, _Conn] = {}
         self._next = 1
         self._stopped = False
+        self._woken = False  # a wake-up byte is on its way: later posts need not send another
 
     # -- the reader thread's side -----------------------------------------------------------
 
@@ -129,7 +168,20 @@ class Tunnels:
         return port
 
     def data(self, rid: int, request: TunnelSend) -> None:
-        self._post("data", request.conn, request.data)
+        """Write the bytes now, as far as the socket takes them (see the module's docstring)."""
+        c = self._conns.get(request.conn)
+        if c is None:
+            return  # closed on our side meanwhile: its late frames are dropped
+        with c.lock:
+            if c.closed:
+                return
+            waiting = bool(c.pending)  # then the tunnel thread already waits for room
+            credit = c.write(memoryview(request.data))
+            left = bool(c.pending)
+        if credit:
+            self._emit(TunnelWindow(c.conn, credit))
+        if credit is None or (left and not waiting):
+            self._post("flush", c.conn, None)  # the tunnel thread waits for room, or drops it
 
     def close(self, rid: int, request: TunnelClose) -> None:
         self._post("close", request.conn, None)
@@ -143,6 +195,9 @@ class Tunnels:
 
     def _post(self, what: str, conn: int, value: Any) -> None:
         self._inbox.put((what, conn, value))
+        if self._woken:  # the tunnel thread has not drained the inbox since: it will see this
+            return
+        self._woken = True
         with contextlib.suppress(OSError):  # full: a wake-up is already pending
             self._wake_w.send(b"\0")
 
@@ -164,7 +219,9 @@ class Tunnels:
             print(f"agent: tunnel thread failed: {exc!r}", file=sys.stderr)
         finally:
             for c in list(self._conns.values()):
-                c.sock.close()
+                with c.lock:
+                    c.closed = True
+                    c.sock.close()
             if self._listener is not None:
                 self._listener.close()
 
@@ -198,6 +255,9 @@ class Tunnels:
         with contextlib.suppress(OSError):
             while self._wake_r.recv(4096):
                 pass
+        # After the bytes are read, before the queue is: a post from now on sends a byte again,
+        # and one that saw the flag still set was queued before a byte still unread.
+        self._woken = False
         while True:
             try:
                 what, conn, value = self._inbox.get_nowait()
@@ -215,11 +275,10 @@ class Tunnels:
             c = self._conns.get(conn)
             if c is None:
                 continue  # closed on our side meanwhile: its late frames are dropped
-            if what == "data":
-                c.pending += value
+            if what == "flush":
                 self._flush(c)
             elif what == "credit":
-                c.window = min(c.window + value, TUNNEL_WINDOW)
+                c.window = min(c.window + value, HOST_WINDOW)
             elif what == "close":
                 c.reading = False
                 c.closing_since = time.monotonic()
@@ -232,7 +291,7 @@ class Tunnels:
             self._flush(c)
         if c.conn in self._conns and mask & selectors.EVENT_READ and c.reading and c.window > 0:
             try:
-                data = c.sock.recv(min(CHUNK, c.window))
+                data = c.sock.recv(min(TUNNEL_CHUNK, c.window))
             except (BlockingIOError, InterruptedError):
                 data = None
             except OSError:
@@ -248,27 +307,22 @@ class Tunnels:
             self._update(c)
 
     def _flush(self, c: _Conn) -> None:
-        while c.pending:
-            try:
-                n = c.sock.send(c.pending)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self._drop(c)
-                return
-            del c.pending[:n]
-            c.written += n
-        if c.written >= _CREDIT_STEP or (c.written and not c.pending):
-            self._emit(TunnelWindow(c.conn, c.written))
-            c.written = 0
-        if c.closing_since is not None and not c.pending:
-            with contextlib.suppress(OSError):
-                c.sock.shutdown(socket.SHUT_WR)
+        with c.lock:
+            credit = c.write(memoryview(b""))
+            done = c.closing_since is not None and not c.pending
+        if credit is None:
             self._drop(c)
+            return
+        if credit:
+            self._emit(TunnelWindow(c.conn, credit))
+        if done:
+            self._drop(c, shutdown=True)
 
     def _update(self, c: _Conn) -> None:
+        with c.lock:
+            writing = bool(c.pending)
         events = (selectors.EVENT_READ if c.reading and c.window > 0 else 0) | (
-            selectors.EVENT_WRITE if c.pending else 0
+            selectors.EVENT_WRITE if writing else 0
         )
         if events == c.events:
             return
@@ -280,14 +334,19 @@ class Tunnels:
             self._sel.unregister(c.sock)
         c.events = events
 
-    def _drop(self, c: _Conn) -> None:
-        """Forget a connection and tell the server it is gone."""
+    def _drop(self, c: _Conn, *, shutdown: bool = False) -> None:
+        """Forget a connection and tell the server it is gone (``shutdown``: after what it sent)."""
         if self._conns.pop(c.conn, None) is None:
             return
         if c.events:
             self._sel.unregister(c.sock)
             c.events = 0
-        c.sock.close()
+        with c.lock:  # not while the reader thread writes to it
+            c.closed = True
+            if shutdown:
+                with contextlib.suppress(OSError):
+                    c.sock.shutdown(socket.SHUT_WR)
+            c.sock.close()
         self._emit(TunnelClosed(c.conn))
         if self._listener is not None:
             try:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import struct
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from dispatcher.egress.proxy import TunnelStream
-from dispatcher.sandbox.agent.protocol import CHUNK, TUNNEL_WINDOW, TunnelSend
+from dispatcher.sandbox.agent.protocol import HOST_WINDOW, SANDBOX_WINDOW, TUNNEL_CHUNK, TunnelSend
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.local import AGENT_PATH, STOP_TIMEOUT_SECONDS
 from dispatcher.sandbox.tunnels import ChannelTunnel
@@ -162,7 +163,7 @@ async def test_a_sandbox_reader_that_stops_reading_stalls_the_host_writer_at_one
 
     async def flood() -> None:  # what the proxy does with a large download
         nonlocal written
-        block = b"x" * CHUNK
+        block = b"x" * TUNNEL_CHUNK
         while True:
             await stream.write(block)
             written += len(block)
@@ -176,8 +177,8 @@ async def test_a_sandbox_reader_that_stops_reading_stalls_the_host_writer_at_one
         # The host stopped at its window: everything it sent the agent has written to the socket
         # (in_kernel), and the rest, the agent's buffer, is at most one window.
         assert window == 0 and not writer.done()
-        assert pushed - in_kernel <= TUNNEL_WINDOW, (pushed, in_kernel)
-        assert pushed >= TUNNEL_WINDOW and written <= pushed
+        assert pushed - in_kernel <= SANDBOX_WINDOW, (pushed, in_kernel)
+        assert pushed >= SANDBOX_WINDOW and written <= pushed
 
         await asyncio.wait_for(_others_go_on(rig), WAIT)
         assert rig.pushed[stream.conn] == pushed, "the stalled connection stays stalled meanwhile"
@@ -185,7 +186,7 @@ async def test_a_sandbox_reader_that_stops_reading_stalls_the_host_writer_at_one
         # Reading again reopens the window: the flood goes on.
         loop = asyncio.get_running_loop()
         got = 0
-        while rig.pushed[stream.conn] <= pushed + TUNNEL_WINDOW:
+        while rig.pushed[stream.conn] <= pushed + SANDBOX_WINDOW:
             got += len(await asyncio.wait_for(loop.sock_recv(stalled, 1 << 20), WAIT))
         assert got > 0
     finally:
@@ -199,7 +200,7 @@ async def test_a_host_that_stops_reading_holds_the_sandbox_writer_at_one_window(
     writer = await rig.connect(sndbuf=4096)
     stream = await asyncio.wait_for(rig.opened.get(), WAIT)
     sent = 0
-    block = b"y" * CHUNK
+    block = b"y" * TUNNEL_CHUNK
 
     def send_what_fits() -> int:
         nonlocal sent
@@ -217,16 +218,65 @@ async def test_a_host_that_stops_reading_holds_the_sandbox_writer_at_one_window(
         )
         # The agent read exactly one window and stopped: the host buffers that window, the agent
         # nothing, and the rest waits in the kernel.
-        assert buffered == TUNNEL_WINDOW
-        assert sent_now - in_kernel == TUNNEL_WINDOW, (sent_now, in_kernel)
+        assert buffered == HOST_WINDOW
+        assert sent_now - in_kernel == HOST_WINDOW, (sent_now, in_kernel)
 
         await asyncio.wait_for(_others_go_on(rig), WAIT)
-        assert stream._buffered == TUNNEL_WINDOW
+        assert stream._buffered == HOST_WINDOW
 
         # Reading on the host reopens the agent's window: more of what the sandbox sent comes.
         taken = 0
-        while taken <= TUNNEL_WINDOW:
-            taken += len(await asyncio.wait_for(stream.read(CHUNK), WAIT))
+        while taken <= HOST_WINDOW:
+            taken += len(await asyncio.wait_for(stream.read(TUNNEL_CHUNK), WAIT))
         await _until(lambda: stream._buffered > 0, "the agent to send again")
     finally:
         writer.close()
+
+
+async def test_a_download_through_a_slow_reader_arrives_whole_in_order_then_ends(rig: Rig) -> None:
+    """Some bytes the agent writes as they come, some wait for the socket; the host's close comes
+    while some still wait: all of them arrive, in order, and then the end."""
+    client = await rig.connect(rcvbuf=4096)
+    stream = await asyncio.wait_for(rig.opened.get(), WAIT)
+    sizes = (1, 1000, TUNNEL_CHUNK, 70_000, TUNNEL_CHUNK - 1, 3)
+    pieces = [bytes([i % 251]) * sizes[i % len(sizes)] for i in range(40)]
+    expected = b"".join(pieces)
+
+    async def download() -> None:
+        for piece in pieces:
+            await stream.write(piece)
+        await stream.close()
+
+    writer = asyncio.create_task(download())
+    loop = asyncio.get_running_loop()
+    got = bytearray()
+    try:
+        while chunk := await asyncio.wait_for(loop.sock_recv(client, 8192), WAIT):
+            got += chunk
+        assert len(got) == len(expected) and got == expected
+        await asyncio.wait_for(writer, WAIT)
+    finally:
+        writer.cancel()
+        client.close()
+
+
+async def test_a_sandbox_reset_during_a_download_ends_the_hosts_writes(rig: Rig) -> None:
+    client = await rig.connect(rcvbuf=4096)
+    stream = await asyncio.wait_for(rig.opened.get(), WAIT)
+
+    async def flood() -> None:
+        block = b"z" * TUNNEL_CHUNK
+        while True:
+            await stream.write(block)
+
+    writer = asyncio.create_task(flood())
+    try:
+        await _settled(lambda: (rig.pushed.get(stream.conn, 0),), "the stalled download")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset, with the agent's bytes unread
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(writer, WAIT)
+        assert await asyncio.wait_for(stream.read(100), WAIT) == b""
+    finally:
+        writer.cancel()
+        client.close()

@@ -239,6 +239,12 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
         ({"op": "tunnel_data", "conn": 1}, b"", "tunnel data size out of bounds"),
         ({"op": "tunnel_credit", "conn": 1, "credit": 0}, b"", "tunnel credit out of bounds"),
         ({"op": "tunnel_credit", "conn": 1, "credit": 1 << 30}, b"", "tunnel credit out of bounds"),
+        (
+            {"op": "tunnel_credit", "conn": 1, "credit": p.HOST_WINDOW + 1},
+            b"",
+            "tunnel credit out of bounds",
+        ),
+        ({"op": "tunnel_data", "conn": 1}, b"x" * (p.TUNNEL_CHUNK + 1), "tunnel data size out of bounds"),
         ({"op": "tunnel_listen", "port": 70000}, b"", "port out of range"),
         ({"op": "tunnel_listen", "port": 1, "env": {"A=B": "c"}}, b"", "bad environment variable"),
     ],
