@@ -96,6 +96,9 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+        # What the closed channel left unread: read to the end, the pipe's transport closes (a
+        # paused one would stay open and warn when collected, in whichever test runs then).
+        await asyncio.wait_for(proc.stdout.read(), WAIT)
 
 
 def _queues(local_port: int, remote_port: int) -> tuple[int, int]:
