@@ -307,26 +307,34 @@ async def _relay(
     last = [loop.time()]
     limits = ctx.limits
 
-    def take(n: int, direction: Direction) -> None:
-        if ctx.bytes_used + n > ctx.policy.max_bytes:
+    def take(data: bytes, direction: Direction) -> bytes:
+        """What of ``data`` the quota lets through (the part that fits, then ``spent``)."""
+        room = ctx.policy.max_bytes - ctx.bytes_used
+        if len(data) > room:
             ctx.bytes_spent = True
-            raise _QuotaSpent
+            data = data[: max(room, 0)]  # relayed up to the quota, whatever the chunk size
+        n = len(data)
         ctx.bytes_used += n
         last[0] = loop.time()
         if direction is Direction.OUT:
             attempt.bytes_out += n
         else:
             attempt.bytes_in += n
-        ctx.observer.egress_bytes(ctx.tenant_id, direction.value, n)
+        if n:
+            ctx.observer.egress_bytes(ctx.tenant_id, direction.value, n)
+        return data
 
     async def outbound() -> None:
         writer = connected.writer
         data = first
         while True:
             if data:
-                take(len(data), Direction.OUT)
-                writer.write(data)
-                await writer.drain()
+                allowed = take(data, Direction.OUT)
+                if allowed:
+                    writer.write(allowed)
+                    await writer.drain()
+                if ctx.bytes_spent:
+                    raise _QuotaSpent
             data = await stream.read(limits.chunk)
             if not data:
                 break
@@ -335,8 +343,11 @@ async def _relay(
 
     async def inbound() -> None:
         while data := await connected.reader.read(limits.chunk):
-            take(len(data), Direction.IN)
-            await stream.write(data)
+            allowed = take(data, Direction.IN)
+            if allowed:
+                await stream.write(allowed)
+            if ctx.bytes_spent:
+                raise _QuotaSpent
 
     async def idle() -> None:
         while (remaining := last[0] + limits.idle_timeout - loop.time()) > 0:

@@ -199,6 +199,26 @@ async def test_bytes_are_bounded_per_session_both_directions_together(harness: M
     assert "(max_bytes)" in status_line(answer)
 
 
+async def test_an_answer_bigger_than_the_quota_in_one_chunk_is_relayed_up_to_the_quota(
+    harness: Make, origin: Origin
+) -> None:
+    # The origin's whole answer arrives as one read (far under the read chunk), 4x the quota: the
+    # sandbox gets the head and the body's start, exactly what the quota allows, then the end.
+    origin.reply = b"HTTP/1.1 200 OK\r\nContent-Length: 4000\r\n\r\n" + b"z" * 4000
+    h: Harness = await harness(
+        loopback_policy(origin.port, max_bytes=1000), answers={"origin.test": ["127.0.0.1"]}
+    )
+    reader, writer = await h.connect()
+    request = b"GET http://origin.test:%d/big HTTP/1.1\r\nHost: origin.test\r\n\r\n" % origin.port
+    writer.write(request)
+    got = await asyncio.wait_for(reader.read(), 10)  # to the end: the tunnel is cut at the quota
+    writer.close()
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and 0 < len(got) <= 1000
+    [record] = await h.settled(1)
+    assert record["end"] == "bytes_quota"
+    assert record["bytes_in"] + record["bytes_out"] == h.ctx.bytes_used == 1000
+
+
 async def test_a_request_head_too_large_is_431(harness: Make) -> None:
     h: Harness = await harness(EgressPolicy(allow=("pkgs.example.com",)), limits=EgressLimits(head_bytes=512))
     answer = await h.request(b"CONNECT pkgs.example.com:443 HTTP/1.1\r\nX-Pad: " + b"a" * 1000 + b"\r\n\r\n")
