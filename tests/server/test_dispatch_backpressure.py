@@ -85,3 +85,27 @@ async def test_waiting_tool_uses_start_when_the_session_is_cancelled(tmp_path: P
     results = [i async for i in items if isinstance(i, ToolResultBlock)]
     assert len(results) == 40  # nothing was lost while they waited
     await dispatcher.aclose()
+
+
+async def test_a_dispatch_that_raises_still_answers_its_tool_use_once(tmp_path: Path) -> None:
+    # A core bug (the dispatch raising instead of returning a result), at once or after a wait:
+    # each tool_use still gets exactly one error result, after the events it had.
+    dispatcher, call = _call(tmp_path, 2)
+    gate = asyncio.Event()
+
+    async def broken(tool_use: ToolUseBlock, session: Session, **kw: Any) -> ToolResultBlock:
+        if tool_use.id == "u1":
+            await gate.wait()
+        raise RuntimeError("core bug")
+
+    dispatcher.dispatch = broken  # type: ignore[method-assign]
+    items = call.items()
+    first = await anext(items)
+    gate.set()
+    results = [first, *[x async for x in items]]
+    assert [r.tool_use_id for r in results] == ["u0", "u1"]
+    for result in results:
+        assert isinstance(result, ToolResultBlock) and result.is_error
+        assert result.error_class is not None and result.error_class.value == "execution_error"
+        assert "internal error in the dispatcher" in result.content[0].text  # type: ignore[union-attr]
+    await dispatcher.aclose()

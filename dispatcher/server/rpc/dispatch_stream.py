@@ -68,7 +68,7 @@ class DispatchCall:
         self._order = dispatcher.message_order(self._tool_uses, ordering)  # None: the configured one
         self._ids = frozenset(tu.id for tu in tool_uses)
         self._queue: Backlog[ToolResultBlock] = Backlog(max_items=max_pending)
-        self._tasks: dict[str, asyncio.Task[ToolResultBlock]] = {}
+        self._tasks: dict[str, asyncio.Task[ToolResultBlock]] = {}  # every started one, done or not
         self._spawn = spawn
         self._pending_bytes = pending_bytes
         self._reserve = dispatcher.config.result_budget_bytes
@@ -106,16 +106,27 @@ class DispatchCall:
         # Started in message order: a call only ever waits for calls started before it.
         index = len(self._tasks)
         # Its first step runs now (core/eager.py): the events of a call that does not wait are
-        # queued before this Dispatch first waits for them.
-        task = eager.start(
+        # queued before this Dispatch first waits for them, and so is its result, right after
+        # them, instead of a loop turn or two later when its task ends.
+        started = eager.start(
             self._dispatcher.dispatch(
                 tu, self._session, turn_id=self._turn_id, order=self._order, index=index
             ),
             name=f"dispatch:{self._session.session_id}:{tu.id}",
-        ).task
+        )
+        self._tasks[tu.id] = started.task
+        if started.done_now:
+            try:
+                result = started.outcome()
+            except asyncio.CancelledError:
+                return  # as a cancelled task: no result (the client is gone or the server stops)
+            except Exception as exc:
+                self._queue_failure(tu.id, exc)
+                return
+            self._queue.put(result, result_bytes(result))
+            return
         # The id travels with the callback: a task name is for humans, and ids may contain ":".
-        task.add_done_callback(functools.partial(self._result_ready, tu.id))
-        self._tasks[tu.id] = task
+        started.task.add_done_callback(functools.partial(self._result_ready, tu.id))
         self._running += 1
 
     def _tap(self, event: Event) -> bool:
@@ -168,8 +179,11 @@ class DispatchCall:
         if exc is None:
             result = task.result()
             self._queue.put(result, result_bytes(result))
-            self._start_more()
-            return
+        else:
+            self._queue_failure(tool_use_id, exc)
+        self._start_more()
+
+    def _queue_failure(self, tool_use_id: str, exc: BaseException) -> None:
         # The core turns every tool failure into a result; an exception here is a core bug. The
         # caller still gets exactly one result for the tool_use.
         log.error("dispatch raised", exc_info=exc, extra={"session_id": self._session.session_id})
@@ -180,7 +194,6 @@ class DispatchCall:
             error_class=ToolErrorClass.EXECUTION_ERROR,
         )
         self._queue.put(failed, result_bytes(failed))
-        self._start_more()
 
     async def _abandon(self) -> None:
         pending = [tid for tid, t in self._tasks.items() if not t.done()]
