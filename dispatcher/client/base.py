@@ -82,6 +82,18 @@ def decision(value: Decision | bool | str) -> pb.Decision.ValueType:
     return convert.decision_to_pb(Decision(value))
 
 
+def dispatch_request(
+    session_id: str, tool_uses: Sequence[ToolUseBlock | tuple[str, Any]], turn_id: str, ordering: str | None
+) -> pb.DispatchRequest:
+    """One assistant message's tool_uses as a DispatchRequest (``ordering`` None: the server's)."""
+    return pb.DispatchRequest(
+        session_id=session_id,
+        turn_id=turn_id,
+        tool_uses=[tool_use(t) for t in tool_uses],
+        ordering=convert.ordering_to_pb(ordering),
+    )
+
+
 def dispatch_item(resp: pb.DispatchResponse) -> DispatchItem | None:
     if resp.WhichOneof("item") == "result":
         return convert.result_from_pb(resp.result)

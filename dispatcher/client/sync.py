@@ -128,12 +128,7 @@ class DispatcherClient(ClientBase):
         turn_id: str,
         ordering: str | None,
     ) -> Any:
-        req = pb.DispatchRequest(
-            session_id=session_id,
-            turn_id=turn_id,
-            tool_uses=[base.tool_use(t) for t in tool_uses],
-            ordering=convert.ordering_to_pb(ordering),  # None: the server's default
-        )
+        req = base.dispatch_request(session_id, tool_uses, turn_id, ordering)
         return self._stub.Dispatch(req, metadata=self._metadata)
 
     def call(
