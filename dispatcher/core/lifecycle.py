@@ -133,6 +133,10 @@ class SessionLifecycle(BaseSessionListener):
         self._schedule(state)
 
     def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        if restored.clock is None:
+            # Stored before sessions had clocks: its clocks start now, and are stored.
+            state.clock = SessionClock.start(state.clock.lifetime, self.clock())
+            self._changed(state)
         self._stored_activity[state.session.session_id] = state.clock.last_activity
         self._schedule(state)
 

@@ -149,9 +149,9 @@ class SessionRegistry:
         if sid in self._live:
             raise ValueError(f"session {sid!r} is already open")
         state = self._new_state(session, create_time, restored)
-        if restored is None:
-            state.clock = SessionClock.start(lifetime, state.create_time)
-        elif restored.clock is not None:
+        if restored is None or restored.clock is None:  # new, or stored before sessions had clocks
+            state.clock = SessionClock.start(lifetime, state.create_time)  # lifecycle.py restarts it
+        else:
             state.clock = restored.clock
             if restored.clock.paused is not None:
                 state.status = SessionStatus.PAUSED

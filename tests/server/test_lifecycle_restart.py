@@ -3,6 +3,7 @@ paused, a renewed expiry is kept, the overdue expire at once after the start."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -62,5 +63,32 @@ def test_paused_stay_paused_renewed_keep_their_expiry_and_overdue_expire_at_once
             until_sync(gone, "the overdue session to expire", timeout=10)
             result = client.call(paused, "shell", {"command": "echo back"})
             assert "resumed" in str(result.content) and "back" in str(result.content)
+    finally:
+        server.close()
+
+
+def test_a_session_stored_before_sessions_had_clocks_gets_the_default_ones_at_restart(tmp_path: Path) -> None:
+    data = local_config(sessions={"ttl_seconds": 7200, "idle_timeout_seconds": 600})
+    server = start_serve(tmp_path, data=data)
+    try:
+        with server.client() as client:
+            sid = _rpc(client, "CreateSession", pb.CreateSessionRequest()).session.session_id
+        _stored(server.home, sid, '"expire_time"')
+    finally:
+        kill9(server)
+    # As the migration to session clocks leaves a row written before them: an empty lifecycle.
+    conn = sqlite3.connect(server.home / "state.db")
+    with conn:
+        conn.execute("UPDATE sessions SET lifecycle = '{}' WHERE session_id = ?", (sid,))
+    conn.close()
+    before = time.time()
+    server = start_serve(tmp_path, data=data)
+    try:
+        with server.client() as client:
+            got = _rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid)).session
+        # Its clocks start at the restart, under the server's defaults, and are stored.
+        assert before + 7200 - 5 <= got.expire_time.seconds <= time.time() + 7200 + 1, got
+        assert before + 600 - 5 <= got.idle_expire_time.seconds <= time.time() + 600 + 1, got
+        _stored(server.home, sid, '"expire_time"')
     finally:
         server.close()

@@ -151,8 +151,14 @@ class SessionManager:
         return self._open(tenant, session, None, lifetime)
 
     def restore(self, tenant: Tenant, session: Session, restored: Restoration) -> SessionState:
-        """Give back a session a restarted server had (no quota: it was admitted before)."""
-        return self._open(tenant, session, restored)
+        """Give back a session a restarted server had (no quota: it was admitted before).
+
+        One stored before sessions had clocks gets the server's default ones (within its tenant's
+        maximum), starting now: otherwise it would never expire."""
+        lifetime = None
+        if restored.clock is None:
+            lifetime = requested_lifetime(self.lifetime, tenant, None, None, None)
+        return self._open(tenant, session, restored, lifetime)
 
     def _open(
         self, tenant: Tenant, session: Session, restored: Restoration | None, lifetime: Lifetime | None = None
