@@ -120,16 +120,6 @@ class AsyncDispatcherClient(ClientBase):
         async for item in items:
             yield item
 
-    def _dispatch_call(
-        self,
-        session_id: str,
-        tool_uses: Sequence[ToolUseBlock | tuple[str, Any]],
-        turn_id: str,
-        ordering: str | None,
-    ) -> Any:
-        req = base.dispatch_request(session_id, tool_uses, turn_id, ordering)
-        return self._stub.Dispatch(req, metadata=self._metadata)
-
     async def call(
         self,
         session_id: str,

@@ -166,9 +166,23 @@ def only_result(items: Iterator[DispatchItem], on_event: Callable[[Event], None]
 class ClientBase:
     """The bearer token both clients send (argument, else ``DISPATCHER_TOKEN`` or the home's file)."""
 
+    _stub: Any  # the generated stub over the subclass's channel (sync or grpc.aio)
+
     def __init__(self, token: str | None, home: str | None) -> None:
         token = token if token is not None else client_token(home)
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+
+    def _dispatch_call(
+        self,
+        session_id: str,
+        tool_uses: Sequence[ToolUseBlock | tuple[str, Any]],
+        turn_id: str,
+        ordering: str | None,
+    ) -> Any:
+        """The Dispatch call (a response iterator: sync or grpc.aio, as the stub is)."""
+        return self._stub.Dispatch(
+            dispatch_request(session_id, tool_uses, turn_id, ordering), metadata=self._metadata
+        )
 
 
 def credentials(

@@ -121,16 +121,6 @@ class DispatcherClient(ClientBase):
         cancels the call (and so its tools)."""
         return self._stream(self._dispatch_call(session_id, tool_uses, turn_id, ordering), base.dispatch_item)
 
-    def _dispatch_call(
-        self,
-        session_id: str,
-        tool_uses: Sequence[ToolUseBlock | tuple[str, Any]],
-        turn_id: str,
-        ordering: str | None,
-    ) -> Any:
-        req = base.dispatch_request(session_id, tool_uses, turn_id, ordering)
-        return self._stub.Dispatch(req, metadata=self._metadata)
-
     def call(
         self,
         session_id: str,
