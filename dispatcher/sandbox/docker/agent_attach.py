@@ -11,7 +11,10 @@ session, and after a restart for a re-adopted container.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
@@ -89,35 +92,43 @@ async def attach_agent(
     return stream, channel
 
 
+class Closable(Protocol):
+    """The stream under an agent channel (a docker exec's, a Pod attach's)."""
+
+    def close(self) -> None: ...
+
+
 async def open_tunnels(
-    api: DockerAPI,
     egress: EgressGate | None,
-    container_id: str,
     session: Session,
-    link: AgentLink,
-    *,
-    ca_mounted: bool | None = None,
+    channel: AgentChannel,
+    stream: Closable,
+    has_ca: Callable[[], Awaitable[bool]],
 ) -> None:
-    """The session's egress listener in its agent, when the server has an egress proxy
-    (``ca_mounted``: whether the container has the tenant's CA bundle at ``CA_TARGET``; None, a
-    container adopted after a restart: asked of the container itself).
+    """The session's egress listener in its agent, when the server has an egress proxy; the CA
+    bundle's variables only if ``has_ca()`` (the sandbox has it at ``CA_TARGET``). Both backends'.
 
     Raises:
-        SandboxError: the agent refused it (the link is closed).
+        SandboxError: the agent refused it (the channel and its stream are closed).
     """
-    stream, channel = link
     setup = tunnel_setup(egress, session, ca_path=lambda _: CA_TARGET)
-    if setup is not None:
-        env = setup.env
-        if env and not await _has_ca(api, container_id, ca_mounted):
-            env = {}
-        try:
-            await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
-        except SandboxError:
-            with contextlib.suppress(Exception):
-                await channel.close()
-            stream.close()
-            raise
+    if setup is None:
+        return
+    env = setup.env
+    if env and not await has_ca():
+        env = {}
+    try:
+        await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
+    except SandboxError:
+        with contextlib.suppress(Exception):
+            await channel.close()
+        stream.close()
+        raise
+
+
+def has_ca(api: DockerAPI, container_id: str, mounted: bool | None) -> Callable[[], Awaitable[bool]]:
+    """``open_tunnels``'s ``has_ca`` for a container (``mounted`` None: an adopted one, asked)."""
+    return functools.partial(_has_ca, api, container_id, mounted)
 
 
 async def _has_ca(api: DockerAPI, container_id: str, mounted: bool | None) -> bool:

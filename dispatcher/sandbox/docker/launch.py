@@ -22,7 +22,7 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, open_tunnels
+from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, has_ca, open_tunnels
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
@@ -322,4 +322,7 @@ class ContainerLauncher:
         Raises:
             SandboxError: the agent refused it (the link is closed).
         """
-        await open_tunnels(self.api, self._egress(), container_id, session, link, ca_mounted=ca_mounted)
+        stream, channel = link
+        await open_tunnels(
+            self._egress(), session, channel, stream, has_ca(self.api, container_id, ca_mounted)
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -18,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET
+from dispatcher.sandbox.docker.agent_attach import open_tunnels
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, WORKSPACE_ROOT, SandboxConfig
 from dispatcher.sandbox.docker.host import LiveContainer
 from dispatcher.sandbox.docker.image_check import ImageUnusable, version_mismatch
@@ -37,7 +38,6 @@ from dispatcher.sandbox.kubernetes.ca import (
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.manifests import label_value, pod_manifest, pod_name, pvc_manifest
 from dispatcher.sandbox.kubernetes.pods import cannot_start, pod_running
-from dispatcher.sandbox.tunnels import tunnel_setup
 
 log = logging.getLogger(__name__)
 
@@ -207,19 +207,9 @@ class PodLauncher:
                 await channel.close()
             stream.close()
             raise version_mismatch(self.config.image, version)
-        setup = tunnel_setup(self._egress(), session, ca_path=lambda _: CA_TARGET)
-        if setup is not None:
-            # A re-attached agent re-homes its listener to this link.
-            env = setup.env
-            if env and not await self._has_ca(api, container_id, ca_mounted):
-                env = {}
-            try:
-                await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
-            except SandboxError:
-                with contextlib.suppress(Exception):
-                    await channel.close()
-                stream.close()
-                raise
+        # A re-attached agent re-homes its listener to this link.
+        has_ca = functools.partial(self._has_ca, api, container_id, ca_mounted)
+        await open_tunnels(self._egress(), session, channel, stream, has_ca)
         return stream, channel
 
     async def _has_ca(self, api: KubeAPI, name: str, mounted: bool | None) -> bool:
