@@ -8,6 +8,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
+from dispatcher.core.confirmation import Decision
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
@@ -57,6 +58,14 @@ def _stream(
             await context.abort(*status_for(exc))
 
     return wrapper
+
+
+def _decision(value: int) -> Decision:
+    """A request's ``decision`` field; only allow and deny are answers."""
+    decision = convert.decision_from_pb(value)
+    if decision is None:
+        raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
+    return decision
 
 
 class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
@@ -162,9 +171,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     async def ResolveConfirmation(
         self, request: pb.ResolveConfirmationRequest, context: Ctx
     ) -> pb.ResolveConfirmationResponse:
-        decision = convert.decision_from_pb(request.decision)
-        if decision is None:
-            raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
+        decision = _decision(request.decision)
         applied, winner, remembered = self._sessions.resolve(
             current_tenant(), request.session_id, request.request_id, decision, request.remember
         )
@@ -176,9 +183,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     async def ResolveConfirmations(
         self, request: pb.ResolveConfirmationsRequest, context: Ctx
     ) -> pb.ResolveConfirmationsResponse:
-        decision = convert.decision_from_pb(request.decision)
-        if decision is None:
-            raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
+        decision = _decision(request.decision)
         applied = session_policy.resolve_many(
             self._sessions, current_tenant(), request.session_id, decision, list(request.request_ids)
         )
@@ -186,9 +191,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
 
     @_unary
     async def ApprovePlan(self, request: pb.ApprovePlanRequest, context: Ctx) -> pb.ApprovePlanResponse:
-        decision = convert.decision_from_pb(request.decision)
-        if decision is None:
-            raise InvalidRequest("decision: must be DECISION_ALLOW or DECISION_DENY")
+        decision = _decision(request.decision)
         steps, mode = session_policy.decide_plan(
             self._sessions, current_tenant(), request.session_id, decision
         )
