@@ -319,7 +319,7 @@ class SandboxSection(SandboxConfig):
 
 
 _DOCKER_ONLY = frozenset(
-    {"network_mode", "runtime", "pin_cpus", "init", "exec_fallback", "workspace_quota_mode",
+    {"network_mode", "runtime", "pin_cpus", "init", "exec_fallback", "agent_socket", "workspace_quota_mode",
      "workspace_watch_interval_seconds", "chown_workspace", "tmp_exec", "pids_limit"}
 )  # fmt: skip
 """What a Pod cannot have as the Docker backend does (``runtime``: use

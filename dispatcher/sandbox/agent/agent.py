@@ -19,10 +19,11 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from .processes import Commands
 from .protocol import (
@@ -358,14 +359,45 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+CONNECT_FAILED = 3
+"""Exit status when ``--connect`` cannot reach the server's socket: the server then starts an
+agent on stdin/stdout instead."""
+SOCKET_BYTES = 1 << 20
+"""The send and receive buffers asked for the channel's socket (the kernel caps them)."""
+
+
+def connect(path: str) -> socket.socket:
+    """A stream socket connected to the server's listener at ``path``.
+
+    Raises:
+        OSError: nothing listens there (or may not be reached).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BYTES)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: serve the protocol on stdin/stdout for one workspace root."""
+    """Entry point: serve the protocol for one workspace root, on stdin/stdout or on the server's
+    unix socket (``--connect``)."""
     parser = argparse.ArgumentParser(prog="agent", description="dispatcher sandbox agent")
     parser.add_argument(
         "--version", action="version", version=f"dispatcher-agent protocol {PROTOCOL_VERSION}"
     )
     parser.add_argument("--root", required=True, help="workspace root that every path must stay under")
     parser.add_argument("--grants", help='JSON list of {"path": prefix, "mode": "r" | "rw"}; omit: all')
+    parser.add_argument(
+        "--connect",
+        metavar="SOCKET",
+        help="serve on this unix socket, where the server listens, instead of stdin/stdout",
+    )
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         print(f"agent: root {args.root!r} is not a directory", file=sys.stderr)
@@ -375,12 +407,25 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"agent: --grants: {exc}", file=sys.stderr)
         return 2
-    # Keep private copies of the protocol fds and point 0/1 elsewhere, so a stray print or an
-    # inherited descriptor can never write into (or read from) the protocol stream.
-    inp = os.fdopen(os.dup(0), "rb", buffering=CHUNK)
-    out = os.fdopen(os.dup(1), "wb", buffering=CHUNK)
-    for stream in (inp, out):
-        widen_pipe(stream.fileno())
+    if args.connect is not None:
+        try:
+            sock = connect(args.connect)
+        except OSError as exc:
+            print(f"agent: cannot connect to {args.connect}: {exc.strerror or exc}", file=sys.stderr)
+            return CONNECT_FAILED
+        inp = cast("IO[bytes]", sock.makefile("rb", buffering=CHUNK))
+        out = cast("IO[bytes]", sock.makefile("wb", buffering=CHUNK))
+        # The exec's pipes stay open (private, close-on-exec copies) until this process ends:
+        # their end is how the server learns that the agent is gone.
+        held: tuple[int, ...] = (os.dup(0), os.dup(1))
+    else:
+        # Keep private copies of the protocol fds and point 0/1 elsewhere, so a stray print or an
+        # inherited descriptor can never write into (or read from) the protocol stream.
+        inp = os.fdopen(os.dup(0), "rb", buffering=CHUNK)
+        out = os.fdopen(os.dup(1), "wb", buffering=CHUNK)
+        for stream in (inp, out):
+            widen_pipe(stream.fileno())
+        held = ()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
@@ -388,4 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _exit_on_signal)  # exit through serve()'s cleanup, killing commands
     agent = Agent(args.root, out, grants)
-    return agent.serve(inp)
+    try:
+        return agent.serve(inp)
+    finally:
+        for fd in held:
+            os.close(fd)

@@ -1,15 +1,18 @@
-"""Attaching the agent in a started container: the ``docker exec`` stream, its first ping and
-protocol version, and the session's egress listener.
+"""Starting the agent in a started container: the ``docker exec`` that runs it, its channel, its
+first ping and protocol version, and the session's egress listener.
 
-The agent is started with an attached ``docker exec`` (stdin/stdout/stderr, no tty); its stream goes
-through the Docker daemon, so nothing in the sandbox can redirect it to a host path, and it works
-under gVisor, which cannot reach host unix sockets by default. Used by ``ContainerLauncher``
+The agent is started with an attached ``docker exec`` (stdin/stdout/stderr, no tty). In a fresh
+runc container it then connects to the server's socket mounted there (``agent_socket.py``) and
+speaks on it, skipping the daemon's relay. Otherwise it speaks on the exec's stdin/stdout; that
+stream goes through the Docker daemon, so nothing in the sandbox can redirect it to a host path,
+and it works under gVisor, which cannot reach host unix sockets by default. Used by ``ContainerLauncher``
 (``launch.py``) for a session's container, by the warm pool (``pool.py``) for one made before any
 session, and after a restart for a re-adopted container.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -21,10 +24,12 @@ from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
+from dispatcher.sandbox.docker.agent_socket import AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT, SandboxConfig
+from dispatcher.sandbox.docker.host import AgentStream
 from dispatcher.sandbox.docker.image_check import HOW_TO_BUILD, ImageUnusable, version_mismatch
-from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
+from dispatcher.sandbox.docker.stream import READER_LIMIT, AttachStream, SocketStream, open_attach_stream
 from dispatcher.sandbox.tunnels import tunnel_setup
 
 log = logging.getLogger(__name__)
@@ -33,24 +38,50 @@ _MISSING_EXECUTABLE = {126, 127}
 CA_TARGET = "/opt/dispatcher/ca-bundle.crt"
 """Where a tenant's ``egress.ca_bundle`` is mounted (read-only) in its sandboxes."""
 
-AgentLink = tuple[AttachStream, AgentChannel]
+AgentLink = tuple[AgentStream, AgentChannel]
 
 
 async def attach_agent(
-    api: DockerAPI, config: SandboxConfig, container_id: str, user: str, grant_args: list[str]
+    api: DockerAPI,
+    config: SandboxConfig,
+    container_id: str,
+    user: str,
+    grant_args: list[str],
+    *,
+    sockets: AgentSockets | None = None,
+    listener: AgentListener | None = None,
 ) -> AgentLink | None:
-    """The agent attached in a container running as ``user``; None when the image cannot run it
-    (the docker exec fallback applies).
+    """The agent started in a container running as ``user``; None when the image cannot run it
+    (the docker exec fallback applies). With a ``listener`` mounted in the container (a fresh runc
+    one, ``agent_socket.py``), it speaks over that socket; if it cannot connect there, ``sockets``
+    is marked unusable and the agent is attached through the daemon instead.
 
     Raises:
         ImageUnusable: the image cannot run the agent and ``exec_fallback`` is off.
         SandboxError: the agent started but did not answer its first ping.
     """
+    if listener is not None:
+        try:
+            link = await _connect_agent(api, config, container_id, user, grant_args, listener)
+        finally:
+            listener.close()
+        if link is not None:
+            return link
+        if sockets is not None:
+            sockets.usable = False
+    return await _attach_agent(api, config, container_id, user, grant_args)
+
+
+def _agent_argv(config: SandboxConfig, grant_args: list[str]) -> list[str]:
+    # -I: no PYTHON* variables, user site-packages or script directory on sys.path, so
+    # nothing a command left in the container (a usercustomize.py) runs in the agent.
+    return [config.agent_python, "-I", config.agent_path, "--root", WORKSPACE_ROOT, *grant_args]
+
+
+async def _start_exec(api: DockerAPI, container_id: str, user: str, argv: list[str]) -> AttachStream:
     exec_id = await api.exec_create(
         container_id,
-        # -I: no PYTHON* variables, user site-packages or script directory on sys.path, so
-        # nothing a command left in the container (a usercustomize.py) runs in the agent.
-        [config.agent_python, "-I", config.agent_path, "--root", WORKSPACE_ROOT, *grant_args],
+        argv,
         stdin=True,
         stdout=True,
         stderr=True,
@@ -59,30 +90,81 @@ async def attach_agent(
         workdir=WORKSPACE_ROOT,
     )
     sock, leftover = await api.exec_attach(exec_id)
-    stream = await open_attach_stream(sock, leftover, exec_id)
-    channel = AgentChannel(stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT)
+    return await open_attach_stream(sock, leftover, exec_id)
+
+
+async def _connect_agent(
+    api: DockerAPI,
+    config: SandboxConfig,
+    container_id: str,
+    user: str,
+    grant_args: list[str],
+    listener: AgentListener,
+) -> AgentLink | None:
+    """The agent started with ``--connect``, its channel on the accepted socket; None when it
+    ended without connecting (the caller attaches one through the daemon)."""
+    argv = [*_agent_argv(config, grant_args), "--connect", listener.target]
+    stream = await _start_exec(api, container_id, user, argv)
+    ended = asyncio.ensure_future(_drain(stream.reader))
+    try:
+        async with asyncio.timeout(config.agent_start_timeout):
+            conn = await listener.accept(functools.partial(_exec_pid, api, stream.exec_id), ended)
+    except (TimeoutError, OSError, SandboxError) as exc:
+        stream.close()
+        tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
+        reason = "it did not connect in time" if isinstance(exc, TimeoutError) else str(exc)
+        raise SandboxError(f"the sandbox agent did not start: {reason}; stderr: {tail}") from exc
+    finally:
+        ended.cancel()
+    if conn is None:
+        stream.close()
+        log.warning(
+            "the sandbox agent could not use the server's socket (%s); agents are attached "
+            "through the Docker daemon from now on",
+            stream.stderr_tail().decode(errors="replace").strip()[-300:] or "it exited",
+        )
+        return None
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READER_LIMIT, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader)
+    conn.setblocking(False)
+    transport, _ = await loop.create_connection(lambda: protocol, sock=conn)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    direct = SocketStream(reader, writer, stream)
+    return await _first_ping(config, direct, AgentChannel(reader, writer, workspace_root=WORKSPACE_ROOT))
+
+
+async def _exec_pid(api: DockerAPI, exec_id: str) -> int:
+    """The exec's process in the host's pid namespace (0 before it started)."""
+    pid = (await api.exec_inspect(exec_id)).get("Pid")
+    return pid if isinstance(pid, int) else 0
+
+
+async def _drain(reader: asyncio.StreamReader) -> None:
+    """Until the exec's stdout ends (its process exited); an agent on its socket writes none."""
+    while await reader.read(1 << 16):
+        pass
+
+
+class AgentDidNotStart(SandboxError):
+    """The agent did not answer its first ping (the stream and channel are closed)."""
+
+
+async def _first_ping(config: SandboxConfig, stream: AgentStream, channel: AgentChannel) -> AgentLink:
+    """``stream`` and ``channel`` once the agent answered with this server's protocol version.
+
+    Raises:
+        AgentDidNotStart: no answer.
+        AgentVersionMismatch: another version.
+    """
     try:
         version = await channel.ping(timeout=config.agent_start_timeout)
     except (SandboxError, ConnectionError) as exc:
         with contextlib.suppress(Exception):
             await channel.close()
         stream.close()
-        info = await api.exec_inspect(exec_id)
-        if not info.get("Running") and info.get("ExitCode") in _MISSING_EXECUTABLE:
-            if not config.exec_fallback:
-                raise ImageUnusable(
-                    f"sandbox image {config.image!r} cannot run {config.agent_python!r} (exit "
-                    f"{info.get('ExitCode')}): the agent needs python3 >= 3.9; {HOW_TO_BUILD}, "
-                    "or set sandbox.exec_fallback: true to run shell through docker exec"
-                ) from exc
-            log.warning(
-                "image %s cannot run the agent (%s); using docker exec for commands",
-                config.image,
-                stream.stderr_tail().decode(errors="replace").strip()[-200:],
-            )
-            return None
         tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
-        raise SandboxError(f"the sandbox agent did not start: {exc}; stderr: {tail}") from exc
+        raise AgentDidNotStart(f"the sandbox agent did not start: {exc}; stderr: {tail}") from exc
     if version != PROTOCOL_VERSION:
         # Every later op could fail as "unknown op" or worse; refuse the agent instead.
         with contextlib.suppress(Exception):
@@ -90,6 +172,33 @@ async def attach_agent(
         stream.close()
         raise version_mismatch(config.image, version)
     return stream, channel
+
+
+async def _attach_agent(
+    api: DockerAPI, config: SandboxConfig, container_id: str, user: str, grant_args: list[str]
+) -> AgentLink | None:
+    """The agent speaking on the attached exec's stdin/stdout."""
+    stream = await _start_exec(api, container_id, user, _agent_argv(config, grant_args))
+    try:
+        return await _first_ping(
+            config, stream, AgentChannel(stream.reader, stream.writer, workspace_root=WORKSPACE_ROOT)
+        )
+    except AgentDidNotStart as exc:
+        info = await api.exec_inspect(stream.exec_id)
+        if info.get("Running") or info.get("ExitCode") not in _MISSING_EXECUTABLE:
+            raise
+        if not config.exec_fallback:
+            raise ImageUnusable(
+                f"sandbox image {config.image!r} cannot run {config.agent_python!r} (exit "
+                f"{info.get('ExitCode')}): the agent needs python3 >= 3.9; {HOW_TO_BUILD}, "
+                "or set sandbox.exec_fallback: true to run shell through docker exec"
+            ) from exc
+        log.warning(
+            "image %s cannot run the agent (%s); using docker exec for commands",
+            config.image,
+            stream.stderr_tail().decode(errors="replace").strip()[-200:],
+        )
+        return None
 
 
 class Closable(Protocol):

@@ -157,6 +157,8 @@ class DockerSandboxProvider(SessionSandboxes):
         # Kept containers hold their own mounts of a volume; the next start mounts the same loop
         # device again (``attached_loop``), never a second one.
         await asyncio.get_running_loop().run_in_executor(None, self.volumes.release)
+        if self.launcher.sockets is not None:
+            self.launcher.sockets.close()
         for empty in (self._run_dir, os.path.dirname(self._run_dir)):
             with contextlib.suppress(OSError):
                 os.rmdir(empty)  # only when empty: nothing is staged any more
@@ -218,6 +220,8 @@ class DockerSandboxProvider(SessionSandboxes):
         removed = await sweep_orphans(
             self.api, self.instance, self.config, self._sandboxes, live_session_ids, pooled=self.pool.owns
         )
+        if self.launcher.sockets is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.launcher.sockets.sweep)
         # Filled only now: this start-up sweep removes the previous run's pooled containers.
         self.pool.start()
         return removed

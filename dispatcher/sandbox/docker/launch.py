@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -23,6 +24,7 @@ from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
 from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, has_ca, open_tunnels
+from dispatcher.sandbox.docker.agent_socket import AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
@@ -33,6 +35,8 @@ from dispatcher.sandbox.docker.config import (
 )
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.workspace_pin import PinnedMount, Stage, pin_session_mounts, split_relative
+
+log = logging.getLogger(__name__)
 
 NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 """What may not appear in a container or mount name."""
@@ -61,6 +65,28 @@ class ContainerLauncher:
         self.can_mount = os.geteuid() == 0
         """mount(2) works: bind the pinned fds; otherwise verify the container's view after start."""
         self._cpu_turn = itertools.count()
+        self.sockets = (
+            AgentSockets(os.path.join(os.path.dirname(run_dir), "agent"))
+            if config.agent_socket and config.runtime in (None, "runc")
+            else None
+        )
+        """Where new containers' agents connect (``agent_socket.py``); None: attached through the daemon."""
+
+    def listen(self) -> AgentListener | None:
+        """A listener for a new container's agent (blocking); None when it is attached through the
+        daemon instead."""
+        if self.sockets is None or not self.sockets.usable:
+            return None
+        try:
+            return self.sockets.listen()
+        except OSError as exc:
+            log.warning(
+                "cannot listen for agents in %s (%s): attaching them through the daemon",
+                self.sockets.root,
+                exc,
+            )
+            self.sockets.usable = False
+            return None
 
     async def launch_once(self, session: Session) -> tuple[AgentLink | None, str]:
         """Pin and stage the mounts, create and start the container, check its view, attach the agent.
@@ -73,21 +99,27 @@ class ContainerLauncher:
         # have swapped any component of the workspace since the last one.
         stage = await loop.run_in_executor(None, self._stage_mounts, session)
         container_id: str | None = None
+        listener: AgentListener | None = None
         try:
             ca = await loop.run_in_executor(None, self._stage_ca, session)
-            container_id = await self._create_container(session, stage, ca)
+            listener = await loop.run_in_executor(None, self.listen)
+            container_id = await self._create_container(session, stage, ca, listener)
             await self.api.start(container_id)
             if not stage.staged:
                 await self._verify_mounts(container_id, stage)
             # The started container holds its own copy of every bind mount.
             await loop.run_in_executor(None, stage.release)
-            return await self.start_agent(container_id, session, ca_mounted=ca is not None), container_id
+            link = await self.start_agent(container_id, session, ca_mounted=ca is not None, listener=listener)
+            return link, container_id
         except BaseException:
             await loop.run_in_executor(None, stage.release)
             if container_id is not None:
                 with contextlib.suppress(Exception):
                     await self.api.remove(container_id)
             raise
+        finally:
+            if listener is not None:
+                listener.close()
 
     def _container_spec(self, session: Session, mounts: list[dict[str, Any]]) -> dict[str, Any]:
         labels = {
@@ -174,10 +206,14 @@ class ContainerLauncher:
             os.replace(temp, target)
         return target
 
-    async def _create_container(self, session: Session, stage: Stage, ca: str | None = None) -> str:
+    async def _create_container(
+        self, session: Session, stage: Stage, ca: str | None, listener: AgentListener | None
+    ) -> str:
         mounts = self._mounts(stage)
         if ca is not None:
             mounts.append({"Type": "bind", "Source": ca, "Target": CA_TARGET, "ReadOnly": True})
+        if listener is not None:
+            mounts.append(listener.mount)
         spec = self._container_spec(session, mounts)
         name = "-".join(
             (
@@ -282,19 +318,25 @@ class ContainerLauncher:
             )
 
     async def start_agent(
-        self, container_id: str, session: Session, *, ca_mounted: bool | None = None
+        self,
+        container_id: str,
+        session: Session,
+        *,
+        ca_mounted: bool | None = None,
+        listener: AgentListener | None = None,
     ) -> AgentLink | None:
         """Attach the agent; None when the image cannot run it (the docker exec fallback applies).
 
         ``ca_mounted``: whether the container has the tenant's CA bundle at ``CA_TARGET``; None
-        (a container adopted after a restart): asked of the container itself.
+        (a container adopted after a restart): asked of the container itself. ``listener``: the
+        one mounted in a container just made (``listen``).
 
         Raises:
             SandboxError: the agent started but did not answer its first ping.
         """
         user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
         # The session's grants: the agent enforces them on every descriptor it opens.
-        link = await self.attach_agent(container_id, user, agent_grant_args(session))
+        link = await self.attach_agent(container_id, user, agent_grant_args(session), listener=listener)
         if link is not None:
             await self.open_tunnels(container_id, session, link, ca_mounted=ca_mounted)
         return link
@@ -304,14 +346,18 @@ class ContainerLauncher:
         gate = self._egress()
         return gate is not None and gate.ca_bundle(session.tenant_id) is not None
 
-    async def attach_agent(self, container_id: str, user: str, grant_args: list[str]) -> AgentLink | None:
+    async def attach_agent(
+        self, container_id: str, user: str, grant_args: list[str], *, listener: AgentListener | None = None
+    ) -> AgentLink | None:
         """``start_agent`` for a container running as ``user`` (a warm pool's: no session yet);
         see ``agent_attach.attach_agent``.
 
         Raises:
             SandboxError: the agent started but did not answer its first ping.
         """
-        return await attach_agent(self.api, self.config, container_id, user, grant_args)
+        return await attach_agent(
+            self.api, self.config, container_id, user, grant_args, sockets=self.sockets, listener=listener
+        )
 
     async def open_tunnels(
         self, container_id: str, session: Session, link: AgentLink, *, ca_mounted: bool | None = None

@@ -320,7 +320,9 @@ class WarmPool:
         loop = asyncio.get_running_loop()
         slot = await loop.run_in_executor(None, self.mounts.make, self._slots_dir)
         container_id: str | None = None
+        listener = None
         try:
+            listener = await loop.run_in_executor(None, self.launcher.listen)
             mounts = [
                 {
                     "Type": "bind",
@@ -330,11 +332,13 @@ class WarmPool:
                     "BindOptions": {"Propagation": "rslave"},
                 }
             ]
+            if listener is not None:
+                mounts.append(listener.mount)
             spec = self.launcher.spec(user, {LABEL_POOL: "1"}, mounts)
             name = f"dispatcher-{self.launcher.instance[:12]}-pool-{secrets.token_hex(4)}"
             container_id = await self.api.create_container(name, spec)
             await self.api.start(container_id)
-            link = await self.launcher.attach_agent(container_id, user, [])
+            link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
             if link is None:
                 raise SandboxError("the image cannot run the agent: no warm pool without it")
             return Pooled(container_id, link, slot, user)
@@ -344,6 +348,9 @@ class WarmPool:
                     await self.api.remove(container_id)
             await loop.run_in_executor(None, self.mounts.release, slot)
             raise
+        finally:
+            if listener is not None:
+                listener.close()
 
     def _report(self) -> None:
         self._observer().pool_ready(self.ready)

@@ -130,6 +130,35 @@ class AttachStream:
             self.writer.close()
 
 
+class SocketStream:
+    """The agent's channel on its own socket (``agent_socket.py``), with the exec that started it:
+    the exec's stderr is the agent's, and the exec's end is the agent's end."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, started_by: AttachStream
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._exec = started_by
+
+    @property
+    def exec_id(self) -> str:
+        return self._exec.exec_id
+
+    @property
+    def closed(self) -> bool:
+        """The socket ended, or the agent process did."""
+        return self.reader.at_eof() or self.writer.is_closing() or self._exec.closed
+
+    def stderr_tail(self) -> bytes:
+        return self._exec.stderr_tail()
+
+    def close(self) -> None:
+        if not self.writer.is_closing():
+            self.writer.close()
+        self._exec.close()
+
+
 async def open_attach_stream(
     sock: socket.socket,
     leftover: bytes,

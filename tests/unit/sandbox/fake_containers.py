@@ -44,6 +44,10 @@ def _frame(stream: int, data: bytes) -> bytes:
     return struct.pack(">BxxxL", stream, len(data)) + data
 
 
+class ConnectFailed(Exception):
+    """The agent could not connect to the server's socket (the real one exits with 3)."""
+
+
 @dataclass(eq=False)
 class FakeExec:
     id: str
@@ -54,6 +58,8 @@ class FakeExec:
     exit_code: int | None = None
     sock: socket.socket | None = None
     """The container's end of an attached exec."""
+    channel: socket.socket | None = None
+    """An agent's connection to the server's socket (``--connect``), when it made one."""
     signals: queue.Queue[str] = field(default_factory=queue.Queue)
     thread: threading.Thread | None = None
 
@@ -63,10 +69,11 @@ class FakeExec:
         self.close()
 
     def close(self) -> None:
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
-            self.sock.close()
+        for sock in (self.sock, self.channel):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
 
     def send(self, stream: int, data: bytes) -> bool:
         try:
@@ -131,6 +138,26 @@ class FakeAgent:
         self.sock = ex.sock
         assert self.sock is not None
         self.refused_once = False
+        if "--connect" in ex.cmd:  # as the real agent: connect to the socket mounted there
+            target = ex.cmd[ex.cmd.index("--connect") + 1]
+            mounts = {m["Target"]: m["Source"] for m in ex.container.spec["host_config"]["mounts"]}
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.connect(os.path.join(mounts[os.path.dirname(target)], os.path.basename(target)))
+            except (KeyError, OSError) as exc:
+                conn.close()
+                ex.send(STDERR, f"agent: cannot connect to {target}: {exc}\n".encode())
+                raise ConnectFailed from exc
+            self.sock = ex.channel = conn
+
+    def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
+        frame = encode_frame(header, payload)
+        if self.sock is self.ex.sock:
+            self.ex.send(STDOUT, frame)
+            return
+        assert self.sock is not None
+        with contextlib.suppress(OSError):
+            self.sock.sendall(frame)
 
     def _read(self, n: int) -> bytes:
         assert self.sock is not None
@@ -141,9 +168,6 @@ class FakeAgent:
                 raise EOFError
             buf += chunk
         return buf
-
-    def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
-        self.ex.send(STDOUT, encode_frame(header, payload))
 
     def run(self) -> None:
         execs: dict[int, str] = {}

@@ -28,6 +28,7 @@ import requests
 
 from tests.unit.sandbox.fake_containers import (
     STDERR,
+    ConnectFailed,
     FakeAgent,
     FakeContainer,
     FakeExec,
@@ -258,7 +259,9 @@ class FakeDockerClient:
         ex = self.execs.get(exec_id)
         if ex is None:
             raise api_error(404, f"No such exec instance: {exec_id}")
-        return {"ID": ex.id, "Running": ex.running, "ExitCode": ex.exit_code}
+        # Every fake program is a thread of this process: its pid is what a peer sees.
+        pid = os.getpid() if ex.running else 0
+        return {"ID": ex.id, "Running": ex.running, "ExitCode": ex.exit_code, "Pid": pid}
 
     def exec_start(self, exec_id: str) -> bytes:
         """A detached-output exec run to completion: the fallback's signals, mount checks."""
@@ -305,7 +308,12 @@ class FakeDockerClient:
                 ex.send(STDERR, f"exec: {ex.cmd[0]}: not found\n".encode())
                 ex.finish(127)
             else:
-                FakeAgent(ex).run()
+                try:
+                    agent = FakeAgent(ex)
+                except ConnectFailed:
+                    ex.finish(3)
+                    return
+                agent.run()
         except OSError:
             pass  # the container went away under it
         finally:

@@ -1,0 +1,103 @@
+"""The agent's socket on runc, against the real daemon: a new container's agent speaks on it, the
+socket is gone once it did, a process in the container that connects first is turned away, and an
+agent that cannot connect is attached through the daemon instead."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import docker
+import pytest
+
+from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR
+from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.launch import LABEL_SPEC
+from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.docker.stream import AttachStream, SocketStream
+from tests.integration.conftest import ProviderFactory
+from tests.integration.helpers import run
+from tests.integration.test_docker_exec import agent_signal
+from tests.polling import until
+
+pytestmark = pytest.mark.docker
+
+STRANGER = (
+    "import socket, time\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    f"s.connect('{SOCKET_DIR}/agent.sock')\n"
+    "print('connected', flush=True)\n"
+    "print('closed' if s.recv(1) == b'' else 'data', flush=True)\n"
+)
+
+
+async def test_a_new_containers_agent_speaks_on_its_socket_and_leaves_nothing(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    provider = make_provider()
+    sandbox = provider.sandbox_for(make_provider.session())
+    assert isinstance(sandbox, DockerSandbox)
+    ran = await run(sandbox, f"ls -A {SOCKET_DIR}; test -e {SOCKET_DIR}/agent.sock; echo $?")
+    assert ran.result.exit_code == 0, ran.err
+    assert ran.out.strip().splitlines()[-1] == "1"  # no socket to connect to once the agent has
+    assert sandbox._live is not None and isinstance(sandbox._live.stream, SocketStream)
+    assert provider.launcher.sockets is not None
+    assert os.listdir(provider.launcher.sockets.root) == []  # the directory went with it
+    # The agent's end is still seen: killed, its session gets a fresh agent on the next call.
+    first = sandbox._live
+    agent_signal(docker_client, first.container_id, "KILL")
+    await until(lambda: first.broken)
+    ran = await run(sandbox, "echo again")
+    assert ran.out == "again\n"
+    assert sandbox._live is not first and isinstance(sandbox._live.stream, SocketStream)
+
+
+async def test_agent_socket_false_attaches_through_the_daemon(make_provider: ProviderFactory) -> None:
+    provider = make_provider(SandboxConfig(agent_socket=False))
+    sandbox = provider.sandbox_for(make_provider.session())
+    assert isinstance(sandbox, DockerSandbox)
+    assert (await run(sandbox, "echo hi")).out == "hi\n"
+    assert sandbox._live is not None and isinstance(sandbox._live.stream, AttachStream)
+
+
+async def _started(provider_factory: ProviderFactory, mount: bool) -> tuple[object, str, object]:
+    provider = provider_factory()
+    launcher = provider.launcher
+    listener = launcher.listen()
+    assert listener is not None
+    spec = launcher.spec("1000:1000", {LABEL_SPEC: "test"}, [listener.mount] if mount else [])
+    container_id = await provider.api.create_container(f"{provider.instance}-socket", spec)
+    await provider.api.start(container_id)
+    return launcher, container_id, listener
+
+
+async def test_a_process_that_connects_first_is_turned_away(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    launcher, container_id, listener = await _started(make_provider, mount=True)
+    stranger = docker_client.api.exec_create(container_id, ["python3", "-c", STRANGER], user="1000:1000")
+    output = docker_client.api.exec_start(stranger["Id"], stream=True)
+    first = await asyncio.to_thread(next, output)
+    assert first.startswith(b"connected")  # queued on the listener before the agent starts
+    link = await launcher.attach_agent(container_id, "1000:1000", [], listener=listener)  # type: ignore[attr-defined]
+    assert link is not None and isinstance(link[0], SocketStream)
+    stream, channel = link
+    rest = b"".join(await asyncio.to_thread(list, output))
+    assert b"closed" in first + rest  # the server hung up on it without a byte
+    assert "closed a connection to the agent socket from pid" in caplog.text
+    assert (await channel.stat(".")).kind == "dir"  # and the agent it accepted works
+    await channel.close()
+    stream.close()
+
+
+async def test_an_agent_that_cannot_connect_is_attached_through_the_daemon(
+    make_provider: ProviderFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    launcher, container_id, listener = await _started(make_provider, mount=False)
+    link = await launcher.attach_agent(container_id, "1000:1000", [], listener=listener)  # type: ignore[attr-defined]
+    assert link is not None and isinstance(link[0], AttachStream)
+    assert (await link[1].stat(".")).kind == "dir"
+    assert "could not use the server's socket" in caplog.text and "cannot connect to" in caplog.text
+    assert launcher.listen() is None  # type: ignore[attr-defined]  # later agents: attach at once
+    await link[1].close()
+    link[0].close()
