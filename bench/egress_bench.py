@@ -4,9 +4,11 @@ setup latency of a ``CONNECT`` tunnel (from the sandbox's connect to ``200 Conne
 established`` through to the origin).
 
 The file server is on the host's loopback, which the bench's own egress policy takes out of
-``deny_networks`` (the default refuses 127.0.0.0/8); nothing leaves the machine. The sandbox is the
-local backend (the real agent and channel, no container), so the rows measure the transport, not
-a runtime.
+``deny_networks`` (the default refuses 127.0.0.0/8); nothing leaves the machine. The first rows'
+sandbox is the local backend (the real agent and channel, no container), so they measure the
+transport, not a runtime; when a Docker daemon and the sandbox image answer, the same download
+runs in a runc container, its agent on the server's socket (the default) and through
+``docker attach`` (``sandbox.agent_socket: false``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import docker
+
 from bench.env import BenchEnv
 from bench.table import Row, percentile
 from dispatcher.core.sandbox_api import ExecRequest
@@ -26,6 +30,8 @@ from dispatcher.core.session import Session
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, parse_networks
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.egress.proxy import EgressContext, TunnelStream, serve_tunnel
+from dispatcher.sandbox.docker.backend import DockerSandboxProvider
+from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, SandboxConfig
 from dispatcher.sandbox.local import LocalSandboxProvider
 
 GROUP = "egress"
@@ -96,6 +102,7 @@ async def measure(env: BenchEnv) -> list[Row]:
     workspace = env.workspace("egress")
     script = workspace / "client.py"
     script.write_text(_CLIENT)
+    gate = _Gate(EgressContext("bench", "bench", policy, allow=policy.allow))
     sandbox = provider.sandbox_for(Session(session_id="bench", workspace_path=str(workspace)))
     try:
         host = subprocess.run(
@@ -106,11 +113,22 @@ async def measure(env: BenchEnv) -> list[Row]:
             float(v)
             for v in (await _run(sandbox, f"{sys.executable} client.py connect {port} {SETUPS}")).split()
         ]
+        docker_rates = await _docker_rates(env, gate, port) if _docker_answers() else []
     finally:
         await provider.aclose()
         server.shutdown()
     rate_host = int(host[0]) / float(host[1]) / 1e6
     rate_proxied = int(proxied[0]) / float(proxied[1]) / 1e6
+    docker_rows = [
+        Row(
+            GROUP,
+            f"download through the sandbox proxy, runc container, {how}",
+            None,
+            note=f"{rate:.0f} MB/s ({rate / rate_host:.0%} of the host's)",
+            compare=False,
+        )
+        for how, rate in docker_rates
+    ]
     return [
         Row(GROUP, "host download (loopback, no proxy)", None, note=f"{rate_host:.0f} MB/s", compare=False),
         Row(
@@ -120,6 +138,7 @@ async def measure(env: BenchEnv) -> list[Row]:
             note=f"{rate_proxied:.0f} MB/s ({rate_proxied / rate_host:.0%} of the host's)",
             compare=False,
         ),
+        *docker_rows,
         Row(
             GROUP,
             "CONNECT setup (sandbox -> 200 established)",
@@ -128,6 +147,40 @@ async def measure(env: BenchEnv) -> list[Row]:
             len(setups),
         ),
     ]
+
+
+def _docker_answers() -> bool:
+    try:
+        client = docker.from_env(timeout=5)
+        try:
+            client.ping()
+            client.images.get(DEFAULT_IMAGE)
+        finally:
+            client.close()
+    except Exception:
+        return False
+    return True
+
+
+async def _docker_rates(env: BenchEnv, gate: _Gate, port: int) -> list[tuple[str, float]]:
+    """MB/s of the same download from a runc container, agent on its socket and attached."""
+    rates = []
+    for how, socket_on in (("agent on the server's socket", True), ("agent through docker attach", False)):
+        config = SandboxConfig(workspace_quota=None, agent_socket=socket_on, start_on_create=False)
+        provider = DockerSandboxProvider(config, instance=f"{env.instance}-egress")
+        provider.egress = gate
+        workspace = env.workspace(f"egress-docker-{int(socket_on)}")
+        (workspace / "client.py").write_text(_CLIENT)
+        os.chown(workspace, 1000, 1000)
+        sandbox = provider.sandbox_for(
+            Session(session_id=f"bench-{int(socket_on)}", workspace_path=str(workspace))
+        )
+        try:
+            got = (await _run(sandbox, f"python3 client.py get {port}")).split()
+        finally:
+            await provider.aclose()
+        rates.append((how, int(got[0]) / float(got[1]) / 1e6))
+    return rates
 
 
 async def _run(sandbox: Any, command: str) -> str:
