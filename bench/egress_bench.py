@@ -17,8 +17,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import docker
@@ -67,17 +65,24 @@ else:
 """
 
 
-class _File(BaseHTTPRequestHandler):
-    body = os.urandom(1 << 20) * (FILE_BYTES >> 20)
-
-    def do_GET(self) -> None:
+_ORIGIN = """
+import os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+BODY = os.urandom(1 << 20) * int(sys.argv[1])
+class File(BaseHTTPRequestHandler):
+    def do_GET(self):
         self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("Content-Length", str(len(BODY)))
         self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: Any) -> None:
+        self.wfile.write(BODY)
+    def log_message(self, *args):
         pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), File)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+"""The origin, in a process of its own: a remote origin shares no interpreter with the server's
+proxy, and one in the bench's process would take its GIL from the proxy it is measured through."""
 
 
 class _Gate:
@@ -92,9 +97,11 @@ class _Gate:
 
 
 async def measure(env: BenchEnv) -> list[Row]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _File)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
+    origin = subprocess.Popen(
+        [sys.executable, "-c", _ORIGIN, str(FILE_BYTES >> 20)], stdout=subprocess.PIPE, text=True
+    )
+    assert origin.stdout is not None
+    port = int(origin.stdout.readline())
     deny = parse_networks(n for n in DEFAULT_DENY_NETWORKS if n != "127.0.0.0/8")
     policy = EgressPolicy(allow=("127.0.0.1",), ports=(port,), deny_networks=deny, max_bytes=1 << 40)
     provider = LocalSandboxProvider()
@@ -116,7 +123,8 @@ async def measure(env: BenchEnv) -> list[Row]:
         docker_rates = await _docker_rates(env, gate, port) if _docker_answers() else []
     finally:
         await provider.aclose()
-        server.shutdown()
+        origin.kill()
+        origin.wait()
     rate_host = int(host[0]) / float(host[1]) / 1e6
     rate_proxied = int(proxied[0]) / float(proxied[1]) / 1e6
     docker_rows = [
