@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from .processes import Commands
 from .protocol import (
     CHUNK,
+    CONNECT_FAILED,
     MAX_HEADER,
     MAX_PAYLOAD,
     PREFIX,
@@ -359,9 +360,6 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-CONNECT_FAILED = 3
-"""Exit status when ``--connect`` cannot reach the server's socket: the server then starts an
-agent on stdin/stdout instead."""
 SOCKET_BYTES = 1 << 20
 """The send and receive buffers asked for the channel's socket (the kernel caps them)."""
 

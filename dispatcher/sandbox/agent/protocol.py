@@ -63,6 +63,9 @@ from .tunnel_messages import TunnelOpened as TunnelOpened
 from .tunnel_messages import TunnelSend as TunnelSend
 from .tunnel_messages import TunnelWindow as TunnelWindow
 
+CONNECT_FAILED = 3
+"""The agent's exit status when ``--connect`` cannot reach the server's socket (the server then
+attaches an agent through the daemon instead)."""
 PROTOCOL_VERSION = 7
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
 7: tunnel frames carry up to ``TUNNEL_CHUNK`` (256 KiB) and the window differs by direction.

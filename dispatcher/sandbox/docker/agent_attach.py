@@ -22,7 +22,7 @@ from typing import Protocol
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, TUNNEL_PORT
+from dispatcher.sandbox.agent.protocol import CONNECT_FAILED, PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.agent_socket import AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
@@ -35,6 +35,9 @@ from dispatcher.sandbox.tunnels import tunnel_setup
 log = logging.getLogger(__name__)
 
 _MISSING_EXECUTABLE = {126, 127}
+_ALWAYS_FAILS = {CONNECT_FAILED, 2, *_MISSING_EXECUTABLE}
+"""How an agent started with ``--connect`` ends when every later one would too: it cannot connect
+there, predates the option (argparse's status), or cannot run at all."""
 CA_TARGET = "/opt/dispatcher/ca-bundle.crt"
 """Where a tenant's ``egress.ca_bundle`` is mounted (read-only) in its sandboxes."""
 
@@ -53,8 +56,9 @@ async def attach_agent(
 ) -> AgentLink | None:
     """The agent started in a container running as ``user``; None when the image cannot run it
     (the docker exec fallback applies). With a ``listener`` mounted in the container (a fresh runc
-    one, ``agent_socket.py``), it speaks over that socket; if it cannot connect there, ``sockets``
-    is marked unusable and the agent is attached through the daemon instead.
+    one, ``agent_socket.py``), it speaks over that socket; one that ends without connecting is
+    attached through the daemon instead (see ``_connect_agent`` for when ``sockets`` is marked
+    unusable).
 
     Raises:
         ImageUnusable: the image cannot run the agent and ``exec_fallback`` is off.
@@ -62,13 +66,11 @@ async def attach_agent(
     """
     if listener is not None:
         try:
-            link = await _connect_agent(api, config, container_id, user, grant_args, listener)
+            link = await _connect_agent(api, config, container_id, user, grant_args, listener, sockets)
         finally:
             listener.close()
         if link is not None:
             return link
-        if sockets is not None:
-            sockets.usable = False
     return await _attach_agent(api, config, container_id, user, grant_args)
 
 
@@ -100,9 +102,12 @@ async def _connect_agent(
     user: str,
     grant_args: list[str],
     listener: AgentListener,
+    sockets: AgentSockets | None,
 ) -> AgentLink | None:
     """The agent started with ``--connect``, its channel on the accepted socket; None when it
-    ended without connecting (the caller attaches one through the daemon)."""
+    ended without connecting (the caller attaches one through the daemon). If it ended as one
+    always would here (it could not connect, does not know ``--connect``, or cannot run),
+    ``sockets`` is marked unusable: later agents are attached at once."""
     argv = [*_agent_argv(config, grant_args), "--connect", listener.target]
     stream = await _start_exec(api, container_id, user, argv)
     ended = asyncio.ensure_future(_drain(stream.reader))
@@ -118,10 +123,17 @@ async def _connect_agent(
         ended.cancel()
     if conn is None:
         stream.close()
+        info = await api.exec_inspect(stream.exec_id)
+        always = not info.get("Running") and info.get("ExitCode") in _ALWAYS_FAILS
+        if always and sockets is not None:
+            sockets.usable = False
         log.warning(
-            "the sandbox agent could not use the server's socket (%s); agents are attached "
-            "through the Docker daemon from now on",
-            stream.stderr_tail().decode(errors="replace").strip()[-300:] or "it exited",
+            "the sandbox agent could not use the server's socket (%s, exit %s); %s",
+            stream.stderr_tail().decode(errors="replace").strip()[-300:] or "no message",
+            info.get("ExitCode"),
+            "agents are attached through the Docker daemon from now on"
+            if always
+            else "attaching this one through the Docker daemon",
         )
         return None
     loop = asyncio.get_running_loop()

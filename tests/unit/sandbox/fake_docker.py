@@ -77,6 +77,9 @@ class FakeDockerClient:
         """How many ``DIE`` commands still kill their container (later ones just run)."""
         self.agent_runs = True
         """False: the image has no python3, the agent exec exits 127 at once."""
+        self.connect_exits: list[int] = []
+        """The next agents started with ``--connect`` exit with these statuses, in turn, without
+        connecting (3: it could not connect; anything else: it died starting)."""
         self._failures: dict[str, list[BaseException]] = {}
         self._streams: list[EventStream] = []
         self._ids = itertools.count(1)
@@ -308,6 +311,9 @@ class FakeDockerClient:
                 ex.send(STDERR, f"exec: {ex.cmd[0]}: not found\n".encode())
                 ex.finish(127)
             else:
+                if "--connect" in ex.cmd and self.connect_exits:
+                    ex.finish(self.connect_exits.pop(0))
+                    return
                 try:
                     agent = FakeAgent(ex)
                 except ConnectFailed:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.sandbox.agent.agent import CONNECT_FAILED
+from dispatcher.sandbox.agent.protocol import CONNECT_FAILED
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR, SOCKET_NAME, AgentSockets
 

@@ -152,3 +152,32 @@ async def test_without_start_on_create_a_new_session_starts_nothing(rig: Rig) ->
 def _starts() -> list[asyncio.Task[object]]:
     """The background starts of sessions' containers (``session_created`` names them)."""
     return [t for t in asyncio.all_tasks() if t.get_name() == "sandbox-start"]
+
+
+async def test_an_agent_dying_on_its_socket_is_attached_through_the_daemon_this_once(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = rig.provider()
+    rig.fake.connect_exits = [137]  # killed while it started: nothing says the next one will be
+    ran = await run(provider.sandbox_for(rig.session()), "echo hi")
+    assert ran.result.exit_code == 0
+    assert "exit 137); attaching this one through the Docker daemon" in caplog.text
+    assert provider.launcher.sockets is not None and provider.launcher.sockets.usable
+    connects = [ex for ex in rig.fake.execs.values() if "--connect" in ex.cmd]
+    ran = await run(provider.sandbox_for(rig.session("t")), "echo again")
+    assert ran.result.exit_code == 0
+    later = [ex for ex in rig.fake.execs.values() if "--connect" in ex.cmd]
+    assert len(later) == len(connects) + 1 and later[-1].channel is not None  # the socket again
+
+
+async def test_an_agent_that_cannot_connect_turns_the_socket_off(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = rig.provider()
+    rig.fake.connect_exits = [3]
+    assert (await run(provider.sandbox_for(rig.session()), "echo hi")).result.exit_code == 0
+    assert "agents are attached through the Docker daemon from now on" in caplog.text
+    assert provider.launcher.sockets is not None and not provider.launcher.sockets.usable
+    before = len(rig.fake.execs)
+    assert (await run(provider.sandbox_for(rig.session("t")), "echo again")).result.exit_code == 0
+    assert not any("--connect" in ex.cmd for ex in list(rig.fake.execs.values())[before:])
