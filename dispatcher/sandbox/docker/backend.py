@@ -42,6 +42,7 @@ from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.sessions import SessionSandboxes
 from dispatcher.sandbox.docker.watch import SandboxWatch
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
+from dispatcher.sandbox.launch_slots import LaunchSlots
 
 if TYPE_CHECKING:
     pass
@@ -104,7 +105,7 @@ class DockerSandboxProvider(SessionSandboxes):
         """Idle and lifetime retirement, and containers Docker reports dead."""
         # A burst of new sessions on a small machine: launching them all at once makes every agent
         # miss its start deadline; a few at a time makes each one fast.
-        self._launch_slots = asyncio.Semaphore(self.config.max_concurrent_launches)
+        self._launch_slots = LaunchSlots(self.config.max_concurrent_launches)
         self._starting: set[asyncio.Task[None]] = set()
         """Containers started at session creation (``start_on_create``), until they are up."""
         self.clock: Callable[[], float] = time.monotonic
@@ -262,7 +263,7 @@ class DockerSandboxProvider(SessionSandboxes):
             if pooled is not None:
                 stream, channel = pooled.link
                 return LiveContainer(pooled.container_id, stream, channel, started=self.clock())
-        async with self._launch_slots:
+        async with self._launch_slots.take():
             started = time.monotonic()
             try:
                 try:

@@ -38,6 +38,7 @@ from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import LABEL_POOL, WORKSPACE_ROOT
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts, adopt
+from dispatcher.sandbox.launch_slots import LaunchSlots, in_background
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class WarmPool:
         api: DockerAPI,
         slots_dir: str,
         *,
-        launch_slots: asyncio.Semaphore,
+        launch_slots: LaunchSlots,
         observer: Callable[[], SandboxObserver] = lambda: NO_SANDBOX_OBSERVER,
         mounts: SlotMounts | None = None,
     ) -> None:
@@ -287,8 +288,9 @@ class WarmPool:
 
     async def _fill(self, user: str) -> None:
         try:
-            async with self._launch_slots:
-                pooled = await self._make(user)
+            with in_background():  # a call that needs a container goes first
+                async with self._launch_slots.take():
+                    pooled = await self._make(user)
         except asyncio.CancelledError:
             self._filled(user)
             raise

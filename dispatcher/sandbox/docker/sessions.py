@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from dispatcher.core.sandbox_api import ProviderLifecycle
 from dispatcher.core.session import Session, SessionStatus
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.launch_slots import LaunchSlots, in_background
 
 if TYPE_CHECKING:
     from dispatcher.core.calls import SessionState
@@ -31,7 +32,7 @@ class SessionSandboxes(ProviderLifecycle):
     _starting: set[asyncio.Task[None]]
     """Sandboxes started at session creation (``start_on_create``), until they are up."""
     _closed: bool
-    _launch_slots: asyncio.Semaphore
+    _launch_slots: LaunchSlots
     """A few launches (and re-adoptions) at a time: all at once, every agent misses its deadline."""
 
     def session_created(self, session: Session) -> None:
@@ -61,9 +62,11 @@ class SessionSandboxes(ProviderLifecycle):
 
         async def one(sandbox: DockerSandbox) -> None:
             # The slot first, then the sandbox's lock: a call of a session still waiting here
-            # re-attaches its own container at once instead of queueing behind the others.
-            async with self._launch_slots:
-                await sandbox.adopt()
+            # re-attaches its own container at once instead of queueing behind the others, and a
+            # call that needs a new container takes the next slot before any of these.
+            with in_background():
+                async with self._launch_slots.take():
+                    await sandbox.adopt()
 
         await asyncio.gather(*(one(s) for s in waiting), return_exceptions=True)
 
@@ -103,7 +106,8 @@ class SessionSandboxes(ProviderLifecycle):
 
 async def _start(sandbox: DockerSandbox) -> None:
     try:
-        async with sandbox.using():
-            pass
+        with in_background():  # nobody waits for it yet: a call's launch goes first
+            async with sandbox.using():
+                pass
     except Exception as exc:  # the first call tries again and says why
         log.info("starting session %s's sandbox at creation failed: %s", sandbox.session.session_id, exc)

@@ -56,6 +56,7 @@ from dispatcher.sandbox.kubernetes.manifests import (
     network_policy_manifest,
 )
 from dispatcher.sandbox.kubernetes.pods import adoption_problem, created_at, pod_running
+from dispatcher.sandbox.launch_slots import LaunchSlots
 
 if TYPE_CHECKING:
     pass
@@ -80,7 +81,7 @@ class KubernetesSandboxProvider(SessionSandboxes):
         self._reaper: asyncio.Task[None] | None = None
         self._starting: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._launch_slots = asyncio.Semaphore(config.max_concurrent_launches)
+        self._launch_slots = LaunchSlots(config.max_concurrent_launches)
         self._channels: dict[str, AgentChannel] = {}
         """Each attached Pod's agent channel, by Pod name: what ``freeze`` and ``thaw`` talk to."""
         self.clock: Callable[[], float] = time.monotonic
@@ -240,7 +241,7 @@ class KubernetesSandboxProvider(SessionSandboxes):
         Raises:
             SandboxError: the Pod could not be created, did not run, or its agent did not answer.
         """
-        async with self._launch_slots:
+        async with self._launch_slots.take():
             started = time.monotonic()
             try:
                 try:
