@@ -7,7 +7,11 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 
 stamp=.bootstrap-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! "$PY" -c "import dispatcher, grpc, docker, mcp, prometheus_client, opentelemetry.sdk" 2>/dev/null; then
+# Asked from outside the checkout, so an install of another (moved, removed) checkout is seen as
+# such: the `dispatcher` command would import that one, or nothing.
+installed=$(cd / && "$PY" -c "import os, dispatcher, grpc, docker, mcp, prometheus_client, opentelemetry.sdk
+print(os.path.dirname(os.path.dirname(os.path.realpath(dispatcher.__file__))))" 2>/dev/null || true)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$installed" != "$(pwd -P)" ]; then
   # otel: the tracing extra is tested too.
   "$PY" -m pip install -q --disable-pip-version-check -e '.[dev,otel]'
   touch "$stamp"
