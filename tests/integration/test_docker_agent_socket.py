@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.docker.config import SandboxConfig, WarmPoolConfig
 from dispatcher.sandbox.docker.launch import LABEL_SPEC
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.stream import AttachStream, SocketStream
@@ -34,7 +34,7 @@ STRANGER = (
 async def test_a_new_containers_agent_speaks_on_its_socket_and_leaves_nothing(
     make_provider: ProviderFactory, docker_client: docker.DockerClient
 ) -> None:
-    provider = make_provider()
+    provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)))  # its own launch
     sandbox = provider.sandbox_for(make_provider.session())
     assert isinstance(sandbox, DockerSandbox)
     ran = await run(sandbox, f"ls -A {SOCKET_DIR}; test -e {SOCKET_DIR}/agent.sock; echo $?")
@@ -50,6 +50,20 @@ async def test_a_new_containers_agent_speaks_on_its_socket_and_leaves_nothing(
     ran = await run(sandbox, "echo again")
     assert ran.out == "again\n"
     assert sandbox._live is not first and isinstance(sandbox._live.stream, SocketStream)
+
+
+async def test_a_pooled_containers_agent_speaks_on_its_socket_too(make_provider: ProviderFactory) -> None:
+    provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=1)))
+    provider.pool.start()
+    await until(lambda: provider.pool.ready == 1, timeout=60)
+    assert provider.launcher.sockets is not None
+    assert os.listdir(provider.launcher.sockets.root) == []  # full: no agent starting
+    sandbox = provider.sandbox_for(make_provider.session())
+    assert isinstance(sandbox, DockerSandbox)
+    ran = await run(sandbox, f"test -e {SOCKET_DIR}/agent.sock; echo $?")
+    assert ran.out == "1\n"
+    assert sandbox._live is not None and isinstance(sandbox._live.stream, SocketStream)
+    assert provider.pool.owns(sandbox._live.container_id)  # the pooled one, adopted
 
 
 async def test_agent_socket_false_attaches_through_the_daemon(make_provider: ProviderFactory) -> None:
