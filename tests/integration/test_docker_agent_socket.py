@@ -22,6 +22,18 @@ from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
+LURKER = (
+    "import socket, time\n"
+    "while True:\n"
+    "    s = socket.socket(socket.AF_UNIX)\n"
+    "    try:\n"
+    f"        s.connect('{SOCKET_DIR}/agent.sock')\n"
+    "        s.recv(1)\n"
+    "    except OSError:\n"
+    "        time.sleep(0.001)\n"
+    "    s.close()\n"
+)
+"""Left running in the background: connects whenever a socket is there, as fast as it can."""
 STRANGER = (
     "import socket, time\n"
     "s = socket.socket(socket.AF_UNIX)\n"
@@ -41,8 +53,9 @@ async def test_a_new_containers_agent_speaks_on_its_socket_and_leaves_nothing(
     assert ran.result.exit_code == 0, ran.err
     assert ran.out.strip().splitlines()[-1] == "1"  # no socket to connect to once the agent has
     assert sandbox._live is not None and isinstance(sandbox._live.stream, SocketStream)
-    assert provider.launcher.sockets is not None
-    assert os.listdir(provider.launcher.sockets.root) == []  # the directory went with it
+    root = provider.launcher.sockets.root
+    (name,) = os.listdir(root)  # the container's directory, the socket gone from it
+    assert os.listdir(os.path.join(root, name)) == []
     # The agent's end is still seen: killed, its session gets a fresh agent on the next call.
     first = sandbox._live
     agent_signal(docker_client, first.container_id, "KILL")
@@ -50,14 +63,17 @@ async def test_a_new_containers_agent_speaks_on_its_socket_and_leaves_nothing(
     ran = await run(sandbox, "echo again")
     assert ran.out == "again\n"
     assert sandbox._live is not first and isinstance(sandbox._live.stream, SocketStream)
+    await provider.close_session(sandbox.session.session_id)
+    assert os.listdir(root) == []  # each directory went with its container
 
 
 async def test_a_pooled_containers_agent_speaks_on_its_socket_too(make_provider: ProviderFactory) -> None:
     provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=1)))
     provider.pool.start()
     await until(lambda: provider.pool.ready == 1, timeout=60)
-    assert provider.launcher.sockets is not None
-    assert os.listdir(provider.launcher.sockets.root) == []  # full: no agent starting
+    root = provider.launcher.sockets.root
+    (name,) = os.listdir(root)
+    assert os.listdir(os.path.join(root, name)) == []  # full: no agent starting
     sandbox = provider.sandbox_for(make_provider.session())
     assert isinstance(sandbox, DockerSandbox)
     ran = await run(sandbox, f"test -e {SOCKET_DIR}/agent.sock; echo $?")
@@ -115,3 +131,28 @@ async def test_an_agent_that_cannot_connect_is_attached_through_the_daemon(
     assert launcher.listen() is None  # type: ignore[attr-defined]  # later agents: attach at once
     await link[1].close()
     link[0].close()
+
+
+async def test_a_restarted_server_speaks_to_a_readopted_agent_on_its_socket_not_to_a_lurker(
+    make_provider: ProviderFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)))
+    session = make_provider.session()
+    sandbox = first.sandbox_for(session)
+    lurker = f'python3 -c "{LURKER}" >/dev/null 2>&1 &'
+    assert (await run(sandbox, lurker)).result.exit_code == 0
+    container = sandbox.container_id
+    assert container is not None
+    await first.detach_all()  # a graceful stop that keeps the session: the lurker stays
+
+    second = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)), instance=first.instance)
+    second.expect_container(session, container)
+    assert await second.remove_orphans() == 0
+    await second.adopt_all()
+    again = second.sandbox_for(session)
+    assert isinstance(again, DockerSandbox) and again.container_id == container
+    assert again._live is not None and isinstance(again._live.stream, SocketStream)
+    assert (await run(again, "echo same")).out == "same\n"
+    assert "closed a connection to the agent socket from pid" in caplog.text  # the lurker's
+    (name,) = os.listdir(second.launcher.sockets.root)
+    assert os.listdir(os.path.join(second.launcher.sockets.root, name)) == []

@@ -113,7 +113,7 @@ async def _connect_agent(
     ended = asyncio.ensure_future(_drain(stream.reader))
     try:
         async with asyncio.timeout(config.agent_start_timeout):
-            conn = await listener.accept(functools.partial(_exec_pid, api, stream.exec_id), ended)
+            conn = await listener.accept(_ExecPid(api, stream.exec_id), ended)
     except (TimeoutError, OSError, SandboxError) as exc:
         stream.close()
         tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
@@ -146,10 +146,21 @@ async def _connect_agent(
     return await _first_ping(config, direct, AgentChannel(reader, writer, workspace_root=WORKSPACE_ROOT))
 
 
-async def _exec_pid(api: DockerAPI, exec_id: str) -> int:
-    """The exec's process in the host's pid namespace (0 before it started)."""
-    pid = (await api.exec_inspect(exec_id)).get("Pid")
-    return pid if isinstance(pid, int) else 0
+class _ExecPid:
+    """The exec's process in the host's pid namespace (0 before it started): asked of the daemon
+    until it is known, then remembered, so a process that connects again and again (one left
+    running in a re-adopted container) costs the daemon nothing."""
+
+    def __init__(self, api: DockerAPI, exec_id: str) -> None:
+        self._api = api
+        self._exec_id = exec_id
+        self._pid = 0
+
+    async def __call__(self) -> int:
+        if not self._pid:
+            pid = (await self._api.exec_inspect(self._exec_id)).get("Pid")
+            self._pid = pid if isinstance(pid, int) and pid > 0 else 0
+        return self._pid
 
 
 async def _drain(reader: asyncio.StreamReader) -> None:

@@ -8,15 +8,15 @@ The shape, and why it keeps the isolation rules:
   socket lives in a directory of its own (``<state>/run/agent/<random>/``, the parent private to
   the server), bound through the directory's descriptor, so no path a sandbox controls is followed.
 - The directory is mounted read-only at ``SOCKET_DIR``: nothing in the container can replace or add
-  anything there. It exists only while the agent starts: once accepted, the socket and the
-  directory are removed (the container keeps an empty, deleted directory).
+  anything there. The socket exists only while an agent starts (it is removed once one is
+  accepted); the directory lives as long as its container (named by its ``LABEL_AGENT_LINK``), so
+  the agent a restarted server starts in a re-adopted container connects the same way.
 - Only the process the server started is accepted: the peer's pid (``SO_PEERCRED``, in the host's
-  pid namespace) must be the exec's pid as the daemon reports it. Anything else that connects is
-  closed and logged. Only fresh containers use it (a session's, or a warm pool's before any session),
-  so no tenant process exists yet anyway.
-- gVisor cannot reach a host socket; there, on Kubernetes, and in a container re-adopted after a
-  restart (its directory is gone), the agent is attached through the daemon as before
-  (``agent_attach.py``).
+  pid namespace, which no process in the container can choose) must be the exec's pid as the
+  daemon reports it. Anything else that connects (a process left running in a re-adopted
+  container) is closed and logged; the pid is asked of the daemon once, then compared locally.
+- gVisor cannot reach a host socket; there, and on Kubernetes, the agent is attached through the
+  daemon as before (``agent_attach.py``).
 """
 
 from __future__ import annotations
@@ -25,45 +25,53 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import socket
 import stat
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
 
+LABEL_AGENT_LINK = "dispatcher.agent-link"
+"""The container label naming its listener directory (under the server's ``AgentSockets.root``)."""
 SOCKET_DIR = "/opt/dispatcher/link"
 """Where a container sees its listener's directory (read-only)."""
 SOCKET_NAME = "agent.sock"
 SOCKET_BYTES = 1 << 20
 """The send and receive buffers asked for the server's end (the kernel caps them)."""
 _PEERCRED = struct.Struct("3i")
+_NAME = re.compile(r"[0-9a-f]{16}")
 
 
 class AgentListener:
-    """One container's listener: a fresh directory with one socket, until the agent connects."""
+    """The socket in one container's directory, until an agent connects (the directory stays)."""
 
     def __init__(self, root_fd: int, name: str, directory: str) -> None:
         self._root_fd = root_fd
-        self._name = name
+        self.name = name
+        """The directory's name (the container's ``LABEL_AGENT_LINK``)."""
         self.source = directory
         """The directory on the host (mounted into the container)."""
-        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock: socket.socket | None = None
         dir_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
         try:
+            self._sock = sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with contextlib.suppress(FileNotFoundError):  # left by a server that died meanwhile
+                os.unlink(SOCKET_NAME, dir_fd=dir_fd)
             # Through the directory's descriptor: short whatever the state dir's path, and no
             # component of it is looked up again.
-            self._sock.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
+            sock.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
             os.chmod(SOCKET_NAME, 0o666, dir_fd=dir_fd, follow_symlinks=False)
         except BaseException:
             self.close()
             raise
         finally:
             os.close(dir_fd)
-        self._sock.listen(4)
-        self._sock.setblocking(False)
+        sock.listen(4)
+        sock.setblocking(False)
 
     @property
     def mount(self) -> dict[str, Any]:
@@ -120,21 +128,13 @@ class AgentListener:
             self.close()
 
     def close(self) -> None:
-        """Stop listening and remove the socket and its directory (idempotent)."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        try:
-            dir_fd = os.open(self._name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._root_fd)
-        except OSError:
+        """Stop listening and remove the socket (idempotent); the directory is its container's."""
+        if self._sock is None:
             return
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(SOCKET_NAME, dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
+        self._sock.close()
+        self._sock = None
         with contextlib.suppress(OSError):
-            os.rmdir(self._name, dir_fd=self._root_fd)
+            _empty(self._root_fd, self.name)
 
 
 def peer_pid(conn: socket.socket) -> int:
@@ -147,15 +147,29 @@ def peer_pid(conn: socket.socket) -> int:
     return pid
 
 
-class AgentSockets:
-    """Makes listeners under ``root`` (a directory only the server may enter)."""
+def _empty(root_fd: int, name: str) -> None:
+    dir_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
+    try:
+        for entry in os.listdir(dir_fd):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
-    def __init__(self, root: str) -> None:
+
+class AgentSockets:
+    """Makes listeners under ``root`` (a directory only the server may enter), one directory per
+    container, removed with it (``forget``) or, after a crash, by the next start (``sweep``)."""
+
+    def __init__(self, root: str, *, enabled: bool = True) -> None:
         self.root = root
         self._root_fd: int | None = None
-        self.usable = True
-        """False once an agent could not connect (gVisor as the daemon's default runtime, an image
-        whose agent predates ``--connect``): later agents are attached through the daemon."""
+        self.usable = enabled
+        """False when turned off, or once an agent could not connect (gVisor as the daemon's
+        default runtime, an image whose agent predates ``--connect``): agents are attached
+        through the daemon. Directories are still removed with their containers."""
+        self._names: dict[str, str] = {}
+        """Container id -> its directory's name, for the containers this server knows."""
 
     def _open_root(self) -> int:
         if self._root_fd is None:
@@ -171,7 +185,8 @@ class AgentSockets:
         return self._root_fd
 
     def listen(self) -> AgentListener:
-        """A new listener in a new directory (blocking: a few syscalls).
+        """A listener in a new directory, for a container about to be made (blocking: a few
+        syscalls). Tell ``made`` the container's id once it exists.
 
         Raises:
             OSError: the directory or the socket could not be made.
@@ -180,23 +195,60 @@ class AgentSockets:
         name = secrets.token_hex(8)
         os.mkdir(name, 0o711, dir_fd=root_fd)
         os.chmod(name, 0o711, dir_fd=root_fd, follow_symlinks=False)  # whatever the umask
-        return AgentListener(root_fd, name, os.path.join(self.root, name))
+        try:
+            return AgentListener(root_fd, name, os.path.join(self.root, name))
+        except BaseException:
+            os.rmdir(name, dir_fd=root_fd)
+            raise
 
-    def sweep(self) -> None:
-        """Remove what a previous run left (a listener lives only while an agent starts)."""
+    def relisten(self, container_id: str, labels: Mapping[str, str]) -> AgentListener | None:
+        """A listener in the directory of a running container (re-adopted after a restart), named
+        by its label; None when it has none (made without one, or made elsewhere) or it is gone."""
+        name = labels.get(LABEL_AGENT_LINK)
+        if not self.usable or name is None or not _NAME.fullmatch(name):
+            return None
+        try:
+            listener = AgentListener(self._open_root(), name, os.path.join(self.root, name))
+        except OSError:
+            return None
+        self._names[container_id] = name
+        return listener
+
+    def made(self, container_id: str, listener: AgentListener) -> None:
+        """``listener``'s directory is ``container_id``'s: removed with it (``forget``)."""
+        self._names[container_id] = listener.name
+
+    def forget(self, container_id: str) -> None:
+        """The container is removed: remove its directory (blocking; a few syscalls)."""
+        name = self._names.pop(container_id, None)
+        if name is not None and self._root_fd is not None:
+            with contextlib.suppress(OSError):
+                _empty(self._root_fd, name)
+                os.rmdir(name, dir_fd=self._root_fd)
+
+    def discard(self, listener: AgentListener) -> None:
+        """A listener whose container was never made (or is removed already): its directory too."""
+        listener.close()
+        if self._root_fd is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(listener.name, dir_fd=self._root_fd)
+
+    def sweep(self, keep: Iterable[str]) -> None:
+        """Remove every directory but those named in ``keep`` (the labels of this instance's
+        containers that still exist): what containers removed while no server ran left."""
+        kept = set(keep)
+        if self._root_fd is None and not os.path.isdir(self.root):
+            return  # nothing was ever made here
         try:
             root_fd = self._open_root()
             names = os.listdir(root_fd)
         except OSError:
             return
         for name in names:
+            if name in kept:
+                continue
             with contextlib.suppress(OSError):
-                dir_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
-                try:
-                    for entry in os.listdir(dir_fd):
-                        os.unlink(entry, dir_fd=dir_fd)
-                finally:
-                    os.close(dir_fd)
+                _empty(root_fd, name)
                 os.rmdir(name, dir_fd=root_fd)
 
     def close(self) -> None:

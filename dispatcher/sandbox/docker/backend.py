@@ -21,6 +21,7 @@ from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, Sandbox
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
+from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
@@ -158,8 +159,7 @@ class DockerSandboxProvider(SessionSandboxes):
         # Kept containers hold their own mounts of a volume; the next start mounts the same loop
         # device again (``attached_loop``), never a second one.
         await asyncio.get_running_loop().run_in_executor(None, self.volumes.release)
-        if self.launcher.sockets is not None:
-            self.launcher.sockets.close()
+        self.launcher.sockets.close()
         for empty in (self._run_dir, os.path.dirname(self._run_dir)):
             with contextlib.suppress(OSError):
                 os.rmdir(empty)  # only when empty: nothing is staged any more
@@ -221,8 +221,10 @@ class DockerSandboxProvider(SessionSandboxes):
         removed = await sweep_orphans(
             self.api, self.instance, self.config, self._sandboxes, live_session_ids, pooled=self.pool.owns
         )
-        if self.launcher.sockets is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.launcher.sockets.sweep)
+        # Listener directories of containers removed while no server ran (the sweep's included).
+        kept = await self.api.list_by_labels({LABEL_INSTANCE: self.instance, LABEL_AGENT_LINK: None})
+        names = [(c.get("Labels") or {}).get(LABEL_AGENT_LINK, "") for c in kept]
+        await asyncio.get_running_loop().run_in_executor(None, self.launcher.sockets.sweep, names)
         # Filled only now: this start-up sweep removes the previous run's pooled containers.
         self.pool.start()
         return removed
@@ -244,6 +246,7 @@ class DockerSandboxProvider(SessionSandboxes):
 
     async def remove_container(self, container_id: str) -> None:
         await self.api.remove(container_id)
+        self.launcher.sockets.forget(container_id)
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         if self.on_container is not None:
@@ -283,8 +286,17 @@ class DockerSandboxProvider(SessionSandboxes):
         return LiveContainer(container_id, link[0], link[1], started=self.clock())
 
     async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
-        """Attach an agent in a running container (adoption after a restart); see ``ContainerLauncher``."""
-        return await self.launcher.start_agent(container_id, session)
+        """Start an agent in a running container (adoption after a restart): on the socket its
+        listener directory holds, if it has one (``agent_socket.py``); see ``ContainerLauncher``."""
+        listener = None
+        if self.launcher.sockets.usable:
+            labels = (await self.api.inspect(container_id)).get("Config", {}).get("Labels") or {}
+            listener = self.launcher.sockets.relisten(container_id, labels)
+        try:
+            return await self.launcher.start_agent(container_id, session, listener=listener)
+        finally:
+            if listener is not None:
+                listener.close()
 
     async def destroy(self, live: LiveContainer) -> None:
         """Close the agent channel and remove the container; failures are logged, not raised."""
@@ -299,6 +311,7 @@ class DockerSandboxProvider(SessionSandboxes):
             # remove_orphans() on the next start catches what this could not remove.
             log.warning("could not remove container %s: %s", live.container_id[:12], exc)
             return
+        self.launcher.sockets.forget(live.container_id)
         await self.pool.removed(live.container_id)  # an adopted one's slot goes with it
 
     # -- internals -----------------------------------------------------------------------

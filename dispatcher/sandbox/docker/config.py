@@ -190,10 +190,9 @@ class SandboxConfig(Section):
     """Accept an image without python or the agent (the start-up check warns instead of failing):
     shell then runs through one ``docker exec`` per command and the file tools fail."""
     agent_socket: StrictBool = True
-    """On runc, a new container's agent speaks over a unix socket the server listens on (mounted
-    read-only in the container while the agent starts) instead of through the Docker daemon's
-    attach: about 0.15 ms less per agent round trip. gVisor, and a container re-adopted after a
-    restart, always use attach; ``false``: every agent does."""
+    """On runc, a container's agent speaks over a unix socket the server listens on (in a directory
+    of the container's, mounted read-only) instead of through the Docker daemon's attach: about
+    0.1-0.2 ms less per agent round trip. gVisor always uses attach; ``false``: every agent does."""
     agent_start_timeout: Seconds = 30.0
     """Deadline of the agent's first ping, counted once this container's launch has its slot."""
     max_concurrent_launches: PositiveInt = 4

@@ -24,7 +24,7 @@ from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
 from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, has_ca, open_tunnels
-from dispatcher.sandbox.docker.agent_socket import AgentListener, AgentSockets
+from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
@@ -65,17 +65,17 @@ class ContainerLauncher:
         self.can_mount = os.geteuid() == 0
         """mount(2) works: bind the pinned fds; otherwise verify the container's view after start."""
         self._cpu_turn = itertools.count()
-        self.sockets = (
-            AgentSockets(os.path.join(os.path.dirname(run_dir), "agent"))
-            if config.agent_socket and config.runtime in (None, "runc")
-            else None
+        self.sockets = AgentSockets(
+            os.path.join(os.path.dirname(run_dir), "agent"),
+            enabled=config.agent_socket and config.runtime in (None, "runc"),
         )
-        """Where new containers' agents connect (``agent_socket.py``); None: attached through the daemon."""
+        """Where containers' agents connect (``agent_socket.py``); not ``usable``: attached through
+        the daemon."""
 
     def listen(self) -> AgentListener | None:
         """A listener for a new container's agent (blocking); None when it is attached through the
         daemon instead."""
-        if self.sockets is None or not self.sockets.usable:
+        if not self.sockets.usable:
             return None
         try:
             return self.sockets.listen()
@@ -116,17 +116,24 @@ class ContainerLauncher:
             if container_id is not None:
                 with contextlib.suppress(Exception):
                     await self.api.remove(container_id)
+                self.sockets.forget(container_id)
+            elif listener is not None:
+                self.sockets.discard(listener)
             raise
         finally:
             if listener is not None:
                 listener.close()
 
-    def _container_spec(self, session: Session, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    def _container_spec(
+        self, session: Session, mounts: list[dict[str, Any]], listener: AgentListener | None
+    ) -> dict[str, Any]:
         labels = {
             LABEL_SESSION: session.session_id,
             LABEL_TENANT: session.tenant_id,
             LABEL_SPEC: spec_fingerprint(self.config, session),
         }
+        if listener is not None:
+            labels[LABEL_AGENT_LINK] = listener.name
         return self.spec(self.config.user_for(session.sandbox_uid, session.sandbox_gid), labels, mounts)
 
     def spec(self, user: str, labels: dict[str, str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -214,7 +221,7 @@ class ContainerLauncher:
             mounts.append({"Type": "bind", "Source": ca, "Target": CA_TARGET, "ReadOnly": True})
         if listener is not None:
             mounts.append(listener.mount)
-        spec = self._container_spec(session, mounts)
+        spec = self._container_spec(session, mounts, listener)
         name = "-".join(
             (
                 "dispatcher",
@@ -223,7 +230,10 @@ class ContainerLauncher:
                 secrets.token_hex(3),
             )
         )
-        return await self.api.create_container(name, spec)
+        container_id = await self.api.create_container(name, spec)
+        if listener is not None:
+            self.sockets.made(container_id, listener)
+        return container_id
 
     def _owner(self, session: Session) -> tuple[int, int] | None:
         """uid/gid that directories the server makes for the sandbox are handed to."""

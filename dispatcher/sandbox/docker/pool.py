@@ -34,6 +34,7 @@ from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
+from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import LABEL_POOL, WORKSPACE_ROOT
 from dispatcher.sandbox.docker.launch import ContainerLauncher
@@ -205,6 +206,7 @@ class WarmPool:
         pooled.link[0].close()
         with contextlib.suppress(Exception):
             await self.api.remove(pooled.container_id)
+        self.launcher.sockets.forget(pooled.container_id)
         self._adopted.pop(pooled.container_id, None)
         await asyncio.get_running_loop().run_in_executor(None, self.mounts.release, pooled.slot)
 
@@ -334,11 +336,15 @@ class WarmPool:
                     "BindOptions": {"Propagation": "rslave"},
                 }
             ]
+            labels = {LABEL_POOL: "1"}
             if listener is not None:
                 mounts.append(listener.mount)
-            spec = self.launcher.spec(user, {LABEL_POOL: "1"}, mounts)
+                labels[LABEL_AGENT_LINK] = listener.name
+            spec = self.launcher.spec(user, labels, mounts)
             name = f"dispatcher-{self.launcher.instance[:12]}-pool-{secrets.token_hex(4)}"
             container_id = await self.api.create_container(name, spec)
+            if listener is not None:
+                self.launcher.sockets.made(container_id, listener)
             await self.api.start(container_id)
             link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
             if link is None:
@@ -348,6 +354,9 @@ class WarmPool:
             if container_id is not None:
                 with contextlib.suppress(Exception):
                     await self.api.remove(container_id)
+                self.launcher.sockets.forget(container_id)
+            elif listener is not None:
+                self.launcher.sockets.discard(listener)
             await loop.run_in_executor(None, self.mounts.release, slot)
             raise
         finally:

@@ -15,7 +15,7 @@ import pytest
 
 from dispatcher.sandbox.agent.protocol import CONNECT_FAILED
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR, SOCKET_NAME, AgentSockets
+from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, SOCKET_DIR, SOCKET_NAME, AgentSockets
 
 REPO = Path(__file__).resolve().parents[3]
 AGENT_DIR = REPO / "dispatcher" / "sandbox" / "agent"
@@ -72,6 +72,10 @@ async def test_only_the_expected_process_is_accepted_and_nothing_is_left(
                 proc.kill()
                 proc.wait()
     assert f"from pid {stranger.pid} (expected the agent, pid {agent.pid})" in caplog.text
+    # The socket is gone; the directory stays with its container, and goes with it.
+    assert os.listdir(sockets.root) == [listener.name] and os.listdir(listener.source) == []
+    sockets.made("c1", listener)
+    sockets.forget("c1")
     assert os.listdir(sockets.root) == []
     sockets.close()
     assert not os.path.exists(sockets.root)
@@ -83,7 +87,10 @@ async def test_a_process_that_ends_without_connecting_gives_none(tmp_path: Path)
     ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ended.set_result(None)
     assert await listener.accept(_pid(os.getpid()), ended) is None
+    assert os.listdir(listener.source) == []  # no socket left to connect to
+    sockets.discard(listener)  # its container was never made
     assert os.listdir(sockets.root) == []
+    sockets.close()
 
 
 def test_a_long_state_path_still_binds_and_leftovers_are_swept(tmp_path: Path) -> None:
@@ -91,15 +98,45 @@ def test_a_long_state_path_still_binds_and_leftovers_are_swept(tmp_path: Path) -
     sockets = AgentSockets(str(deep))
     listener = sockets.listen()
     assert stat.S_ISSOCK(os.stat(os.path.join(listener.source, SOCKET_NAME)).st_mode)
-    listener.close()
+    sockets.discard(listener)
     sockets.close()
     crashed = deep / "0123456789abcdef"  # what a server killed while an agent started leaves
     crashed.mkdir(parents=True)
     (crashed / SOCKET_NAME).write_bytes(b"")
+    alive = deep / "fedcba9876543210"  # a container that still exists names this one
+    alive.mkdir()
     again = AgentSockets(str(deep))  # the next run of the server
-    again.sweep()
-    assert os.listdir(deep) == []
+    again.sweep(["fedcba9876543210"])
+    assert os.listdir(deep) == ["fedcba9876543210"]
     again.close()
+
+
+async def test_a_restarted_server_listens_again_in_a_containers_directory(tmp_path: Path) -> None:
+    first = AgentSockets(str(tmp_path / "agent"))
+    made = first.listen()
+    made.close()  # its agent came and went (the server stopped)
+    first.close()
+    second = AgentSockets(str(tmp_path / "agent"))
+    assert second.relisten("c1", {}) is None  # made without a directory
+    assert second.relisten("c1", {LABEL_AGENT_LINK: "../../etc"}) is None  # never a path
+    assert second.relisten("c1", {LABEL_AGENT_LINK: "0" * 16}) is None  # gone
+    listener = second.relisten("c1", {LABEL_AGENT_LINK: made.name})
+    assert listener is not None and listener.source == made.source
+    agent = _connector(os.path.join(listener.source, SOCKET_NAME))
+    ended = asyncio.ensure_future(_never())
+    try:
+        conn = await asyncio.wait_for(listener.accept(_pid(agent.pid), ended), 10)
+        assert conn is not None
+        conn.close()
+    finally:
+        ended.cancel()
+        agent.kill()
+        agent.wait()
+    second.forget("c1")
+    assert os.listdir(second.root) == []
+    disabled = AgentSockets(str(tmp_path / "agent"), enabled=False)
+    assert disabled.relisten("c1", {LABEL_AGENT_LINK: made.name}) is None
+    second.close()
 
 
 def test_a_root_open_to_others_is_made_private(tmp_path: Path) -> None:
@@ -107,7 +144,7 @@ def test_a_root_open_to_others_is_made_private(tmp_path: Path) -> None:
     root.mkdir(mode=0o777)
     os.chmod(root, 0o777)
     sockets = AgentSockets(str(root))
-    sockets.listen().close()
+    sockets.discard(sockets.listen())
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
     sockets.close()
 
