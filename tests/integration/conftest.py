@@ -115,9 +115,9 @@ class ProviderFactory:
             for container in containers_of(self.client, provider.instance):
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     container.remove(force=True)
-            # Removed behind the provider's back (kept for a restart that never came): their
-            # agents' listener directories are what the next start's sweep would remove.
-            provider.launcher.sockets.sweep(())
+                # Removed behind the provider's back (kept for a restart that never came).
+                provider.launcher.sockets.forget(container.id)
+            provider.launcher.sockets.sweep()  # as the next start would
             provider.launcher.sockets.close()
             with contextlib.suppress(OSError):  # the instance's directory, once empty
                 os.rmdir(os.path.dirname(provider.launcher.sockets.root))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import docker
@@ -89,6 +90,8 @@ async def test_orphans_of_a_crashed_server_are_removed_by_the_next_one(
     assert survivor.labels[LABEL_SESSION] == kept.session_id
     assert await restarted.remove_orphans() == 1
     assert containers_of(docker_client, instance) == []
+    # The agents' listener directories went with their containers.
+    assert os.listdir(restarted.launcher.sockets.root) == []
     assert len(containers_of(docker_client, neighbour.instance)) == 1  # never touched
 
 

@@ -30,7 +30,7 @@ import secrets
 import socket
 import stat
 import struct
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -201,18 +201,22 @@ class AgentSockets:
             os.rmdir(name, dir_fd=root_fd)
             raise
 
-    def relisten(self, container_id: str, labels: Mapping[str, str]) -> AgentListener | None:
-        """A listener in the directory of a running container (re-adopted after a restart), named
-        by its label; None when it has none (made without one, or made elsewhere) or it is gone."""
-        name = labels.get(LABEL_AGENT_LINK)
-        if not self.usable or name is None or not _NAME.fullmatch(name):
+    def known(self, container_id: str, name: str | None) -> None:
+        """A container a previous run made is kept (the start-up sweep): ``name`` is its
+        ``LABEL_AGENT_LINK`` (None: it has none), which only the server sets."""
+        if name is not None and _NAME.fullmatch(name):
+            self._names[container_id] = name
+
+    def relisten(self, container_id: str) -> AgentListener | None:
+        """A listener in the directory of a running container (re-adopted after a restart); None
+        when it has none (made without one) or the directory is gone."""
+        name = self._names.get(container_id)
+        if not self.usable or name is None:
             return None
         try:
-            listener = AgentListener(self._open_root(), name, os.path.join(self.root, name))
+            return AgentListener(self._open_root(), name, os.path.join(self.root, name))
         except OSError:
             return None
-        self._names[container_id] = name
-        return listener
 
     def made(self, container_id: str, listener: AgentListener) -> None:
         """``listener``'s directory is ``container_id``'s: removed with it (``forget``)."""
@@ -233,10 +237,10 @@ class AgentSockets:
             with contextlib.suppress(OSError):
                 os.rmdir(listener.name, dir_fd=self._root_fd)
 
-    def sweep(self, keep: Iterable[str]) -> None:
-        """Remove every directory but those named in ``keep`` (the labels of this instance's
-        containers that still exist): what containers removed while no server ran left."""
-        kept = set(keep)
+    def sweep(self) -> None:
+        """Remove every directory no container this server knows names (``made``, ``known``):
+        what containers removed while no server ran left."""
+        kept = set(self._names.values())
         if self._root_fd is None and not os.path.isdir(self.root):
             return  # nothing was ever made here
         try:

@@ -218,13 +218,19 @@ class DockerSandboxProvider(SessionSandboxes):
         A session expecting to re-adopt a container (``expect_container``) keeps exactly that
         one, if its labels match and it runs; otherwise it learns why it will get a fresh one.
         """
+        sockets = self.launcher.sockets
         removed = await sweep_orphans(
-            self.api, self.instance, self.config, self._sandboxes, live_session_ids, pooled=self.pool.owns
+            self.api,
+            self.instance,
+            self.config,
+            self._sandboxes,
+            live_session_ids,
+            pooled=self.pool.owns,
+            kept=lambda c: sockets.known(c["Id"], (c.get("Labels") or {}).get(LABEL_AGENT_LINK)),
+            gone=sockets.forget,
         )
         # Listener directories of containers removed while no server ran (the sweep's included).
-        kept = await self.api.list_by_labels({LABEL_INSTANCE: self.instance, LABEL_AGENT_LINK: None})
-        names = [(c.get("Labels") or {}).get(LABEL_AGENT_LINK, "") for c in kept]
-        await asyncio.get_running_loop().run_in_executor(None, self.launcher.sockets.sweep, names)
+        await asyncio.get_running_loop().run_in_executor(None, sockets.sweep)
         # Filled only now: this start-up sweep removes the previous run's pooled containers.
         self.pool.start()
         return removed
@@ -288,10 +294,7 @@ class DockerSandboxProvider(SessionSandboxes):
     async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
         """Start an agent in a running container (adoption after a restart): on the socket its
         listener directory holds, if it has one (``agent_socket.py``); see ``ContainerLauncher``."""
-        listener = None
-        if self.launcher.sockets.usable:
-            labels = (await self.api.inspect(container_id)).get("Config", {}).get("Labels") or {}
-            listener = self.launcher.sockets.relisten(container_id, labels)
+        listener = self.launcher.sockets.relisten(container_id)
         try:
             return await self.launcher.start_agent(container_id, session, listener=listener)
         finally:

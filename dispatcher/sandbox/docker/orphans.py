@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
 from dispatcher.sandbox.docker.client import DockerAPI
@@ -32,10 +32,13 @@ async def sweep_orphans(
     live_session_ids: Iterable[str],
     *,
     pooled: Callable[[str], bool],
+    kept: Callable[[Mapping[str, Any]], None] = lambda container: None,
+    gone: Callable[[str], None] = lambda container_id: None,
 ) -> int:
     """Remove the instance's containers that no session in ``sandboxes`` or ``live_session_ids``
-    owns and ``pooled`` does not claim; tell each expecting sandbox whether it may adopt its own.
-    Returns how many were removed."""
+    owns and ``pooled`` does not claim; tell each expecting sandbox whether it may adopt its own,
+    ``kept`` each container left (as listed, labels included) and ``gone`` the id of each one
+    removed. Returns how many were removed."""
     expected = {s.adopting: s for s in sandboxes.values() if s.adopting}
     adopting = {s.session.session_id for s in expected.values()}
     # Every other session with a handle counts as live, even one whose container is being created.
@@ -49,12 +52,15 @@ async def sweep_orphans(
             problem = adoption_problem(container, sandbox.session, instance, config)
             if problem is None:
                 sandbox.adoptable(float(container.get("Created") or time.time()))
+                kept(container)
                 continue
             sandbox.adoption_failed(problem)
         elif container["Id"] in owned or labels.get(LABEL_SESSION) in live or pooled(container["Id"]):
+            kept(container)
             continue
         if await api.remove(container["Id"]):
             removed += 1
+        gone(container["Id"])
     for sandbox in expected.values():
         sandbox.adoption_failed(GONE)
     if removed:

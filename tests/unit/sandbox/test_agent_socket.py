@@ -15,7 +15,7 @@ import pytest
 
 from dispatcher.sandbox.agent.protocol import CONNECT_FAILED
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, SOCKET_DIR, SOCKET_NAME, AgentSockets
+from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR, SOCKET_NAME, AgentSockets
 
 REPO = Path(__file__).resolve().parents[3]
 AGENT_DIR = REPO / "dispatcher" / "sandbox" / "agent"
@@ -106,7 +106,9 @@ def test_a_long_state_path_still_binds_and_leftovers_are_swept(tmp_path: Path) -
     alive = deep / "fedcba9876543210"  # a container that still exists names this one
     alive.mkdir()
     again = AgentSockets(str(deep))  # the next run of the server
-    again.sweep(["fedcba9876543210"])
+    again.known("c1", "fedcba9876543210")  # a container that still exists, as listed
+    again.known("c2", "../../etc")  # never a path: not a name the server gives
+    again.sweep()
     assert os.listdir(deep) == ["fedcba9876543210"]
     again.close()
 
@@ -117,10 +119,13 @@ async def test_a_restarted_server_listens_again_in_a_containers_directory(tmp_pa
     made.close()  # its agent came and went (the server stopped)
     first.close()
     second = AgentSockets(str(tmp_path / "agent"))
-    assert second.relisten("c1", {}) is None  # made without a directory
-    assert second.relisten("c1", {LABEL_AGENT_LINK: "../../etc"}) is None  # never a path
-    assert second.relisten("c1", {LABEL_AGENT_LINK: "0" * 16}) is None  # gone
-    listener = second.relisten("c1", {LABEL_AGENT_LINK: made.name})
+    assert second.relisten("c1") is None  # not listed with a directory (made without one)
+    second.known("c1", "../../etc")  # never a path
+    assert second.relisten("c1") is None
+    second.known("c1", "0" * 16)  # gone
+    assert second.relisten("c1") is None
+    second.known("c1", made.name)
+    listener = second.relisten("c1")
     assert listener is not None and listener.source == made.source
     agent = _connector(os.path.join(listener.source, SOCKET_NAME))
     ended = asyncio.ensure_future(_never())
@@ -135,7 +140,8 @@ async def test_a_restarted_server_listens_again_in_a_containers_directory(tmp_pa
     second.forget("c1")
     assert os.listdir(second.root) == []
     disabled = AgentSockets(str(tmp_path / "agent"), enabled=False)
-    assert disabled.relisten("c1", {LABEL_AGENT_LINK: made.name}) is None
+    disabled.known("c1", made.name)
+    assert disabled.relisten("c1") is None
     second.close()
 
 
