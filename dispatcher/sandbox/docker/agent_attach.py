@@ -136,12 +136,7 @@ async def _connect_agent(
             else "attaching this one through the Docker daemon",
         )
         return None
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READER_LIMIT, loop=loop)
-    protocol = asyncio.StreamReaderProtocol(reader)
-    conn.setblocking(False)
-    transport, _ = await loop.create_connection(lambda: protocol, sock=conn)
-    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    reader, writer = await asyncio.open_unix_connection(sock=conn, limit=READER_LIMIT)
     direct = SocketStream(reader, writer, stream)
     return await _first_ping(config, direct, AgentChannel(reader, writer, workspace_root=WORKSPACE_ROOT))
 

@@ -99,6 +99,7 @@ class AgentListener:
         """
         assert self._sock is not None
         loop = asyncio.get_running_loop()
+        refused = 0
         try:
             while True:
                 accepting = asyncio.ensure_future(loop.sock_accept(self._sock))
@@ -118,14 +119,18 @@ class AgentListener:
                         with contextlib.suppress(OSError):
                             conn.setsockopt(socket.SOL_SOCKET, option, SOCKET_BYTES)
                     return conn
-                log.warning(
-                    "closed a connection to the agent socket from pid %s (expected the agent, pid %s)",
-                    peer,
-                    expected,
-                )
+                if not refused:  # one line, however often a process retries
+                    log.warning(
+                        "closed a connection to the agent socket from pid %s (expected the agent, pid %s)",
+                        peer,
+                        expected,
+                    )
+                refused += 1
                 conn.close()
         finally:
             self.close()
+            if refused > 1:
+                log.warning("closed %d connections to the agent socket in all", refused)
 
     def close(self) -> None:
         """Stop listening and remove the socket (idempotent); the directory is its container's."""
