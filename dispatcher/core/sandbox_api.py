@@ -253,6 +253,13 @@ class SandboxProvider(Protocol):
         ...
 
 
+class SandboxIds(Protocol):
+    """What the session manager asks a backend when it opens a session (``ProviderLifecycle``)."""
+
+    def reserve_session_id(self, session: Session) -> str | None: ...
+    def release_session_id(self, session_id: str) -> None: ...
+
+
 class ProviderLifecycle:
     """What a server does with its sandbox backend besides handing out sandboxes: checks and
     sweeps at start, giving containers back after a restart, letting go at a stop that keeps the
@@ -286,6 +293,18 @@ class ProviderLifecycle:
 
     def expect_container(self, session: Session, container_id: str) -> None:
         """A restarted server gives ``session`` back: keep and re-adopt its stored container."""
+
+    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
+        """The configured tenants (id -> the uid, gid their sandboxes run as; None: the backend's
+        user), in the config's order, for work a backend does ahead of their sessions."""
+
+    def reserve_session_id(self, session: Session) -> str | None:
+        """The id a new session (not yet open; its id a placeholder) should take instead, so that
+        it gets a sandbox made ahead for that id (a warm pool's); None: keep its own."""
+        return None
+
+    def release_session_id(self, session_id: str) -> None:
+        """A reserved id's session was never opened: let what was kept for it go."""
 
     def session_created(self, session: Session) -> None:
         """A new session was opened: a backend may start its sandbox now, in the background, so
@@ -331,6 +350,9 @@ class ServedProvider(SandboxProvider, Protocol):
     async def prepare_tenants(self, roots: Mapping[str, str]) -> None: ...
     async def remove_orphans(self) -> int: ...
     def expect_container(self, session: Session, container_id: str) -> None: ...
+    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None: ...
+    def reserve_session_id(self, session: Session) -> str | None: ...
+    def release_session_id(self, session_id: str) -> None: ...
     def session_created(self, session: Session) -> None: ...
     async def adopt_all(self) -> None: ...
     async def detach_all(self) -> None: ...

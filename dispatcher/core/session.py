@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -63,3 +64,8 @@ class Session:
     """Host uid the session's sandbox runs as (None: the provider's configured user)."""
     sandbox_gid: int | None = None
     """Host gid the session's sandbox runs as (None: the provider's configured group)."""
+
+
+def new_session_id() -> str:
+    """A new session's id: unguessable, made by the server (or by a warm pool ahead of it)."""
+    return f"ses_{secrets.token_hex(12)}"

@@ -157,6 +157,7 @@ class DispatcherServer:
             listeners=(self.egress, provider, self.mcp, *self.observability.session_listeners),
             lifetime=Lifetime(life.ttl_seconds, life.idle_timeout_seconds, OnExpire(life.on_expire)),
             queue_observer=metrics.queue_wait.observe if metrics is not None else None,
+            sandbox_ids=provider,
         )
         dispatcher.lifecycle.warn_before = life.expiring_notice_seconds
         dispatcher.lifecycle.on_change = self.persistence.clock_changed
@@ -234,6 +235,9 @@ class DispatcherServer:
         await self.provider.check_ready()  # fail at start, clearly, not on the first tool call
         # Disk quotas, before CreateSession makes any workspace.
         await self.provider.prepare_tenants({t.tenant_id: str(t.workspace_root) for t in self.config.tenants})
+        # Who the sandboxes of each will run as (a warm pool makes containers for them).
+        ids = (self.tenants.get(t.tenant_id) for t in self.config.tenants)
+        self.provider.expect_tenants({t.tenant_id: (t.uid, t.gid) for t in ids})
         self._restore_sessions()  # after the quota volumes are mounted: workspaces live there
         await self.provider.remove_orphans()  # containers left by a previous run, but those re-adopted
         # Re-attach the agents in the background; a first call waits for its own.

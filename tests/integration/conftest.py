@@ -10,6 +10,7 @@ otherwise those tests are skipped with the reason.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import uuid
@@ -30,6 +31,7 @@ from tests.integration.helpers import containers_of
 RUN_ID = uuid.uuid4().hex[:8]
 INSTANCE_PREFIX = f"pytest-{RUN_ID}"
 BUSYBOX_IMAGE = "dispatcher-busybox:latest"
+DEFAULT_TENANT = "tenant-a"
 SANDBOX_IDS = (1000, 1000)
 """The default ``sandbox.user``: the owner of the workspaces tests make by hand."""
 _counter = itertools.count()
@@ -96,17 +98,25 @@ class ProviderFactory:
         provider = DockerSandboxProvider(config, instance=instance or self.new_instance())
         self.providers.append(provider)
         if pool:
+            provider.pool.expect_tenants({DEFAULT_TENANT: (None, None)})
             with contextlib.suppress(RuntimeError):  # made outside a loop: no pool for it
                 provider.pool.start()
         return provider
 
-    def session(self, name: str = "s", *, tenant: str = "tenant-a") -> Session:
+    def session(self, name: str = "s", *, tenant: str = DEFAULT_TENANT) -> Session:
+        """A new session; named, as the session manager names one, after a container the latest
+        provider's warm pool made for it, when it has one (a pooled container carries its
+        session's label from the start, so only the session with that id adopts it)."""
         session_id = f"{name}-{uuid.uuid4().hex[:8]}"
         workspace = self.workspaces / session_id
         workspace.mkdir(parents=True)
         # A developer's workspace belongs to the sandbox user (1000); the server re-owns nothing.
         os.chown(workspace, SANDBOX_IDS[0], SANDBOX_IDS[1])
-        return Session(session_id=session_id, workspace_path=str(workspace), tenant_id=tenant)
+        session = Session(session_id=session_id, workspace_path=str(workspace), tenant_id=tenant)
+        pooled = [p for p in self.providers if p.pool.size > 0]
+        if pooled and (reserved := pooled[-1].reserve_session_id(session)) is not None:
+            return dataclasses.replace(session, session_id=reserved)
+        return session
 
     async def cleanup(self) -> None:
         for provider in self.providers:

@@ -13,7 +13,7 @@ import pytest
 
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import LABEL_POOL, SandboxConfig, WarmPoolConfig
-from tests.integration.conftest import ProviderFactory
+from tests.integration.conftest import DEFAULT_TENANT, ProviderFactory
 from tests.integration.helpers import containers_of, run
 
 pytestmark = [
@@ -31,6 +31,7 @@ async def _filled(provider: DockerSandboxProvider, n: int, timeout: float = 60.0
 
 def _pooled(make_provider: ProviderFactory, size: int) -> DockerSandboxProvider:
     provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=size), workspace_quota=None))
+    provider.pool.expect_tenants({DEFAULT_TENANT: (None, None)})
     provider.pool.start()
     return provider
 

@@ -19,7 +19,13 @@ from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
+from dispatcher.sandbox.docker.config import (
+    LABEL_INSTANCE,
+    LABEL_POOL,
+    LABEL_SESSION,
+    LABEL_TENANT,
+    SandboxConfig,
+)
 from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
@@ -57,6 +63,8 @@ def adoption_problem(
     expected = {LABEL_INSTANCE: instance, LABEL_SESSION: session.session_id, LABEL_TENANT: session.tenant_id}
     if any(labels.get(k) != v for k, v in expected.items()):
         return "its container's labels no longer matched the session after the server restarted"
+    if labels.get(LABEL_POOL):
+        return "its container came from the warm pool, whose workspace mounts end with the server"
     if labels.get(LABEL_SPEC) != spec_fingerprint(config, session):
         return (
             "the sandbox configuration (image, limits, user, workspace or grants) changed across the restart"

@@ -137,8 +137,23 @@ class DockerSandboxProvider(SessionSandboxes):
         self._watch.start()
         return sandbox
 
+    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
+        """The warm pool is shared among these tenants until their sessions say otherwise."""
+        self.pool.expect_tenants(tenants)
+
+    def reserve_session_id(self, session: Session) -> str | None:
+        """With ``start_on_create``, the id of a warm pool's container for the new session (made
+        with its labels): the session adopts it as it starts (``pool.py``)."""
+        if not self.config.start_on_create or self._closed:
+            return None  # a reserved container would wait for the first call, unused
+        return self.pool.reserve(session)
+
+    def release_session_id(self, session_id: str) -> None:
+        self.pool.release(session_id)
+
     async def close_session(self, session_id: str) -> None:
         """Remove the session's container (and any stray one with its labels); the workspace stays."""
+        self.pool.release(session_id)  # reserved and not yet taken: removed, never pooled again
         sandbox = self._sandboxes.pop(session_id, None)
         if sandbox is not None:
             await sandbox.close()

@@ -222,18 +222,17 @@ class ContainerLauncher:
         if listener is not None:
             mounts.append(listener.mount)
         spec = self._container_spec(session, mounts, listener)
-        name = "-".join(
-            (
-                "dispatcher",
-                self.instance[:12],
-                NAME_UNSAFE.sub("_", session.session_id)[:40],
-                secrets.token_hex(3),
-            )
-        )
-        container_id = await self.api.create_container(name, spec)
+        container_id = await self.api.create_container(self.container_name(session.session_id), spec)
         if listener is not None:
             self.sockets.made(container_id, listener)
         return container_id
+
+    def container_name(self, session_id: str) -> str:
+        """A new container's name for the session (a warm pool's names its own after the session
+        it is made for): unique, and readable in ``docker ps``."""
+        return "-".join(
+            ("dispatcher", self.instance[:12], NAME_UNSAFE.sub("_", session_id)[:40], secrets.token_hex(3))
+        )
 
     def _owner(self, session: Session) -> tuple[int, int] | None:
         """uid/gid that directories the server makes for the sandbox are handed to."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, SandboxConfig
+from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, SandboxConfig
 
 if TYPE_CHECKING:
     from dispatcher.sandbox.docker.sandbox import DockerSandbox
@@ -55,7 +55,12 @@ async def sweep_orphans(
                 kept(container)
                 continue
             sandbox.adoption_failed(problem)
-        elif container["Id"] in owned or labels.get(LABEL_SESSION) in live or pooled(container["Id"]):
+        elif (
+            container["Id"] in owned
+            or pooled(container["Id"])
+            # A pooled one is a live session's only while the pool or the session holds it.
+            or (labels.get(LABEL_SESSION) in live and not labels.get(LABEL_POOL))
+        ):
             kept(container)
             continue
         if await api.remove(container["Id"]):

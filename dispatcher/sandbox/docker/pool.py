@@ -5,18 +5,28 @@ by its agent (``pool_adopt.py``). Nothing of any session ran in a pooled contain
 adopted container leaves the pool for good: it is removed with its session (or its idle expiry),
 never pooled again.
 
-Keys: a container runs as one uid:gid for its whole life (its agent too), and with per-tenant uids
-each tenant's sandboxes run as the tenant's own ids; so the pool is kept per sandbox user. The
-``size`` is shared by all users: the pool keeps containers for the users that asked most recently
-(the config's ``user`` from the start). Setting the uid at adoption instead would mean starting the
-agent at adoption (tens of ms of Python start-up), which is what the pool is for.
-
 Used only where it can keep these rules: runc (gVisor does not show host mounts made later), the
 server as root (mount(2)), sessions without fs grants (their view is several mounts) and without
 an egress CA bundle (mounted at creation); the session's egress listener is opened at adoption.
-Other sessions launch as before. Pooled containers belong to no tenant (no quota counts them), carry
-``dispatcher.pool`` and no session label (a restarted server removes them as orphans), are
-refilled in the background up to ``size`` and never past it, and are removed at shutdown.
+Other sessions launch as before. Pooled containers count towards no tenant's quota, are refilled
+in the background up to ``size`` and never past it, and are removed at shutdown.
+
+Labels: Docker fixes a container's labels when it is created, and a session's container carries
+its session's and tenant's (operators find it by them; the start-up sweep keeps it by them). So
+a pooled container is made *for* a session id not yet handed out, and a tenant: ``reserve`` gives a
+new session of that tenant the id of a waiting container (or of one being made), and that
+session, and only that one, adopts it (``take``). A session without a reservation (its id made
+elsewhere) never adopts one: it launches its own. A reserved container whose session closes
+before taking it is removed, never given to another. Pooled containers also carry
+``dispatcher.pool``: their workspace mount ends with the server, so a restarted server removes
+them as orphans, adopted or not, and those sessions get fresh containers.
+
+Keys: the pool is kept per (tenant, sandbox user): a container runs as one uid:gid for its whole
+life (its agent too), and with per-tenant uids each tenant's sandboxes run as its own ids. Setting
+the uid at adoption instead would mean starting the agent at adoption (tens of ms of Python
+start-up), which is what the pool is for. The ``size`` is shared: before any session asks, among
+the configured tenants (the config's ``user``); then among the keys of the latest ``size`` asks,
+in proportion.
 """
 
 from __future__ import annotations
@@ -24,31 +34,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.session import Session, new_session_id
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import LABEL_POOL, WORKSPACE_ROOT
+from dispatcher.sandbox.docker.config import LABEL_POOL, LABEL_SESSION, LABEL_TENANT, WORKSPACE_ROOT
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts, adopt
 from dispatcher.sandbox.launch_slots import LaunchSlots, in_background
 
 log = logging.getLogger(__name__)
 
+DEMAND_WINDOW = 16
+"""The size is shared among the keys of at least this many latest asks (4 x size if larger): a
+tenant's share follows its part of recent new sessions, without one ask evicting another's."""
 FILLS_AT_ONCE = 1
 """Containers the pool makes at once: making one costs a few hundred ms of dockerd, containerd and
 runc CPU, which sessions being adopted (and every running call) need more; refilling one at a time
 leaves the other launch slots to sessions that launch their own."""
 RETRY_SECONDS = 5.0
 """After a failed fill, how long the pool waits before trying again (a missing image, a full disk)."""
+
+
+Key = tuple[str, str]
+"""(tenant id, sandbox ``uid:gid``): whom a pooled container is made for."""
 
 
 @dataclass(slots=True)
@@ -58,11 +75,18 @@ class Pooled:
     container_id: str
     link: AgentLink
     slot: str
-    user: str
+    key: Key
+    session_id: str
+    """The session it is labelled for: the one that reserves it, or none (removed unused)."""
+
+
+_MAKING = None
+"""A claim whose container is still being made."""
 
 
 class WarmPool:
-    """Keeps ``size`` containers ready; ``take`` hands one to a session, or None (launch as usual)."""
+    """Keeps ``size`` containers ready; ``reserve`` names a new session after one, ``take`` hands
+    it to that session (or None: launch as usual)."""
 
     def __init__(
         self,
@@ -82,14 +106,15 @@ class WarmPool:
         self._launch_slots = launch_slots
         self._observer = observer
         self.mounts = mounts or SlotMounts(lambda: launcher.can_mount)
-        self._ready: dict[str, deque[Pooled]] = {}
-        self._filling = 0
-        self._filling_for: dict[str, int] = {}  # user -> containers being made for it
+        self._ready: dict[Key, deque[Pooled]] = {}  # waiting, reserved by no session yet
+        self._making: dict[str, Key] = {}  # session id -> key of each container being made
+        self._claims: dict[str, Pooled | None] = {}  # reserved: session id -> its container
+        self._dropped: set[str] = set()  # reserved while being made, then released: remove
         self._arrived = asyncio.Event()  # set whenever a fill ends (ready, or failed)
-        self._waiting: dict[str, int] = {}  # user -> sessions waiting for one under way
-        # The users of the latest takes: the pool's containers are shared among them in
-        # proportion (before any, all are the config's user's).
-        self._demand: deque[str] = deque(maxlen=max(1, self.size))
+        # The keys of the latest asks, oldest first: the pool's containers are shared among them
+        # in proportion. Until there are that many, the configured tenants (as the config's user)
+        # stand in for them, so one ask moves one share, not the whole pool.
+        self._demand: deque[Key] = deque(maxlen=max(DEMAND_WINDOW, 4 * self.size))
         self._adopted: dict[str, str] = {}  # container id -> slot, until the container is removed
         self._started = False
         self._retry: asyncio.TimerHandle | None = None
@@ -100,7 +125,7 @@ class WarmPool:
 
     @property
     def ready(self) -> int:
-        """Containers waiting now."""
+        """Containers waiting now, reserved by no session."""
         return sum(len(q) for q in self._ready.values())
 
     def usable_for(self, session: Session) -> bool:
@@ -116,27 +141,78 @@ class WarmPool:
             and not self.launcher.needs_ca(session)
         )
 
+    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
+        """The tenants (id -> their sandboxes' uid, gid; None: the config's user) the size is
+        shared among before sessions ask (the server's config); ties go to those listed first."""
+        if not tenants or self._demand:
+            return
+        keys = [(t, self.config.user_for(uid, gid)) for t, (uid, gid) in tenants.items()]
+        window = self._demand.maxlen or 1
+        self._demand.extend(reversed([keys[i % len(keys)] for i in range(window)]))
+        self._kick()
+
     def start(self) -> None:
         """Remove slots a previous run left mounted, then fill in the background (after the
         start-up sweep of orphans, which would remove pooled containers)."""
         if self.size <= 0 or self._started or not self.mounts.available():
             return
+        if not self.config.start_on_create:
+            log.warning(
+                "sandbox.warm_pool is set but sandbox.start_on_create is false: a pooled container "
+                "is made for a session that starts its sandbox at creation, so none will be used; "
+                "no pool is kept (set start_on_create: true to use it)"
+            )
+            return
         self._started = True
         self.mounts.release_stale(self._slots_dir)
         self._kick()
 
-    async def take(self, session: Session) -> Pooled | None:
-        """A ready container with the session's workspace mounted and confirmed, or None."""
-        user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
-        self._want(user)
-        queue = await self._ready_for(user)
-        if not queue:
-            self.misses += 1
-            self._observer().pool_taken(False, 0.0)
+    def _key(self, session: Session) -> Key:
+        return session.tenant_id, self.config.user_for(session.sandbox_uid, session.sandbox_gid)
+
+    def reserve(self, session: Session) -> str | None:
+        """The id ``session`` (not yet open; its id is a placeholder) should take so that it adopts
+        a container waiting, or being made, for its tenant and user; None: there is none, it keeps
+        its own id and launches its own container."""
+        if not self._started or not self.usable_for(session):
             return None
-        pooled = queue.popleft()
-        self._report()
-        self._kick()
+        key = self._key(session)
+        self._want(key)
+        queue = self._ready.get(key)
+        if queue:
+            pooled = queue.popleft()
+            self._claims[pooled.session_id] = pooled
+            self._report()
+            self._kick()
+            return pooled.session_id
+        for session_id, making in self._making.items():
+            if making == key and session_id not in self._claims:
+                self._claims[session_id] = _MAKING
+                self._kick()
+                return session_id
+        return None
+
+    def release(self, session_id: str) -> None:
+        """The session closed (or was never opened): remove a container reserved for it and not
+        taken; one still being made is removed when it is."""
+        if session_id not in self._claims:
+            return
+        pooled = self._claims.pop(session_id)
+        if pooled is None:
+            self._dropped.add(session_id)
+            return
+        self._background(self.discard(pooled), "sandbox-warm-pool-release")
+
+    async def take(self, session: Session) -> Pooled | None:
+        """The container reserved for the session, its workspace mounted and confirmed, or None."""
+        if session.session_id not in self._claims:
+            self._want(self._key(session))  # the pool follows those who launch their own too
+            self._missed()
+            return None
+        pooled = await self._claimed(session.session_id)
+        if pooled is None:
+            self._missed()
+            return None
         started = time.monotonic()
         try:
             self._adopted[pooled.container_id] = pooled.slot
@@ -151,8 +227,7 @@ class WarmPool:
         except Exception as exc:
             log.warning("adopting a warm pool's container failed, launching one instead: %s", exc)
             await self.discard(pooled)
-            self.misses += 1
-            self._observer().pool_taken(False, 0.0)
+            self._missed()
             return None
         self.hits += 1
         took = time.monotonic() - started
@@ -167,30 +242,30 @@ class WarmPool:
         )
         return pooled
 
-    async def _ready_for(self, user: str) -> deque[Pooled] | None:
-        """The user's waiting containers; when there are none but one is being made for the user
-        that no other session waits for, wait for it (a launch of the session's own would take no
-        less, and would compete with it for the launch slots)."""
-        if self._ready.get(user) or self._waiting.get(user, 0) >= self._filling_for.get(user, 0):
-            return self._ready.get(user)  # ready, or every container under way is spoken for
-        self._waiting[user] = self._waiting.get(user, 0) + 1
-        try:
-            deadline = asyncio.get_running_loop().time() + self.config.agent_start_timeout + 5
-            while not self._ready.get(user) and self._filling_for.get(user) and not self._closed:
-                self._arrived.clear()
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-        finally:
-            self._waiting[user] -= 1
-        return self._ready.get(user)
+    def _missed(self) -> None:
+        self.misses += 1
+        self._observer().pool_taken(False, 0.0)
+
+    async def _claimed(self, session_id: str) -> Pooled | None:
+        """The session's reserved container, once made (a launch of its own would take no less, and
+        would compete with it for the launch slots); None: making it failed, or took too long."""
+        deadline = asyncio.get_running_loop().time() + self.config.agent_start_timeout + 5
+        while self._claims.get(session_id, False) is _MAKING and not self._closed:
+            self._arrived.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                self.release(session_id)  # it is removed when it arrives
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+        return self._claims.pop(session_id, None)
 
     def owns(self, container_id: str) -> bool:
-        """Whether the container is the pool's (waiting or adopted, until it is removed)."""
-        return container_id in self._adopted or any(
-            p.container_id == container_id for q in self._ready.values() for p in q
+        """Whether the container is the pool's (waiting, reserved or adopted, until it is removed)."""
+        return (
+            container_id in self._adopted
+            or any(p.container_id == container_id for q in self._ready.values() for p in q)
+            or any(p is not None and p.container_id == container_id for p in self._claims.values())
         )
 
     async def removed(self, container_id: str) -> None:
@@ -211,7 +286,8 @@ class WarmPool:
         await asyncio.get_running_loop().run_in_executor(None, self.mounts.release, pooled.slot)
 
     async def aclose(self) -> None:
-        """Stop filling and remove every waiting container (adopted ones go with their sessions)."""
+        """Stop filling and remove every waiting or reserved container (adopted ones go with
+        their sessions)."""
         self._closed = True
         if self._retry is not None:
             self._retry.cancel()
@@ -222,105 +298,119 @@ class WarmPool:
             for task in late:
                 task.cancel()
         waiting = [p for q in self._ready.values() for p in q]
+        waiting += [p for p in self._claims.values() if p is not None]
         self._ready.clear()
+        self._claims.clear()
         await asyncio.gather(*(self.discard(p) for p in waiting), return_exceptions=True)
         self._report()
 
     # -- filling ----------------------------------------------------------------------------
 
-    def _want(self, user: str) -> None:
-        """Count a take by ``user``; waiting containers of users now past their share are removed
-        (only waiting ones: never one being made or adopted), so the refill makes ``user``'s."""
-        self._demand.append(user)
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._fills.add(task)
+        task.add_done_callback(self._fills.discard)
+
+    def _want(self, key: Key) -> None:
+        """Count an ask for ``key``; waiting containers of keys now past their share are removed
+        (only waiting ones: never one being made, reserved or adopted), so the refill makes
+        ``key``'s."""
+        self._demand.append(key)
         targets = self._targets()
         surplus: list[Pooled] = []
         for other, queue in self._ready.items():
-            keep = max(0, targets.get(other, 0) - self._filling_for.get(other, 0))
+            keep = max(0, targets.get(other, 0) - self._unclaimed_making(other))
             surplus.extend(list(queue)[keep:])
         for pooled in surplus:
-            self._ready[pooled.user].remove(pooled)
-            task = asyncio.get_running_loop().create_task(
-                self.discard(pooled), name="sandbox-warm-pool-evict"
-            )
-            self._fills.add(task)
-            task.add_done_callback(self._fills.discard)
+            self._ready[pooled.key].remove(pooled)
+            self._background(self.discard(pooled), "sandbox-warm-pool-evict")
         if surplus:
             self._report()
         self._kick()
 
-    def _targets(self) -> dict[str, int]:
-        """Containers per user: the size shared in proportion to the latest takes (largest
-        remainders first, ties to the most recent user)."""
-        if not self._demand:
-            return {self.config.user: self.size}
-        counts: dict[str, int] = {}
-        for user in reversed(self._demand):  # most recent first: ties go to it
-            counts[user] = counts.get(user, 0) + 1
-        total = len(self._demand)
-        targets = {u: self.size * c // total for u, c in counts.items()}
+    def _unclaimed_making(self, key: Key | None = None) -> int:
+        return sum(1 for sid, k in self._making.items() if sid not in self._claims and key in (None, k))
+
+    def _targets(self) -> dict[Key, int]:
+        """Containers per key: the size shared in proportion to the latest asks (largest
+        remainders first, ties to the most recent key); before any, among the tenants."""
+        demand = self._demand
+        if not demand:
+            return {}  # no tenant known and nobody asked: nothing to make
+        counts: dict[Key, int] = {}
+        for key in reversed(demand):  # most recent first: ties go to it
+            counts[key] = counts.get(key, 0) + 1
+        total = len(demand)
+        targets = {k: self.size * c // total for k, c in counts.items()}
         left = self.size - sum(targets.values())
-        for user in sorted(counts, key=lambda u: -(self.size * counts[u] % total))[:left]:
-            targets[user] += 1
+        for key in sorted(counts, key=lambda k: -(self.size * counts[k] % total))[:left]:
+            targets[key] += 1
         return targets
 
-    def _next_user(self) -> str | None:
-        """The user to make the next container for, or None when the pool is full."""
-        if self.ready + self._filling >= self.size:
+    def _next_key(self) -> Key | None:
+        """The key to make the next container for, or None when the pool is full."""
+        if self.ready + self._unclaimed_making() >= self.size:
             return None
         targets = self._targets()
-        have = {u: len(self._ready.get(u, ())) + self._filling_for.get(u, 0) for u in targets}
-        user = max(targets, key=lambda u: targets[u] - have[u])
-        return user if targets[user] > have[user] else None
+        if not targets:
+            return None
+        have = {k: len(self._ready.get(k, ())) + self._unclaimed_making(k) for k in targets}
+        key = max(targets, key=lambda k: targets[k] - have[k])
+        return key if targets[key] > have[key] else None
 
     def _kick(self) -> None:
-        """Start making containers until ready + being made reaches the size (counted at once,
-        so a session that asks next waits for one of these instead of launching its own)."""
+        """Start making containers until ready + being made (for no session yet) reaches the size
+        (counted at once, so a session that asks next reserves one of these instead of launching
+        its own)."""
         if not self._started or self._closed or self._retry is not None:
             return
-        while self._filling < FILLS_AT_ONCE and (user := self._next_user()) is not None:
-            self._filling += 1
-            self._filling_for[user] = self._filling_for.get(user, 0) + 1
-            task = asyncio.get_running_loop().create_task(self._fill(user), name="sandbox-warm-pool-fill")
-            self._fills.add(task)
-            task.add_done_callback(self._fills.discard)
+        while len(self._making) < FILLS_AT_ONCE and (key := self._next_key()) is not None:
+            session_id = new_session_id()
+            self._making[session_id] = key
+            self._background(self._fill(key, session_id), "sandbox-warm-pool-fill")
 
     def _retry_later(self) -> None:
         self._retry = None
         self._kick()
 
-    async def _fill(self, user: str) -> None:
+    async def _fill(self, key: Key, session_id: str) -> None:
         try:
             with in_background():  # a call that needs a container goes first
                 async with self._launch_slots.take():
-                    pooled = await self._make(user)
+                    pooled = await self._make(key, session_id)
         except asyncio.CancelledError:
-            self._filled(user)
+            self._filled(session_id)
             raise
         except Exception as exc:
             log.warning("filling the warm pool failed (trying again in %g s): %s", RETRY_SECONDS, exc)
             if self._retry is None:
                 self._retry = asyncio.get_running_loop().call_later(RETRY_SECONDS, self._retry_later)
-            self._filled(user)
+            self._filled(session_id)
             return
-        if self._closed:
-            self._filled(user)
+        if self._closed or session_id in self._dropped:
+            self._filled(session_id)
             await self.discard(pooled)
+            self._kick()  # its session left: make one for the next
             return
-        self._ready.setdefault(user, deque()).append(pooled)
-        self._filled(user)
-        self._report()
-        self._kick()  # a user asked meanwhile may still lack one
-
-    def _filled(self, user: str) -> None:
-        self._filling -= 1
-        left = self._filling_for.get(user, 1) - 1
-        if left:
-            self._filling_for[user] = left
+        if session_id in self._claims:
+            self._claims[session_id] = pooled
         else:
-            self._filling_for.pop(user, None)
+            self._ready.setdefault(key, deque()).append(pooled)
+        self._filled(session_id)
+        self._report()
+        self._kick()  # a key asked for meanwhile may still lack one
+
+    def _filled(self, session_id: str) -> None:
+        """A fill ended; a reservation of a container that failed to be made is dropped (its
+        session launches its own)."""
+        self._making.pop(session_id, None)
+        self._dropped.discard(session_id)
+        if self._claims.get(session_id, False) is _MAKING:
+            del self._claims[session_id]
         self._arrived.set()
 
-    async def _make(self, user: str) -> Pooled:
+    async def _make(self, key: Key, session_id: str) -> Pooled:
+        tenant, user = key
         loop = asyncio.get_running_loop()
         slot = await loop.run_in_executor(None, self.mounts.make, self._slots_dir)
         container_id: str | None = None
@@ -336,20 +426,19 @@ class WarmPool:
                     "BindOptions": {"Propagation": "rslave"},
                 }
             ]
-            labels = {LABEL_POOL: "1"}
+            labels = {LABEL_POOL: "1", LABEL_SESSION: session_id, LABEL_TENANT: tenant}
             if listener is not None:
                 mounts.append(listener.mount)
                 labels[LABEL_AGENT_LINK] = listener.name
             spec = self.launcher.spec(user, labels, mounts)
-            name = f"dispatcher-{self.launcher.instance[:12]}-pool-{secrets.token_hex(4)}"
-            container_id = await self.api.create_container(name, spec)
+            container_id = await self.api.create_container(self.launcher.container_name(session_id), spec)
             if listener is not None:
                 self.launcher.sockets.made(container_id, listener)
             await self.api.start(container_id)
             link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
             if link is None:
                 raise SandboxError("the image cannot run the agent: no warm pool without it")
-            return Pooled(container_id, link, slot, user)
+            return Pooled(container_id, link, slot, key, session_id)
         except BaseException:
             if container_id is not None:
                 with contextlib.suppress(Exception):

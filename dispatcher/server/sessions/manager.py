@@ -14,8 +14,8 @@ watching is not).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,7 +26,8 @@ from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
 from dispatcher.core.ordering import Ordering
-from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxIds
+from dispatcher.core.session import Session, SessionStatus, new_session_id
 from dispatcher.core.session_clock import Lifetime, OnExpire
 from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
@@ -58,12 +59,15 @@ class SessionManager:
         listeners: Sequence[SessionListener] = (),
         lifetime: Lifetime | None = None,
         queue_observer: Callable[[float], None] | None = None,
+        sandbox_ids: SandboxIds | None = None,
     ) -> None:
         """``persistence`` (default: in memory, nothing survives the process) is told of every
         session first, then ``listeners`` in their order; they are closed in the reverse order.
         ``lifetime``: the clocks of a session whose request names none (``sessions:``);
-        ``queue_observer``: told how long each Dispatch waited for a slot."""
+        ``queue_observer``: told how long each Dispatch waited for a slot; ``sandbox_ids``: the
+        sandbox backend, which may name a new session after a sandbox made ahead for it."""
         self.dispatcher = dispatcher
+        self._sandbox_ids: SandboxIds = sandbox_ids or ProviderLifecycle()
         self.lifetime = lifetime or Lifetime()
         self.lifecycle = dispatcher.lifecycle
         self.admission = Admission(queue_observer)
@@ -140,7 +144,7 @@ class SessionManager:
         name, path = resolve_workspace(tenant, workspace)
         session = build_session(
             tenant,
-            f"ses_{secrets.token_hex(12)}",
+            new_session_id(),
             name,
             str(path),
             role,
@@ -148,7 +152,16 @@ class SessionManager:
             approval_mode=mode,
             capabilities=narrowed,
         )
-        return self._open(tenant, session, None, lifetime)
+        # A sandbox made ahead for an id (a warm pool's container, labelled with it) is this
+        # session's when it takes that id.
+        reserved = self._sandbox_ids.reserve_session_id(session)
+        if reserved is None:
+            return self._open(tenant, session, None, lifetime)
+        try:
+            return self._open(tenant, dataclasses.replace(session, session_id=reserved), None, lifetime)
+        except BaseException:
+            self._sandbox_ids.release_session_id(reserved)
+            raise
 
     def restore(self, tenant: Tenant, session: Session, restored: Restoration) -> SessionState:
         """Give back a session a restarted server had (no quota: it was admitted before).

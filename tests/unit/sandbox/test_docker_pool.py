@@ -16,7 +16,14 @@ from pathlib import Path
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import LABEL_POOL, WarmPoolConfig
+from dispatcher.sandbox.docker.config import (
+    LABEL_INSTANCE,
+    LABEL_POOL,
+    LABEL_SESSION,
+    LABEL_TENANT,
+    WarmPoolConfig,
+)
+from dispatcher.sandbox.docker.pool import DEMAND_WINDOW
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_docker import FakeDockerClient
@@ -55,7 +62,17 @@ class FakeSlotMounts(SlotMounts):
 def pooled(rig: Rig, size: int, **config: object) -> DockerSandboxProvider:
     provider = rig.provider(warm_pool=WarmPoolConfig(size=size), **config)
     provider.pool.mounts = FakeSlotMounts(rig.fake, rig.tmp / "slots")
+    provider.pool.expect_tenants(
+        {"t": (None, None)}
+    )  # the rig's sessions' tenant, as the server's config says
     return provider
+
+
+def reserved(provider: DockerSandboxProvider, session: Session) -> Session:
+    """``session`` named as the session manager names a new one: after a pooled container."""
+    session_id = provider.reserve_session_id(session)
+    assert session_id is not None, "no pooled container for the session"
+    return dataclasses.replace(session, session_id=session_id)
 
 
 async def until(condition: object, what: str, timeout: float = 5.0) -> None:
@@ -76,7 +93,7 @@ async def test_the_pool_fills_to_its_size_and_a_session_adopts_one(rig: Rig) -> 
     await until(lambda: provider.pool.ready == 2, "the pool to fill")
     waiting = pool_containers(rig.fake)
     assert len(waiting) == 2
-    session = rig.session("adopt")
+    session = reserved(provider, rig.session("adopt"))
     sandbox = provider.sandbox_for(session)
 
     ran = await run(sandbox, "hello")
@@ -97,7 +114,7 @@ async def test_an_adopted_container_serves_one_session_and_leaves_with_it(rig: R
     provider = pooled(rig, 1)
     await provider.remove_orphans()
     await until(lambda: provider.pool.ready == 1, "the pool to fill")
-    first = rig.session("one")
+    first = reserved(provider, rig.session("one"))
     sandbox = provider.sandbox_for(first)
     await run(sandbox, "x")
     used = sandbox.container_id
@@ -106,7 +123,7 @@ async def test_an_adopted_container_serves_one_session_and_leaves_with_it(rig: R
     assert used not in rig.fake.containers_by_id  # removed with its session, never pooled again
     assert not any(ws == first.workspace_path for ws in rig.fake.slot_mounts.values())
     await until(lambda: provider.pool.ready == 1, "the refill")
-    second = provider.sandbox_for(rig.session("two"))
+    second = provider.sandbox_for(reserved(provider, rig.session("two")))
     await run(second, "y")
     assert second.container_id not in (None, used)
 
@@ -128,7 +145,7 @@ async def test_a_container_that_does_not_see_the_workspace_is_discarded(rig: Rig
     await provider.remove_orphans()
     await until(lambda: provider.pool.ready == 1, "the pool to fill")
     waiting = pool_containers(rig.fake)
-    sandbox = provider.sandbox_for(rig.session())
+    sandbox = provider.sandbox_for(reserved(provider, rig.session()))
 
     await run(sandbox, "z")
 
@@ -182,7 +199,7 @@ def test_sessions_with_fs_grants_launch_as_before(rig: Rig) -> None:
 async def test_a_session_waits_for_the_container_being_made_for_it(rig: Rig) -> None:
     provider = pooled(rig, 1)
     await provider.remove_orphans()  # the fill starts; nothing is ready yet
-    sandbox = provider.sandbox_for(rig.session())
+    sandbox = provider.sandbox_for(reserved(provider, rig.session()))
 
     await run(sandbox, "early")
 
@@ -195,12 +212,102 @@ async def test_the_pool_follows_the_users_that_ask(rig: Rig) -> None:
     await provider.remove_orphans()
     await until(lambda: provider.pool.ready == 2, "the pool to fill")
     default = pool_containers(rig.fake)
-    tenant = dataclasses.replace(rig.session("tenant"), sandbox_uid=2001, sandbox_gid=2001)  # own ids
 
-    await run(provider.sandbox_for(tenant), "first")  # waits for a container made for it
+    def own_ids() -> Session:
+        return dataclasses.replace(rig.session("tenant"), sandbox_uid=2001, sandbox_gid=2001)
 
-    await until(lambda: provider.pool.ready == 2, "the refill")
+    # One ask moves at most one share: the default user's waiting containers stay.
+    await run(provider.sandbox_for(own_ids()), "first")  # none for it: launches its own
+    assert provider.pool.misses == 1 and default <= pool_containers(rig.fake)
+    # Once its asks are all the latest ones, the whole pool is its.
+    for _ in range(DEMAND_WINDOW - 1):
+        await run(provider.sandbox_for(own_ids()), "more")
+    await until(lambda: provider.pool.ready == 2 and not default & set(rig.fake.containers_by_id), "the turn")
     users = {c.spec["user"] for c in rig.fake.containers_alive if c.labels.get(LABEL_POOL)}
-    assert users == {"2001:2001"}  # its share is the whole pool now; the others are removed
-    assert not default & set(rig.fake.containers_by_id)
+    assert users == {"2001:2001"}
+    await run(provider.sandbox_for(reserved(provider, own_ids())), "pooled")
     assert provider.pool.hits == 1
+
+
+async def test_an_adopted_container_carries_its_sessions_labels(rig: Rig) -> None:
+    provider = pooled(rig, 1)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == 1, "the pool to fill")
+    session = reserved(provider, rig.session())
+    sandbox = provider.sandbox_for(session)
+
+    await run(sandbox, "x")
+
+    container = rig.fake.containers_by_id[sandbox.container_id]
+    assert container.labels[LABEL_SESSION] == session.session_id  # made for it, before it existed
+    assert container.labels[LABEL_TENANT] == "t"
+    assert container.labels[LABEL_INSTANCE] == provider.instance
+    assert provider.pool.hits == 1
+
+
+async def test_a_session_without_a_reservation_never_adopts_one(rig: Rig) -> None:
+    provider = pooled(rig, 2)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == 2, "the pool to fill")
+    waiting = pool_containers(rig.fake)
+    sandbox = provider.sandbox_for(rig.session("own-id"))  # named elsewhere: no container has its label
+
+    await run(sandbox, "x")
+
+    assert sandbox.container_id not in waiting
+    assert rig.fake.containers_by_id[sandbox.container_id].labels[LABEL_SESSION].startswith("own-id-")
+    assert provider.pool.misses == 1 and provider.pool.ready == 2  # the waiting ones stay waiting
+
+
+async def test_a_reserved_container_whose_session_closes_first_serves_no_other(rig: Rig) -> None:
+    provider = pooled(rig, 1)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == 1, "the pool to fill")
+    [kept] = pool_containers(rig.fake)
+    gone = reserved(provider, rig.session("gone"))
+
+    await provider.close_session(gone.session_id)  # before its sandbox ever started
+
+    await until(lambda: kept not in rig.fake.containers_by_id, "the reserved container's removal")
+    await until(lambda: provider.pool.ready == 1, "the refill")
+    later = reserved(provider, rig.session("later"))
+    assert later.session_id != gone.session_id
+    sandbox = provider.sandbox_for(later)
+    await run(sandbox, "y")
+    assert sandbox.container_id != kept and provider.pool.hits == 1
+
+
+async def test_a_container_reserved_while_being_made_is_removed_when_its_session_left(rig: Rig) -> None:
+    provider = pooled(rig, 1)
+    await provider.remove_orphans()  # the fill starts; nothing is ready yet
+    gone = reserved(provider, rig.session("gone"))
+    provider.release_session_id(gone.session_id)  # the session was never opened
+
+    # It is made, then removed (never waiting for another session); the refill makes a new one.
+    await until(lambda: provider.pool.ready == 1, "the refill")
+    [waiting] = pool_containers(rig.fake)
+    assert rig.fake.containers_by_id[waiting].labels[LABEL_SESSION] != gone.session_id
+    assert not [c for c in rig.fake.containers_alive if c.labels.get(LABEL_SESSION) == gone.session_id]
+
+
+async def test_a_restarted_server_gives_a_pooled_session_a_fresh_container(rig: Rig) -> None:
+    before = pooled(rig, 1)
+    await before.remove_orphans()
+    await until(lambda: before.pool.ready == 1, "the pool to fill")
+    session = reserved(before, rig.session())
+    sandbox = before.sandbox_for(session)
+    await run(sandbox, "x")
+    adopted = sandbox.container_id
+    assert adopted is not None
+    before.pool._closed = True  # the process died: it makes nothing more
+
+    after = rig.provider()  # same instance; the session is given back with its stored container
+    after.expect_container(session, adopted)
+    await after.remove_orphans()
+
+    # Its workspace mount went with the old server: removed, not re-adopted under its label.
+    assert adopted not in rig.fake.containers_by_id
+    again = after.sandbox_for(session)
+    ran = await run(again, "z")
+    assert again.container_id not in (None, adopted)
+    assert any("recreated" in n and "warm pool" in n for n in ran.notices), ran.notices
