@@ -81,3 +81,40 @@ async def test_the_pool_is_drained_at_shutdown(
 
     assert containers_of(docker_client, provider.instance) == []
     assert not [m for m in Path("/proc/mounts").read_text().splitlines() if provider.pool._slots_dir in m]
+
+
+async def test_a_restarted_server_readopts_a_pooled_sessions_container(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    first = _pooled(make_provider, 1)
+    await _filled(first, 1)
+    session = make_provider.session()
+    Path(session.workspace_path, "mine.txt").write_text("mine\n")
+    sandbox = first.sandbox_for(session)
+    ran = await run(sandbox, "echo kept > /tmp/kept; (sleep 1000 &) ; true")
+    assert ran.result.exit_code == 0, ran.err
+    container = sandbox.container_id
+    assert first.pool.hits == 1 and container is not None
+    await first.detach_all()  # a stop that keeps the sessions: the agent exits, the container stays
+    await first.aclose()  # the waiting containers go; the adopted one is the session's
+
+    second = make_provider(
+        SandboxConfig(warm_pool=WarmPoolConfig(size=1), workspace_quota=None), instance=first.instance
+    )
+    second.pool.expect_tenants({DEFAULT_TENANT: (None, None)})
+    second.expect_container(session, container)
+    await second.remove_orphans()
+    again = second.sandbox_for(session)
+    ran = await run(again, "cat /tmp/kept; ls -A /workspace")
+
+    assert again.container_id == container  # the same container: /tmp and the workspace as they were
+    assert ran.out.split() == ["kept", "mine.txt"], ran.err
+    [slot] = [
+        m["Source"]
+        for m in docker_client.api.inspect_container(container)["Mounts"]
+        if m["Destination"] == "/workspace"
+    ]
+    assert slot in Path("/proc/mounts").read_text()  # the restart kept it mounted
+    await second.close_session(session.session_id)
+    assert container not in {c.id for c in containers_of(docker_client, second.instance)}
+    assert slot not in Path("/proc/mounts").read_text() and not os.path.exists(slot)  # gone with it

@@ -55,6 +55,12 @@ def spec_fingerprint(config: SandboxConfig, session: Session) -> str:
     return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
 
+def pool_fingerprint(config: SandboxConfig, user: str) -> str:
+    """What a warm pool's container was made from: the sandbox config and the user it runs as
+    (its session's workspace came later, through its slot, and is confirmed again at re-adoption)."""
+    return hashlib.sha256(repr(("warm-pool", repr(config), user)).encode()).hexdigest()[:32]
+
+
 def adoption_problem(
     container: Mapping[str, Any], session: Session, instance: str, config: SandboxConfig
 ) -> str | None:
@@ -64,8 +70,11 @@ def adoption_problem(
     if any(labels.get(k) != v for k, v in expected.items()):
         return "its container's labels no longer matched the session after the server restarted"
     if labels.get(LABEL_POOL):
-        return "its container came from the warm pool, whose workspace mounts end with the server"
-    if labels.get(LABEL_SPEC) != spec_fingerprint(config, session):
+        made_for = pool_fingerprint(config, config.user_for(session.sandbox_uid, session.sandbox_gid))
+        caps = session.capabilities
+        if labels.get(LABEL_SPEC) != made_for or (caps is not None and caps.fs_grants is not None):
+            return "the sandbox configuration (image, limits or user) changed across the restart"
+    elif labels.get(LABEL_SPEC) != spec_fingerprint(config, session):
         return (
             "the sandbox configuration (image, limits, user, workspace or grants) changed across the restart"
         )

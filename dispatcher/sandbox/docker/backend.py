@@ -15,13 +15,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
-from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK
+from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
@@ -39,6 +39,7 @@ from dispatcher.sandbox.docker.image_check import (
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
 from dispatcher.sandbox.docker.orphans import sweep_orphans
 from dispatcher.sandbox.docker.pool import WarmPool
+from dispatcher.sandbox.docker.pool_adopt import confirm_view
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.sessions import SessionSandboxes
 from dispatcher.sandbox.docker.watch import SandboxWatch
@@ -241,7 +242,7 @@ class DockerSandboxProvider(SessionSandboxes):
             self._sandboxes,
             live_session_ids,
             pooled=self.pool.owns,
-            kept=lambda c: sockets.known(c["Id"], (c.get("Labels") or {}).get(LABEL_AGENT_LINK)),
+            kept=self._kept,
             gone=sockets.forget,
         )
         # Listener directories of containers removed while no server ran (the sweep's included).
@@ -249,6 +250,12 @@ class DockerSandboxProvider(SessionSandboxes):
         # Filled only now: this start-up sweep removes the previous run's pooled containers.
         self.pool.start()
         return removed
+
+    def _kept(self, container: Mapping[str, Any]) -> None:
+        """The start-up sweep kept this container (as listed): its agent's socket directory, and a
+        pooled one's slot, stay with it."""
+        self.launcher.sockets.known(container["Id"], (container.get("Labels") or {}).get(LABEL_AGENT_LINK))
+        self.pool.kept(container)
 
     # -- after a restart ------------------------------------------------------------------
 
@@ -268,6 +275,7 @@ class DockerSandboxProvider(SessionSandboxes):
     async def remove_container(self, container_id: str) -> None:
         await self.api.remove(container_id)
         self.launcher.sockets.forget(container_id)
+        await self.pool.removed(container_id)  # a pooled one's slot goes with it
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         if self.on_container is not None:
@@ -311,10 +319,31 @@ class DockerSandboxProvider(SessionSandboxes):
         listener directory holds, if it has one (``agent_socket.py``); see ``ContainerLauncher``."""
         listener = self.launcher.sockets.relisten(container_id)
         try:
+            if self.pool.readopting(container_id):
+                return await self._restart_pooled(container_id, session, listener)
             return await self.launcher.start_agent(container_id, session, listener=listener)
         finally:
             if listener is not None:
                 listener.close()
+
+    async def _restart_pooled(
+        self, container_id: str, session: Session, listener: AgentListener | None
+    ) -> AgentLink:
+        """A pooled container's new agent, once it sees the session's workspace (``pool_adopt``)."""
+        user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
+        link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
+        if link is None:
+            raise SandboxError("a warm pool's container whose agent cannot run is not re-adopted")
+        try:
+            await confirm_view(self.launcher, session, link)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await link[1].close()
+            link[0].close()
+            raise
+        # Never made with a CA bundle (such sessions launch their own).
+        await self.launcher.open_tunnels(container_id, session, link, ca_mounted=False)
+        return link
 
     async def destroy(self, live: LiveContainer) -> None:
         """Close the agent channel and remove the container; failures are logged, not raised."""

@@ -43,6 +43,7 @@ from typing import Any
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session, new_session_id
+from dispatcher.sandbox.docker.adopt import LABEL_SPEC, pool_fingerprint
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK
 from dispatcher.sandbox.docker.client import DockerAPI
@@ -115,7 +116,9 @@ class WarmPool:
         # in proportion. Until there are that many, the configured tenants (as the config's user)
         # stand in for them, so one ask moves one share, not the whole pool.
         self._demand: deque[Key] = deque(maxlen=max(DEMAND_WINDOW, 4 * self.size))
+        self._asked = False  # no session has asked yet: the tenants may be told again
         self._adopted: dict[str, str] = {}  # container id -> slot, until the container is removed
+        self._readopting: set[str] = set()  # kept at start-up for a session, not yet confirmed
         self._started = False
         self._retry: asyncio.TimerHandle | None = None
         self._fills: set[asyncio.Task[None]] = set()
@@ -144,12 +147,13 @@ class WarmPool:
     def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
         """The tenants (id -> their sandboxes' uid, gid; None: the config's user) the size is
         shared among before sessions ask (the server's config); ties go to those listed first."""
-        if not tenants or self._demand:
+        if not tenants or self._asked:
             return
         keys = [(t, self.config.user_for(uid, gid)) for t, (uid, gid) in tenants.items()]
         window = self._demand.maxlen or 1
+        self._demand.clear()
         self._demand.extend(reversed([keys[i % len(keys)] for i in range(window)]))
-        self._kick()
+        self._rebalance()
 
     def start(self) -> None:
         """Remove slots a previous run left mounted, then fill in the background (after the
@@ -164,8 +168,27 @@ class WarmPool:
             )
             return
         self._started = True
-        self.mounts.release_stale(self._slots_dir)
+        self.mounts.release_stale(self._slots_dir, keep=set(self._adopted.values()))
         self._kick()
+
+    def kept(self, container: Mapping[str, Any]) -> None:
+        """The start-up sweep kept this listed container for a session to re-adopt: if it is a
+        pooled one, its slot stays mounted (``start``) and goes with it, and its agent must see the
+        session's workspace again before the session gets it (``confirm_view``)."""
+        if not (container.get("Labels") or {}).get(LABEL_POOL):
+            return
+        self._readopting.add(container["Id"])
+        for mount in container.get("Mounts") or ():
+            source = str(mount.get("Source") or "")
+            if mount.get("Destination") == WORKSPACE_ROOT and self.mounts.owns(self._slots_dir, source):
+                self._adopted[container["Id"]] = source
+
+    def readopting(self, container_id: str) -> bool:
+        """Whether the container is a pooled one a restarted server is re-adopting (asked once)."""
+        if container_id in self._readopting:
+            self._readopting.discard(container_id)
+            return True
+        return False
 
     def _key(self, session: Session) -> Key:
         return session.tenant_id, self.config.user_for(session.sandbox_uid, session.sandbox_gid)
@@ -315,7 +338,12 @@ class WarmPool:
         """Count an ask for ``key``; waiting containers of keys now past their share are removed
         (only waiting ones: never one being made, reserved or adopted), so the refill makes
         ``key``'s."""
+        self._asked = True
         self._demand.append(key)
+        self._rebalance()
+
+    def _rebalance(self) -> None:
+        """Remove waiting containers of keys past their share, then refill."""
         targets = self._targets()
         surplus: list[Pooled] = []
         for other, queue in self._ready.items():
@@ -426,7 +454,12 @@ class WarmPool:
                     "BindOptions": {"Propagation": "rslave"},
                 }
             ]
-            labels = {LABEL_POOL: "1", LABEL_SESSION: session_id, LABEL_TENANT: tenant}
+            labels = {
+                LABEL_POOL: "1",
+                LABEL_SESSION: session_id,
+                LABEL_TENANT: tenant,
+                LABEL_SPEC: pool_fingerprint(self.config, user),
+            }
             if listener is not None:
                 mounts.append(listener.mount)
                 labels[LABEL_AGENT_LINK] = listener.name

@@ -22,10 +22,11 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.sandbox_api import FileOpError, SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
@@ -34,6 +35,8 @@ from dispatcher.sandbox.workspace_pin import bind_mount, detach_mount, make_shar
 
 log = logging.getLogger(__name__)
 
+_SLOT_NAME = re.compile(r"[0-9a-f]{16}")
+"""A slot's name: ``secrets.token_hex(8)``."""
 _MARKER_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -79,11 +82,18 @@ class SlotMounts:
         with contextlib.suppress(OSError):
             os.rmdir(slot)
 
-    def release_stale(self, slots_dir: str) -> None:
-        """Slots a previous run of this server left (its pooled containers are removed as orphans)."""
+    def owns(self, slots_dir: str, path: str) -> bool:
+        """Whether ``path`` (a pooled container's /workspace source, as Docker reports it) names one
+        of the slots this server makes in ``slots_dir``."""
+        return os.path.dirname(path) == slots_dir and _SLOT_NAME.fullmatch(os.path.basename(path)) is not None
+
+    def release_stale(self, slots_dir: str, keep: Collection[str] = ()) -> None:
+        """Slots a previous run of this server left, but those of re-adopted containers (``keep``;
+        the others' pooled containers were removed as orphans)."""
         with contextlib.suppress(OSError):
             for name in os.listdir(slots_dir):
-                self.release(os.path.join(slots_dir, name))
+                if os.path.join(slots_dir, name) not in keep:
+                    self.release(os.path.join(slots_dir, name))
 
 
 async def adopt(
@@ -102,21 +112,45 @@ async def adopt(
         SandboxError: the workspace could not be mounted, or the container does not see it.
     """
     loop = asyncio.get_running_loop()
-    fd, marker = await loop.run_in_executor(None, _mount, launcher, mounts, slot, session)
+    fd, marker = await loop.run_in_executor(None, _pin_and_mark, launcher, session, mounts, slot)
+    await _confirm(link, fd, marker)
+    # Never made with a CA bundle (such sessions launch their own): nothing to ask the container.
+    await launcher.open_tunnels(container_id, session, link, ca_mounted=False)
+
+
+async def confirm_view(launcher: ContainerLauncher, session: Session, link: AgentLink) -> None:
+    """A restarted server re-adopting a pooled container: its agent must see, at /workspace, the
+    session's workspace as pinned now (the slot's mount outlived the old server, or it did not).
+
+    Raises:
+        SandboxError: it does not.
+    """
+    loop = asyncio.get_running_loop()
+    fd, marker = await loop.run_in_executor(None, _pin_and_mark, launcher, session, None, None)
+    await _confirm(link, fd, marker)
+
+
+async def _confirm(link: AgentLink, fd: int, marker: str) -> None:
+    """The agent sees ``marker`` (made through ``fd``, the pinned workspace) at /workspace;
+    the marker is removed and ``fd`` closed either way."""
     try:
-        seen = await link[1].stat(marker)
+        try:
+            seen = await link[1].stat(marker)
+        except FileOpError as exc:
+            raise SandboxError(f"the pooled container does not see its session's workspace ({exc})") from None
         if seen.kind != "file":
             raise SandboxError(f"the pooled container sees {marker} as a {seen.kind}")
     finally:
         with contextlib.suppress(OSError):
             os.unlink(marker, dir_fd=fd)
         os.close(fd)
-    # Never made with a CA bundle (such sessions launch their own): nothing to ask the container.
-    await launcher.open_tunnels(container_id, session, link, ca_mounted=False)
 
 
-def _mount(launcher: ContainerLauncher, mounts: SlotMounts, slot: str, session: Session) -> tuple[int, str]:
-    """Pin the workspace, mount it on the slot, make the marker (blocking); (pinned fd, marker)."""
+def _pin_and_mark(
+    launcher: ContainerLauncher, session: Session, mounts: SlotMounts | None, slot: str | None
+) -> tuple[int, str]:
+    """Pin the workspace, mount it on ``slot`` (given one), make the marker (blocking); (pinned
+    fd, marker)."""
     pins, empty_root = launcher.pin_mounts(session)
     if empty_root or len(pins) != 1 or pins[0].target != WORKSPACE_ROOT or pins[0].read_only:
         for pin in pins:
@@ -124,7 +158,8 @@ def _mount(launcher: ContainerLauncher, mounts: SlotMounts, slot: str, session: 
         raise SandboxError("the session's workspace is not one read-write mount")
     fd = pins[0].fd
     try:
-        mounts.attach(slot, fd)
+        if mounts is not None and slot is not None:
+            mounts.attach(slot, fd)
         marker = f".dispatcher-adopt-{secrets.token_hex(12)}"
         os.close(os.open(marker, _MARKER_FLAGS, 0o600, dir_fd=fd))
     except OSError as exc:

@@ -123,6 +123,10 @@ class FakeContainer:
             "Labels": dict(self.labels),
             "State": self.state,
             "Created": self.created,
+            "Mounts": [
+                {"Type": m.get("Type"), "Source": m.get("Source"), "Destination": m.get("Target")}
+                for m in (self.spec.get("host_config") or {}).get("mounts") or ()
+            ],
         }
 
 

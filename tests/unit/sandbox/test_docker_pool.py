@@ -11,6 +11,7 @@ import dataclasses
 import os
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from dispatcher.core.capabilities import Capabilities, FsGrant
@@ -55,7 +56,10 @@ class FakeSlotMounts(SlotMounts):
         self.released.append(slot)
         os.rmdir(slot)
 
-    def release_stale(self, slots_dir: str) -> None:
+    def owns(self, slots_dir: str, path: str) -> bool:
+        return os.path.dirname(path) == str(self.where)
+
+    def release_stale(self, slots_dir: str, keep: Collection[str] = ()) -> None:
         pass
 
 
@@ -290,7 +294,7 @@ async def test_a_container_reserved_while_being_made_is_removed_when_its_session
     assert not [c for c in rig.fake.containers_alive if c.labels.get(LABEL_SESSION) == gone.session_id]
 
 
-async def test_a_restarted_server_gives_a_pooled_session_a_fresh_container(rig: Rig) -> None:
+async def test_a_restarted_server_readopts_a_pooled_sessions_container(rig: Rig) -> None:
     before = pooled(rig, 1)
     await before.remove_orphans()
     await until(lambda: before.pool.ready == 1, "the pool to fill")
@@ -299,15 +303,44 @@ async def test_a_restarted_server_gives_a_pooled_session_a_fresh_container(rig: 
     await run(sandbox, "x")
     adopted = sandbox.container_id
     assert adopted is not None
+    [slot] = [s for s, ws in rig.fake.slot_mounts.items() if ws == session.workspace_path]
     before.pool._closed = True  # the process died: it makes nothing more
+    await until(lambda: before.pool.ready == 0 or len(pool_containers(rig.fake)) >= 2, "the refill")
 
-    after = rig.provider()  # same instance; the session is given back with its stored container
+    after = pooled(rig, 1)  # same instance; the session is given back with its stored container
     after.expect_container(session, adopted)
-    await after.remove_orphans()
+    await after.remove_orphans()  # the old pool's waiting container is an orphan; this one is not
 
-    # Its workspace mount went with the old server: removed, not re-adopted under its label.
-    assert adopted not in rig.fake.containers_by_id
+    assert adopted in rig.fake.containers_by_id
     again = after.sandbox_for(session)
     ran = await run(again, "z")
-    assert again.container_id not in (None, adopted)
-    assert any("recreated" in n and "warm pool" in n for n in ran.notices), ran.notices
+    assert again.container_id == adopted and ran.notices == []  # the same container, confirmed
+    mounts = after.pool.mounts
+    assert slot not in mounts.released  # type: ignore[attr-defined]
+    await after.close_session(session.session_id)
+    assert slot in mounts.released  # type: ignore[attr-defined]  # its slot went with it
+
+
+async def test_a_pooled_container_that_lost_its_workspace_is_not_readopted(rig: Rig) -> None:
+    before = pooled(rig, 1)
+    await before.remove_orphans()
+    await until(lambda: before.pool.ready == 1, "the pool to fill")
+    session = reserved(before, rig.session())
+    sandbox = before.sandbox_for(session)
+    await run(sandbox, "x")
+    adopted = sandbox.container_id
+    assert adopted is not None
+    before.pool._closed = True
+    # The slot's mount did not outlive the old server (a private mount namespace, say).
+    [slot] = [s for s, ws in rig.fake.slot_mounts.items() if ws == session.workspace_path]
+    del rig.fake.slot_mounts[slot]
+
+    after = pooled(rig, 1)
+    after.expect_container(session, adopted)
+    await after.remove_orphans()
+    again = after.sandbox_for(session)
+    ran = await run(again, "z")
+
+    assert again.container_id not in (None, adopted)  # its agent did not see the workspace: a fresh one
+    assert adopted not in rig.fake.containers_by_id
+    assert any("recreated" in n and "re-attached" in n for n in ran.notices), ran.notices
