@@ -50,8 +50,8 @@ async def measure(env: BenchEnv) -> list[Row]:
     latencies: list[float] = []
     try:
         async with AsyncDispatcherClient(target, token=token) as client:
-            # The tenant's sandboxes run as its own uid: its first session teaches the pool whose
-            # containers to keep (a pool holds the users of its latest takes).
+            # A first session (the pool fills for the configured tenant and its uid from the start;
+            # this one also warms the server's paths before the clock runs).
             first = (await client.create_session("pool-first")).session_id
             _check(await client.call(first, "shell", {"command": "true"}))
             deadline = time.monotonic() + 120

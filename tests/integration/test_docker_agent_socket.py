@@ -16,7 +16,7 @@ from dispatcher.sandbox.docker.config import SandboxConfig, WarmPoolConfig
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.stream import AttachStream, SocketStream
-from tests.integration.conftest import ProviderFactory
+from tests.integration.conftest import DEFAULT_TENANT, ProviderFactory
 from tests.integration.helpers import run
 from tests.integration.test_docker_exec import agent_signal
 from tests.polling import until
@@ -70,6 +70,7 @@ async def test_a_new_containers_agent_speaks_on_its_socket_and_leaves_nothing(
 
 async def test_a_pooled_containers_agent_speaks_on_its_socket_too(make_provider: ProviderFactory) -> None:
     provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=1)))
+    provider.pool.expect_tenants({DEFAULT_TENANT: (None, None)})  # as the server tells it
     provider.pool.start()
     await until(lambda: provider.pool.ready == 1, timeout=60)
     root = provider.launcher.sockets.root
