@@ -99,8 +99,9 @@ class ProviderFactory:
         self.providers.append(provider)
         if pool:
             provider.pool.expect_tenants({DEFAULT_TENANT: (None, None)})
-            with contextlib.suppress(RuntimeError):  # made outside a loop: no pool for it
-                provider.pool.start()
+            if instance is None:  # else a restarted server's: its start-up sweep starts the pool
+                with contextlib.suppress(RuntimeError):  # made outside a loop: no pool for it
+                    provider.pool.start()
         return provider
 
     def session(self, name: str = "s", *, tenant: str = DEFAULT_TENANT) -> Session:

@@ -35,6 +35,7 @@ async def test_a_readopted_sandbox_counts_the_old_agents_background_work(
     container = sandbox.container_id
     assert container is not None
     await first.detach_all()  # a graceful stop that keeps the session: its agent exits, sleep stays
+    await first.pool.aclose()  # as the stop does: a warm pool's waiting containers go
 
     second = make_provider(SandboxConfig(runtime=runtime), instance=first.instance)
     second.expect_container(session, container)
@@ -66,6 +67,7 @@ async def test_an_expected_container_with_other_labels_is_removed_not_adopted(
     container = sandbox.container_id
     assert container is not None
     await first.detach_all()
+    await first.pool.aclose()
 
     other = make_provider.session("other")  # a different session claims that container
     second = make_provider(SandboxConfig(), instance=first.instance)

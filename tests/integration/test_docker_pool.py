@@ -29,10 +29,14 @@ async def _filled(provider: DockerSandboxProvider, n: int, timeout: float = 60.0
         await asyncio.sleep(0.05)
 
 
-def _pooled(make_provider: ProviderFactory, size: int) -> DockerSandboxProvider:
-    provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=size), workspace_quota=None))
+def _pooled(make_provider: ProviderFactory, size: int, instance: str | None = None) -> DockerSandboxProvider:
+    """A provider with a pool; given ``instance`` (a restarted server's), its start-up sweep starts
+    the pool, as a server's does, after deciding what is kept."""
+    config = SandboxConfig(warm_pool=WarmPoolConfig(size=size), workspace_quota=None)
+    provider = make_provider(config, instance=instance)
     provider.pool.expect_tenants({DEFAULT_TENANT: (None, None)})
-    provider.pool.start()
+    if instance is None:
+        provider.pool.start()
     return provider
 
 
@@ -98,10 +102,7 @@ async def test_a_restarted_server_readopts_a_pooled_sessions_container(
     await first.detach_all()  # a stop that keeps the sessions: the agent exits, the container stays
     await first.aclose()  # the waiting containers go; the adopted one is the session's
 
-    second = make_provider(
-        SandboxConfig(warm_pool=WarmPoolConfig(size=1), workspace_quota=None), instance=first.instance
-    )
-    second.pool.expect_tenants({DEFAULT_TENANT: (None, None)})
+    second = _pooled(make_provider, 1, instance=first.instance)
     second.expect_container(session, container)
     await second.remove_orphans()
     again = second.sandbox_for(session)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 
 import docker
 import pytest
@@ -21,8 +22,8 @@ pytestmark = [
 ]
 
 
-def _of_session(client: docker.DockerClient, session_id: str) -> list[docker.models.containers.Container]:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"})
+def _of_session(client: docker.DockerClient, session_id: str) -> list[Any]:
+    return list(client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"}))
 
 
 async def _ready(provider: DockerSandboxProvider, n: int) -> None:

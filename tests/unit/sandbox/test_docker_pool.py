@@ -242,7 +242,7 @@ async def test_an_adopted_container_carries_its_sessions_labels(rig: Rig) -> Non
 
     await run(sandbox, "x")
 
-    container = rig.fake.containers_by_id[sandbox.container_id]
+    container = rig.fake.containers_by_id[str(sandbox.container_id)]
     assert container.labels[LABEL_SESSION] == session.session_id  # made for it, before it existed
     assert container.labels[LABEL_TENANT] == "t"
     assert container.labels[LABEL_INSTANCE] == provider.instance
@@ -259,7 +259,7 @@ async def test_a_session_without_a_reservation_never_adopts_one(rig: Rig) -> Non
     await run(sandbox, "x")
 
     assert sandbox.container_id not in waiting
-    assert rig.fake.containers_by_id[sandbox.container_id].labels[LABEL_SESSION].startswith("own-id-")
+    assert rig.fake.containers_by_id[str(sandbox.container_id)].labels[LABEL_SESSION].startswith("own-id-")
     assert provider.pool.misses == 1 and provider.pool.ready == 2  # the waiting ones stay waiting
 
 
@@ -294,18 +294,22 @@ async def test_a_container_reserved_while_being_made_is_removed_when_its_session
     assert not [c for c in rig.fake.containers_alive if c.labels.get(LABEL_SESSION) == gone.session_id]
 
 
-async def test_a_restarted_server_readopts_a_pooled_sessions_container(rig: Rig) -> None:
+async def adopted_then_died(rig: Rig) -> tuple[Session, str, str]:
+    """A session that adopted a pooled container, then its server died: (session, container, slot)."""
     before = pooled(rig, 1)
     await before.remove_orphans()
     await until(lambda: before.pool.ready == 1, "the pool to fill")
     session = reserved(before, rig.session())
     sandbox = before.sandbox_for(session)
     await run(sandbox, "x")
-    adopted = sandbox.container_id
-    assert adopted is not None
+    assert sandbox.container_id is not None
     [slot] = [s for s, ws in rig.fake.slot_mounts.items() if ws == session.workspace_path]
     before.pool._closed = True  # the process died: it makes nothing more
-    await until(lambda: before.pool.ready == 0 or len(pool_containers(rig.fake)) >= 2, "the refill")
+    return session, sandbox.container_id, slot
+
+
+async def test_a_restarted_server_readopts_a_pooled_sessions_container(rig: Rig) -> None:
+    session, adopted, slot = await adopted_then_died(rig)
 
     after = pooled(rig, 1)  # same instance; the session is given back with its stored container
     after.expect_container(session, adopted)
@@ -322,18 +326,8 @@ async def test_a_restarted_server_readopts_a_pooled_sessions_container(rig: Rig)
 
 
 async def test_a_pooled_container_that_lost_its_workspace_is_not_readopted(rig: Rig) -> None:
-    before = pooled(rig, 1)
-    await before.remove_orphans()
-    await until(lambda: before.pool.ready == 1, "the pool to fill")
-    session = reserved(before, rig.session())
-    sandbox = before.sandbox_for(session)
-    await run(sandbox, "x")
-    adopted = sandbox.container_id
-    assert adopted is not None
-    before.pool._closed = True
-    # The slot's mount did not outlive the old server (a private mount namespace, say).
-    [slot] = [s for s, ws in rig.fake.slot_mounts.items() if ws == session.workspace_path]
-    del rig.fake.slot_mounts[slot]
+    session, adopted, slot = await adopted_then_died(rig)
+    del rig.fake.slot_mounts[slot]  # the mount did not outlive the old server (a private namespace)
 
     after = pooled(rig, 1)
     after.expect_container(session, adopted)
