@@ -119,6 +119,9 @@ async def _connect_agent(
         tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
         reason = "it did not connect in time" if isinstance(exc, TimeoutError) else str(exc)
         raise SandboxError(f"the sandbox agent did not start: {reason}; stderr: {tail}") from exc
+    except BaseException:  # cancelled (the server stops, the pool drains): nothing left open
+        stream.close()
+        raise
     finally:
         ended.cancel()
     if conn is None:
@@ -136,7 +139,12 @@ async def _connect_agent(
             else "attaching this one through the Docker daemon",
         )
         return None
-    reader, writer = await asyncio.open_unix_connection(sock=conn, limit=READER_LIMIT)
+    try:
+        reader, writer = await asyncio.open_unix_connection(sock=conn, limit=READER_LIMIT)
+    except BaseException:
+        conn.close()
+        stream.close()
+        raise
     direct = SocketStream(reader, writer, stream)
     return await _first_ping(config, direct, AgentChannel(reader, writer, workspace_root=WORKSPACE_ROOT))
 
@@ -183,6 +191,9 @@ async def _first_ping(config: SandboxConfig, stream: AgentStream, channel: Agent
         stream.close()
         tail = stream.stderr_tail().decode(errors="replace").strip()[-500:]
         raise AgentDidNotStart(f"the sandbox agent did not start: {exc}; stderr: {tail}") from exc
+    except BaseException:  # cancelled while it started: its stream (and socket) closed with it
+        stream.close()
+        raise
     if version != PROTOCOL_VERSION:
         # Every later op could fail as "unknown op" or worse; refuse the agent instead.
         with contextlib.suppress(Exception):

@@ -112,8 +112,12 @@ class AgentListener:
                     if accepting.cancelled() or accepting.exception() is not None:
                         return None
                 conn, _ = accepting.result()
-                peer = peer_pid(conn)
-                expected = await pid()
+                try:
+                    peer = peer_pid(conn)
+                    expected = await pid()
+                except BaseException:  # the daemon failed, or the start was cancelled meanwhile
+                    conn.close()
+                    raise
                 if peer == expected and expected > 0:
                     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                         with contextlib.suppress(OSError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -201,3 +202,32 @@ def test_an_agent_that_cannot_connect_says_so_and_exits_3(tmp_path: Path) -> Non
     )
     assert ran.returncode == CONNECT_FAILED
     assert f"cannot connect to {tmp_path / 'none'}" in ran.stderr
+
+
+async def test_a_start_cancelled_after_a_connection_closes_it(tmp_path: Path) -> None:
+    sockets = AgentSockets(str(tmp_path / "agent"))
+    listener = sockets.listen()
+    path = os.path.join(listener.source, SOCKET_NAME)
+    asked = asyncio.Event()
+
+    async def slow_pid() -> int:  # the daemon is slow to say whose exec it is
+        asked.set()
+        await asyncio.Event().wait()
+        return 0
+
+    loop = asyncio.get_running_loop()
+    peer = socket.socket(socket.AF_UNIX)
+    peer.setblocking(False)
+    await loop.sock_connect(peer, path)
+    accepting = asyncio.ensure_future(listener.accept(slow_pid, asyncio.ensure_future(_never())))
+    await asyncio.wait_for(asked.wait(), 10)
+
+    accepting.cancel()  # the server stops (or the pool drains) while the agent starts
+    with pytest.raises(asyncio.CancelledError):
+        await accepting
+
+    # The accepted connection was closed, not left to the garbage collector: the peer sees EOF.
+    assert await asyncio.wait_for(loop.sock_recv(peer, 1), 10) == b""
+    peer.close()
+    assert not os.path.exists(path)  # and the listener is gone
+    sockets.close()
