@@ -77,3 +77,22 @@ async def test_an_expected_container_with_other_labels_is_removed_not_adopted(
         result = await run(second.sandbox_for(other), "ls /tmp/x")
     assert result.result.exit_code != 0
     assert any("recreated" in n and "labels no longer matched" in n for n in notices)
+
+
+async def test_a_container_whose_id_was_never_stored_is_readopted_by_its_labels(
+    make_provider: ProviderFactory,
+) -> None:
+    first = make_provider()
+    session = make_provider.session()
+    sandbox = first.sandbox_for(session)
+    assert (await run(sandbox, "echo kept > /tmp/kept")).result.exit_code == 0
+    container = sandbox.container_id
+    await first.detach_all()  # then the server dies before its state names the container
+    await first.pool.aclose()
+
+    second = make_provider(SandboxConfig(), instance=first.instance)
+    second.sandbox_for(session).expect_labelled()  # given back with no stored container
+    assert await second.remove_orphans() == 0
+    again = second.sandbox_for(session)
+    ran = await run(again, "cat /tmp/kept")
+    assert again.container_id == container and ran.out == "kept\n"

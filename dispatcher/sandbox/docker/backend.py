@@ -47,7 +47,8 @@ from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_
 from dispatcher.sandbox.launch_slots import LaunchSlots
 
 if TYPE_CHECKING:
-    pass
+    from dispatcher.core.calls import SessionState
+    from dispatcher.core.session_registry import Restoration
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,12 @@ class DockerSandboxProvider(SessionSandboxes):
         # Filled only now: this start-up sweep removes the previous run's pooled containers.
         self.pool.start()
         return removed
+
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        """Re-adopt its container; with none stored, one its labels name (``orphans.py``)."""
+        super().session_restored(state, restored)
+        if not restored.container_id:
+            self.sandbox_for(state.session).expect_labelled()
 
     def _kept(self, container: Mapping[str, Any]) -> None:
         """The start-up sweep kept this container (as listed): its agent's socket directory, and a

@@ -4,7 +4,9 @@ A previous run of the server (crashed, or stopped keeping its sessions) leaves c
 with its instance. Each is removed unless a session still owns it: a live session's (even one
 whose container is being created), the warm pool's, or the one a restarted session expects to
 re-adopt (``expect_container``), kept only when ``adopt.adoption_problem`` finds nothing wrong
-with it; otherwise that session learns why it will get a fresh one.
+with it; otherwise that session learns why it will get a fresh one. A session given back with no
+stored container (the server died between launching one and storing its id) adopts the newest
+container carrying its labels that passes the same checks.
 """
 
 from __future__ import annotations
@@ -40,14 +42,25 @@ async def sweep_orphans(
     ``kept`` each container left (as listed, labels included) and ``gone`` the id of each one
     removed. Returns how many were removed."""
     expected = {s.adopting: s for s in sandboxes.values() if s.adopting}
-    adopting = {s.session.session_id for s in expected.values()}
+    # Given back with no stored container: one carrying its labels may be adopted (the newest).
+    unstored = {s.session.session_id: s for s in sandboxes.values() if s.unstored and not s.adopting}
+    adopting = {s.session.session_id for s in expected.values()} | set(unstored)
     # Every other session with a handle counts as live, even one whose container is being created.
     live = (set(live_session_ids) | set(sandboxes)) - adopting
     owned = {s.container_id for s in sandboxes.values() if s.container_id}
     removed = 0
-    for container in await api.list_by_labels({LABEL_INSTANCE: instance}):
+    listed = await api.list_by_labels({LABEL_INSTANCE: instance})
+    for container in sorted(listed, key=lambda c: -float(c.get("Created") or 0)):
         labels = container.get("Labels") or {}
         sandbox = expected.pop(container["Id"], None)
+        if sandbox is None and labels.get(LABEL_SESSION) in unstored:
+            candidate = unstored[labels[LABEL_SESSION]]
+            if adoption_problem(container, candidate.session, instance, config) is None:
+                del unstored[labels[LABEL_SESSION]]
+                candidate.found(container["Id"])
+                candidate.adoptable(float(container.get("Created") or time.time()))
+                kept(container)
+                continue
         if sandbox is not None:
             problem = adoption_problem(container, sandbox.session, instance, config)
             if problem is None:
@@ -68,6 +81,8 @@ async def sweep_orphans(
         gone(container["Id"])
     for sandbox in expected.values():
         sandbox.adoption_failed(GONE)
+    for sandbox in unstored.values():
+        sandbox.unstored = False  # none of its own was left: its first call launches one
     if removed:
         log.info("removed %d orphaned sandbox container(s) of instance %s", removed, instance)
     return removed

@@ -71,6 +71,8 @@ class DockerSandbox(AgentFiles):
         self._adopt: str | None = None
         """A container a previous server life started for this session, to re-attach (not launch)."""
         self._adopt_started: float | None = None
+        self.unstored = False
+        """Given back by a restart with no stored container (``expect_labelled``), until the sweep."""
         """When that container started, on this process's monotonic clock."""
         self.paused = False
         """Its session is paused: the container is frozen (idle and lifetime retirement skip it)."""
@@ -307,6 +309,19 @@ class DockerSandbox(AgentFiles):
 
     def expect(self, container_id: str) -> None:
         self._adopt = container_id
+
+    def expect_labelled(self) -> None:
+        """A restarted server gives the session back with no stored container: the server may have
+        died between launching it and storing its id. The start-up sweep looks for one by its
+        labels (``found``)."""
+        if self._adopt is None and self._live is None:
+            self.unstored = True
+
+    def found(self, container_id: str) -> None:
+        """The sweep found the session's container by its labels: re-adopt it, and store its id."""
+        self.unstored = False
+        self._adopt = container_id
+        self._provider.container_changed(self.session.session_id, container_id)
 
     def adoptable(self, created: float) -> None:
         """The expected container passed its checks; it was created at ``created`` (epoch s)."""
