@@ -325,6 +325,8 @@ class FakeDockerClient:
         finally:
             if ex.running:
                 ex.finish(0)
+            else:  # finished meanwhile (its container stopped), maybe before its agent connected
+                ex.close()
 
     def _short_command(self, ex: FakeExec) -> tuple[int, bytes]:
         cmd = ex.cmd
