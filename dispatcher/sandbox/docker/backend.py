@@ -160,7 +160,7 @@ class DockerSandboxProvider(SessionSandboxes):
         if sandbox is not None:
             await sandbox.close()
         for container in await self.api.list_by_labels(self._labels(session_id=session_id)):
-            await self.api.remove(container["Id"])
+            await self.remove_container(container["Id"])  # with its socket directory and pool slot
 
     async def aclose(self) -> None:
         """Remove every container this provider started, unmount its volumes, release the client."""

@@ -24,8 +24,8 @@ from dispatcher.sandbox.docker.config import (
     LABEL_TENANT,
     WarmPoolConfig,
 )
-from dispatcher.sandbox.docker.pool import DEMAND_WINDOW
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts
+from dispatcher.sandbox.docker.pool_shares import DEMAND_WINDOW
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_docker import FakeDockerClient
 
@@ -338,3 +338,16 @@ async def test_a_pooled_container_that_lost_its_workspace_is_not_readopted(rig: 
     assert again.container_id not in (None, adopted)  # its agent did not see the workspace: a fresh one
     assert adopted not in rig.fake.containers_by_id
     assert any("recreated" in n and "re-attached" in n for n in ran.notices), ran.notices
+
+
+async def test_a_kept_pooled_container_closed_before_its_readoption_takes_its_slot_along(rig: Rig) -> None:
+    session, adopted, slot = await adopted_then_died(rig)
+    after = pooled(rig, 1)
+    after.expect_container(session, adopted)
+    await after.remove_orphans()  # kept, its slot too; re-adopted at the first call, which never comes
+
+    await after.close_session(session.session_id)
+
+    assert adopted not in rig.fake.containers_by_id
+    assert slot in after.pool.mounts.released  # type: ignore[attr-defined]
+    assert not after.pool.owns(adopted)
