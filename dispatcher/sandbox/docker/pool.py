@@ -18,15 +18,16 @@ new session of that tenant the id of a waiting container (or of one being made),
 session, and only that one, adopts it (``take``). A session without a reservation (its id made
 elsewhere) never adopts one: it launches its own. A reserved container whose session closes
 before taking it is removed, never given to another. Pooled containers also carry
-``dispatcher.pool``: their workspace mount ends with the server, so a restarted server removes
-them as orphans, adopted or not, and those sessions get fresh containers.
+``dispatcher.pool`` and a fingerprint of their config and user. A restarted server removes the
+waiting ones as orphans and keeps an adopted one for its session with its slot (the slot's mount
+lives in the host's mount namespace): its new agent must see the session's workspace, pinned
+again, before the session gets it back (``pool_adopt.confirm_view``).
 
 Keys: the pool is kept per (tenant, sandbox user): a container runs as one uid:gid for its whole
 life (its agent too), and with per-tenant uids each tenant's sandboxes run as its own ids. Setting
 the uid at adoption instead would mean starting the agent at adoption (tens of ms of Python
-start-up), which is what the pool is for. The ``size`` is shared: before any session asks, among
-the configured tenants (the config's ``user``); then among the keys of the latest ``size`` asks,
-in proportion.
+start-up), which is what the pool is for. The ``size`` is shared among the keys of the latest
+asks, in proportion (``pool_shares.py``); before any, among the configured tenants.
 """
 
 from __future__ import annotations
@@ -50,23 +51,17 @@ from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import LABEL_POOL, LABEL_SESSION, LABEL_TENANT, WORKSPACE_ROOT
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts, adopt
+from dispatcher.sandbox.docker.pool_shares import Key, Shares
 from dispatcher.sandbox.launch_slots import LaunchSlots, in_background
 
 log = logging.getLogger(__name__)
 
-DEMAND_WINDOW = 16
-"""The size is shared among the keys of at least this many latest asks (4 x size if larger): a
-tenant's share follows its part of recent new sessions, without one ask evicting another's."""
 FILLS_AT_ONCE = 1
 """Containers the pool makes at once: making one costs a few hundred ms of dockerd, containerd and
 runc CPU, which sessions being adopted (and every running call) need more; refilling one at a time
 leaves the other launch slots to sessions that launch their own."""
 RETRY_SECONDS = 5.0
 """After a failed fill, how long the pool waits before trying again (a missing image, a full disk)."""
-
-
-Key = tuple[str, str]
-"""(tenant id, sandbox ``uid:gid``): whom a pooled container is made for."""
 
 
 @dataclass(slots=True)
@@ -112,11 +107,7 @@ class WarmPool:
         self._claims: dict[str, Pooled | None] = {}  # reserved: session id -> its container
         self._dropped: set[str] = set()  # reserved while being made, then released: remove
         self._arrived = asyncio.Event()  # set whenever a fill ends (ready, or failed)
-        # The keys of the latest asks, oldest first: the pool's containers are shared among them
-        # in proportion. Until there are that many, the configured tenants (as the config's user)
-        # stand in for them, so one ask moves one share, not the whole pool.
-        self._demand: deque[Key] = deque(maxlen=max(DEMAND_WINDOW, 4 * self.size))
-        self._asked = False  # no session has asked yet: the tenants may be told again
+        self._shares = Shares(self.size)
         self._adopted: dict[str, str] = {}  # container id -> slot, until the container is removed
         self._readopting: set[str] = set()  # kept at start-up for a session, not yet confirmed
         self._started = False
@@ -147,13 +138,9 @@ class WarmPool:
     def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
         """The tenants (id -> their sandboxes' uid, gid; None: the config's user) the size is
         shared among before sessions ask (the server's config); ties go to those listed first."""
-        if not tenants or self._asked:
-            return
         keys = [(t, self.config.user_for(uid, gid)) for t, (uid, gid) in tenants.items()]
-        window = self._demand.maxlen or 1
-        self._demand.clear()
-        self._demand.extend(reversed([keys[i % len(keys)] for i in range(window)]))
-        self._rebalance()
+        if self._shares.expect(keys):
+            self._rebalance()
 
     def start(self) -> None:
         """Remove slots a previous run left mounted, then fill in the background (after the
@@ -292,7 +279,9 @@ class WarmPool:
         )
 
     async def removed(self, container_id: str) -> None:
-        """An adopted container was removed: unmount and remove its slot."""
+        """An adopted (or kept, not yet re-adopted) container was removed: unmount and remove its
+        slot."""
+        self._readopting.discard(container_id)
         slot = self._adopted.pop(container_id, None)
         if slot is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.mounts.release, slot)
@@ -338,13 +327,12 @@ class WarmPool:
         """Count an ask for ``key``; waiting containers of keys now past their share are removed
         (only waiting ones: never one being made, reserved or adopted), so the refill makes
         ``key``'s."""
-        self._asked = True
-        self._demand.append(key)
+        self._shares.ask(key)
         self._rebalance()
 
     def _rebalance(self) -> None:
         """Remove waiting containers of keys past their share, then refill."""
-        targets = self._targets()
+        targets = self._shares.targets()
         surplus: list[Pooled] = []
         for other, queue in self._ready.items():
             keep = max(0, targets.get(other, 0) - self._unclaimed_making(other))
@@ -359,27 +347,11 @@ class WarmPool:
     def _unclaimed_making(self, key: Key | None = None) -> int:
         return sum(1 for sid, k in self._making.items() if sid not in self._claims and key in (None, k))
 
-    def _targets(self) -> dict[Key, int]:
-        """Containers per key: the size shared in proportion to the latest asks (largest
-        remainders first, ties to the most recent key); before any, among the tenants."""
-        demand = self._demand
-        if not demand:
-            return {}  # no tenant known and nobody asked: nothing to make
-        counts: dict[Key, int] = {}
-        for key in reversed(demand):  # most recent first: ties go to it
-            counts[key] = counts.get(key, 0) + 1
-        total = len(demand)
-        targets = {k: self.size * c // total for k, c in counts.items()}
-        left = self.size - sum(targets.values())
-        for key in sorted(counts, key=lambda k: -(self.size * counts[k] % total))[:left]:
-            targets[key] += 1
-        return targets
-
     def _next_key(self) -> Key | None:
         """The key to make the next container for, or None when the pool is full."""
         if self.ready + self._unclaimed_making() >= self.size:
             return None
-        targets = self._targets()
+        targets = self._shares.targets()
         if not targets:
             return None
         have = {k: len(self._ready.get(k, ())) + self._unclaimed_making(k) for k in targets}
