@@ -48,13 +48,6 @@ async def test_a_pooled_sessions_container_carries_its_session_and_tenant(
         result = await client.call(session.session_id, "list_dir", {})  # runs in its container
         assert not result.is_error, result
 
-    print(
-        "DBG",
-        provider.pool.hits,
-        provider.pool.misses,
-        provider.config.start_on_create,
-        list(provider.pool._demand)[-3:],
-    )
     assert provider.pool.hits == 2 and provider.pool.misses == 0
     for session, tenant in ((a, "alpha"), (b, "beta")):
         [container] = _of_session(docker_client, session.session_id)
