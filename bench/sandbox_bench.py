@@ -13,7 +13,7 @@ import docker
 
 from bench.baselines import time_sync
 from bench.env import BenchEnv
-from bench.table import Row, row, time_async
+from bench.table import IDLE_GAP_SECONDS, Row, row, time_async
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
 from dispatcher.core.session import Session
 from dispatcher.core.types import Tool, ToolContext
@@ -121,6 +121,18 @@ async def _runc_rows(env: BenchEnv) -> list[Row]:
                 "sandbox",
                 "read_file 4 KiB (tool)",
                 await time_async(lambda: _tool(ReadFileTool, context, path="f4k.txt"), n),
+            ),
+            row(
+                "sandbox",
+                f"exec `true` (sandbox API), {IDLE_GAP_SECONDS * 1000:g} ms idle before each",
+                await time_async(lambda: _exec_true(sandbox), n, gap=IDLE_GAP_SECONDS),
+                "at a call cadence: the agent and the server wake for each call",
+            ),
+            row(
+                "sandbox",
+                f"read 4 KiB (sandbox API), {IDLE_GAP_SECONDS * 1000:g} ms idle before each",
+                await time_async(lambda: sandbox.read_bytes("f4k.txt"), n, gap=IDLE_GAP_SECONDS),
+                "at a call cadence: the agent and the server wake for each call",
             ),
             row(
                 "sandbox",

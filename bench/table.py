@@ -6,6 +6,7 @@ the ``docker exec`` baseline measured in the same run, so ratios never mix machi
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,12 +38,26 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return statistics.quantiles(ordered, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
 
 
-async def time_async(fn: Callable[[], Awaitable[object]], n: int, *, warmup: int = 3) -> list[float]:
-    """Latencies in ms of ``n`` sequential awaited calls, after ``warmup`` unmeasured ones."""
+IDLE_GAP_SECONDS = 0.002
+"""The pause before each call of the "after idle" rows: an agent's call cadence (the client and the
+model between calls), long enough for an idle processor to sleep (see ``time_async``)."""
+
+
+async def time_async(
+    fn: Callable[[], Awaitable[object]], n: int, *, warmup: int = 3, gap: float = 0.0
+) -> list[float]:
+    """Latencies in ms of ``n`` sequential awaited calls, after ``warmup`` unmeasured ones.
+
+    ``gap``: seconds of sleep before each call, not timed. Back-to-back calls keep every process
+    involved running; a server's calls arrive after a pause, when the processes (and, in a virtual
+    machine, its processors) have gone idle and must be woken, which a tight loop never measures.
+    """
     for _ in range(warmup):
         await fn()
     samples = []
     for _ in range(n):
+        if gap:
+            await asyncio.sleep(gap)
         started = time.perf_counter()
         await fn()
         samples.append((time.perf_counter() - started) * 1000)
