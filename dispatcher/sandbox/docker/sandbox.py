@@ -71,9 +71,9 @@ class DockerSandbox(AgentFiles):
         self._adopt: str | None = None
         """A container a previous server life started for this session, to re-attach (not launch)."""
         self._adopt_started: float | None = None
+        """When that container started, on this process's monotonic clock."""
         self.unstored = False
         """Given back by a restart with no stored container (``expect_labelled``), until the sweep."""
-        """When that container started, on this process's monotonic clock."""
         self.paused = False
         """Its session is paused: the container is frozen (idle and lifetime retirement skip it)."""
         self._resumed: str | None = None
