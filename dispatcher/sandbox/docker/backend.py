@@ -39,7 +39,7 @@ from dispatcher.sandbox.docker.image_check import (
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
 from dispatcher.sandbox.docker.orphans import sweep_orphans
 from dispatcher.sandbox.docker.pool import WarmPool
-from dispatcher.sandbox.docker.pool_adopt import confirm_view
+from dispatcher.sandbox.docker.pool_adopt import readopt
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.sessions import SessionSandboxes
 from dispatcher.sandbox.docker.watch import SandboxWatch
@@ -342,14 +342,12 @@ class DockerSandboxProvider(SessionSandboxes):
         if link is None:
             raise SandboxError("a warm pool's container whose agent cannot run is not re-adopted")
         try:
-            await confirm_view(self.launcher, session, link)
+            await readopt(self.launcher, session, container_id=container_id, link=link)
         except BaseException:
             with contextlib.suppress(Exception):
                 await link[1].close()
             link[0].close()
             raise
-        # Never made with a CA bundle (such sessions launch their own).
-        await self.launcher.open_tunnels(container_id, session, link, ca_mounted=False)
         return link
 
     async def destroy(self, live: LiveContainer) -> None:

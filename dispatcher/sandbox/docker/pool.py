@@ -21,7 +21,7 @@ before taking it is removed, never given to another. Pooled containers also carr
 ``dispatcher.pool`` and a fingerprint of their config and user. A restarted server removes the
 waiting ones as orphans and keeps an adopted one for its session with its slot (the slot's mount
 lives in the host's mount namespace): its new agent must see the session's workspace, pinned
-again, before the session gets it back (``pool_adopt.confirm_view``).
+again, before the session gets it back (``pool_adopt.readopt``).
 
 Keys: the pool is kept per (tenant, sandbox user): a container runs as one uid:gid for its whole
 life (its agent too), and with per-tenant uids each tenant's sandboxes run as its own ids. Setting
@@ -161,7 +161,7 @@ class WarmPool:
     def kept(self, container: Mapping[str, Any]) -> None:
         """The start-up sweep kept this listed container for a session to re-adopt: if it is a
         pooled one, its slot stays mounted (``start``) and goes with it, and its agent must see the
-        session's workspace again before the session gets it (``confirm_view``)."""
+        session's workspace again before the session gets it (``pool_adopt.readopt``)."""
         if not (container.get("Labels") or {}).get(LABEL_POOL):
             return
         self._readopting.add(container["Id"])

@@ -111,23 +111,37 @@ async def adopt(
     Raises:
         SandboxError: the workspace could not be mounted, or the container does not see it.
     """
+    await _see_and_open(launcher, session, container_id, link, mounts, slot)
+
+
+async def readopt(
+    launcher: ContainerLauncher, session: Session, *, container_id: str, link: AgentLink
+) -> None:
+    """A restarted server re-adopting a pooled container: its new agent must see, at /workspace,
+    the session's workspace as pinned now (the slot's mount outlived the old server, or it did
+    not); then the session's egress listener is opened.
+
+    Raises:
+        SandboxError: it does not see it.
+    """
+    await _see_and_open(launcher, session, container_id, link, None, None)
+
+
+async def _see_and_open(
+    launcher: ContainerLauncher,
+    session: Session,
+    container_id: str,
+    link: AgentLink,
+    mounts: SlotMounts | None,
+    slot: str | None,
+) -> None:
+    """Pin the workspace (mounted on ``slot``, given one), confirm the agent sees it, open the
+    session's egress listener."""
     loop = asyncio.get_running_loop()
     fd, marker = await loop.run_in_executor(None, _pin_and_mark, launcher, session, mounts, slot)
     await _confirm(link, fd, marker)
     # Never made with a CA bundle (such sessions launch their own): nothing to ask the container.
     await launcher.open_tunnels(container_id, session, link, ca_mounted=False)
-
-
-async def confirm_view(launcher: ContainerLauncher, session: Session, link: AgentLink) -> None:
-    """A restarted server re-adopting a pooled container: its agent must see, at /workspace, the
-    session's workspace as pinned now (the slot's mount outlived the old server, or it did not).
-
-    Raises:
-        SandboxError: it does not.
-    """
-    loop = asyncio.get_running_loop()
-    fd, marker = await loop.run_in_executor(None, _pin_and_mark, launcher, session, None, None)
-    await _confirm(link, fd, marker)
 
 
 async def _confirm(link: AgentLink, fd: int, marker: str) -> None:
