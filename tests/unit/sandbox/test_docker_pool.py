@@ -66,9 +66,15 @@ class FakeSlotMounts(SlotMounts):
 def pooled(rig: Rig, size: int, **config: object) -> DockerSandboxProvider:
     provider = rig.provider(warm_pool=WarmPoolConfig(size=size), **config)
     provider.pool.mounts = FakeSlotMounts(rig.fake, rig.tmp / "slots")
-    provider.pool.expect_tenants(
-        {"t": (None, None)}
-    )  # the rig's sessions' tenant, as the server's config says
+    provider.pool.expect_tenants({"t": (None, None)})  # the rig's sessions' tenant, as the config says
+    return provider
+
+
+async def filled(rig: Rig, size: int) -> DockerSandboxProvider:
+    """A pooled provider after its start-up sweep (which starts the filling), once full."""
+    provider = pooled(rig, size)
+    await provider.remove_orphans()
+    await until(lambda: provider.pool.ready == size, "the pool to fill")
     return provider
 
 
@@ -92,9 +98,7 @@ def pool_containers(fake: FakeDockerClient) -> set[str]:
 
 
 async def test_the_pool_fills_to_its_size_and_a_session_adopts_one(rig: Rig) -> None:
-    provider = pooled(rig, 2)
-    await provider.remove_orphans()  # the start-up sweep starts the filling
-    await until(lambda: provider.pool.ready == 2, "the pool to fill")
+    provider = await filled(rig, 2)
     waiting = pool_containers(rig.fake)
     assert len(waiting) == 2
     session = reserved(provider, rig.session("adopt"))
@@ -115,9 +119,7 @@ async def test_the_pool_fills_to_its_size_and_a_session_adopts_one(rig: Rig) -> 
 
 
 async def test_an_adopted_container_serves_one_session_and_leaves_with_it(rig: Rig) -> None:
-    provider = pooled(rig, 1)
-    await provider.remove_orphans()
-    await until(lambda: provider.pool.ready == 1, "the pool to fill")
+    provider = await filled(rig, 1)
     first = reserved(provider, rig.session("one"))
     sandbox = provider.sandbox_for(first)
     await run(sandbox, "x")
@@ -159,9 +161,7 @@ async def test_a_container_that_does_not_see_the_workspace_is_discarded(rig: Rig
 
 
 async def test_shutdown_drains_the_pool(rig: Rig) -> None:
-    provider = pooled(rig, 3)
-    await provider.remove_orphans()
-    await until(lambda: provider.pool.ready == 3, "the pool to fill")
+    provider = await filled(rig, 3)
     mounts = provider.pool.mounts
 
     await provider.aclose()
@@ -212,9 +212,7 @@ async def test_a_session_waits_for_the_container_being_made_for_it(rig: Rig) -> 
 
 
 async def test_the_pool_follows_the_users_that_ask(rig: Rig) -> None:
-    provider = pooled(rig, 2)
-    await provider.remove_orphans()
-    await until(lambda: provider.pool.ready == 2, "the pool to fill")
+    provider = await filled(rig, 2)
     default = pool_containers(rig.fake)
 
     def own_ids() -> Session:
@@ -234,9 +232,7 @@ async def test_the_pool_follows_the_users_that_ask(rig: Rig) -> None:
 
 
 async def test_an_adopted_container_carries_its_sessions_labels(rig: Rig) -> None:
-    provider = pooled(rig, 1)
-    await provider.remove_orphans()
-    await until(lambda: provider.pool.ready == 1, "the pool to fill")
+    provider = await filled(rig, 1)
     session = reserved(provider, rig.session())
     sandbox = provider.sandbox_for(session)
 
@@ -250,9 +246,7 @@ async def test_an_adopted_container_carries_its_sessions_labels(rig: Rig) -> Non
 
 
 async def test_a_session_without_a_reservation_never_adopts_one(rig: Rig) -> None:
-    provider = pooled(rig, 2)
-    await provider.remove_orphans()
-    await until(lambda: provider.pool.ready == 2, "the pool to fill")
+    provider = await filled(rig, 2)
     waiting = pool_containers(rig.fake)
     sandbox = provider.sandbox_for(rig.session("own-id"))  # named elsewhere: no container has its label
 
@@ -264,9 +258,7 @@ async def test_a_session_without_a_reservation_never_adopts_one(rig: Rig) -> Non
 
 
 async def test_a_reserved_container_whose_session_closes_first_serves_no_other(rig: Rig) -> None:
-    provider = pooled(rig, 1)
-    await provider.remove_orphans()
-    await until(lambda: provider.pool.ready == 1, "the pool to fill")
+    provider = await filled(rig, 1)
     [kept] = pool_containers(rig.fake)
     gone = reserved(provider, rig.session("gone"))
 

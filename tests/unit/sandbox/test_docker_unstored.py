@@ -3,6 +3,7 @@ server finds the container by its labels instead of removing it as an orphan (fa
 
 from __future__ import annotations
 
+from dispatcher.core.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import LABEL_SESSION
 from tests.unit.sandbox.docker_rig import Rig, run
@@ -16,13 +17,17 @@ def restarted(rig: Rig) -> tuple[DockerSandboxProvider, list[tuple[str, str | No
     return provider, stored
 
 
-async def test_a_container_whose_id_was_never_stored_is_readopted_by_its_labels(rig: Rig) -> None:
-    before = rig.provider()
-    session = rig.session()
-    sandbox = before.sandbox_for(session)
+async def launched(provider: DockerSandboxProvider, session: Session) -> str:
+    """The id of a container ``provider`` launched for ``session``, which ran a command in it."""
+    sandbox = provider.sandbox_for(session)
     await run(sandbox, "echo one > /tmp/x")
-    launched = sandbox.container_id
-    assert launched is not None  # then the server died before its state writer stored the id
+    assert sandbox.container_id is not None
+    return sandbox.container_id
+
+
+async def test_a_container_whose_id_was_never_stored_is_readopted_by_its_labels(rig: Rig) -> None:
+    session = rig.session()
+    first = await launched(rig.provider(), session)  # then the server died before storing its id
 
     after, stored = restarted(rig)
     after.sandbox_for(session).expect_labelled()  # given back with no stored container
@@ -30,22 +35,16 @@ async def test_a_container_whose_id_was_never_stored_is_readopted_by_its_labels(
 
     again = after.sandbox_for(session)
     ran = await run(again, "y")
-    assert again.container_id == launched and ran.notices == []
-    assert stored == [(session.session_id, launched)]  # stored now
+    assert again.container_id == first and ran.notices == []
+    assert stored == [(session.session_id, first)]  # stored now
 
 
 async def test_of_several_containers_with_its_labels_the_newest_is_readopted(rig: Rig) -> None:
-    before = rig.provider()
     session = rig.session()
-    old = before.sandbox_for(session)
-    await run(old, "x")
-    stale = old.container_id
-    assert stale is not None
+    stale = await launched(rig.provider(), session)
     rig.fake.containers_by_id[stale].created -= 60  # an older one (a launch that was retried)
-    other = rig.provider()  # a second launch of the same session, as a retry would make
-    newer = other.sandbox_for(session)
-    await run(newer, "x")
-    assert newer.container_id not in (None, stale)
+    newer = await launched(rig.provider(), session)  # a second launch, as a retry would make
+    assert newer != stale
 
     after, _ = restarted(rig)
     after.sandbox_for(session).expect_labelled()
@@ -53,7 +52,7 @@ async def test_of_several_containers_with_its_labels_the_newest_is_readopted(rig
 
     again = after.sandbox_for(session)
     await run(again, "y")
-    assert again.container_id == newer.container_id
+    assert again.container_id == newer
     assert stale not in rig.fake.containers_by_id
 
 
