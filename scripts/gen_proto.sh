@@ -16,13 +16,29 @@ if [[ "${1:-}" == "--check" ]]; then check=1; fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
+if ! "$PY" -c 'import grpc_tools.protoc, mypy_protobuf.main' 2>/dev/null; then
+  echo "gen_proto.sh: $PY has no grpcio-tools or mypy-protobuf: install the dev extra (make install)" >&2
+  exit 1
+fi
 wkt="$("$PY" -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')"
+# protoc runs mypy-protobuf's plugins with this Python, not whatever protoc-gen-mypy comes first on
+# PATH: pip may put its scripts outside PATH (a --user install), and another environment's copy of
+# another version writes other stubs, which --check would report as stale.
+pyexe="$("$PY" -c 'import sys; print(sys.executable)')"
+plugin() {  # plugin NAME FUNCTION: an executable protoc-gen-NAME running mypy_protobuf.main.FUNCTION
+  printf '#!/bin/sh\nexec "%s" -c "from mypy_protobuf.main import %s; %s()"\n' "$pyexe" "$2" "$2" \
+    >"$out/protoc-gen-$1"
+  chmod +x "$out/protoc-gen-$1"
+  echo "--plugin=protoc-gen-$1=$out/protoc-gen-$1"
+}
+plugins=("$(plugin mypy main)" "$(plugin mypy_grpc grpc)")
 protos=()
 while IFS= read -r f; do protos+=("${f#"$repo/proto/"}"); done \
   < <(find "$repo/proto/dispatcher/v1" -name '*.proto' | LC_ALL=C sort)
 
 (cd "$repo/proto" && "$PY" -m grpc_tools.protoc -I. -I"$wkt" \
   --python_out="$out" --grpc_python_out="$out" \
+  "${plugins[@]}" \
   --mypy_out="$out" --mypy_grpc_out="$out" "${protos[@]}") >"$out/protoc.log" 2>&1 \
   || { cat "$out/protoc.log" >&2; exit 1; }
 
