@@ -1,8 +1,8 @@
 PY ?= python3
 
-.PHONY: bootstrap install images proto proto-check lint typecheck check test test-unit bench serve
+.PHONY: bootstrap install images proto proto-check lint typecheck gates check test test-unit bench serve
 
-install:            ## Python package with dev extras
+install:            ## Python package with the dev extra (the same install as bootstrap's)
 	$(PY) -m pip install -q -e '.[dev]'
 
 images:             ## build the sandbox image(s) offline; quick when nothing changed
@@ -15,15 +15,18 @@ proto-check:
 	bash scripts/gen_proto.sh --check
 
 lint:
-	ruff check dispatcher tests bench
-	ruff format --check dispatcher tests bench
+	$(PY) -m ruff check dispatcher tests bench
+	$(PY) -m ruff format --check dispatcher tests bench
 
 typecheck:
-	mypy
+	$(PY) -m mypy --strict
 
-check: lint typecheck proto-check test-unit
+gates:              ## lint, format, mypy --strict, proto check: what make test runs before pytest
+	PY=$(PY) bash scripts/gates.sh
 
-test:               ## the whole suite: installs what it needs (Docker engine, image), then pytest
+check: gates test-unit
+
+test:               ## the whole suite: installs what it needs (Docker engine, image), the gates, then pytest
 	bash scripts/test.sh
 
 bootstrap:          ## install the package, start Docker if none answers, build the sandbox image

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The one command that runs the whole suite on any machine: bootstrap, then pytest.
+# The one command that runs the whole suite on any machine: bootstrap, the gates (lint, format,
+# mypy --strict, the proto check: scripts/gates.sh), then pytest. A failed gate fails the run.
 # Docker tests are required here (DISPATCHER_REQUIRE_DOCKER=1): a missing daemon fails, never skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+bash scripts/gates.sh
 # The Go client (tests/server/test_go_client.py): Debian's toolchain, about a minute when cold. A
 # failure here does not stop the suite: that test module builds it again and fails (or, with no
 # toolchain to be had, skips) saying why.
