@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a new machine needs before it can serve or test: the Python package with its dev
-# extras, a Docker engine that answers, gVisor registered as a runtime, and the sandbox image.
+# extra (the gates' tools among them), a Docker engine that answers, gVisor registered as a
+# runtime, and the sandbox image.
 # Each step is quick when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,10 +11,11 @@ stamp=.bootstrap-installed
 # Asked from outside the checkout, so an install of another (moved, removed) checkout is seen as
 # such: the `dispatcher` command would import that one, or nothing.
 installed=$(cd / && "$PY" -c "import os, dispatcher, grpc, docker, mcp, prometheus_client, opentelemetry.sdk
+import grpc_tools, mypy_protobuf, mypy, ruff  # the dev extra: what scripts/gates.sh runs
 print(os.path.dirname(os.path.dirname(os.path.realpath(dispatcher.__file__))))" 2>/dev/null || true)
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$installed" != "$(pwd -P)" ]; then
-  # otel: the tracing extra is tested too.
-  "$PY" -m pip install -q --disable-pip-version-check -e '.[dev,otel]'
+  # The same extras as `make install`: pyproject's `dev` says what a developer or CI needs.
+  "$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
   touch "$stamp"
 fi
 # Per-tenant disk quotas are loop-mounted ext4 images (sandbox.workspace_quota): mkfs.ext4 and mount.
