@@ -18,11 +18,11 @@ import pytest
 
 from dispatcher.config.load import parse_policy
 from dispatcher.core import Decision, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.tools import builtin_factories
+from tests.events import EventOf, ToolConfirmationRequested, is_event
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run, runsc_available
 
@@ -60,14 +60,14 @@ async def setup(
 
 async def approve(
     d: ToolDispatcher, session: Session, sandbox: Sandbox, name: str, input_: dict[str, Any], swap: str
-) -> tuple[ev.Event, ToolResultBlock]:
+) -> tuple[EventOf[ToolConfirmationRequested], ToolResultBlock]:
     """Dispatch, wait for the question, run ``swap`` in the sandbox, then allow."""
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.ensure_future(d.dispatch(ToolUseBlock("tu-1", name, input_), session))
         try:
             async with asyncio.timeout(60):
-                asked = await anext(e async for e in sub if e.type == ev.TOOL_CONFIRMATION_REQUESTED)
+                asked = await anext(e async for e in sub if is_event(e, ToolConfirmationRequested))
             if swap:
                 swapped = await run(sandbox, swap)
                 assert swapped.result.exit_code == 0, swapped.err

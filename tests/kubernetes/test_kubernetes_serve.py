@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dispatcher.client import DispatcherClient
-from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION
+from tests.events import EventOf, ToolConfirmationRequested, is_event
 from tests.kube_standin import StandIn
 from tests.kube_standin.selectors import parse_selector
 from tests.kube_standin.store import POD
@@ -128,10 +128,10 @@ def test_kubernetes_serve_confirmation_then_run(kserve: Callable[..., ServeProce
     server = kserve(tool_confirmation={"default": {"EXECUTE": "prompt"}})
     with server.client() as client:
         sid = client.create_session("proj").session_id
-        asked: list[Event] = []
+        asked: list[EventOf[ToolConfirmationRequested]] = []
         result: ToolResultBlock | None = None
         for item in client.dispatch(sid, [ToolUseBlock("t1", "shell", {"command": "echo approved"})]):
-            if isinstance(item, Event) and item.type == "tool.confirmation_requested":
+            if is_event(item, ToolConfirmationRequested):
                 asked.append(item)
                 client.resolve_confirmation(sid, str(item.payload.request_id), True)
             elif isinstance(item, ToolResultBlock):

@@ -3,32 +3,38 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.core.events import Event
+from dispatcher.core.events import EventPayload
+from dispatcher.core.types import TextBlock, ToolResultBlock
+from tests.events import EventOf, is_event
 from tests.polling import until
 
 __all__ = ["next_event", "text_of", "until"]
+
+P = TypeVar("P", bound=EventPayload)
 
 
 async def next_event(
     client: AsyncDispatcherClient,
     session_id: str,
-    event_type: str,
+    kind: type[P],
     *,
     after_seq: int = 0,
     timeout: float = 20.0,
-) -> Event:
-    """The first event of ``event_type`` in the session after ``after_seq`` (replayed or live)."""
+) -> EventOf[P]:
+    """The first event with a ``kind`` payload in the session after ``after_seq`` (replayed or live)."""
 
-    async def find() -> Event:
+    async def find() -> EventOf[P]:
         async for event in client.watch(session_id, after_seq=after_seq):
-            if event.type == event_type:
+            if is_event(event, kind):
                 return event
-        raise AssertionError(f"session closed before a {event_type} event")
+        raise AssertionError(f"session closed before a {kind.__name__} event")
 
     return await asyncio.wait_for(find(), timeout)
 
 
-def text_of(result: object) -> str:
-    return "".join(getattr(b, "text", "") for b in getattr(result, "content", ()))
+def text_of(result: ToolResultBlock) -> str:
+    """The text of ``result``: its text blocks, joined."""
+    return "".join(block.text for block in result.content if isinstance(block, TextBlock))

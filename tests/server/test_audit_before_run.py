@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.core.types import ToolUseBlock
+from tests.events import ToolFailed, is_event
 from tests.polling import until, until_sync
 from tests.server.conftest import Harness
 from tests.server.serve_process import start_serve
@@ -86,6 +87,6 @@ async def test_a_client_gone_mid_call_leaves_a_completed_record_and_a_failed_eve
     assert [r["kind"] for r in mine] == ["tool.call.dispatched", "tool.call.completed"]
     assert mine[-1]["outcome"] == "cancelled"
     async for event in harness.client().watch(session.session_id):
-        if event.type == "tool.failed":
+        if is_event(event, ToolFailed):
             assert event.tool_use_id == "tu_b" and event.payload.error_class == "cancelled"
             break

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from dispatcher import cli
+from tests.events import ToolConfirmationRequested
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness
 from tests.server.helpers import next_event, until
 
@@ -82,7 +83,7 @@ async def test_approve_from_another_terminal(harness: Harness, capsys: pytest.Ca
             session.session_id,
         )
     )
-    request = await next_event(harness.client(), session.session_id, "tool.confirmation_requested")
+    request = await next_event(harness.client(), session.session_id, ToolConfirmationRequested)
     request_id = str(request.payload.request_id)
     assert await run(harness, "approve", session.session_id, request_id) == 0
     assert await asyncio.wait_for(call, 20) == 0
@@ -107,7 +108,7 @@ async def test_call_without_a_terminal_says_at_once_that_nobody_can_answer_here(
             session.session_id,
         )
     )
-    request = await next_event(harness.client(), session.session_id, "tool.confirmation_requested")
+    request = await next_event(harness.client(), session.session_id, ToolConfirmationRequested)
     request_id = str(request.payload.request_id)
     err = ""
 

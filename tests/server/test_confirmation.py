@@ -7,6 +7,7 @@ import asyncio
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock
+from tests.events import ToolConfirmationRequested, ToolConfirmationResolved, events_of
 from tests.server.conftest import TOKEN_BETA, Harness, ServerFactory
 from tests.server.helpers import next_event, text_of
 
@@ -15,7 +16,7 @@ async def test_prompt_then_allow_runs_the_tool(harness: Harness) -> None:
     agent, human = harness.client(TOKEN_BETA), harness.client(TOKEN_BETA)  # beta: EXECUTE prompts
     session = await agent.create_session()
     call = asyncio.create_task(agent.call(session.session_id, "shell", {"command": "echo allowed"}))
-    request = await next_event(human, session.session_id, "tool.confirmation_requested")
+    request = await next_event(human, session.session_id, ToolConfirmationRequested)
     assert request.payload.tool_name == "shell"
     assert "echo allowed" in str(request.payload.input_summary)
     await human.resolve_confirmation(session.session_id, str(request.payload.request_id), Decision.ALLOW)
@@ -29,7 +30,7 @@ async def test_prompt_once_asks_only_the_first_time(make_server: ServerFactory) 
     agent = h.client(token=(h.tmp / "home" / "token").read_text().strip())
     session = await agent.create_session()
     first = asyncio.create_task(_items(agent, session.session_id, "w1", {"path": "a.txt", "content": "1"}))
-    request = await next_event(agent, session.session_id, "tool.confirmation_requested")
+    request = await next_event(agent, session.session_id, ToolConfirmationRequested)
     await agent.resolve_confirmation(session.session_id, str(request.payload.request_id), Decision.ALLOW)
     assert not _result(await asyncio.wait_for(first, 20)).is_error
     second = await asyncio.wait_for(
@@ -40,7 +41,7 @@ async def test_prompt_once_asks_only_the_first_time(make_server: ServerFactory) 
     # a new session asks again
     other = await agent.create_session("other")
     third = asyncio.create_task(_items(agent, other.session_id, "w3", {"path": "c.txt", "content": "3"}))
-    request = await next_event(agent, other.session_id, "tool.confirmation_requested")
+    request = await next_event(agent, other.session_id, ToolConfirmationRequested)
     await agent.resolve_confirmation(other.session_id, str(request.payload.request_id), Decision.DENY)
     assert str(_result(await asyncio.wait_for(third, 20)).error_class) == "user_denied"
 
@@ -49,7 +50,7 @@ async def test_remember_approves_the_tool_for_the_session(harness: Harness) -> N
     agent = harness.client()
     session = await agent.create_session()
     first = asyncio.create_task(_items(agent, session.session_id, "w1", {"path": "a.txt", "content": "1"}))
-    request = await next_event(agent, session.session_id, "tool.confirmation_requested")
+    request = await next_event(agent, session.session_id, ToolConfirmationRequested)
     await agent.resolve_confirmation(session.session_id, str(request.payload.request_id), True, remember=True)
     assert not _result(await asyncio.wait_for(first, 20)).is_error
     second = await asyncio.wait_for(
@@ -67,7 +68,7 @@ async def test_confirmation_timeout(make_server: ServerFactory) -> None:
     )
     result = _result(items)
     assert result.is_error and str(result.error_class) == "confirmation_timeout"
-    resolved = [i for i in items if isinstance(i, Event) and i.type == "tool.confirmation_resolved"]
+    resolved = events_of(items, ToolConfirmationResolved)
     assert resolved[0].payload.reason == "timeout" and resolved[0].payload.decision is Decision.DENY
     assert not (h.tmp / "ws-alpha" / "default" / "a.txt").exists()
 

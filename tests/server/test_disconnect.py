@@ -8,6 +8,7 @@ import grpc
 
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from tests.events import ToolFailed, ToolOutputDelta
 from tests.server.conftest import TOKEN_ALPHA, Harness
 from tests.server.helpers import next_event
 
@@ -30,7 +31,7 @@ async def test_disconnect_cancels_the_calls_tools(harness: Harness) -> None:
     session = await watcher.create_session()
     use = pb.ToolUse(id="gone", name="block", input_json="{}")
     await _start_and_abandon(harness, session.session_id, use)
-    failed = await next_event(watcher, session.session_id, "tool.failed")
+    failed = await next_event(watcher, session.session_id, ToolFailed)
     assert failed.tool_use_id == "gone" and str(failed.payload.error_class) == "cancelled"
 
 
@@ -40,7 +41,7 @@ async def test_disconnect_kills_a_running_shell(harness: Harness) -> None:
     use = pb.ToolUse(id="sh", name="shell", input_json='{"command": "echo up; sleep 60"}')
     began = asyncio.get_running_loop().time()
     await _start_and_abandon(harness, session.session_id, use)
-    failed = await next_event(watcher, session.session_id, "tool.failed")
+    failed = await next_event(watcher, session.session_id, ToolFailed)
     assert failed.tool_use_id == "sh" and str(failed.payload.error_class) == "cancelled"
     assert asyncio.get_running_loop().time() - began < 10
     # the session still works
@@ -52,11 +53,11 @@ async def test_disconnect_leaves_other_calls_alone(harness: Harness) -> None:
     client = harness.client()
     session = await client.create_session()
     survivor = asyncio.create_task(client.call(session.session_id, "block", {}, tool_use_id="stays"))
-    await next_event(client, session.session_id, "tool.output_delta")
+    await next_event(client, session.session_id, ToolOutputDelta)
     await _start_and_abandon(
         harness, session.session_id, pb.ToolUse(id="gone", name="block", input_json="{}")
     )
-    failed = await next_event(client, session.session_id, "tool.failed")
+    failed = await next_event(client, session.session_id, ToolFailed)
     assert failed.tool_use_id == "gone"
     assert not survivor.done()
     await client.cancel(session.session_id)

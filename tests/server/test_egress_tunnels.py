@@ -18,6 +18,7 @@ import pytest
 
 from dispatcher.core.dispatcher import Decision
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS
+from tests.events import ToolConfirmationRequested
 from tests.server.conftest import TOKEN_ALPHA, Harness, ServerFactory
 from tests.server.helpers import next_event, text_of, until
 
@@ -140,7 +141,7 @@ async def _prompted(h: Harness, echo: Echo, token: str) -> tuple[Any, Any, Any, 
     call = asyncio.create_task(
         agent.call(sid, "shell", _shell(f"connect 127.0.0.1 {echo.port}"), tool_use_id="tu_pip")
     )
-    request = await next_event(human, sid, "tool.confirmation_requested")
+    request = await next_event(human, sid, ToolConfirmationRequested)
     return agent, human, (call, request), sid
 
 

@@ -14,6 +14,7 @@ from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.events import EventOf, ToolCalled, ToolConfirmationRequested, ToolInputInvalid, events_of
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness
 from tests.server.helpers import next_event, text_of, until
 
@@ -27,15 +28,15 @@ def audit_records(harness: Harness) -> list[dict[str, Any]]:
 
 async def ask_and_answer(
     client: AsyncDispatcherClient, session_id: str, command: str, decision: Decision
-) -> tuple[Event, ToolResultBlock]:
+) -> tuple[EventOf[ToolConfirmationRequested], ToolResultBlock]:
     """Call shell (beta: EXECUTE prompts), answer its confirmation, return the request and the result."""
     call = asyncio.create_task(client.call(session_id, "shell", {"command": command}))
-    request = await next_event(client, session_id, "tool.confirmation_requested")
+    request = await next_event(client, session_id, ToolConfirmationRequested)
     await client.resolve_confirmation(session_id, str(request.payload.request_id), decision)
     return request, await asyncio.wait_for(call, 20)
 
 
-def shown_input(request: Event) -> str:
+def shown_input(request: EventOf[ToolConfirmationRequested]) -> str:
     header, body = str(request.payload.input_summary).split("\n", 1)
     assert header.startswith("shell command, ")
     return body
@@ -63,7 +64,7 @@ async def test_tool_called_is_redacted_while_the_question_was_not(harness: Harne
     )
     assert shown_input(request) == "echo password=hunter22"
     assert not result.is_error and "hunter22" in text_of(result)
-    called = await next_event(client, session.session_id, "tool.called")
+    called = await next_event(client, session.session_id, ToolCalled)
     assert called.payload.input == {"command": "echo password=[REDACTED]"}
 
 
@@ -98,7 +99,7 @@ async def test_deeply_nested_input_json_is_a_validation_error(harness: Harness, 
     (result,) = [i for i in items if isinstance(i, ToolResultBlock)]
     assert result.is_error and str(result.error_class) == "validation_error"
     assert "nested deeper than 64 levels" in text_of(result)
-    invalid = [i for i in items if isinstance(i, Event) and i.type == "tool.input_invalid"]
+    invalid = events_of(items, ToolInputInvalid)
     assert invalid and invalid[0].tool_use_id == "deep"
     record = audit_records(harness)[-1]
     assert (record["tool_use_id"], record["outcome"]) == ("deep", "validation_error")
@@ -185,7 +186,7 @@ async def test_the_cli_prints_the_request_the_same_way(
     session = await client.create_session()
     command = "echo one\necho two\u202e\r"
     call = asyncio.create_task(client.call(session.session_id, "shell", {"command": command}))
-    request = await next_event(client, session.session_id, "tool.confirmation_requested")
+    request = await next_event(client, session.session_id, ToolConfirmationRequested)
     argv = ["watch", "--server", harness.target, session.session_id]
     watch = asyncio.create_task(asyncio.to_thread(cli.main, argv))
     out = ""

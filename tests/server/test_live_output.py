@@ -12,6 +12,7 @@ from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.wire import convert
+from tests.events import ToolOutputDelta, events_of
 from tests.server.conftest import Harness, ServerFactory
 from tests.server.helpers import text_of
 
@@ -29,9 +30,7 @@ def _rss() -> int:
 def _delta_bytes(events: list[Event]) -> tuple[int, int]:
     """Bytes of output the deltas carried, and bytes gap markers said were skipped."""
     carried = skipped = 0
-    for event in events:
-        if event.type != "tool.output_delta":
-            continue
+    for event in events_of(events, ToolOutputDelta):
         gap = GAP.search(event.payload.text)
         if gap:
             skipped += int(gap.group(1).replace(",", ""))

@@ -6,10 +6,10 @@ import grpc
 import pytest
 
 from dispatcher.client import RequestFailed
-from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from tests.events import ToolInputInvalid, events_of
 from tests.server.conftest import TOKEN_ALPHA, Harness
 from tests.server.helpers import text_of
 
@@ -59,7 +59,7 @@ async def test_invalid_input_json_is_a_validation_result(harness: Harness, raw: 
     results = {i.tool_use_id: i for i in items if isinstance(i, ToolResultBlock)}
     assert results["bad"].is_error and str(results["bad"].error_class) == "validation_error"
     assert not results["good"].is_error and text_of(results["good"]) == "ok"
-    invalid = [i for i in items if isinstance(i, Event) and i.type == "tool.input_invalid"]
+    invalid = events_of(items, ToolInputInvalid)
     assert invalid and invalid[0].tool_use_id == "bad" and invalid[0].payload.errors
 
 

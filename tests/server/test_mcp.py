@@ -18,6 +18,7 @@ import pytest
 
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.types import ImageBlock, SideEffect
+from tests.events import ToolConfirmationRequested
 from tests.server.conftest import Harness, ServerFactory
 from tests.server.helpers import next_event, text_of, until
 
@@ -108,7 +109,7 @@ async def test_a_write_class_mcp_tool_asks_for_confirmation(
     agent = h.client()  # alpha: WRITE prompts
     session = await agent.create_session()
     call = asyncio.create_task(agent.call(session.session_id, "mcp_fx_quick", {"text": "ok?"}))
-    request = await next_event(agent, session.session_id, "tool.confirmation_requested")
+    request = await next_event(agent, session.session_id, ToolConfirmationRequested)
     assert request.payload.tool_name == "mcp_fx_quick"
     assert request.payload.side_effect is SideEffect.WRITE or str(request.payload.side_effect) in (
         "write",
@@ -126,7 +127,7 @@ async def test_always_prompt_asks_even_when_the_class_runs(make_server: ServerFa
     agent = h.client()
     session = await agent.create_session()
     call = asyncio.create_task(agent.call(session.session_id, "mcp_fx_quick", {"text": "x"}))
-    request = await next_event(agent, session.session_id, "tool.confirmation_requested")
+    request = await next_event(agent, session.session_id, ToolConfirmationRequested)
     await agent.resolve_confirmation(session.session_id, str(request.payload.request_id), Decision.ALLOW)
     assert text_of(await asyncio.wait_for(call, 20)) == "quick:x"
 

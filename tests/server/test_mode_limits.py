@@ -16,6 +16,7 @@ from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.events import ToolConfirmationRequested
 from tests.server.conftest import ServerFactory
 from tests.server.helpers import next_event, text_of
 from tests.server.serve_process import start_serve
@@ -73,7 +74,7 @@ async def test_an_approved_plan_does_not_widen_past_the_tenants_modes(
             )
         )
     )
-    request = await next_event(client, s.session_id, "tool.confirmation_requested")
+    request = await next_event(client, s.session_id, ToolConfirmationRequested)
     await client.resolve_confirmation(s.session_id, str(request.payload.request_id), Decision.ALLOW)
     items = await asyncio.wait_for(call, 20)
     (result,) = [i for i in items if isinstance(i, ToolResultBlock)]

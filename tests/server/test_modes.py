@@ -15,6 +15,13 @@ from dispatcher.config import hash_token
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.events import (
+    EventOf,
+    ToolConfirmationRequested,
+    ToolConfirmationResolved,
+    ToolStepProposed,
+    events_of,
+)
 from tests.server.conftest import TOKEN_BETA, TOKEN_TINY, Harness, ServerFactory
 from tests.server.helpers import next_event, text_of
 
@@ -41,8 +48,8 @@ async def _answer_next(
     *,
     after_seq: int = 0,
     remember: bool = False,
-) -> Event:
-    request = await next_event(client, session_id, "tool.confirmation_requested", after_seq=after_seq)
+) -> EventOf[ToolConfirmationRequested]:
+    request = await next_event(client, session_id, ToolConfirmationRequested, after_seq=after_seq)
     await client.resolve_confirmation(
         session_id, str(request.payload.request_id), decision, remember=remember
     )
@@ -163,7 +170,7 @@ async def test_plan_proposes_side_effects_and_runs_them_after_approval(harness: 
     assert result.is_error and str(result.error_class) == "user_denied"
     assert "plan mode" in text_of(result) and "step 1" in text_of(result)
     assert "tool.called" not in _types(held)
-    (proposed,) = [i for i in held if isinstance(i, Event) and i.type == "tool.step_proposed"]
+    (proposed,) = events_of(held, ToolStepProposed)
     assert proposed.payload.step == 1 and proposed.payload.projected_modifications == ("plan.txt",)
     shell = _result(await _items(client, s.session_id, "shell", {"command": "touch ran"}, "s1"))
     assert shell.is_error and "step 2" in text_of(shell)
@@ -219,7 +226,7 @@ async def test_a_remembered_allow_publishes_why_it_ran(harness: Harness) -> None
         _items(client, s.session_id, "write_file", {"path": "b", "content": "2"}), 20
     )
     assert not _result(second).is_error
-    (resolved,) = [i for i in second if isinstance(i, Event) and i.type == "tool.confirmation_resolved"]
+    (resolved,) = events_of(second, ToolConfirmationResolved)
     assert resolved.payload.reason == "remembered" and resolved.payload.decision is Decision.ALLOW
     assert resolved.payload.request_id == "" and "tool.confirmation_requested" not in _types(second)
 
@@ -234,7 +241,7 @@ async def test_a_remembered_deny_refuses_later_calls_without_asking(harness: Har
     result = _result(second)
     assert result.is_error and str(result.error_class) == "user_denied" and "remember" in text_of(result)
     assert "tool.confirmation_requested" not in _types(second) and "tool.called" not in _types(second)
-    (resolved,) = [i for i in second if isinstance(i, Event) and i.type == "tool.confirmation_resolved"]
+    (resolved,) = events_of(second, ToolConfirmationResolved)
     assert resolved.payload.reason == "remembered" and resolved.payload.decision is Decision.DENY
     # Only that tool: another one still asks.
     after = (await client.get_session(s.session_id)).last_event_seq
@@ -296,7 +303,7 @@ async def test_cli_creates_a_plan_session_approves_its_plan_and_answers_a_batch(
     review_id = capsys.readouterr().out.split()[0]
     # Review stages writes without asking; shell asks as in cautious mode, answered as a batch.
     call = asyncio.create_task(_items(client, review_id, "shell", {"command": "true"}))
-    await next_event(client, review_id, "tool.confirmation_requested")
+    await next_event(client, review_id, ToolConfirmationRequested)
     assert await run("approve", review_id, "all") == 0
     assert not _result(await asyncio.wait_for(call, 20)).is_error
     assert (

@@ -13,6 +13,7 @@ from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.events import EventOf, ToolConfirmationRequested
 from tests.server.conftest import TOKEN_BETA, ServerFactory, base_config
 from tests.server.helpers import next_event, text_of
 
@@ -34,10 +35,10 @@ async def _answered(
     *,
     after_seq: int,
     remember: bool = False,
-) -> tuple[Event, ToolResultBlock]:
+) -> tuple[EventOf[ToolConfirmationRequested], ToolResultBlock]:
     """Run one call that must ask; allow it (remembering if told) and return the request and result."""
     call = asyncio.create_task(_run(client, session_id, name, tool_input, tid))
-    request = await next_event(client, session_id, "tool.confirmation_requested", after_seq=after_seq)
+    request = await next_event(client, session_id, ToolConfirmationRequested, after_seq=after_seq)
     answer = await client.answer(
         session_id, str(request.payload.request_id), Decision.ALLOW, remember=remember
     )

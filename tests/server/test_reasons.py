@@ -13,6 +13,7 @@ from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import FailureReason
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.events import EventOf, ToolConfirmationRequested, ToolFailed, ToolOutputDelta, events_of
 from tests.server.conftest import Harness, ServerFactory
 from tests.server.helpers import next_event
 
@@ -36,8 +37,8 @@ async def _call(
     return result, [i for i in items if isinstance(i, Event)]
 
 
-def _failed(events: list[Event]) -> Event:
-    (failed,) = [e for e in events if e.type == "tool.failed"]
+def _failed(events: list[Event]) -> EventOf[ToolFailed]:
+    (failed,) = events_of(events, ToolFailed)
     return failed
 
 
@@ -93,7 +94,7 @@ async def test_user_denied_then_remembered_deny(server: Harness) -> None:
     client = server.client()
     info = await client.create_session("manual", mode="manual")  # every call asks
     call = asyncio.ensure_future(_call(client, info.session_id, "echo", {"text": "x"}))
-    request = await next_event(client, info.session_id, "tool.confirmation_requested")
+    request = await next_event(client, info.session_id, ToolConfirmationRequested)
     await client.resolve_confirmation(
         info.session_id, str(request.payload.request_id), Decision.DENY, remember=True
     )
@@ -114,7 +115,7 @@ async def test_cancelled(server: Harness) -> None:
     client = server.client()
     info = await client.create_session("cancel")
     call = asyncio.ensure_future(_call(client, info.session_id, "shell", {"command": "echo go; sleep 30"}))
-    await next_event(client, info.session_id, "tool.output_delta")
+    await next_event(client, info.session_id, ToolOutputDelta)
     await client.cancel(info.session_id)
     result, events = await call
     assert (result.error_class, result.reason) == ("cancelled", "cancelled")

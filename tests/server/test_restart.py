@@ -22,6 +22,7 @@ import yaml
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
+from tests.events import ToolConfirmationRequested, ToolFailed, event_of, is_event
 from tests.server.conftest import ALL_MODES
 from tests.server.helpers import text_of
 from tests.server.serve_process import REPO, ServeProcess, start_serve
@@ -174,7 +175,7 @@ def test_a_call_running_at_kill_9_is_failed_with_server_restarted(tmp_path: Path
             seen = watch_until(
                 client, info.session_id, lambda e: e.type == "tool.failed" and e.tool_use_id == "blocked"
             )
-            failed = seen[-1]
+            failed = event_of(seen[-1], ToolFailed)
             assert "server restarted" in failed.payload.message
             assert failed.payload.reason == "server_restarted"  # a program need not parse the text
             assert [e.type for e in seen[:1]] == ["tool.called"]  # replayed from the stored history
@@ -191,7 +192,7 @@ def test_a_remembered_answer_survives_a_restart(tmp_path: Path) -> None:
             info = client.create_session("proj")
 
             def answer(event: Event) -> None:
-                if event.type == "tool.confirmation_requested":
+                if is_event(event, ToolConfirmationRequested):
                     approver.resolve_confirmation(
                         info.session_id, event.payload.request_id, "allow", remember=True
                     )

@@ -15,6 +15,7 @@ from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.events import SessionExpired, SessionExpiring, SessionPaused, SessionResumed, ToolCalled
 from tests.server.conftest import TOKEN_TINY, Harness, ServerFactory, base_config
 from tests.server.helpers import next_event, text_of
 
@@ -45,10 +46,10 @@ async def test_an_idle_session_warns_then_expires_and_says_so(make_server: Serve
     sid = session.session_id
     assert session.state == pb.SESSION_STATE_ACTIVE and session.HasField("idle_expire_time")
     started = time.monotonic()
-    expiring = await next_event(client, sid, "session.expiring")
-    assert expiring.payload.reason == "idle" and 0 <= expiring.payload.seconds_left <= 0.5  # type: ignore[union-attr]
-    expired = await next_event(client, sid, "session.expired", after_seq=expiring.seq)
-    assert expired.payload.reason == "idle"  # type: ignore[union-attr]
+    expiring = await next_event(client, sid, SessionExpiring)
+    assert expiring.payload.reason == "idle" and 0 <= expiring.payload.seconds_left <= 0.5
+    expired = await next_event(client, sid, SessionExpired, after_seq=expiring.seq)
+    assert expired.payload.reason == "idle"
     assert time.monotonic() - started < 5
     code, details = await _code(_rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid)))
     assert code is grpc.StatusCode.NOT_FOUND and "expired at" in details and "(idle)" in details
@@ -108,9 +109,9 @@ async def test_pause_then_a_call_resumes_it_and_says_so(harness: Harness) -> Non
     assert "hi" in text_of(result)
     got = (await _rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid))).session
     assert got.state == pb.SESSION_STATE_ACTIVE
-    paused_event = await next_event(client, sid, "session.paused")
-    resumed = await next_event(client, sid, "session.resumed")
-    assert paused_event.payload.reason == resumed.payload.reason == "request"  # type: ignore[union-attr]
+    paused_event = await next_event(client, sid, SessionPaused)
+    resumed = await next_event(client, sid, SessionResumed)
+    assert paused_event.payload.reason == resumed.payload.reason == "request"
     again = (await _rpc(client, "ResumeSession", pb.ResumeSessionRequest(session_id=sid))).session
     assert again.state == pb.SESSION_STATE_ACTIVE  # resuming a running session: nothing
 
@@ -136,7 +137,7 @@ async def test_a_dispatch_waits_for_a_slot_in_line_then_is_refused(
     a = (await _create(client)).session_id
     b = (await _create(client)).session_id
     holder = asyncio.create_task(client.call(a, "block", {}))
-    await next_event(client, a, "tool.called")
+    await next_event(client, a, ToolCalled)
     started = time.monotonic()
     with pytest.raises(Exception) as refused:
         await client.call(b, "echo", {"text": "x"})

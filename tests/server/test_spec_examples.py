@@ -8,6 +8,16 @@ import time
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.types import SideEffect, ToolResultBlock, ToolUseBlock
+from tests.events import (
+    ToolCalled,
+    ToolConfirmationRequested,
+    ToolConfirmationResolved,
+    ToolFailed,
+    ToolOutputDelta,
+    event_of,
+    events_of,
+    is_event,
+)
 from tests.server.conftest import Harness
 from tests.server.helpers import next_event, text_of
 
@@ -24,7 +34,7 @@ async def test_read_a_file(harness: Harness) -> None:
     ]
     events = [i for i in items if isinstance(i, Event)]
     assert [e.type for e in events] == ["tool.called", "tool.completed"]
-    assert events[0].payload.side_effect is SideEffect.READ
+    assert event_of(events[0], ToolCalled).payload.side_effect is SideEffect.READ
     result = items[-1]
     assert isinstance(result, ToolResultBlock) and result.tool_use_id == "tu_01HZ_a"
     assert not result.is_error and "# Project Foo" in text_of(result)
@@ -43,7 +53,7 @@ async def test_workspace_escape_is_refused(harness: Harness) -> None:
     assert isinstance(result, ToolResultBlock)
     assert result.is_error and str(result.error_class) == "permission_denied"
     assert "root:" not in text_of(result)
-    failed = [i for i in items if isinstance(i, Event) and i.type == "tool.failed"]
+    failed = events_of(items, ToolFailed)
     assert failed and str(failed[0].payload.error_class) == "permission_denied"
 
 
@@ -54,7 +64,7 @@ async def test_write_denied_by_a_second_client(harness: Harness) -> None:
         session.session_id, [ToolUseBlock("tu_01HZ_c", "write_file", {"path": "src/auth.ts", "content": "x"})]
     )
     collected = asyncio.create_task(_collect(stream))
-    request = await next_event(human, session.session_id, "tool.confirmation_requested")
+    request = await next_event(human, session.session_id, ToolConfirmationRequested)
     assert request.payload.tool_name == "write_file"
     assert request.payload.projected_modifications == ("src/auth.ts",)
     assert request.payload.side_effect is SideEffect.WRITE
@@ -65,7 +75,7 @@ async def test_write_denied_by_a_second_client(harness: Harness) -> None:
     items = await asyncio.wait_for(collected, 20)
     kinds = [i.type for i in items if isinstance(i, Event)]
     assert kinds == ["tool.confirmation_requested", "tool.confirmation_resolved", "tool.failed"]
-    resolved = next(i for i in items if isinstance(i, Event) and i.type == "tool.confirmation_resolved")
+    resolved = next(i for i in items if is_event(i, ToolConfirmationResolved))
     assert resolved.payload.decision is Decision.DENY and resolved.payload.reason == "client"
     result = items[-1]
     assert isinstance(result, ToolResultBlock)
@@ -82,7 +92,7 @@ async def test_shell_cancelled_mid_run_keeps_partial_output(harness: Harness) ->
         [ToolUseBlock("tu_01HZ_d", "shell", {"command": "echo started; sleep 30; echo never"})],
     )
     collected = asyncio.create_task(_collect(stream))
-    delta = await next_event(human, session.session_id, "tool.output_delta")
+    delta = await next_event(human, session.session_id, ToolOutputDelta)
     assert "started" in str(delta.payload.text)
     began = time.monotonic()
     await human.cancel(session.session_id)
@@ -92,7 +102,7 @@ async def test_shell_cancelled_mid_run_keeps_partial_output(harness: Harness) ->
     assert isinstance(result, ToolResultBlock)
     assert result.is_error and str(result.error_class) == "cancelled"
     assert "started" in text_of(result) and "never" not in text_of(result)
-    failed = [i for i in items if isinstance(i, Event) and i.type == "tool.failed"]
+    failed = events_of(items, ToolFailed)
     assert str(failed[0].payload.error_class) == "cancelled"
     assert "started" in str(failed[0].payload.partial_output)
 
@@ -112,7 +122,7 @@ async def test_three_reads_in_parallel(harness: Harness) -> None:
     for x, n in zip("efg", "abc", strict=True):
         assert not results[f"tu_01HZ_{x}"].is_error
         assert text_of(results[f"tu_01HZ_{x}"]).strip() == f"content {n}"
-    called = [i for i in items if isinstance(i, Event) and i.type == "tool.called"]
+    called = events_of(items, ToolCalled)
     assert len(called) == 3
 
 

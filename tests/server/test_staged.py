@@ -14,6 +14,7 @@ import pytest
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.events import StagedApplied, StagedDiscarded, ToolConfirmationRequested
 from tests.server.conftest import TOKEN_BETA, Harness, ServerFactory
 from tests.server.helpers import next_event, text_of
 
@@ -69,7 +70,7 @@ async def test_review_stages_reads_back_lists_applies_one_and_refuses_one_change
     applied = await _apply(client, sid, change_id)
     assert list(applied.applied_ids) == [change_id] and not applied.refused
     assert (root / "notes.txt").read_text() == "one\nTWO\n"
-    event = await next_event(client, sid, "staged.applied")
+    event = await next_event(client, sid, StagedApplied)
     assert event.tool_use_id == "" and event.payload.change_ids == (change_id,)
 
     (root / "new.txt").write_text("made by someone else\n")  # underneath the staged creation
@@ -103,7 +104,7 @@ async def test_audit_applies_all_or_nothing_and_discards(harness: Harness) -> No
         client, "DiscardStagedChanges", pb.DiscardStagedChangesRequest(session_id=sid, ids=[b_id])
     )
     assert list(discarded.discarded_ids) == [b_id]
-    assert (await next_event(client, sid, "staged.discarded")).payload.paths == ("b.txt",)
+    assert (await next_event(client, sid, StagedDiscarded)).payload.paths == ("b.txt",)
     assert list((await _apply(client, sid)).applied_ids) and (root / "a.txt").read_text() == "v2\n"
     assert await _list(client, sid) == []
     with pytest.raises(RequestFailed) as unknown:
@@ -140,7 +141,7 @@ async def test_resolve_confirmation_says_whether_the_answer_was_remembered(harne
     for remember in (False, True):
         after = (await client.get_session(sid)).last_event_seq
         task = asyncio.create_task(_call(client, sid, "shell", {"command": "true"}))
-        request = await next_event(client, sid, "tool.confirmation_requested", after_seq=after)
+        request = await next_event(client, sid, ToolConfirmationRequested, after_seq=after)
         req = pb.ResolveConfirmationRequest(
             session_id=sid,
             request_id=str(request.payload.request_id),
@@ -197,7 +198,7 @@ async def test_approve_remember_says_what_was_remembered(
     client = harness.client(TOKEN_BETA)
     sid = (await client.create_session(mode="review")).session_id
     call = asyncio.create_task(_call(client, sid, "shell", {"command": "true"}))
-    request = await next_event(client, sid, "tool.confirmation_requested")
+    request = await next_event(client, sid, ToolConfirmationRequested)
     argv = ["approve", "--server", harness.target, sid, str(request.payload.request_id), "--remember"]
     assert await asyncio.to_thread(cli.main, argv) == 0
     out = capsys.readouterr()

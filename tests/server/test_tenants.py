@@ -14,6 +14,7 @@ from dispatcher.config import hash_token
 from dispatcher.core.dispatcher import Decision
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from tests.events import ToolOutputDelta
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, TOKEN_TINY, Harness, ServerFactory, base_config
 from tests.server.helpers import next_event, text_of
 
@@ -126,7 +127,7 @@ async def test_concurrent_dispatch_quota(harness: Harness) -> None:
     tiny, watcher = harness.client(TOKEN_TINY), harness.client(TOKEN_TINY)
     session = await tiny.create_session()
     blocked = asyncio.create_task(tiny.call(session.session_id, "block", {}))
-    await next_event(watcher, session.session_id, "tool.output_delta")
+    await next_event(watcher, session.session_id, ToolOutputDelta)
     with pytest.raises(RequestFailed) as err:
         await tiny.call(session.session_id, "echo", {"text": "x"})
     assert err.value.code == "RESOURCE_EXHAUSTED"

@@ -8,6 +8,7 @@ import pytest
 
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.events import ToolFailed
 from tests.server.conftest import Harness
 from tests.server.helpers import next_event
 from tests.server.test_disconnect import _start_and_abandon
@@ -54,5 +55,5 @@ async def test_disconnect_cancels_a_call_whose_id_has_a_colon(harness: Harness) 
     watcher = harness.client()
     session = await watcher.create_session()
     await _start_and_abandon(harness, session.session_id, pb.ToolUse(id=ID, name="block", input_json="{}"))
-    failed = await next_event(watcher, session.session_id, "tool.failed")
+    failed = await next_event(watcher, session.session_id, ToolFailed)
     assert failed.tool_use_id == ID and str(failed.payload.error_class) == "cancelled"

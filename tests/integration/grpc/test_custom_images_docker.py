@@ -27,6 +27,7 @@ from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable
 from tests.integration.conftest import BUSYBOX_IMAGE, INSTANCE_PREFIX, ProviderFactory
+from tests.server.helpers import text_of
 from tests.server.serve_process import READY
 
 pytestmark = pytest.mark.docker
@@ -229,7 +230,7 @@ def test_the_readme_worked_custom_image_builds_and_serves(tmp_path: Path, build:
                     {"command": "python3 -c 'import hello_dispatcher; print(hello_dispatcher.greet())'"},
                 )
                 assert not result.is_error, result
-                assert "hello from a wheel" in "".join(b.text for b in result.content)
+                assert "hello from a wheel" in text_of(result)
             finally:
                 client.close_session(session.session_id)
     finally:

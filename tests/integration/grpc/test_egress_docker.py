@@ -29,6 +29,7 @@ import pytest
 from dispatcher.core.dispatcher import Decision
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, denied_by, parse_networks
 from dispatcher.sandbox.docker.config import DEFAULT_IMAGE
+from tests.events import ToolConfirmationRequested
 from tests.integration.grpc.conftest import Start
 from tests.server.conftest import TOKEN_ALPHA, Harness
 from tests.server.helpers import next_event, text_of, until
@@ -169,7 +170,7 @@ async def test_an_unlisted_host_is_asked_about_from_a_second_client(
         f"python3 -c \"import urllib.request; print(urllib.request.urlopen('{page}', timeout=60).status)\""
     )
     call = asyncio.create_task(_shell(agent, sid, fetch, tool_use_id="tu_fetch"))
-    request = await next_event(human, sid, "tool.confirmation_requested", timeout=120)
+    request = await next_event(human, sid, ToolConfirmationRequested, timeout=120)
     assert request.tool_use_id == "tu_fetch"
     assert (request.payload.tool_name, request.payload.input_summary) == (
         "egress",
@@ -179,7 +180,7 @@ async def test_an_unlisted_host_is_asked_about_from_a_second_client(
     out = await asyncio.wait_for(call, 120)
     assert out.strip().endswith("200"), out
     denied = asyncio.create_task(_shell(agent, sid, fetch + " 2>&1 | tail -1"))
-    request = await next_event(human, sid, "tool.confirmation_requested", after_seq=request.seq, timeout=60)
+    request = await next_event(human, sid, ToolConfirmationRequested, after_seq=request.seq, timeout=60)
     await human.resolve_confirmation(sid, str(request.payload.request_id), Decision.DENY)
     assert "a human denied the connection" in await asyncio.wait_for(denied, 60)
     await until(lambda: len(_audit(h)) == 2)

@@ -20,6 +20,7 @@ from dispatcher.core.events import Event
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.docker.workspace_volume import loop_backing_file
+from tests.events import ToolFailed, event_of
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import unmount_under
 from tests.integration.helpers import containers_of
@@ -171,7 +172,7 @@ def test_a_command_running_at_kill_9_gets_tool_failed_server_restarted(
         seen = watch_until(
             client, info.session_id, lambda e: e.type == "tool.failed" and e.tool_use_id == "napping"
         )
-        assert "server restarted" in seen[-1].payload.message
+        assert "server restarted" in event_of(seen[-1], ToolFailed).payload.message
         failed, out = shell(client, info.session_id, COUNT_SLEEPS)
         assert (failed, out.strip()) == (False, "0")  # the command died with its call
 

@@ -13,6 +13,7 @@ import pytest
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.sandbox.docker.config import LABEL_SESSION
 from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.events import SessionExpired
 from tests.integration.grpc.conftest import Start
 from tests.server.helpers import next_event, text_of, until
 
@@ -38,8 +39,8 @@ async def test_an_idle_session_is_closed_and_its_container_removed(
     result = await client.call(sid, "shell", {"command": "echo up"})
     assert "up" in text_of(result)
     assert _containers(docker_client, sid)
-    expired = await next_event(client, sid, "session.expired", timeout=30)
-    assert expired.payload.reason == "idle"  # type: ignore[union-attr]
+    expired = await next_event(client, sid, SessionExpired, timeout=30)
+    assert expired.payload.reason == "idle"
     await until(lambda: not _containers(docker_client, sid), timeout=10)
 
 
@@ -50,7 +51,7 @@ async def test_a_background_job_is_activity_until_it_ends(start: Start) -> None:
     result = await client.call(sid, "shell", {"command": "sleep 4 >/dev/null 2>&1 &"})
     assert not result.is_error, text_of(result)
     job_started = time.monotonic()
-    await next_event(client, sid, "session.expired", timeout=30)
+    await next_event(client, sid, SessionExpired, timeout=30)
     assert time.monotonic() - job_started >= 4
 
 

@@ -12,11 +12,11 @@ import pytest
 from dispatcher.config.load import parse_policy
 from dispatcher.core import ConfirmationPolicy, Decision, Session, TextBlock, ToolDispatcher, ToolUseBlock
 from dispatcher.core import event_payloads as ep
-from dispatcher.core import events as ev
 from dispatcher.core.approval import ApprovalMode, approve_plan, parse_mode
 from dispatcher.core.review import unified_diff as _diff
 from dispatcher.core.types import SideEffect
 from dispatcher.sandbox.fake import FakeSandboxProvider
+from tests.events import ToolConfirmationRequested, ToolConfirmationResolved
 from tests.unit.core.toolkit import definition, next_event
 
 
@@ -44,7 +44,7 @@ async def test_always_prompt_answers_are_never_remembered(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(_run(d, session, "risky", "a"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+        rid = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
         assert d.broker("s1").rememberable(rid) is False  # what ResolveConfirmation reports (issue 22)
         d.resolve_confirmation("s1", rid, Decision.DENY, remember=True)
         assert (await task).is_error
@@ -62,14 +62,14 @@ async def test_a_remembered_answer_is_published_each_time_it_applies(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(_run(d, session, "echo", "a"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+        rid = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
         d.resolve_confirmation("s1", rid, Decision.ALLOW)
         assert not (await task).is_error
         for tid in ("b", "c"):
             assert not (await _run(d, session, "echo", tid)).is_error
-            resolved = await next_event(sub, ev.TOOL_CONFIRMATION_RESOLVED)
+            resolved = await next_event(sub, ToolConfirmationResolved)
             while resolved.tool_use_id != tid:
-                resolved = await next_event(sub, ev.TOOL_CONFIRMATION_RESOLVED)
+                resolved = await next_event(sub, ToolConfirmationResolved)
             assert resolved.payload == ep.ToolConfirmationResolved(
                 request_id="", decision="allow", reason="remembered"
             )

@@ -16,11 +16,11 @@ import pytest
 
 from dispatcher.config.load import parse_policy
 from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, OutputCallback
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
 from dispatcher.tools import builtin_factories
+from tests.events import ToolConfirmationRequested
 from tests.unit.core.toolkit import next_event
 
 ASK_EVERYTHING = {"default": {"READ": "prompt", "WRITE": "prompt", "EXECUTE": "prompt"}}
@@ -57,7 +57,7 @@ async def allow(d: ToolDispatcher, session: Session, name: str, input_: dict[str
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.ensure_future(d.dispatch(ToolUseBlock("tu_1", name, input_), session))
-        asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
+        asked = await next_event(sub, ToolConfirmationRequested)
         d.resolve_confirmation(session.session_id, asked.payload.request_id, Decision.ALLOW)
         result: ToolResultBlock = await task
     return asked, result

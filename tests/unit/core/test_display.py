@@ -28,6 +28,7 @@ from dispatcher.core.redact import REDACTED
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.tools.shell import ShellTool
+from tests.events import ToolConfirmationRequested
 from tests.unit.core.toolkit import WriteTool, next_event
 
 COMMAND = "echo build ok password=$(touch /workspace/X)"
@@ -98,7 +99,7 @@ async def test_the_pipeline_asks_with_the_whole_input_and_logs_it_redacted(tmp_p
     session = Session(session_id="s1", workspace_path=str(tmp_path), tenant_id="t1")
     async with d.open_session(session).subscribe() as sub:
         task = asyncio.create_task(d.dispatch(ToolUseBlock("tu", "shell", {"command": COMMAND}), session))
-        asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
+        asked = await next_event(sub, ToolConfirmationRequested)
         d.resolve_confirmation("s1", asked.payload.request_id, Decision.DENY)
         result = await task
     assert asked.payload.input_summary.split("\n", 1)[1] == COMMAND

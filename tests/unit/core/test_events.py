@@ -149,7 +149,7 @@ def test_an_events_type_comes_from_its_payload_class_and_payloads_are_frozen() -
     for type_, cls in ep.PAYLOAD_TYPES.items():
         assert type_ == cls.TYPE and "__slots__" in vars(cls)
     event = bus.publish(ep.ToolCompleted("echo", 1.0), turn_id="t", tool_use_id="u")
-    assert event.type == ev.TOOL_COMPLETED
+    assert event.type == ev.TOOL_COMPLETED and isinstance(event.payload, ep.ToolCompleted)
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.payload.tool_name = "other"  # type: ignore[misc]
     assert set(ep.EVENT_TYPES) == {

@@ -14,6 +14,7 @@ from dispatcher.core import events as ev
 from dispatcher.core.jsonlimits import MAX_DEPTH, MAX_VALUES, InputShapeError, loads, shape_problem
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.fake import FakeSandboxProvider
+from tests.events import ToolInputInvalid, event_of
 from tests.unit.core.toolkit import EchoTool
 
 
@@ -101,5 +102,5 @@ async def test_a_deep_in_process_input_is_a_validation_error_with_its_audit_reco
         json.dumps(record)  # the record is writable
     events = list(d.events("s1").subscribe(after_seq=0)._pending)
     assert events[0].type == ev.TOOL_INPUT_INVALID
-    assert "nested deeper than" in events[0].payload.errors[0]
+    assert "nested deeper than" in event_of(events[0], ToolInputInvalid).payload.errors[0]
     await d.aclose()

@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 from dispatcher.core import MemoryAuditLog, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall, log_context
 from dispatcher.sandbox.fake import FakeSandboxProvider
+from tests.events import ToolConfirmationRequested, ToolFailed
 from tests.unit.core.toolkit import ALL_TOOLS, SlowTool, definition, next_event
 
 
@@ -61,7 +61,7 @@ async def test_a_cancelled_dispatch_task_leaves_a_record_and_a_failed_event(
             )
             await started.wait()
             task.cancel()  # what server shutdown and a vanished client do to the Dispatch task
-            failed = await next_event(sub, ev.TOOL_FAILED)
+            failed = await next_event(sub, ToolFailed)
         assert task.cancelled() or (await asyncio.gather(task, return_exceptions=True))
     finally:
         SlowTool.started = None
@@ -78,9 +78,9 @@ async def test_a_dispatch_cancelled_while_waiting_for_confirmation_is_denied_on_
         task = asyncio.create_task(
             dispatcher.dispatch(ToolUseBlock("tu_3", "write", {"path": "a", "content": "b"}), session)
         )
-        await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
+        await next_event(sub, ToolConfirmationRequested)
         task.cancel()
-        failed = await next_event(sub, ev.TOOL_FAILED)
+        failed = await next_event(sub, ToolFailed)
     await asyncio.gather(task, return_exceptions=True)
     assert failed.payload.error_class == "cancelled"
     assert kinds(audit) == ["tool.call.denied"] and audit.records[0]["outcome"] == "cancelled"
@@ -150,7 +150,7 @@ async def test_the_observer_hears_how_long_a_confirmation_waited(
             task = asyncio.create_task(
                 d.dispatch(ToolUseBlock("w", "write", {"path": "a", "content": "b"}), session)
             )
-            asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
+            asked = await next_event(sub, ToolConfirmationRequested)
             d.resolve_confirmation("s1", asked.payload.request_id, Decision.ALLOW)
             assert not (await task).is_error
     finally:

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
 from dispatcher.core.approval import ApprovalMode, approve_plan
 from dispatcher.core.errors import ToolRegistrationError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolOutput, ToolResultBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
 from dispatcher.tools import PatchFileTool, WriteFileTool
+from tests.events import ToolConfirmationRequested, is_event
 from tests.unit.core.toolkit import OBJ, definition
 
 BEFORE = b"x\na\nb\n"
@@ -33,7 +33,7 @@ async def _dispatch_allowing(d: ToolDispatcher, session: Session, use: ToolUseBl
 
         async def allow_all() -> None:
             async for event in sub:
-                if event.type == ev.TOOL_CONFIRMATION_REQUESTED:
+                if is_event(event, ToolConfirmationRequested):
                     d.resolve_confirmation(session.session_id, event.payload.request_id, Decision.ALLOW)
 
         answerer = asyncio.create_task(allow_all())

@@ -27,6 +27,18 @@ from dispatcher.core import events as ev
 from dispatcher.core.event_payloads import to_dict
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.clock import ManualClock
+from tests.events import (
+    ToolCalled,
+    ToolCompleted,
+    ToolConfirmationRequested,
+    ToolConfirmationResolved,
+    ToolFailed,
+    ToolInputInvalid,
+    ToolOutputDelta,
+    event_of,
+    events_of,
+    is_event,
+)
 from tests.unit.core.toolkit import SlowTool, StubbornTool, definition, next_event, types_of
 
 
@@ -49,7 +61,7 @@ async def test_read_file_example_emits_called_then_completed(
     assert result.content == (TextBlock("# Project Foo\n"),)
     events = history(dispatcher, session)
     assert types_of(events) == [ev.TOOL_CALLED, ev.TOOL_COMPLETED]
-    called = events[0]
+    called = event_of(events[0], ToolCalled)
     assert called.payload.tool_name == "read" and called.payload.side_effect == "read"
     assert (called.tool_use_id, called.turn_id, called.session_id) == ("tu_01HZ_a", "turn_1", "s1")
     assert [e.seq for e in events] == sorted({e.seq for e in events})
@@ -59,7 +71,7 @@ async def test_unknown_tool_is_not_found_result(dispatcher: ToolDispatcher, sess
     result = await run(dispatcher, session, "Echo", {"text": "x"})  # names are exact-case
     assert result.is_error and result.error_class is ToolErrorClass.NOT_FOUND
     (failed,) = history(dispatcher, session)
-    assert failed.type == ev.TOOL_FAILED and failed.payload.error_class == "not_found"
+    assert is_event(failed, ToolFailed) and failed.payload.error_class == "not_found"
 
 
 @pytest.mark.parametrize(
@@ -80,7 +92,7 @@ async def test_invalid_input_reports_every_violation_with_its_path(
     assert result.is_error and result.error_class is ToolErrorClass.VALIDATION_ERROR
     assert fragment in result.content[0].text
     (invalid,) = history(dispatcher, session)
-    assert invalid.type == ev.TOOL_INPUT_INVALID
+    assert is_event(invalid, ToolInputInvalid)
     assert any(fragment in e for e in invalid.payload.errors)
 
 
@@ -101,7 +113,7 @@ async def test_workspace_escape_is_permission_denied_before_the_sandbox_is_touch
     assert repr(path) in result.content[0].text
     assert provider.sandbox_for(session).calls == []
     (failed,) = history(dispatcher, session)
-    assert failed.payload.error_class == "permission_denied"
+    assert is_event(failed, ToolFailed) and failed.payload.error_class == "permission_denied"
 
 
 async def test_write_prompts_and_a_deny_is_user_denied(
@@ -110,7 +122,7 @@ async def test_write_prompts_and_a_deny_is_user_denied(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(dispatcher, session, "write", {"path": "src/auth.ts", "content": "x"}))
-        asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
+        asked = await next_event(sub, ToolConfirmationRequested)
         assert asked.payload.projected_modifications == ("src/auth.ts",)
         assert asked.payload.side_effect == "write" and asked.payload.tool_name == "write"
         assert dispatcher.resolve_confirmation("s1", asked.payload.request_id, Decision.DENY) == (
@@ -134,13 +146,13 @@ async def test_prompt_allow_runs_and_first_answer_wins(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(dispatcher, session, "write", {"path": "a.txt", "content": "hi"}))
-        request_id = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+        request_id = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
         assert dispatcher.resolve_confirmation("s1", request_id, Decision.ALLOW) == (True, Decision.ALLOW)
         assert dispatcher.resolve_confirmation("s1", request_id, Decision.DENY) == (False, Decision.ALLOW)
         result = await task
     assert not result.is_error and result.files_modified == ("a.txt",)
     assert provider.sandbox_for(session).files["/workspace/a.txt"] == b"hi"
-    resolved = [e for e in history(dispatcher, session) if e.type == ev.TOOL_CONFIRMATION_RESOLVED]
+    resolved = events_of(history(dispatcher, session), ToolConfirmationResolved)
     assert [e.payload.decision for e in resolved] == ["allow"]
 
 
@@ -152,7 +164,7 @@ async def test_confirmation_timeout(provider: FakeSandboxProvider, session: Sess
     d.register(WriteTool)
     result = await run(d, session, "write", {"path": "a", "content": "b"})
     assert result.error_class is ToolErrorClass.CONFIRMATION_TIMEOUT
-    resolved = [e for e in history(d, session) if e.type == ev.TOOL_CONFIRMATION_RESOLVED]
+    resolved = events_of(history(d, session), ToolConfirmationResolved)
     assert to_dict(resolved[0].payload) == {
         "request_id": resolved[0].payload.request_id,
         "decision": "deny",
@@ -178,12 +190,12 @@ async def test_prompt_once_remembers_the_answer_per_tool(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         first = asyncio.create_task(run(d, session, "write", {"path": "a", "content": "1"}, "tu_1"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+        rid = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
         d.resolve_confirmation("s1", rid, Decision.ALLOW)
         assert not (await first).is_error
     second = await run(d, session, "write", {"path": "b", "content": "2"}, "tu_2")
     assert not second.is_error
-    asked = [e for e in history(d, session) if e.type == ev.TOOL_CONFIRMATION_REQUESTED]
+    asked = events_of(history(d, session), ToolConfirmationRequested)
     assert len(asked) == 1  # the second write was not asked about
     await d.aclose()
 
@@ -194,7 +206,7 @@ async def test_remember_flag_approves_the_tool_for_the_session(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         first = asyncio.create_task(run(dispatcher, session, "run", {"command": "ls"}, "tu_1"))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+        rid = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
         dispatcher.resolve_confirmation("s1", rid, Decision.ALLOW, remember=True)
         await first
     second = await run(dispatcher, session, "run", {"command": "ls"}, "tu_2")
@@ -221,7 +233,7 @@ async def test_always_prompt_is_not_lowered_by_autonomous_or_remembered(
     async with bus.subscribe() as sub:
         for i in range(2):
             task = asyncio.create_task(run(d, session, "risky", {}, f"tu_{i}"))
-            rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+            rid = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
             d.resolve_confirmation("s1", rid, Decision.ALLOW, remember=True)
             assert not (await task).is_error
     await d.aclose()
@@ -307,7 +319,7 @@ async def test_timeout_keeps_partial_output(provider: FakeSandboxProvider, sessi
     texts = [b.text for b in result.content]
     assert texts[0].startswith("Tool 'slow' timed out after 0.05 s") and "partial: working" in texts
     failed = history(d, session)[-1]
-    assert failed.type == ev.TOOL_FAILED and failed.payload.partial_output == "partial: working"
+    assert is_event(failed, ToolFailed) and failed.payload.partial_output == "partial: working"
     await d.aclose()
 
 
@@ -327,7 +339,7 @@ async def test_cancel_session_tools_cancels_with_partial_output(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(dispatcher, session, "slow", {"seconds": 30}))
-        await next_event(sub, ev.TOOL_OUTPUT_DELTA)
+        await next_event(sub, ToolOutputDelta)
         await dispatcher.cancel_session_tools("s1")
         assert task.done()  # cancel_session_tools returns once the call has ended
     result = task.result()
@@ -343,7 +355,7 @@ async def test_a_tool_ignoring_cancel_is_abandoned(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(dispatcher, session, "stubborn", {}))
-        await next_event(sub, ev.TOOL_CALLED)
+        await next_event(sub, ToolCalled)
         with caplog.at_level(logging.WARNING, logger="dispatcher.core"):
             await dispatcher.cancel_session_tools("s1")  # abandon_after is 0.3 s in the fixture
     result = await task
@@ -358,8 +370,8 @@ async def test_cancel_tool_uses_only_cancels_the_named_calls(
     async with bus.subscribe() as sub:
         a = asyncio.create_task(run(dispatcher, session, "slow", {"seconds": 30}, "a"))
         b = asyncio.create_task(run(dispatcher, session, "slow", {"seconds": 0.3}, "b"))
-        await next_event(sub, ev.TOOL_OUTPUT_DELTA)
-        await next_event(sub, ev.TOOL_OUTPUT_DELTA)
+        await next_event(sub, ToolOutputDelta)
+        await next_event(sub, ToolOutputDelta)
         await dispatcher.cancel_tool_uses("s1", ["a"])
     assert (await a).error_class is ToolErrorClass.CANCELLED
     assert not (await b).is_error
@@ -373,10 +385,10 @@ async def test_three_reads_run_concurrently_and_return_one_to_one(
         box.files[f"/workspace/{name}.txt"] = name.encode()
     uses = [ToolUseBlock(f"tu_{n}", "read", {"path": f"{n}.txt"}) for n in "abc"]
     results = await dispatcher.dispatch_all(uses, session, turn_id="t")
-    assert [(r.tool_use_id, r.content[0].text) for r in results] == [
-        ("tu_a", "a"),
-        ("tu_b", "b"),
-        ("tu_c", "c"),
+    assert [(r.tool_use_id, r.content[0]) for r in results] == [
+        ("tu_a", TextBlock("a")),
+        ("tu_b", TextBlock("b")),
+        ("tu_c", TextBlock("c")),
     ]
 
 
@@ -459,7 +471,7 @@ async def test_secrets_are_redacted_in_events_and_audit(
         "echo",
         {"text": "curl -H 'Authorization: Bearer abcdefghijklmnop' --password=hunter22"},
     )
-    called = history(dispatcher, session)[0]
+    called = event_of(history(dispatcher, session)[0], ToolCalled)
     shown = called.payload.input["text"]
     assert "abcdefghijklmnop" not in shown and "hunter22" not in shown and "[REDACTED]" in shown
     assert "hunter22" not in str(audit.records)
@@ -498,7 +510,7 @@ async def test_close_session_cancels_and_removes_the_sandbox(
     bus = dispatcher.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(dispatcher, session, "slow", {"seconds": 30}))
-        await next_event(sub, ev.TOOL_CALLED)
+        await next_event(sub, ToolCalled)
         await dispatcher.close_session("s1")
     assert (await task).error_class is ToolErrorClass.CANCELLED
     assert provider.closed == ["s1"]
@@ -529,10 +541,10 @@ async def test_event_durations_exclude_the_confirmation_wait(
     bus = d.open_session(session)
     async with bus.subscribe() as sub:
         task = asyncio.create_task(run(d, session, "write", {"path": "a", "content": "b"}))
-        rid = (await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)).payload.request_id
+        rid = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
         clock.advance(200)  # a human taking their time: that is the point of this test
         d.resolve_confirmation("s1", rid, Decision.ALLOW)
-        completed = await next_event(sub, ev.TOOL_COMPLETED)
+        completed = await next_event(sub, ToolCompleted)
     await task
     assert completed.payload.duration_ms == 0  # the clock moved only while the call waited
     assert audit.records[-1]["duration_ms"] == 200_000  # what the caller waited, wait included

@@ -18,6 +18,7 @@ from dispatcher.core import (
 )
 from dispatcher.core import events as ev
 from dispatcher.sandbox.fake import FakeSandboxProvider
+from tests.events import ToolConfirmationRequested
 from tests.unit.core.toolkit import WriteTool, next_event, types_of
 
 GRANTS = Capabilities(fs_grants=(FsGrant("pub", "r"), FsGrant("src", "rw")))
@@ -73,7 +74,7 @@ async def test_a_link_into_a_grant_is_allowed_and_the_question_shows_the_real_pa
         task = asyncio.create_task(
             run(dispatcher, session, "write", {"path": "src/current/a", "content": "x"})
         )
-        asked = await next_event(sub, ev.TOOL_CONFIRMATION_REQUESTED)
+        asked = await next_event(sub, ToolConfirmationRequested)
         assert asked.payload.projected_modifications == ("src/v2/a",)
         dispatcher.resolve_confirmation("s3", asked.payload.request_id, Decision.ALLOW)
         result = await task

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from dispatcher.core import (
     SideEffect,
@@ -14,7 +14,10 @@ from dispatcher.core import (
     ToolOutput,
 )
 from dispatcher.core.errors import ToolCancelled
-from dispatcher.core.events import Event
+from dispatcher.core.events import Event, EventPayload, Subscription
+from tests.events import EventOf, is_event
+
+P = TypeVar("P", bound=EventPayload)
 
 OBJ: dict[str, Any] = {"type": "object", "additionalProperties": False}
 
@@ -155,10 +158,10 @@ def types_of(events: list[Event]) -> list[str]:
     return [e.type for e in events]
 
 
-async def next_event(sub: Any, type_: str, timeout: float = 5.0) -> Event:
-    """The next event of ``type_`` from a subscription (waits on the stream, not on time)."""
+async def next_event(sub: Subscription, kind: type[P], timeout: float = 5.0) -> EventOf[P]:
+    """The next event with a ``kind`` payload from a subscription (waits on the stream, not on time)."""
     async with asyncio.timeout(timeout):
         async for event in sub:
-            if event.type == type_:
-                return event  # type: ignore[no-any-return]
-    raise AssertionError(f"stream ended before {type_}")
+            if is_event(event, kind):
+                return event
+    raise AssertionError(f"stream ended before a {kind.__name__} event")
