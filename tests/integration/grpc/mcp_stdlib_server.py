@@ -1,5 +1,5 @@
-"""A minimal MCP server on the standard library alone, to run inside the sandbox image (which has
-python3 but not the SDK). Tests pass its source with ``python3 -c``.
+"""An MCP server on the standard library alone, for the sandbox image (python3, no SDK). Tests
+pass its source with ``python3 -c``, so it must stay under 4,096 characters (an arg's limit).
 
 Tools: ``whoami`` (uid, cwd, pid and network interfaces), ``touch``
 (writes a file in its cwd) and ``wait`` (blocks until cancelled: on ``notifications/cancelled`` it
@@ -10,9 +10,10 @@ import json
 import os
 import sys
 import threading
+from typing import Any
 
 _lock = threading.Lock()
-_waits = {}  # request id -> (event, tag)
+_waits: dict[Any, tuple[threading.Event, str]] = {}  # by request id: (event, tag)
 
 TOOLS = [
     {
@@ -33,28 +34,26 @@ TOOLS = [
 ]
 
 
-def send(message):
+def send(message: dict[str, Any]) -> None:
     with _lock:
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
 
 
-def text_result(request_id, text, is_error=False):
-    send(
-        {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "result": {"content": [{"type": "text", "text": text}], "isError": is_error},
-        }
-    )
+def reply(request_id: Any, **body: Any) -> None:
+    send({"jsonrpc": "2.0", "id": request_id, **body})
 
 
-def network():
+def text_result(request_id: Any, text: str, is_error: bool = False) -> None:
+    reply(request_id, result={"content": [{"type": "text", "text": text}], "isError": is_error})
+
+
+def network() -> str:
     # Read, never tried: no packet leaves, whatever the answer.
     return "interfaces=" + ",".join(sorted(os.listdir("/sys/class/net")))
 
 
-def call(request_id, name, args):
+def call(request_id: Any, name: str, args: dict[str, Any]) -> None:
     if name == "whoami":
         text_result(request_id, f"uid={os.getuid()} cwd={os.getcwd()} pid={os.getpid()} {network()}")
     elif name == "touch":
@@ -69,32 +68,27 @@ def call(request_id, name, args):
             fh.write(str(os.getpid()))
         event.wait()
     else:
-        send(
-            {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": f"unknown tool {name}"}}
-        )
+        reply(request_id, error={"code": -32602, "message": f"unknown tool {name}"})
 
 
-def main():
+def main() -> None:
     for line in sys.stdin:
         message = json.loads(line)
         method, request_id = message.get("method"), message.get("id")
         params = message.get("params") or {}
         if method == "initialize":
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "result": {
-                        "protocolVersion": params.get("protocolVersion"),
-                        "capabilities": {"tools": {}},
-                        "serverInfo": {"name": "stdlib", "version": "1"},
-                    },
-                }
+            reply(
+                request_id,
+                result={
+                    "protocolVersion": params.get("protocolVersion"),
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "stdlib", "version": "1"},
+                },
             )
         elif method == "tools/list":
-            send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": TOOLS}})
+            reply(request_id, result={"tools": TOOLS})
         elif method == "ping":
-            send({"jsonrpc": "2.0", "id": request_id, "result": {}})
+            reply(request_id, result={})
         elif method == "tools/call":
             threading.Thread(
                 target=call, args=(request_id, params["name"], params.get("arguments") or {}), daemon=True
@@ -107,13 +101,7 @@ def main():
                     fh.write("cancelled\n")
                 waiting[0].set()
         elif request_id is not None:
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "error": {"code": -32601, "message": f"no method {method}"},
-                }
-            )
+            reply(request_id, error={"code": -32601, "message": f"no method {method}"})
 
 
 main()
