@@ -78,7 +78,7 @@ def _cgroup_bytes(stats: dict[str, object]) -> int:
     usage = int(memory.get("usage", 0))
     detail = memory.get("stats") or {}
     assert isinstance(detail, dict)
-    cache = int(detail.get("file", detail.get("cache", 0)))
+    cache = int(detail["file"] if "file" in detail else detail.get("cache", 0))
     return max(0, usage - cache)
 
 

@@ -60,6 +60,7 @@ async def test_a_pooled_container_serves_one_session_and_sees_exactly_its_worksp
     assert Path(mine.workspace_path, "new.txt").read_text() == "new\n"
     assert sandbox.container_id in waiting and provider.pool.hits == 1
     used = sandbox.container_id
+    assert used is not None
     # The pool refills to its size; the adopted container is no longer among the waiting.
     await _filled(provider, 2)
     second = provider.sandbox_for(other)

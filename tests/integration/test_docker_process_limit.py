@@ -104,8 +104,8 @@ async def test_a_full_pids_limit_is_emptied_and_the_command_runs(make_provider: 
     provider = make_provider()
     sandbox = provider.sandbox_for(make_provider.session())
     await sandbox.write("filler.py", FILLER)
-    ran = await run(sandbox, "python3 filler.py > /dev/null 2>&1 & while [ ! -e /tmp/full ]; do :; done")
-    assert ran.result.exit_code == 0
+    filled = await run(sandbox, "python3 filler.py > /dev/null 2>&1 & while [ ! -e /tmp/full ]; do :; done")
+    assert filled.result.exit_code == 0
     ran, notices, refused = await _noted(sandbox, "echo survived")
     assert ran is not None and ran.out == "survived\n", refused
     assert len(notices) == 1, notices
@@ -121,8 +121,8 @@ async def test_a_call_that_finds_the_agent_dead_is_retried_and_told(
 ) -> None:
     provider = make_provider()
     sandbox = provider.sandbox_for(make_provider.session())
-    ran = await run(sandbox, "echo $PPID > /tmp/agent; touch /tmp/scratch; echo started")
-    assert ran.out == "started\n"
+    started = await run(sandbox, "echo $PPID > /tmp/agent; touch /tmp/scratch; echo started")
+    assert started.out == "started\n"
     first = sandbox.container_id
     assert first is not None
     docker_client.containers.get(first).exec_run(["sh", "-c", "kill -9 $(cat /tmp/agent)"], user="1000")
@@ -155,8 +155,8 @@ async def test_idle_reaper_spares_a_sandbox_with_processes_then_says_it_reaped(
         return busy
 
     monkeypatch.setattr(DockerSandbox, "_working", counted)
-    ran = await run(sandbox, "sleep 30 > /dev/null 2>&1 & echo $! > /tmp/bg; touch /tmp/scratch")
-    assert ran.result.exit_code == 0
+    ran: Ran | None = await run(sandbox, "sleep 30 > /dev/null 2>&1 & echo $! > /tmp/bg; touch /tmp/scratch")
+    assert ran is not None and ran.result.exit_code == 0
     first = sandbox.container_id
     # Several reaper rounds find it past its idle time, and each time processes still running.
     await until(lambda: asked.count(True) >= 3, timeout=20)

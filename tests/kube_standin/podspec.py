@@ -27,7 +27,7 @@ RUNTIMES = {"gvisor": "runsc", "runsc": "runsc"}
 """runtimeClassName → Docker runtime: the RuntimeClass example in deploy/kubernetes names gVisor."""
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {
+_DECIMAL: dict[str, Decimal | int] = {
     "m": Decimal("0.001"),
     "": Decimal(1),
     "k": 10**3,

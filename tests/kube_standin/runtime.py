@@ -98,13 +98,15 @@ class PodRuntime:
         self._thread.start()
 
     def _follow(self) -> None:
+        client = self._events_client
+        assert client is not None  # start() made it before this thread
         with contextlib.suppress(Exception):  # the stream ends with an error when close() cuts it
             for event in self._events:
                 if event.get("Action") not in ("start", "die", "oom"):
                     continue
                 attributes = event.get("Actor", {}).get("Attributes", {})
                 try:
-                    state = self._events_client.api.inspect_container(event["Actor"]["ID"])
+                    state = client.api.inspect_container(event["Actor"]["ID"])
                 except docker.errors.NotFound:
                     continue
                 assert self._loop is not None
@@ -126,7 +128,7 @@ class PodRuntime:
         await asyncio.to_thread(self.remove_all)
         if self._events is not None:
             self._events.close()
-        if self._thread is not None:
+        if self._thread is not None and self._events_client is not None:  # start() made both
             await asyncio.to_thread(self._thread.join, 10)
             self._events_client.close()
 

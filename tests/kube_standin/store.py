@@ -12,7 +12,7 @@ import copy
 import re
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -235,7 +235,7 @@ class Store:
 
     def watch(
         self, kind: Kind, namespace: str, selector: Selector, since: str | None, name: str | None = None
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Events from ``since`` on (None or "0": every current object as ADDED first).
 
         Checked before any event is read, so the handler can still answer with a Status:
@@ -250,7 +250,7 @@ class Store:
             ]
         else:
             try:
-                start = int(since)  # type: ignore[arg-type]
+                start = int(since)
             except ValueError:
                 raise ApiError(400, "BadRequest", f"invalid resourceVersion {since!r}") from None
             oldest = self._history[0].resource_version if self._history else self._version + 1
@@ -260,7 +260,8 @@ class Store:
         self._watchers.add(watcher)  # now, so nothing published before the first read is missed
         return self._stream(watcher, backlog)
 
-    async def _stream(self, watcher: _Watcher, backlog: list[Event]) -> AsyncIterator[Event]:
+    # Sequence, not list: in this class, `list` is the method above.
+    async def _stream(self, watcher: _Watcher, backlog: Sequence[Event]) -> AsyncGenerator[Event, None]:
         try:
             for event in backlog:
                 yield event

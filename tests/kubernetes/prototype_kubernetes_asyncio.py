@@ -14,6 +14,7 @@ import asyncio
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import docker
 from kubernetes_asyncio import client, config
@@ -52,7 +53,8 @@ async def main(kubeconfig: Path) -> None:
     async with WsApiClient(header_name="sec-websocket-protocol", header_value="v5.channel.k8s.io") as ws_api:
         core = client.CoreV1Api(ws_api)
         # _preload_content=False: the raw aiohttp WebSocket, driven from this event loop.
-        ws_ctx = await core.connect_get_namespaced_pod_attach(
+        # Typed as returning str (the preloaded body); unpreloaded, it is the WebSocket's context.
+        ws_ctx: Any = await core.connect_get_namespaced_pod_attach(
             "proto", "sb", stdin=True, stdout=True, stderr=True, _preload_content=False
         )
         async with ws_ctx as ws:

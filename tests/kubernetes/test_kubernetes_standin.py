@@ -101,7 +101,7 @@ async def test_kubernetes_run_as_non_root_refuses_a_root_pod(kube: Kube) -> None
 
     async def refused() -> bool:
         state = (await kube.get("pods", "root"))["status"]["containerStatuses"][0]["state"]
-        return state.get("waiting", {}).get("reason") == "CreateContainerConfigError"
+        return bool(state.get("waiting", {}).get("reason") == "CreateContainerConfigError")
 
     await until(refused, "runAsNonRoot refusal", timeout=30)
 
@@ -224,7 +224,7 @@ async def test_kubernetes_claim_outlives_its_pods(kube: Kube) -> None:
         "volumes": [{"name": "w", "persistentVolumeClaim": {"claimName": "keep"}}],
         "securityContext": {"fsGroup": 4000},
     }
-    mount = {"volumeMounts": [{"name": "w", "mountPath": "/w"}]}
+    mount: dict[str, Any] = {"volumeMounts": [{"name": "w", "mountPath": "/w"}]}
     writer = pod("writer", ["sh", "-c", "echo kept > /w/file"], **mount)
     writer["spec"].update(volume)
     await kube.create("pods", writer)

@@ -55,8 +55,8 @@ async def test_sessions_pause_resume_renew_and_plan_show(
     assert row["expire_time"] and row["idle_expire_time"] and row["idle_seconds"] is not None
     await client.call(sid, "write_file", {"path": "a.txt", "content": "x"})  # held back as a step
     assert await run(harness, "plan", sid, "show") == 0
-    out = capsys.readouterr()
-    assert "1 proposed steps" in out.err and "write_file" in out.out
+    captured = capsys.readouterr()
+    assert "1 proposed steps" in captured.err and "write_file" in captured.out
     assert await run(harness, "cancel", sid) == 0
     assert "cancelled" in capsys.readouterr().out
 

@@ -276,6 +276,7 @@ async def test_cli_creates_a_plan_session_approves_its_plan_and_answers_a_batch(
     harness: Harness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dispatcher import cli
+    from dispatcher.cli.output import EXIT_BY_CODE
 
     monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_BETA)
 
@@ -307,6 +308,5 @@ async def test_cli_creates_a_plan_session_approves_its_plan_and_answers_a_batch(
     assert await run("approve", review_id, "all") == 0
     assert not _result(await asyncio.wait_for(call, 20)).is_error
     assert (
-        await run("create", "--mode", "plan", "--tools", "no_such_tool")
-        == cli.EXIT_BY_CODE["INVALID_ARGUMENT"]
+        await run("create", "--mode", "plan", "--tools", "no_such_tool") == EXIT_BY_CODE["INVALID_ARGUMENT"]
     )

@@ -68,7 +68,7 @@ async def test_reads_stay_concurrent_around_a_write(auto: Harness) -> None:
     client = auto.client()
     info = await client.create_session("reads")
     before, after = uuid.uuid4().hex, uuid.uuid4().hex
-    calls = [
+    calls: list[tuple[str, dict[str, Any]]] = [
         ("meet", {"group": before, "n": 2}),
         ("meet", {"group": before, "n": 2}),  # met: the two reads ran at the same time
         ("write_file", {"path": "w.txt", "content": "x"}),

@@ -29,7 +29,7 @@ async def _rpc(client: AsyncDispatcherClient, name: str, request: Any) -> Any:
 
 
 async def _create(client: AsyncDispatcherClient, **fields: Any) -> pb.Session:
-    reply = await _rpc(client, "CreateSession", pb.CreateSessionRequest(**fields))
+    reply: pb.CreateSessionResponse = await _rpc(client, "CreateSession", pb.CreateSessionRequest(**fields))
     return reply.session
 
 

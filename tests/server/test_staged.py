@@ -29,7 +29,10 @@ async def _list(client: AsyncDispatcherClient, sid: str) -> list[pb.StagedChange
 
 
 async def _apply(client: AsyncDispatcherClient, sid: str, *ids: str) -> pb.ApplyStagedChangesResponse:
-    return await _rpc(client, "ApplyStagedChanges", pb.ApplyStagedChangesRequest(session_id=sid, ids=ids))
+    reply: pb.ApplyStagedChangesResponse = await _rpc(
+        client, "ApplyStagedChanges", pb.ApplyStagedChangesRequest(session_id=sid, ids=ids)
+    )
+    return reply
 
 
 async def _call(
@@ -159,7 +162,7 @@ async def test_cli_shows_applies_and_discards_staged_changes(
     harness: Harness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dispatcher import cli
-    from dispatcher.cli.output import EXIT_TOOL_ERROR
+    from dispatcher.cli.output import EXIT_BY_CODE, EXIT_TOOL_ERROR
 
     monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_BETA)
 
@@ -186,7 +189,7 @@ async def test_cli_shows_applies_and_discards_staged_changes(
     assert refused["applied"] == [] and refused["refused"][0]["id"] == b
     assert await run("staged", sid, "discard") == 0
     assert capsys.readouterr().out == f"discarded 1: {b}\n" and await client.list_staged(sid) == []
-    assert await run("staged", sid, "apply", "stg_nope") == cli.EXIT_BY_CODE["NOT_FOUND"]
+    assert await run("staged", sid, "apply", "stg_nope") == EXIT_BY_CODE["NOT_FOUND"]
 
 
 async def test_approve_remember_says_what_was_remembered(

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from dispatcher import cli
+from dispatcher.cli.output import EXIT_BY_CODE, EXIT_USAGE
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.server.conftest import TOKEN_ALPHA, Harness, ServerFactory
@@ -132,11 +133,11 @@ async def test_cli_upload_and_download(
     assert json.loads(capsys.readouterr().out)["files"] == 4
     assert_same_tree(files, tmp_path / "out")
     (tmp_path / "src" / "link").symlink_to("../outside.txt")
-    assert await run("upload", sid, str(tmp_path / "src")) == cli.EXIT_USAGE
+    assert await run("upload", sid, str(tmp_path / "src")) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "symbolic link" in err and "link" in err and "inside the uploaded tree" in err
-    assert await run("download", sid, "missing", str(tmp_path / "x")) == cli.EXIT_BY_CODE["NOT_FOUND"]
-    assert await run("upload", "ses_nope", str(tmp_path / "out")) == cli.EXIT_BY_CODE["NOT_FOUND"]
+    assert await run("download", sid, "missing", str(tmp_path / "x")) == EXIT_BY_CODE["NOT_FOUND"]
+    assert await run("upload", "ses_nope", str(tmp_path / "out")) == EXIT_BY_CODE["NOT_FOUND"]
 
 
 async def _raw_upload(
@@ -220,7 +221,7 @@ async def test_links_leaving_the_upload_or_written_through_are_refused_naming_th
     client = harness.client()
     session = await client.create_session("bad-links")
     workspace = Path(session.workspace_path)
-    cases = {
+    cases: dict[str, list[tuple[tarfile.TarInfo, bytes | None]]] = {
         "out": [link("out", "../x")],
         "abs": [link("abs", "/etc")],
         "deep/sneaky": [link("deep/sneaky", "here/../../../x")],

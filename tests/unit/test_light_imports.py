@@ -45,7 +45,7 @@ def test_the_core_packages_lazy_names_match_its_type_checking_imports() -> None:
     typed = {
         alias.name: node.module
         for node in block.body
-        if isinstance(node, ast.ImportFrom)
+        if isinstance(node, ast.ImportFrom) and node.module
         for alias in node.names
     }
     assert typed == dispatcher.core._LAZY

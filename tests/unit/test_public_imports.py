@@ -21,6 +21,8 @@ def _private_imports() -> list[str]:
                 names = [node.module]
             elif isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
+            else:
+                continue
             for name in names:
                 parts = name.split(".")
                 if parts[0] != "dispatcher" and any(p.startswith("_") and p != "__future__" for p in parts):

@@ -61,7 +61,7 @@ def index_url(docker_client: docker.DockerClient) -> str:
     out = docker_client.containers.run(
         IMAGE, ["python3", "-c", _PIP_INDEX], network_mode="none", remove=True, user="1000:1000"
     )
-    url = out.decode().strip().splitlines()[-1]
+    url: str = out.decode().strip().splitlines()[-1]
     assert url.startswith("https://"), url
     return url
 

@@ -18,8 +18,8 @@ import yaml
 
 from dispatcher.config import hash_token
 from dispatcher.config.load import load_config
+from dispatcher.core import ToolErrorClass
 from dispatcher.core import events as ev
-from dispatcher.core.types import ToolErrorClass
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
@@ -149,7 +149,7 @@ async def test_a_planted_link_out_of_the_grant_is_refused_before_the_call_runs(s
     # The agent itself refuses too, for a call that never went through the server's check.
     sandbox = harness.server.provider.sandbox_for(
         harness.server.sessions.get(harness.server.tenants.get("gamma"), sid).session
-    )  # type: ignore[attr-defined]
+    )
     with pytest.raises(PermissionError):
         await sandbox.read("src/docs/key")
     ok = await gamma.call(sid, "write_file", {"path": "src/fine", "content": "x"})

@@ -25,8 +25,8 @@ async def _rpc(client: AsyncDispatcherClient, name: str, request: Any) -> Any:
 
 
 def _containers(dc: docker.DockerClient, session_id: str) -> list[Any]:
-    return dc.containers.list(
-        all=True, filters={"label": f"{LABEL_SESSION}={session_id}"}, ignore_removed=True
+    return list(
+        dc.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"}, ignore_removed=True)
     )
 
 

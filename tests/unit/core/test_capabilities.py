@@ -69,6 +69,6 @@ def test_one_fs_mode_vocabulary() -> None:
     from dispatcher.core.blocks import FsMode, GrantMode
 
     assert get_args(FsMode) == (*get_args(GrantMode), "cwd") == ("r", "rw", "cwd")
-    assert capabilities.FsMode is types.FsMode is FsMode
+    assert vars(capabilities)["FsMode"] is types.FsMode is FsMode  # the name, not re-exported
     with pytest.raises(ConfigError):
         parse_capabilities({"fs": [{"path": "src", "mode": "cwd"}]})

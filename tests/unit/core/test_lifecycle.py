@@ -165,7 +165,7 @@ async def test_on_expire_pause_pauses_and_the_next_call_resumes(tmp_path: Path) 
     state = _open(d, "s1", tmp_path, Lifetime(ttl_seconds=100, on_expire=OnExpire.PAUSE))
     clock.now += 100
     await _tick(d, clock)
-    assert state.status is SessionStatus.PAUSED and state.clock.paused is ExpiryReason.TTL
+    assert (state.status, state.clock.paused) == (SessionStatus.PAUSED, ExpiryReason.TTL)
     assert provider.log == ["pause:s1"]
     assert [type(e.payload) for e in state.bus._history] == [SessionExpired, SessionPaused]
     async with d.lifecycle.hold(state):

@@ -97,7 +97,7 @@ def test_merged_overrides_per_tenant() -> None:
 )
 def test_errors_name_the_bad_key(section: object, key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        parse_policy(section)  # type: ignore[arg-type]
+        parse_policy(section)
     assert str(info.value).startswith(key + ":")
 
 

@@ -45,7 +45,7 @@ class Rig:
     providers: list[DockerSandboxProvider] = field(default_factory=list)
 
     def provider(self, *, clock: ManualClock | None = None, **config: Any) -> DockerSandboxProvider:
-        api = DockerAPI(client=self.fake, attempts=3)  # type: ignore[arg-type]
+        api = DockerAPI(client=self.fake, attempts=3)
         provider = DockerSandboxProvider(FAST.model_copy(update=config), instance=INSTANCE, api=api)
         if clock is not None:  # containers age and idle only when the test advances it
             provider.clock = clock

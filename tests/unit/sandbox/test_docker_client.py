@@ -37,7 +37,7 @@ def test_what_counts_as_transient() -> None:
 
 
 async def test_transient_failures_are_retried_then_succeed() -> None:
-    api = DockerAPI(client=object(), attempts=3)  # type: ignore[arg-type]
+    api = DockerAPI(client=object(), attempts=3)
     flaky = Flaky(2, requests.exceptions.ConnectionError("refused"))
     try:
         assert await api.run("op", flaky) == "ok"
@@ -47,7 +47,7 @@ async def test_transient_failures_are_retried_then_succeed() -> None:
 
 
 async def test_retries_are_bounded_and_errors_typed() -> None:
-    api = DockerAPI(client=object(), attempts=2)  # type: ignore[arg-type]
+    api = DockerAPI(client=object(), attempts=2)
     try:
         flaky = Flaky(5, requests.exceptions.ConnectionError("refused"))
         with pytest.raises(DockerUnavailable):
@@ -64,7 +64,7 @@ async def test_retries_are_bounded_and_errors_typed() -> None:
 
 
 async def test_calls_that_may_have_run_are_never_retried() -> None:
-    api = DockerAPI(client=object(), attempts=4)  # type: ignore[arg-type]
+    api = DockerAPI(client=object(), attempts=4)
     flaky = Flaky(1, requests.exceptions.ConnectionError("reset"))
     try:
         with pytest.raises(DockerUnavailable):

@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.session import Session
@@ -63,7 +64,7 @@ class FakeSlotMounts(SlotMounts):
         pass
 
 
-def pooled(rig: Rig, size: int, **config: object) -> DockerSandboxProvider:
+def pooled(rig: Rig, size: int, **config: Any) -> DockerSandboxProvider:
     provider = rig.provider(warm_pool=WarmPoolConfig(size=size), **config)
     provider.pool.mounts = FakeSlotMounts(rig.fake, rig.tmp / "slots")
     provider.pool.expect_tenants({"t": (None, None)})  # the rig's sessions' tenant, as the config says

@@ -42,7 +42,7 @@ EXPECTED_SIGNATURES = {
 def _shape(fn: object) -> list[str]:
     shape = []
     for p in inspect.signature(fn).parameters.values():  # type: ignore[arg-type]
-        prefix = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+        prefix = "*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else ""
         shape.append(prefix + p.name)
     return shape
 

@@ -96,7 +96,7 @@ def test_kubernetes_grants_are_mounts_of_the_workspace_claim() -> None:
 
 def test_kubernetes_pvc_is_per_workspace_and_sized_by_the_quota() -> None:
     kube = KubernetesConfig(namespace="sandboxes", storage_class="fast", access_mode="ReadWriteMany")
-    claim = pvc_manifest(SandboxConfig(workspace_quota="2g"), kube, session())
+    claim = pvc_manifest(SandboxConfig.model_validate({"workspace_quota": "2g"}), kube, session())
     assert claim["spec"] == {
         "accessModes": ["ReadWriteMany"],
         "resources": {"requests": {"storage": "2Gi"}},

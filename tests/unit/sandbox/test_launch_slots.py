@@ -27,7 +27,8 @@ async def _holder(
 
 
 async def test_calls_go_first_and_each_kind_keeps_its_order() -> None:
-    slots, order, gate = LaunchSlots(1), [], asyncio.Event()
+    slots, gate = LaunchSlots(1), asyncio.Event()
+    order: list[str] = []
     first = asyncio.create_task(_holder(slots, "bg0", order, True, gate))
     await until(lambda: order == ["bg0"])
     tasks = [
@@ -41,7 +42,8 @@ async def test_calls_go_first_and_each_kind_keeps_its_order() -> None:
 
 
 async def test_a_free_slot_is_taken_at_once_and_cancelled_waiters_lose_nothing() -> None:
-    slots, order, gate = LaunchSlots(2), [], asyncio.Event()
+    slots, gate = LaunchSlots(2), asyncio.Event()
+    order: list[str] = []
     holders = [asyncio.create_task(_holder(slots, f"h{i}", order, False, gate)) for i in range(2)]
     await until(lambda: len(order) == 2)
     waiter = asyncio.create_task(_holder(slots, "cancelled", order, False, asyncio.Event()))

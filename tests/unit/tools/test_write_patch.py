@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,7 +144,7 @@ class _ChangedAfterRead:
         self._sandbox = sandbox
         self._target = target
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._sandbox, name)
 
     async def read_bytes(self, path: str, **kw: object) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -126,7 +126,11 @@ def test_the_check_holds_at_the_moment_of_use(tree: Path, monkeypatch: pytest.Mo
             op()
         assert caught.value.code == "denied"
     (tree / "src" / "docs").symlink_to("../secret")
-    for write in (lambda: ws.write("src/docs/key", b"pwned"), lambda: ws.append("src/docs/key", b"pwned")):
+    writes: tuple[Callable[[], object], ...] = (
+        lambda: ws.write("src/docs/key", b"pwned"),
+        lambda: ws.append("src/docs/key", b"pwned"),
+    )
+    for write in writes:
         with pytest.raises((OpError, OSError)):  # "denied", or the walk refusing the link: never followed
             write()
     assert (tree / "secret" / "key").read_text() == "hidden\n"

@@ -201,23 +201,25 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
     got_header, got_payload = _split(frame)
     rid, kind = response_head(got_header)  # the host's side, as AgentLink decodes them
     assert (rid, kind) == (12, reply.TYPE)
-    decoded = {
-        "error": lambda: p.Error.decode(got_header, got_payload),
-        "output": lambda: p.Output.decode(got_header, got_payload),
-        "exit": lambda: p.Exit.decode(got_header, got_payload),
-        "result": lambda: request_.decode_reply(got_header, got_payload),
-        **{
-            cls.TYPE: (lambda cls=cls: cls.decode(got_header, got_payload))
-            for cls in (
-                p.Listening,
-                p.TunnelOpened,
-                p.TunnelData,
-                p.TunnelEof,
-                p.TunnelClosed,
-                p.TunnelWindow,
-            )
-        },
-    }[kind]()
+    decoders: dict[str, type[p.Reply]] = {
+        cls.TYPE: cls
+        for cls in (
+            p.Error,
+            p.Output,
+            p.Exit,
+            p.Listening,
+            p.TunnelOpened,
+            p.TunnelData,
+            p.TunnelEof,
+            p.TunnelClosed,
+            p.TunnelWindow,
+        )
+    }
+    decoded = (
+        request_.decode_reply(got_header, got_payload)
+        if kind == "result"
+        else decoders[kind].decode(got_header, got_payload)
+    )
     assert decoded == reply
 
 

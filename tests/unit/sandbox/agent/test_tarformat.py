@@ -25,9 +25,9 @@ NAMES = ["a", "d/b.txt", "x" * 150 + "/y", "é/ü.txt", "d" * 99, "p/" + "q" * 1
 
 
 def via_tarfile(data: bytes) -> Seen:
-    seen = []
+    seen: list[tuple[str, bytes, int, float, str, bytes]] = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
             for m in tar:
                 body = tar.extractfile(m).read() if m.isreg() else b""  # type: ignore[union-attr]
                 if m.isreg() and len(body) < m.size:
@@ -130,6 +130,6 @@ def test_written_headers_read_back_with_tarfile(name: str, link: str) -> None:
 
 def test_numbers_past_their_fields_go_in_the_pax_header() -> None:
     data = header("big", b"0", 0o600, 2**40, 0, 0, -5) + trailer(1024)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
         (m,) = list(tar)
         assert (m.uid, m.mtime) == (2**40, -5)

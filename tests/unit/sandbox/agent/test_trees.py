@@ -197,7 +197,10 @@ async def test_new_trees_move_whole_and_look_as_if_moved_file_by_file(
         "new/listed/a.txt",
         "top.txt",
     ]
-    mode = lambda p: (dest / p).stat().st_mode & 0o777  # noqa: E731
+
+    def mode(path: str) -> int:
+        return (dest / path).stat().st_mode & 0o777
+
     assert mode("new/listed") == 0o750 and (dest / "new/listed").stat().st_mtime == MTIME
     assert mode("new") == mode("new/implicit") == mode("new/implicit/deeper") == 0o777 & ~umask
     assert mode("new/listed/a.txt") == 0o640 and (dest / "new/listed/a.txt").stat().st_mtime == MTIME

@@ -48,7 +48,7 @@ def test_the_agent_starts_isolated_and_answers(where: str, pyz: Path, tmp_path: 
         [sys.executable, "-I", target, "--version"], capture_output=True, text=True, timeout=30, cwd=tmp_path
     )
     assert version.stdout.strip() == f"dispatcher-agent protocol {PROTOCOL_VERSION}", version.stderr
-    requests = [Ping(), Write("f.txt", b"hello"), Read("f.txt", 100, True)]
+    requests: list[Ping | Write | Read] = [Ping(), Write("f.txt", b"hello"), Read("f.txt", 100, True)]
     proc = subprocess.Popen(
         [sys.executable, "-I", target, "--root", str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
