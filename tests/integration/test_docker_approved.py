@@ -22,6 +22,7 @@ from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.tools import builtin_factories
+from tests.blocks import text_at
 from tests.events import EventOf, ToolConfirmationRequested, is_event
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run, runsc_available
@@ -83,7 +84,7 @@ def workspace(session: Session) -> Path:
 
 def assert_changed(result: ToolResultBlock, done: str) -> None:
     assert result.is_error, result
-    text = result.content[0].text  # type: ignore[union-attr]
+    text = text_at(result)
     assert "changed after it was approved" in text and f"nothing was {done}" in text, text
 
 
@@ -157,4 +158,4 @@ async def test_a_link_resolved_at_approval_is_the_path_used(
         d, session, sandbox, "shell", {"command": "pwd -P", "cwd": "link"}, "ln -sfn other link"
     )
     assert not again.is_error, again
-    assert again.content[0].text.strip() == "/workspace/real/dir"  # type: ignore[union-attr]
+    assert text_at(again).strip() == "/workspace/real/dir"

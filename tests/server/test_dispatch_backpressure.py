@@ -19,6 +19,7 @@ from dispatcher.core.types import (
 )
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.server.rpc.dispatch_stream import DispatchCall
+from tests.blocks import text_at
 from tests.server.helpers import until
 
 RESULT_BUDGET = 100_000
@@ -107,5 +108,5 @@ async def test_a_dispatch_that_raises_still_answers_its_tool_use_once(tmp_path: 
     for result in results:
         assert isinstance(result, ToolResultBlock) and result.is_error
         assert result.error_class is not None and result.error_class.value == "execution_error"
-        assert "internal error in the dispatcher" in result.content[0].text  # type: ignore[union-attr]
+        assert "internal error in the dispatcher" in text_at(result)
     await dispatcher.aclose()

@@ -14,6 +14,7 @@ from dispatcher.core.dispatcher import Decision
 from dispatcher.core.event_payloads import to_dict
 from dispatcher.core.events import Event
 from dispatcher.core.types import Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
+from tests.blocks import text_at
 from tests.polling import until
 from tests.server.conftest import Harness
 
@@ -100,7 +101,7 @@ async def test_cancel_session_tools(harness: Harness) -> None:
     await harness.client().cancel(session.session_id)
     result = await asyncio.wait_for(call, 10)
     assert result.is_error and str(result.error_class) == "cancelled"
-    assert "blocking" in result.content[-1].text  # type: ignore[union-attr]
+    assert "blocking" in text_at(result, -1)
 
 
 async def test_resolve_confirmation_first_answer_wins(harness: Harness) -> None:

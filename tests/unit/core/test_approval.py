@@ -16,6 +16,7 @@ from dispatcher.core.approval import ApprovalMode, approve_plan, parse_mode
 from dispatcher.core.review import unified_diff as _diff
 from dispatcher.core.types import SideEffect
 from dispatcher.sandbox.fake import FakeSandboxProvider
+from tests.blocks import text_at
 from tests.events import ToolConfirmationRequested, ToolConfirmationResolved
 from tests.unit.core.toolkit import definition, next_event
 
@@ -84,7 +85,7 @@ async def test_plan_mode_state_and_its_approval(provider: FakeSandboxProvider, s
     planned = replace(session, approval_mode=ApprovalMode.PLAN)
     d.open_session(planned)
     result = await d.dispatch(ToolUseBlock("r1", "run", {"command": "make"}), planned, turn_id="t")
-    assert result.is_error and "plan mode" in result.content[0].text  # type: ignore[union-attr]
+    assert result.is_error and "plan mode" in text_at(result)
     state = d.session_state("s1")
     assert [s.tool_use_id for s in state.plan] == ["r1"]
     steps, mode = approve_plan(state, allow=True)
@@ -125,7 +126,7 @@ async def test_a_plan_is_bounded(
             ToolUseBlock(f"r{i}", "run", {"command": "x" * 10_000}), planned, turn_id="t"
         )
         assert result.is_error
-    assert "already has 2 steps" in result.content[0].text  # type: ignore[union-attr]
+    assert "already has 2 steps" in text_at(result)
     steps = d.session_state("s1").plan
     assert len(steps) == 2 and all(len(s.input_summary) <= approval.PLAN_SUMMARY_CHARS for s in steps)
     await d.aclose()

@@ -18,6 +18,7 @@ from dispatcher.core.types import (
     ToolUseBlock,
 )
 from dispatcher.sandbox.fake import FakeSandboxProvider
+from tests.blocks import text_at
 from tests.unit.core.toolkit import definition
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -105,7 +106,7 @@ async def test_an_image_too_big_for_one_result_is_an_error_result_for_that_call(
     )
     big, small, text = results
     assert big.is_error and big.error_class is ToolErrorClass.EXECUTION_ERROR
-    assert "image/png image of 200,008 bytes" in big.content[0].text  # type: ignore[union-attr]
+    assert "image/png image of 200,008 bytes" in text_at(big)
     assert not small.is_error and isinstance(small.content[0], ImageBlock)
     assert not text.is_error
     events = [e.type for e in d.events("s1")._history if e.tool_use_id == "big"]
@@ -128,7 +129,7 @@ async def test_many_text_blocks_are_cut_to_the_byte_budget(tmp_path: Any) -> Non
 async def test_results_are_always_valid_utf8(tmp_path: Any) -> None:
     d = _dispatcher(100_000)
     (result,) = await d.dispatch_all([ToolUseBlock("o", "odd", {})], Session("s1", str(tmp_path), "t1"))
-    assert result.content[0].text == "caf\\udce9"  # type: ignore[union-attr]
+    assert text_at(result) == "caf\\udce9"
     assert result.command_executed == "\\ud800"
     await d.aclose()
 

@@ -18,6 +18,7 @@ from dispatcher.core.errors import ToolRegistrationError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolOutput, ToolResultBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
 from dispatcher.tools import PatchFileTool, WriteFileTool
+from tests.blocks import text_at
 from tests.events import ToolConfirmationRequested, is_event
 from tests.unit.core.toolkit import OBJ, definition
 
@@ -58,7 +59,7 @@ async def test_a_crlf_old_patches_an_lf_file_in_every_mode(
     use = ToolUseBlock("p", "patch_file", dict(CRLF_PATCH))
     result = await _dispatch_allowing(d, moded, use)
     if mode is ApprovalMode.PLAN:  # proposed, not run; once the plan is approved it runs unasked
-        assert result.is_error and "plan mode" in result.content[0].text  # type: ignore[union-attr]
+        assert result.is_error and "plan mode" in text_at(result)
         assert await sandbox.read_bytes("f.txt") == BEFORE
         approve_plan(d.session_state(session.session_id), allow=True)
         result = await _dispatch_allowing(d, moded, replace(use, id="p2"))
@@ -105,7 +106,7 @@ async def test_review_stages_any_tool_that_previews_by_its_rw_path(
     sandbox = provider.sandbox_for(reviewing)
     await sandbox.write_bytes("u.txt", b"quiet\n")
     result = await d.dispatch(ToolUseBlock("u", "upcase", {"file": "u.txt"}), reviewing)
-    assert not result.is_error and "not yet on disk" in result.content[0].text  # type: ignore[union-attr]
+    assert not result.is_error and "not yet on disk" in text_at(result)
     (change,) = d.staged_changes(session.session_id)
     assert "-quiet\n+QUIET\n" in change.diff and change.change_id == result.metadata["staged"]
     assert await sandbox.read_bytes("u.txt") == b"quiet\n"  # staged, not written
