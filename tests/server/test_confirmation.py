@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.events import Event
 from dispatcher.core.types import ToolResultBlock
@@ -74,11 +75,11 @@ async def test_confirmation_timeout(make_server: ServerFactory) -> None:
 
 
 async def _items(
-    client: object, session_id: str, tool_use_id: str, tool_input: dict[str, str]
+    client: AsyncDispatcherClient, session_id: str, tool_use_id: str, tool_input: dict[str, str]
 ) -> list[object]:
     from dispatcher.core.types import ToolUseBlock
 
-    stream = client.dispatch(session_id, [ToolUseBlock(tool_use_id, "write_file", tool_input)])  # type: ignore[attr-defined]
+    stream = client.dispatch(session_id, [ToolUseBlock(tool_use_id, "write_file", tool_input)])
     return [i async for i in stream]
 
 

@@ -9,12 +9,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from dispatcher.client import RequestFailed
+from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.event_payloads import to_dict
 from dispatcher.core.events import Event
 from dispatcher.core.types import Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
 from tests.blocks import text_at
+from tests.events import ToolConfirmationRequested, is_event
 from tests.polling import until
 from tests.server.conftest import Harness
 
@@ -179,8 +180,8 @@ async def test_health_and_reflection_need_no_token(harness: Harness) -> None:
         assert "dispatcher.v1.ToolDispatcher" in names and "grpc.health.v1.Health" in names
 
 
-async def _next_confirmation(client: object, session_id: str, after_seq: int = 0) -> str:
-    async for event in client.watch(session_id, after_seq=after_seq):  # type: ignore[attr-defined]
-        if event.type == "tool.confirmation_requested":
-            return str(event.payload.request_id)
+async def _next_confirmation(client: AsyncDispatcherClient, session_id: str, after_seq: int = 0) -> str:
+    async for event in client.watch(session_id, after_seq=after_seq):
+        if is_event(event, ToolConfirmationRequested):
+            return event.payload.request_id
     raise AssertionError("session closed before a confirmation was requested")
