@@ -26,7 +26,7 @@ gates:              ## lint, format, mypy --strict, proto check: what make test 
 
 check: gates test-unit
 
-test:               ## the whole suite: installs what it needs (Docker engine, image), the gates, then pytest
+test:               ## the whole suite: installs what it needs (Docker, image), the gates, then pytest
 	bash scripts/test.sh
 
 bootstrap:          ## install the package, start Docker if none answers, build the sandbox image

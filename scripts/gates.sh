@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The gates every change passes before any test runs (make test, make check, the pre-commit hooks):
-# lint, formatting, types over the package, the tests and the benchmarks (what mypy checks is
-# pyproject's [tool.mypy] files), and the generated code's staleness. Every gate runs, so one run
-# names every failure; the exit status is 1 if any failed. Needs the dev extra (bootstrap installs it).
+# The gates every change passes before any test runs (make test and make check run this;
+# .pre-commit-config.yaml runs the same commands at commit): lint, formatting, mypy --strict over
+# the package, the tests and the benchmarks (pyproject's [tool.mypy] files), and the generated
+# code's staleness. Every gate runs, so one run names every failure; the exit status is 1 if any
+# failed. Needs the dev extra (bootstrap and make install install it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
