@@ -91,7 +91,7 @@ class SessionState:
     """Starters of calls accepted but not started yet (a Dispatch whose client reads slowly): run
     before the session's calls are cancelled, so that the cancel reaches those calls too."""
     mode: str = ""
-    """The approval mode in force (``core/approval.py``): the session's, until an approved plan
+    """The approval mode in force (``core/call/approve.py``): the session's, until an approved plan
     turns ``plan`` into ``autonomous``."""
     plan: list[PlanStep] = field(default_factory=list)
     """The steps a ``plan`` session proposed, in order, until the plan is approved or rejected."""

@@ -52,7 +52,7 @@ class Session:
     """None: every tool, the whole workspace read-write. A session's own narrower request is
     already intersected in (``Capabilities.intersect``)."""
     approval_mode: str = "cautious"
-    """Spec 004's approval mode (``core/approval.py``): cautious, autonomous, manual, plan, review
+    """Spec 004's approval mode (``core/call/approve.py``): cautious, autonomous, manual, plan, review
     or audit; applied over ``policy``."""
     workspace_root: str | None = None
     """The tenant's workspace root on the host (from the config, trusted). When set, the workspace

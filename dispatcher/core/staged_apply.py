@@ -21,9 +21,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dispatcher.core.review import READ_LIMIT
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
-from dispatcher.core.staging import ABSENT, StagedChange, StagingArea
+from dispatcher.core.staging import ABSENT, READ_LIMIT, StagedChange, StagingArea
 
 __all__ = ["ApplyOutcome", "Refusal", "apply", "discard"]
 

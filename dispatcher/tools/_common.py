@@ -23,7 +23,7 @@ STAGED_WRITE_NOTE = (
     '"staged for review as ID", read_file and list_dir of this session show the staged content, '
     "shell sees the disk until a human applies the change."
 )
-"""What write tools say of review and audit modes (``core/review.py``) in their description."""
+"""What write tools say of review and audit modes (``core/call/review.py``) in their description."""
 
 
 def start(context: ToolContext) -> None:

@@ -149,6 +149,51 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
     assert not bad, "\n".join(bad)
 
 
+CORE_LAYERS: dict[str, int] = {
+    "dispatcher.core.call": 1,  # one call through its steps, and the knobs they read
+    "dispatcher.core.dispatcher": 2,  # ToolDispatcher: what outlives one call
+    "dispatcher.core.transfer": 3,  # trees in and out of a session's workspace, through a dispatcher
+    "dispatcher.core": 0,  # the foundation: the modules at core's top (types, blocks, errors, ...)
+}
+"""Inside ``dispatcher.core``, low to high, by the rule of ``LAYERS``: a module imports its own
+package and lower ranks, never a higher one nor a sibling of its rank. A new package of core gets
+its own line; one entry may stand for a single module at core's top that sits above packages."""
+
+CORE_FACE = "dispatcher.core"
+"""The package's ``__init__``: it names the public types of every rank (loaded lazily), so it stands
+above them all and is not checked here."""
+
+CORE_ALLOWED_UPWARD: set[tuple[str, str]] = set()
+"""(module, package) pairs that may import above their rank, each with its reason."""
+
+
+def _core_layer(module: str) -> tuple[str, int] | None:
+    for prefix, rank in CORE_LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix, rank
+    return None
+
+
+def test_every_package_of_core_has_a_rank() -> None:
+    packages = {m for m, p in _modules().items() if m.startswith(CORE_FACE + ".") and p.name == "__init__.py"}
+    missing = sorted(packages - CORE_LAYERS.keys())
+    assert not missing, f"packages of core without a rank (add them to CORE_LAYERS): {missing}"
+
+
+def test_core_packages_import_only_lower_ranks() -> None:
+    ours, _ = _imports(_modules())
+    bad = []
+    for imp in ours:
+        src, dst = _core_layer(imp.source), _core_layer(imp.target)
+        if imp.source == CORE_FACE or src is None or dst is None or src[0] == dst[0] or dst[1] < src[1]:
+            continue
+        if (imp.source, dst[0]) in CORE_ALLOWED_UPWARD:
+            continue
+        where = "above" if dst[1] > src[1] else "beside"
+        bad.append(f"{imp.source}:{imp.line} imports {imp.target} ({dst[0]} is {where} {src[0]})")
+    assert not bad, "imports against core's ranks:\n" + "\n".join(bad)
+
+
 BACKEND_CLIENTS = {
     "dispatcher.sandbox.kubernetes": {"grpc", "docker"},
     "dispatcher.sandbox.docker": {"grpc", "kubernetes_asyncio", "aiohttp"},

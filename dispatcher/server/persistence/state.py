@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dispatcher.core.approval import parse_mode
+from dispatcher.core.call.approve import parse_mode
 from dispatcher.core.calls import SessionState
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.dispatcher import ToolDispatcher

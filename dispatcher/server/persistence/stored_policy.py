@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, get_args
 
-from dispatcher.core.approval import MAX_PLAN_STEPS, PLAN_SUMMARY_CHARS
 from dispatcher.core.blocks import GrantMode
+from dispatcher.core.call.approve import MAX_PLAN_STEPS, PLAN_SUMMARY_CHARS
 from dispatcher.core.calls import PlanStep
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.session import Session

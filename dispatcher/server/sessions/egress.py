@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher.core.approval import mode_policy
+from dispatcher.core.call.approve import mode_policy
 from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.event_payloads import ToolConfirmationRequested, ToolConfirmationResolved

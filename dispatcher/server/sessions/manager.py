@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from typing import Any
 
+from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.calls import SessionState
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Subscription
-from dispatcher.core.ordering import Ordering
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxIds
 from dispatcher.core.session import Session, SessionStatus, new_session_id
 from dispatcher.core.session_clock import Lifetime, OnExpire

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from dispatcher.core.approval import ApprovalMode, PlanStep, approve_plan
+from dispatcher.core.call.approve import ApprovalMode, PlanStep, approve_plan
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownConfirmationError
 from dispatcher.core.staged_apply import ApplyOutcome

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from dispatcher.config.load import TenantConfig
 from dispatcher.config.policy import DEFAULT_APPROVAL_MODES
 from dispatcher.config.sections import Quotas, UidRange
-from dispatcher.core.approval import ApprovalMode, parse_mode
+from dispatcher.core.call.approve import ApprovalMode, parse_mode
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.sandbox_api import SandboxError

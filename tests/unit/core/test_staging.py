@@ -11,7 +11,7 @@ import pytest
 
 from dispatcher.core import ConfirmationPolicy, DispatcherConfig, MemoryAuditLog, Session, ToolDispatcher
 from dispatcher.core import event_payloads as ep
-from dispatcher.core.approval import ApprovalMode
+from dispatcher.core.call.approve import ApprovalMode
 from dispatcher.core.errors import UnknownStagedChangeError
 from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.types import TextBlock, ToolResultBlock, ToolUseBlock

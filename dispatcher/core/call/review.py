@@ -25,18 +25,16 @@ from typing import TYPE_CHECKING, Any
 from dispatcher.core.errors import ToolExecutionError
 from dispatcher.core.registry import RegisteredTool, written_input
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
-from dispatcher.core.staging import ABSENT, ChangeKind, StagedChange, new_change_id
+from dispatcher.core.staging import ABSENT, READ_LIMIT, ChangeKind, StagedChange, new_change_id
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import Previewable, TextBlock, ToolOutput
 from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
-    from dispatcher.core.run_state import RunState
+    from dispatcher.core.call.run_state import RunState
 
 __all__ = ["sha256_of", "stage", "unified_diff"]
 
-READ_LIMIT = 8 << 20
-"""Most bytes of the current file staging reads to diff against."""
 DIFF_MAX_LINES = 5_000
 """Most lines per side difflib is given: its matching grows far faster than linearly (two
 crafted 20,000-line sides took 74 s), so beyond this the change names the sizes instead."""

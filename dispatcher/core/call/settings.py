@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.display import SHOW_LIMIT
-from dispatcher.core.ordering import Ordering
 from dispatcher.core.result_size import RESULT_BUDGET_BYTES
 
 __all__ = ["DispatcherConfig"]

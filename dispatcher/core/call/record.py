@@ -15,7 +15,7 @@ from dispatcher.core.event_payloads import ToolFailed
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall
 
 if TYPE_CHECKING:
-    from dispatcher.core.run_state import RunState
+    from dispatcher.core.call.run_state import RunState
 
 __all__ = ["abandoned", "record"]
 

@@ -10,7 +10,7 @@ Modes (``Session.approval_mode``; the README's Policy section has the table):
   proposed step of the session's plan (``tool.step_proposed``) and its result says so. Once a human
   approves the plan (``ApprovePlan``) the session behaves as ``autonomous``.
 - ``review``: writes of tools that can preview them (``Previewable``: ``write_file``, ``patch_file``)
-  are staged without asking: kept off the disk, the call returns at once (``core/review.py``), and
+  are staged without asking: kept off the disk, the call returns at once (``core/call/review.py``), and
   a human applies or discards each staged file later (``core/staged_apply.py``). Other calls as
   cautious.
 - ``audit``: nothing asks and every call is recorded (audit log decision ``audit``); writes of
@@ -54,8 +54,8 @@ from dispatcher.core.types import SideEffect, ToolDefinition
 from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
+    from dispatcher.core.call.run_state import RunState
     from dispatcher.core.calls import SessionState
-    from dispatcher.core.run_state import RunState
 
 __all__ = [
     "ApprovalMode",
