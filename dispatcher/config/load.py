@@ -100,7 +100,7 @@ class Config:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """The top-level ``egress:``: the default tenant's."""
     sessions: SessionsSection = field(default_factory=SessionsSection)
-    """``sessions:``: their clocks' defaults (``core/lifecycle.py``)."""
+    """``sessions:``: their clocks' defaults (``core/sessions/expiry.py``)."""
     approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
     """The top-level ``approval_modes``: the default tenant's, and every tenant's without its own."""
     source: Path | None = None

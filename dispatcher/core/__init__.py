@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test kee
     from dispatcher.core.policy import ConfirmationPolicy, Mode
     from dispatcher.core.registry import ToolRegistry, to_anthropic, to_mcp, to_openai
     from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, WorkspaceFileAPI
-    from dispatcher.core.session import Session
+    from dispatcher.core.sessions.session import Session
     from dispatcher.core.types import (
         ContentBlock,
         ImageBlock,
@@ -93,7 +93,7 @@ _LAZY: dict[str, str] = {
     "SandboxError": "dispatcher.core.sandbox_api",
     "SandboxProvider": "dispatcher.core.sandbox_api",
     "WorkspaceFileAPI": "dispatcher.core.sandbox_api",
-    "Session": "dispatcher.core.session",
+    "Session": "dispatcher.core.sessions.session",
     "ContentBlock": "dispatcher.core.types",
     "ImageBlock": "dispatcher.core.types",
     "Role": "dispatcher.core.types",

@@ -17,19 +17,19 @@ from dispatcher.core.call.ordering import CHANGES, MessageOrder, Ordering
 from dispatcher.core.call.pipeline import CallRun, PipelineDeps
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import check_timeout_names
-from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.event_payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.events import EventBus
-from dispatcher.core.lifecycle import SessionLifecycle
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_registry import SessionRegistry
+from dispatcher.core.sessions.expiry import SessionLifecycle
+from dispatcher.core.sessions.registry import SessionRegistry
+from dispatcher.core.sessions.session import Session, SessionStatus
+from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.core.staged_apply import ApplyOutcome
 from dispatcher.core.staging import StagedChange
 from dispatcher.core.types import ToolDefinition, ToolFactory, ToolResultBlock, ToolUseBlock

@@ -27,9 +27,9 @@ from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.egress.gate import EgressGate
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
-    from dispatcher.core.session import Session
-    from dispatcher.core.session_registry import Restoration
+    from dispatcher.core.sessions.registry import Restoration
+    from dispatcher.core.sessions.session import Session
+    from dispatcher.core.sessions.state import SessionState
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
 

@@ -150,9 +150,10 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
 
 
 CORE_LAYERS: dict[str, int] = {
-    "dispatcher.core.call": 1,  # one call through its steps, and the knobs they read
-    "dispatcher.core.dispatcher": 2,  # ToolDispatcher: what outlives one call
-    "dispatcher.core.transfer": 3,  # trees in and out of a session's workspace, through a dispatcher
+    "dispatcher.core.sessions": 1,  # a session's life: what it is and carries, its registry, its clocks
+    "dispatcher.core.call": 2,  # one call through its steps, and the knobs they read
+    "dispatcher.core.dispatcher": 3,  # ToolDispatcher: what outlives one call
+    "dispatcher.core.transfer": 4,  # trees in and out of a session's workspace, through a dispatcher
     "dispatcher.core": 0,  # the foundation: the modules at core's top (types, blocks, errors, ...)
 }
 """Inside ``dispatcher.core``, low to high, by the rule of ``LAYERS``: a module imports its own
@@ -163,8 +164,11 @@ CORE_FACE = "dispatcher.core"
 """The package's ``__init__``: it names the public types of every rank (loaded lazily), so it stands
 above them all and is not checked here."""
 
-CORE_ALLOWED_UPWARD: set[tuple[str, str]] = set()
-"""(module, package) pairs that may import above their rank, each with its reason."""
+CORE_ALLOWED_UPWARD = {("dispatcher.core.sandbox_api", "dispatcher.core.sessions")}
+"""(module, package) pairs that may import above their rank, each with its reason. The sandbox
+interface's provider hooks are typed with a session, its state and its restoration (under
+``TYPE_CHECKING``): the one arrow from the foundation up, until the provider surface is declared
+apart from the registry's types."""
 
 
 def _core_layer(module: str) -> tuple[str, int] | None:

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, cast
 from dispatcher.core.approval_mode import ApprovalMode as ApprovalMode
 from dispatcher.core.approval_mode import parse_mode as parse_mode
 from dispatcher.core.audit import AuditDecision
-from dispatcher.core.calls import PlanStep as PlanStep
 from dispatcher.core.confirmation import Decision
 from dispatcher.core.display import confirmation_text
 from dispatcher.core.errors import (
@@ -49,13 +48,14 @@ from dispatcher.core.event_payloads import (
     ToolStepProposed,
 )
 from dispatcher.core.policy import ConfirmationPolicy, Mode
+from dispatcher.core.sessions.state import PlanStep as PlanStep
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import SideEffect, ToolDefinition
 from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
     from dispatcher.core.call.run_state import RunState
-    from dispatcher.core.calls import SessionState
+    from dispatcher.core.sessions.state import SessionState
 
 __all__ = [
     "ApprovalMode",

@@ -11,14 +11,14 @@ from typing import Any
 from dispatcher.core.audit import AuditDecision, AuditSink
 from dispatcher.core.call.ordering import MessageOrder
 from dispatcher.core.call.settings import DispatcherConfig
-from dispatcher.core.calls import Call, SessionState
 from dispatcher.core.display import summarize
 from dispatcher.core.event_payloads import EventPayload
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import SandboxProvider
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
+from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.core.types import ToolUseBlock
 
 __all__ = ["PipelineDeps", "RunState"]

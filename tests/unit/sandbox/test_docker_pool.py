@@ -15,7 +15,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from dispatcher.core.capabilities import Capabilities, FsGrant
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 __all__ = ["DeadlineScheduler"]
 
-log = logging.getLogger("dispatcher.core.expiry")
+log = logging.getLogger("dispatcher.core.sessions.deadlines")
 
 K = TypeVar("K", bound=Hashable)
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class SessionStatus(StrEnum):
-    """Where a session is in its life; ``core/session_registry.py`` owns the transitions.
+    """Where a session is in its life; ``core/sessions/registry.py`` owns the transitions.
 
     ``OPEN -> CLOSING -> CLOSED``, and ``OPEN <-> PAUSED`` (held, its sandbox frozen, resumed by
     its next call or ResumeSession), ``OPEN|PAUSED -> CLOSING -> EXPIRED`` (ended by a clock: like

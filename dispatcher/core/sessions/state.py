@@ -1,4 +1,5 @@
-"""What the dispatcher keeps per open session and per in-flight call."""
+"""What the dispatcher keeps per open session (``SessionState``, held by the registry): the calls
+in flight that a cancel reaches, the plan it proposed, its staged changes and its clocks."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 from dispatcher.core.confirmation import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_clock import SessionClock
+from dispatcher.core.sessions.clock import SessionClock
+from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.staging import StagingArea
 
 __all__ = ["Call", "PlanStep", "SessionState"]
@@ -74,7 +75,7 @@ class Call:
 
 @dataclass(eq=False)
 class SessionState:
-    """One session as the registry (``core/session_registry.py``) holds it: its description, where
+    """One session as the registry (``core/sessions/registry.py``) holds it: its description, where
     it is in its life, and what it carries between calls."""
 
     session: Session
@@ -98,7 +99,7 @@ class SessionState:
     staging: StagingArea = field(init=False)
     """Review and audit sessions: writes kept off the disk until a human applies them."""
     clock: SessionClock = field(default_factory=SessionClock)
-    """Its TTL and idle clocks (``core/lifecycle.py``)."""
+    """Its TTL and idle clocks (``core/sessions/expiry.py``)."""
 
     def __post_init__(self) -> None:
         self.staging = StagingArea(self.session.session_id)
