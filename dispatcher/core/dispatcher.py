@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from dispatcher.core import staged_apply
 from dispatcher.core.audit import STAGED_APPLIED, STAGED_DISCARDED, AuditSink
 from dispatcher.core.call.ordering import CHANGES, MessageOrder, Ordering
 from dispatcher.core.call.pipeline import CallRun, PipelineDeps
@@ -30,8 +29,9 @@ from dispatcher.core.sessions.expiry import SessionLifecycle
 from dispatcher.core.sessions.registry import SessionRegistry
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.sessions.state import Call, SessionState
-from dispatcher.core.staged_apply import ApplyOutcome
-from dispatcher.core.staging import StagedChange
+from dispatcher.core.staging import apply as staged_apply
+from dispatcher.core.staging.apply import ApplyOutcome
+from dispatcher.core.staging.area import StagedChange
 from dispatcher.core.types import ToolDefinition, ToolFactory, ToolResultBlock, ToolUseBlock
 
 __all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
@@ -232,7 +232,7 @@ class ToolDispatcher:
         """
         return self.sessions.get(session_id).broker.resolve(request_id, decision, remember=remember)
 
-    # -- staged changes (review and audit modes; core/staging.py) ------------------------
+    # -- staged changes (review and audit modes; core/staging/area.py) ------------------------
 
     def staged_changes(self, session_id: str) -> list[StagedChange]:
         """The session's staged changes, oldest first.
@@ -244,7 +244,7 @@ class ToolDispatcher:
 
     async def apply_staged(self, session_id: str, change_ids: Sequence[str]) -> ApplyOutcome:
         """A human applies staged changes (none named: all): per file in review mode, all or
-        nothing in audit mode (``core/staged_apply.py``); published and audited.
+        nothing in audit mode (``core/staging/apply.py``); published and audited.
 
         Raises:
             UnknownSessionError: the session is not open.

@@ -107,7 +107,7 @@ class DirEntry:
     kind: EntryKind
     size: int = 0
     target: str | None = None  # symlink target, as stored
-    staged: bool = False  # review/audit: a staged change, not on disk yet (core/staged_files.py)
+    staged: bool = False  # review/audit: a staged change, not on disk yet (core/staging/files.py)
 
 
 @dataclass(frozen=True, slots=True)

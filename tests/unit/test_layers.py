@@ -150,10 +150,11 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
 
 
 CORE_LAYERS: dict[str, int] = {
-    "dispatcher.core.sessions": 1,  # a session's life: what it is and carries, its registry, its clocks
-    "dispatcher.core.call": 2,  # one call through its steps, and the knobs they read
-    "dispatcher.core.dispatcher": 3,  # ToolDispatcher: what outlives one call
-    "dispatcher.core.transfer": 4,  # trees in and out of a session's workspace, through a dispatcher
+    "dispatcher.core.staging": 1,  # review and audit sessions' writes kept off the disk
+    "dispatcher.core.sessions": 2,  # a session's life: what it is and carries, its registry, its clocks
+    "dispatcher.core.call": 3,  # one call through its steps, and the knobs they read
+    "dispatcher.core.dispatcher": 4,  # ToolDispatcher: what outlives one call
+    "dispatcher.core.transfer": 5,  # trees in and out of a session's workspace, through a dispatcher
     "dispatcher.core": 0,  # the foundation: the modules at core's top (types, blocks, errors, ...)
 }
 """Inside ``dispatcher.core``, low to high, by the rule of ``LAYERS``: a module imports its own

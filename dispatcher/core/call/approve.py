@@ -11,7 +11,7 @@ Modes (``Session.approval_mode``; the README's Policy section has the table):
   approves the plan (``ApprovePlan``) the session behaves as ``autonomous``.
 - ``review``: writes of tools that can preview them (``Previewable``: ``write_file``, ``patch_file``)
   are staged without asking: kept off the disk, the call returns at once (``core/call/review.py``), and
-  a human applies or discards each staged file later (``core/staged_apply.py``). Other calls as
+  a human applies or discards each staged file later (``core/staging/apply.py``). Other calls as
   cautious.
 - ``audit``: nothing asks and every call is recorded (audit log decision ``audit``); writes of
   previewing tools are staged as in review, and a human applies them all or none.
@@ -78,7 +78,7 @@ approve these exact calls, which the model makes again."""
 _ANSWERED = {Decision.ALLOW: AuditDecision.ALLOW, Decision.DENY: AuditDecision.DENY}
 _REMEMBERED = {Decision.ALLOW: AuditDecision.REMEMBERED_ALLOW, Decision.DENY: AuditDecision.REMEMBERED_DENY}
 STAGING_MODES = frozenset({"review", "audit"})
-"""The approval modes whose previewing writes are staged (``core/staging.py``)."""
+"""The approval modes whose previewing writes are staged (``core/staging/area.py``)."""
 
 
 _MODE_POLICIES: dict[tuple[int, str], tuple[ConfirmationPolicy, ConfirmationPolicy]] = {}

@@ -43,7 +43,7 @@ from dispatcher.core.policy import Mode
 from dispatcher.core.registry import RegisteredTool
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
 from dispatcher.core.schema import validation_errors
-from dispatcher.core.staged_files import StagedFiles
+from dispatcher.core.staging.files import StagedFiles
 from dispatcher.core.types import (
     Role,
     Tool,

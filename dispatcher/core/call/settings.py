@@ -44,7 +44,7 @@ class DispatcherConfig:
     """What a call's durations (its events and audit records) are measured on, in seconds; unit
     tests step a fake one instead of waiting."""
     max_staged_changes: int = 64
-    """Per review/audit session: files with a staged change (``core/staging.py``); a staging
+    """Per review/audit session: files with a staged change (``core/staging/area.py``); a staging
     beyond is the call's error naming this key."""
     max_staged_bytes: int = 32 << 20
     """Per review/audit session: bytes its staged changes hold (content and diff)."""

@@ -36,7 +36,7 @@ from dispatcher.core.events import Event, EventBus
 from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, SessionClock
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.sessions.state import PlanStep, SessionState
-from dispatcher.core.staging import StagedChange
+from dispatcher.core.staging.area import StagedChange
 
 __all__ = ["BaseSessionListener", "Restoration", "SessionListener", "SessionRegistry", "SessionStatus"]
 
@@ -64,7 +64,7 @@ class Restoration:
     container_id: str | None = None
     """The sandbox container the previous life used (re-adopted by the provider)."""
     staged: tuple[StagedChange, ...] = ()
-    """The changes it had staged and nobody applied or discarded yet (``core/staging.py``)."""
+    """The changes it had staged and nobody applied or discarded yet (``core/staging/area.py``)."""
     clock: SessionClock | None = None
     """Its clocks as stored (None: a row written before sessions had clocks: none run)."""
 

@@ -13,7 +13,7 @@ from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
 from dispatcher.core.sessions.clock import SessionClock
 from dispatcher.core.sessions.session import Session, SessionStatus
-from dispatcher.core.staging import StagingArea
+from dispatcher.core.staging.area import StagingArea
 
 __all__ = ["Call", "PlanStep", "SessionState"]
 

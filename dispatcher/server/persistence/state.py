@@ -31,7 +31,7 @@ from dispatcher.core.sessions.clock import SessionClock
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionListener
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.sessions.state import SessionState
-from dispatcher.core.staging import StagedChange
+from dispatcher.core.staging.area import StagedChange
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 from dispatcher.server.persistence.errors import StateError

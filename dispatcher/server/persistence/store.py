@@ -29,7 +29,7 @@ from typing import Any
 
 from dispatcher.core.event_payloads import payload_from_dict
 from dispatcher.core.events import Event
-from dispatcher.core.staging import ChangeKind, StagedChange
+from dispatcher.core.staging.area import ChangeKind, StagedChange
 from dispatcher.server.persistence.errors import StateError
 from dispatcher.server.persistence.migrations import check_tables, migrate
 

@@ -5,8 +5,8 @@ In a ``review`` or ``audit`` session a write of a tool that previews its change 
 ``write_file``, ``patch_file``, any tool offering ``preview``) does not touch the disk: the file it
 would leave is kept here, one ``StagedChange`` per file, and the call returns at once
 (``core/call/review.py``). Later reads and listings of the session see the staged content
-(``core/staged_files.py``); ``shell`` sees the disk. A human lists, applies or discards the changes
-(``core/staged_apply.py``): per file in review mode, all or nothing in audit mode.
+(``core/staging/files.py``); ``shell`` sees the disk. A human lists, applies or discards the changes
+(``core/staging/apply.py``): per file in review mode, all or nothing in audit mode.
 
 A second staged write to a file already staged updates that change (same id, same base): the
 change is always "the file as the session would leave it" over "the file as it was when first
