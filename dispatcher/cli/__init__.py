@@ -39,7 +39,7 @@ from dispatcher.cli.output import (
 )
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.event_payloads import ToolConfirmationRequested
 from dispatcher.core.events import TOOL_CONFIRMATION_REQUESTED, Event

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatcher.client import DispatcherClient
-from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.approval.modes import ApprovalMode
 from dispatcher.core.sessions.state import PlanStep
 from dispatcher.wire.convert import SessionInfo
 

@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 
 from dispatcher.config import ENV_TLS_CA, client_token, default_target
-from dispatcher.core.approval_mode import parse_mode
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.approval.modes import parse_mode
 from dispatcher.core.errors import DispatcherError
 from dispatcher.core.events import Event
 from dispatcher.core.sessions.state import PlanStep

@@ -34,12 +34,12 @@ from dispatcher.config.sections import (
 )
 from dispatcher.config.tenants import HOME_STATE, TenantConfig, check_workspace_roots, tenant_configs
 from dispatcher.config_base import check_listen, validate_section
-from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, PolicyLayer
+from dispatcher.core.approval.modes import ApprovalMode
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.policy import ConfirmationPolicy, PolicyLayer
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.mcp import config as mcp_config
 from dispatcher.mcp.config import McpServerConfig

@@ -11,9 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test keeps the two equal)
+    from dispatcher.core.approval.broker import Decision
+    from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, Mode
     from dispatcher.core.audit import AuditLog, AuditSink, MemoryAuditLog
     from dispatcher.core.capabilities import Capabilities, FsGrant
-    from dispatcher.core.confirmation import Decision
     from dispatcher.core.dispatcher import DispatcherConfig, ToolDispatcher
     from dispatcher.core.errors import (
         ConfigError,
@@ -36,7 +37,6 @@ if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test kee
         WorkspaceEscapeError,
     )
     from dispatcher.core.events import Event, EventBus
-    from dispatcher.core.policy import ConfirmationPolicy, Mode
     from dispatcher.core.registry import ToolRegistry, to_anthropic, to_mcp, to_openai
     from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, WorkspaceFileAPI
     from dispatcher.core.sessions.session import Session
@@ -60,7 +60,7 @@ _LAZY: dict[str, str] = {
     "MemoryAuditLog": "dispatcher.core.audit",
     "Capabilities": "dispatcher.core.capabilities",
     "FsGrant": "dispatcher.core.capabilities",
-    "Decision": "dispatcher.core.confirmation",
+    "Decision": "dispatcher.core.approval.broker",
     "DispatcherConfig": "dispatcher.core.dispatcher",
     "ToolDispatcher": "dispatcher.core.dispatcher",
     "ConfigError": "dispatcher.core.errors",
@@ -83,8 +83,8 @@ _LAZY: dict[str, str] = {
     "WorkspaceEscapeError": "dispatcher.core.errors",
     "Event": "dispatcher.core.events",
     "EventBus": "dispatcher.core.events",
-    "ConfirmationPolicy": "dispatcher.core.policy",
-    "Mode": "dispatcher.core.policy",
+    "ConfirmationPolicy": "dispatcher.core.approval.confirmation_policy",
+    "Mode": "dispatcher.core.approval.confirmation_policy",
     "ToolRegistry": "dispatcher.core.registry",
     "to_anthropic": "dispatcher.core.registry",
     "to_mcp": "dispatcher.core.registry",

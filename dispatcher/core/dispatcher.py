@@ -11,18 +11,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from dispatcher.core.approval.broker import ConfirmationBroker, Decision
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
 from dispatcher.core.audit import STAGED_APPLIED, STAGED_DISCARDED, AuditSink
 from dispatcher.core.call.ordering import CHANGES, MessageOrder, Ordering
 from dispatcher.core.call.pipeline import CallRun, PipelineDeps
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import check_timeout_names
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.event_payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.events import EventBus
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
 from dispatcher.core.sessions.expiry import SessionLifecycle

@@ -9,7 +9,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.approval.modes import ApprovalMode
 from dispatcher.core.blocks import GrantMode
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.sessions.state import PlanStep

@@ -151,6 +151,7 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
 
 CORE_LAYERS: dict[str, int] = {
     "dispatcher.core.staging": 1,  # review and audit sessions' writes kept off the disk
+    "dispatcher.core.approval": 1,  # approval modes, the confirmation policy, a session's questions to a human
     "dispatcher.core.sessions": 2,  # a session's life: what it is and carries, its registry, its clocks
     "dispatcher.core.call": 3,  # one call through its steps, and the knobs they read
     "dispatcher.core.dispatcher": 4,  # ToolDispatcher: what outlives one call

@@ -30,10 +30,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from dispatcher.core.approval_mode import ApprovalMode as ApprovalMode
-from dispatcher.core.approval_mode import parse_mode as parse_mode
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, Mode
+from dispatcher.core.approval.modes import ApprovalMode as ApprovalMode
+from dispatcher.core.approval.modes import parse_mode as parse_mode
 from dispatcher.core.audit import AuditDecision
-from dispatcher.core.confirmation import Decision
 from dispatcher.core.display import confirmation_text
 from dispatcher.core.errors import (
     ConfirmationTimeout,
@@ -47,7 +48,6 @@ from dispatcher.core.event_payloads import (
     ToolConfirmationResolved,
     ToolStepProposed,
 )
-from dispatcher.core.policy import ConfirmationPolicy, Mode
 from dispatcher.core.sessions.state import PlanStep as PlanStep
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import SideEffect, ToolDefinition

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from dispatcher.core import eager
+from dispatcher.core.approval.confirmation_policy import Mode
 from dispatcher.core.audit import DISPATCHED, AuditDecision
 from dispatcher.core.call import approve, review
 from dispatcher.core.call import record as call_record
@@ -39,7 +40,6 @@ from dispatcher.core.event_payloads import (
 from dispatcher.core.jsonlimits import shape_problem
 from dispatcher.core.observe import log_fields
 from dispatcher.core.paths import resolve_workspace_path
-from dispatcher.core.policy import Mode
 from dispatcher.core.registry import RegisteredTool
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
 from dispatcher.core.schema import validation_errors

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events import Event, EventBus
 from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, SessionClock

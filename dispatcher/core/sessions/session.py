@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from dispatcher.core.blocks import Role
 
 if TYPE_CHECKING:
+    from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
     from dispatcher.core.capabilities import Capabilities
-    from dispatcher.core.policy import ConfirmationPolicy
 
 
 class SessionStatus(StrEnum):

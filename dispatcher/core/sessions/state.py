@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.core.confirmation import ConfirmationBroker
+from dispatcher.core.approval.broker import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events import EventBus
 from dispatcher.core.sessions.clock import SessionClock

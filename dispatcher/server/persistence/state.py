@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.call.approve import parse_mode
-from dispatcher.core.confirmation import Decision
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import FailureReason, ToolErrorClass, UnknownSessionError
 from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed

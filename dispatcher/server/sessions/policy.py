@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.call.approve import ApprovalMode, PlanStep, approve_plan
-from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownConfirmationError
 from dispatcher.core.staging.apply import ApplyOutcome
 from dispatcher.core.staging.area import StagedChange

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core import ToolDispatcher, UnknownSessionError
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.event_payloads import ToolCalled
 from dispatcher.core.events import TOOL_CALLED, Event
