@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.events import Event
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock
 from dispatcher.core.visible import visible
 

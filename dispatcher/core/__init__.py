@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test kee
         UnknownSessionError,
         WorkspaceEscapeError,
     )
-    from dispatcher.core.events import Event, EventBus
+    from dispatcher.core.events.bus import Event, EventBus
     from dispatcher.core.registry import ToolRegistry, to_anthropic, to_mcp, to_openai
     from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, WorkspaceFileAPI
     from dispatcher.core.sessions.session import Session
@@ -81,8 +81,8 @@ _LAZY: dict[str, str] = {
     "UnknownConfirmationError": "dispatcher.core.errors",
     "UnknownSessionError": "dispatcher.core.errors",
     "WorkspaceEscapeError": "dispatcher.core.errors",
-    "Event": "dispatcher.core.events",
-    "EventBus": "dispatcher.core.events",
+    "Event": "dispatcher.core.events.bus",
+    "EventBus": "dispatcher.core.events.bus",
     "ConfirmationPolicy": "dispatcher.core.approval.confirmation_policy",
     "Mode": "dispatcher.core.approval.confirmation_policy",
     "ToolRegistry": "dispatcher.core.registry",

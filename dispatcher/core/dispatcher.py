@@ -20,8 +20,8 @@ from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import check_timeout_names
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import UnknownSessionError
-from dispatcher.core.event_payloads import StagedApplied, StagedDiscarded
-from dispatcher.core.events import EventBus
+from dispatcher.core.events.bus import EventBus
+from dispatcher.core.events.payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatcher.core import event_payloads as ep
+from dispatcher.core.events import payloads as ep
 from dispatcher.core.sessions.clock import ExpiryReason, OnExpire
 from dispatcher.v1 import dispatcher_pb2 as pb
 

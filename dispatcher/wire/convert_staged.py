@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dispatcher.core import event_payloads as ep
+from dispatcher.core.events import payloads as ep
 from dispatcher.core.staging.area import ChangeKind
 from dispatcher.core.staging.area import StagedChange as DomainChange
 from dispatcher.v1 import dispatcher_pb2 as pb

@@ -18,7 +18,7 @@ import pytest
 
 from dispatcher.config.load import parse_policy
 from dispatcher.core import Decision, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
+from dispatcher.core.events import bus as ev
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.docker.config import SandboxConfig

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dispatcher.client import DispatcherClient
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION
 from tests.kube_standin import StandIn

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from tests.polling import until
 
 __all__ = ["next_event", "text_of", "until"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock
 from tests.server.conftest import TOKEN_BETA, Harness, ServerFactory
 from tests.server.helpers import next_event, text_of

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dispatcher.client import DispatcherClient, RequestFailed
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.server.conftest import ALL_MODES
 from tests.server.helpers import text_of

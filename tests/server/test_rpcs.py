@@ -11,8 +11,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dispatcher.client import RequestFailed
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.event_payloads import to_dict
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import to_dict
 from dispatcher.core.types import Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
 from tests.polling import until
 from tests.server.conftest import Harness

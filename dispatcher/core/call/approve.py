@@ -43,7 +43,7 @@ from dispatcher.core.errors import (
     ToolPermissionDenied,
     ToolUserDenied,
 )
-from dispatcher.core.event_payloads import (
+from dispatcher.core.events.payloads import (
     ToolConfirmationRequested,
     ToolConfirmationResolved,
     ToolStepProposed,

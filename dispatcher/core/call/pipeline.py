@@ -33,7 +33,7 @@ from dispatcher.core.errors import (
     ToolValidationError,
     WorkspaceEscapeError,
 )
-from dispatcher.core.event_payloads import (
+from dispatcher.core.events.payloads import (
     ToolCalled,
     ToolOutputDelta,
 )

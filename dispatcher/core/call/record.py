@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.core.audit import COMPLETED, DENIED
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.event_payloads import ToolFailed
+from dispatcher.core.events.payloads import ToolFailed
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from dispatcher.core.errors import (
     ToolExecutionError,
     ToolValidationError,
 )
-from dispatcher.core.event_payloads import ToolCompleted, ToolFailed, ToolInputInvalid
+from dispatcher.core.events.payloads import ToolCompleted, ToolFailed, ToolInputInvalid
 from dispatcher.core.result_size import fit_chars, fit_result, image_overflow
 from dispatcher.core.truncate import truncate_head_tail
 from dispatcher.core.types import TextBlock, ToolOutput, ToolResultBlock

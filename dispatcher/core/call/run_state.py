@@ -13,7 +13,7 @@ from dispatcher.core.audit import AuditDecision, AuditSink
 from dispatcher.core.call.ordering import MessageOrder
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.display import summarize
-from dispatcher.core.event_payloads import EventPayload
+from dispatcher.core.events.payloads import EventPayload
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import SandboxProvider

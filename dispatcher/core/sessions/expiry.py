@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from dispatcher.core.event_payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
+from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
 from dispatcher.core.sessions.clock import ExpiryReason, OnExpire, SessionClock
 from dispatcher.core.sessions.deadlines import DeadlineScheduler
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionRegistry

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import UnknownSessionError
-from dispatcher.core.events import Event, EventBus
+from dispatcher.core.events.bus import Event, EventBus
 from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, SessionClock
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.sessions.state import PlanStep, SessionState

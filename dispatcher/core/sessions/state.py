@@ -10,7 +10,7 @@ from typing import Any
 
 from dispatcher.core.approval.broker import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.events import EventBus
+from dispatcher.core.events.bus import EventBus
 from dispatcher.core.sessions.clock import SessionClock
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.staging.area import StagingArea

@@ -24,8 +24,8 @@ from dispatcher.core.approval.broker import Decision
 from dispatcher.core.call.approve import parse_mode
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import FailureReason, ToolErrorClass, UnknownSessionError
-from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.clock import SessionClock
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionListener

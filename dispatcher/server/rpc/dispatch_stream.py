@@ -33,7 +33,7 @@ from dispatcher.core import eager
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.events import Backlog, Event
+from dispatcher.core.events.bus import Backlog, Event
 from dispatcher.core.result_size import result_bytes
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.sessions.state import SessionState

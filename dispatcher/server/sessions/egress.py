@@ -27,7 +27,7 @@ from typing import Any
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, Mode
 from dispatcher.core.call.approve import mode_policy
-from dispatcher.core.event_payloads import ToolConfirmationRequested, ToolConfirmationResolved
+from dispatcher.core.events.payloads import ToolConfirmationRequested, ToolConfirmationResolved
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration
 from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.core.types import SideEffect

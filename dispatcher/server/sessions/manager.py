@@ -24,7 +24,7 @@ from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
-from dispatcher.core.events import Subscription
+from dispatcher.core.events.bus import Subscription
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxIds
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.sessions.registry import Restoration, SessionListener

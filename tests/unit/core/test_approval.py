@@ -11,10 +11,10 @@ import pytest
 
 from dispatcher.config.load import parse_policy
 from dispatcher.core import ConfirmationPolicy, Decision, Session, TextBlock, ToolDispatcher, ToolUseBlock
-from dispatcher.core import event_payloads as ep
-from dispatcher.core import events as ev
 from dispatcher.core.call.approve import ApprovalMode, approve_plan, parse_mode
 from dispatcher.core.call.review import unified_diff as _diff
+from dispatcher.core.events import bus as ev
+from dispatcher.core.events import payloads as ep
 from dispatcher.core.types import SideEffect
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.unit.core.toolkit import definition, next_event

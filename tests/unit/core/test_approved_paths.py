@@ -16,7 +16,7 @@ import pytest
 
 from dispatcher.config.load import parse_policy
 from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
+from dispatcher.core.events import bus as ev
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, OutputCallback
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider

@@ -14,7 +14,6 @@ from dispatcher.core import (
     ToolDispatcher,
     ToolErrorClass,
 )
-from dispatcher.core import events as ev
 from dispatcher.core.dispatcher import DispatcherConfig
 from dispatcher.core.display import (
     SUMMARY_DEPTH,
@@ -24,6 +23,7 @@ from dispatcher.core.display import (
     confirmation_text,
     summarize,
 )
+from dispatcher.core.events import bus as ev
 from dispatcher.core.redact import REDACTED
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.fake import FakeSandboxProvider

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core import ToolDispatcher, UnknownSessionError
-from dispatcher.core.event_payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
+from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
 from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, OnExpire, SessionClock, check_ttl
 from dispatcher.core.sessions.deadlines import DeadlineScheduler
 from dispatcher.core.sessions.registry import Restoration

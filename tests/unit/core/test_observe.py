@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from dispatcher.core import MemoryAuditLog, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
+from dispatcher.core.events import bus as ev
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall, log_context
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.unit.core.toolkit import ALL_TOOLS, SlowTool, definition, next_event

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core import events as ev
 from dispatcher.core.call.approve import ApprovalMode, approve_plan
 from dispatcher.core.errors import ToolRegistrationError
+from dispatcher.core.events import bus as ev
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolOutput, ToolResultBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
 from dispatcher.tools import PatchFileTool, WriteFileTool

@@ -11,8 +11,8 @@ import pytest
 from dispatcher.core import ToolDispatcher, UnknownSessionError
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.event_payloads import ToolCalled
-from dispatcher.core.events import TOOL_CALLED, Event
+from dispatcher.core.events.bus import TOOL_CALLED, Event
+from dispatcher.core.events.payloads import ToolCalled
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionRegistry
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.sessions.state import PlanStep, SessionState

@@ -14,7 +14,7 @@ from dispatcher.core import (
     ToolOutput,
 )
 from dispatcher.core.errors import ToolCancelled
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 
 OBJ: dict[str, Any] = {"type": "object", "additionalProperties": False}
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.events import Event
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.events.bus import Event
 from dispatcher.server.persistence.errors import StateError
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.migrations import MIGRATIONS, SCHEMA_VERSION
