@@ -9,8 +9,8 @@ from typing import Any, TextIO
 
 from dispatcher.core.events import payloads as ep
 from dispatcher.core.events.bus import Event
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock
-from dispatcher.core.visible import visible
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_BY_CODE = {

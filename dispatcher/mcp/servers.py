@@ -23,8 +23,8 @@ from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.schema import check_schema
 from dispatcher.core.sessions.registry import BaseSessionListener
 from dispatcher.core.sessions.state import SessionState
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import ToolContext, ToolDefinition
-from dispatcher.core.visible import visible
 from dispatcher.mcp.config import MAX_TOOL_NAME, McpServerConfig
 
 if TYPE_CHECKING:  # the SDK is imported only when a server is configured (it costs ~0.7 s)

@@ -8,8 +8,8 @@ from typing import Any
 from dispatcher.core.errors import ToolCancelled
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import FileOpError
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import ToolContext
-from dispatcher.core.visible import visible
 
 PATH_SCHEMA: dict[str, Any] = {
     "type": "string",

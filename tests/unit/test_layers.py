@@ -150,6 +150,7 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
 
 
 CORE_LAYERS: dict[str, int] = {
+    "dispatcher.core.text": 1,  # what a human is shown, redacted, cut; results fitted to a budget
     "dispatcher.core.events": 1,  # a session's event bus and the typed payloads it carries
     "dispatcher.core.staging": 1,  # review and audit sessions' writes kept off the disk
     "dispatcher.core.approval": 1,  # approval modes, the confirmation policy, a session's questions to a human

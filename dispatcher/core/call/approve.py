@@ -35,7 +35,6 @@ from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, Mod
 from dispatcher.core.approval.modes import ApprovalMode as ApprovalMode
 from dispatcher.core.approval.modes import parse_mode as parse_mode
 from dispatcher.core.audit import AuditDecision
-from dispatcher.core.display import confirmation_text
 from dispatcher.core.errors import (
     ConfirmationTimeout,
     FailureReason,
@@ -49,9 +48,10 @@ from dispatcher.core.events.payloads import (
     ToolStepProposed,
 )
 from dispatcher.core.sessions.state import PlanStep as PlanStep
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.text.display import confirmation_text
+from dispatcher.core.text.truncate import truncate_head_tail
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import SideEffect, ToolDefinition
-from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
     from dispatcher.core.call.run_state import RunState

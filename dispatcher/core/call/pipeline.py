@@ -44,6 +44,7 @@ from dispatcher.core.registry import RegisteredTool
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
 from dispatcher.core.schema import validation_errors
 from dispatcher.core.staging.files import StagedFiles
+from dispatcher.core.text.visible import unescape
 from dispatcher.core.types import (
     Role,
     Tool,
@@ -53,7 +54,6 @@ from dispatcher.core.types import (
     ToolResultBlock,
     UnparsedInput,
 )
-from dispatcher.core.visible import unescape
 
 __all__ = ["CallRun", "PipelineDeps"]  # PipelineDeps: from run_state, re-exported
 

@@ -15,8 +15,8 @@ from dispatcher.core.errors import (
     ToolValidationError,
 )
 from dispatcher.core.events.payloads import ToolCompleted, ToolFailed, ToolInputInvalid
-from dispatcher.core.result_size import fit_chars, fit_result, image_overflow
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.text.result_size import fit_chars, fit_result, image_overflow
+from dispatcher.core.text.truncate import truncate_head_tail
 from dispatcher.core.types import TextBlock, ToolOutput, ToolResultBlock
 
 __all__ = ["complete", "fail"]

@@ -26,9 +26,9 @@ from dispatcher.core.errors import ToolExecutionError
 from dispatcher.core.registry import RegisteredTool, written_input
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
 from dispatcher.core.staging.area import ABSENT, READ_LIMIT, ChangeKind, StagedChange, new_change_id
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.text.truncate import truncate_head_tail
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import Previewable, TextBlock, ToolOutput
-from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
     from dispatcher.core.call.run_state import RunState

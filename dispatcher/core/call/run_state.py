@@ -12,13 +12,13 @@ from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
 from dispatcher.core.audit import AuditDecision, AuditSink
 from dispatcher.core.call.ordering import MessageOrder
 from dispatcher.core.call.settings import DispatcherConfig
-from dispatcher.core.display import summarize
 from dispatcher.core.events.payloads import EventPayload
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.sessions.state import Call, SessionState
+from dispatcher.core.text.display import summarize
 from dispatcher.core.types import ToolUseBlock
 
 __all__ = ["PipelineDeps", "RunState"]

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dispatcher.core.call.ordering import Ordering
-from dispatcher.core.display import SHOW_LIMIT
-from dispatcher.core.result_size import RESULT_BUDGET_BYTES
+from dispatcher.core.text.display import SHOW_LIMIT
+from dispatcher.core.text.result_size import RESULT_BUDGET_BYTES
 
 __all__ = ["DispatcherConfig"]
 
