@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LifecycleObserver", "SessionLifecycle"]
 
-log = logging.getLogger("dispatcher.core.sessions.expiry")
+log = logging.getLogger("dispatcher.core.lifecycle")  # the name operators know; kept across the move
 
 RESUMED_NOTICE = (
     "the session was paused and has been resumed for this call: its /tmp files and the processes"
