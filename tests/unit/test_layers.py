@@ -150,6 +150,7 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
 
 
 CORE_LAYERS: dict[str, int] = {
+    "dispatcher.core": 0,  # the foundation: the modules at core's top (types, blocks, errors, sandbox_api, ...)
     "dispatcher.core.text": 1,  # what a human is shown, redacted, cut; results fitted to a budget
     "dispatcher.core.events": 1,  # a session's event bus and the typed payloads it carries
     "dispatcher.core.staging": 1,  # review and audit sessions' writes kept off the disk
@@ -158,11 +159,11 @@ CORE_LAYERS: dict[str, int] = {
     "dispatcher.core.call": 3,  # one call through its steps, and the knobs they read
     "dispatcher.core.dispatcher": 4,  # ToolDispatcher: what outlives one call
     "dispatcher.core.transfer": 5,  # trees in and out of a session's workspace, through a dispatcher
-    "dispatcher.core": 0,  # the foundation: the modules at core's top (types, blocks, errors, ...)
 }
 """Inside ``dispatcher.core``, low to high, by the rule of ``LAYERS``: a module imports its own
-package and lower ranks, never a higher one nor a sibling of its rank. A new package of core gets
-its own line; one entry may stand for a single module at core's top that sits above packages."""
+package and lower ranks, never a higher one nor a sibling of its rank. The longest entry that names
+a module is its own: each package of core has a line, and so has a module at core's top that stands
+above the packages; the rest of the top is the foundation."""
 
 CORE_FACE = "dispatcher.core"
 """The package's ``__init__``: it names the public types of every rank (loaded lazily), so it stands
@@ -176,10 +177,11 @@ apart from the registry's types."""
 
 
 def _core_layer(module: str) -> tuple[str, int] | None:
-    for prefix, rank in CORE_LAYERS.items():
-        if module == prefix or module.startswith(prefix + "."):
-            return prefix, rank
-    return None
+    prefixes = [p for p in CORE_LAYERS if module == p or module.startswith(p + ".")]
+    if not prefixes:
+        return None
+    prefix = max(prefixes, key=len)
+    return prefix, CORE_LAYERS[prefix]
 
 
 def test_every_package_of_core_has_a_rank() -> None:
@@ -190,7 +192,7 @@ def test_every_package_of_core_has_a_rank() -> None:
 
 def test_core_packages_import_only_lower_ranks() -> None:
     ours, _ = _imports(_modules())
-    bad = []
+    bad: list[str] = []
     for imp in ours:
         src, dst = _core_layer(imp.source), _core_layer(imp.target)
         if imp.source == CORE_FACE or src is None or dst is None or src[0] == dst[0] or dst[1] < src[1]:
