@@ -24,7 +24,7 @@ import docker
 from bench.env import BenchEnv
 from bench.table import Row, percentile
 from dispatcher.core.sandbox_api import ExecRequest
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, parse_networks
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.egress.proxy import EgressContext, TunnelStream, serve_tunnel

@@ -29,7 +29,7 @@ from bench.grpc_bench import _start_server
 from bench.table import Row, row, time_async
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig

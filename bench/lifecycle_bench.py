@@ -24,8 +24,8 @@ from bench.table import Row, percentile
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.config import hash_token
 from dispatcher.core.dispatcher import ToolDispatcher
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_clock import Lifetime
+from dispatcher.core.sessions.clock import Lifetime
+from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.v1 import dispatcher_pb2 as pb
 

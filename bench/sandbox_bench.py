@@ -15,7 +15,7 @@ from bench.baselines import time_sync
 from bench.env import BenchEnv
 from bench.table import IDLE_GAP_SECONDS, Row, row, time_async
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import Tool, ToolContext
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import SandboxConfig

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol, TypeGuard, TypeVar
 
-from dispatcher.core.event_payloads import (
+from dispatcher.core.events.bus import Event, EventPayload
+from dispatcher.core.events.payloads import (
     SessionExpired,
     SessionExpiring,
     SessionPaused,
@@ -30,7 +31,6 @@ from dispatcher.core.event_payloads import (
     ToolOutputDelta,
     ToolStepProposed,
 )
-from dispatcher.core.events import Event, EventPayload
 
 __all__ = [
     "EventOf",
@@ -58,7 +58,7 @@ Q = TypeVar("Q", bound=EventPayload)
 
 
 class EventOf(Protocol[P]):
-    """An ``Event`` (core/events.py) whose payload is known to be a ``P``."""
+    """An ``Event`` (core/events/bus.py) whose payload is known to be a ``P``."""
 
     @property
     def seq(self) -> int: ...

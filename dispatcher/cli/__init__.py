@@ -39,10 +39,10 @@ from dispatcher.cli.output import (
 )
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.event_payloads import ToolConfirmationRequested
-from dispatcher.core.events import TOOL_CONFIRMATION_REQUESTED, Event
+from dispatcher.core.events.bus import TOOL_CONFIRMATION_REQUESTED, Event
+from dispatcher.core.events.payloads import ToolConfirmationRequested
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.wire.convert import SessionInfo

@@ -121,7 +121,7 @@ def pod_review(config: Config) -> str:
 
     from dispatcher.core.errors import ConfigError
     from dispatcher.core.sandbox_api import SandboxError
-    from dispatcher.core.session import Session
+    from dispatcher.core.sessions.session import Session
     from dispatcher.sandbox.docker.backend import instance_id_for
     from dispatcher.sandbox.kubernetes.ca import configmap_manifest, read_bundle
     from dispatcher.sandbox.kubernetes.manifests import (

@@ -7,10 +7,10 @@ import json
 import sys
 from typing import Any, TextIO
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.events import Event
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.events.bus import Event
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import ImageBlock, TextBlock, ToolResultBlock
-from dispatcher.core.visible import visible
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_BY_CODE = {

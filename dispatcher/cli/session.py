@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatcher.client import DispatcherClient
-from dispatcher.core.approval_mode import ApprovalMode
-from dispatcher.core.calls import PlanStep
+from dispatcher.core.approval.modes import ApprovalMode
+from dispatcher.core.sessions.state import PlanStep
 from dispatcher.wire.convert import SessionInfo
 
 ClientFactory = Callable[[argparse.Namespace], DispatcherClient]

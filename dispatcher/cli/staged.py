@@ -13,7 +13,7 @@ from typing import Any
 
 from dispatcher.cli.output import EXIT_OK, EXIT_TOOL_ERROR, json_line
 from dispatcher.client import DispatcherClient
-from dispatcher.core.visible import visible
+from dispatcher.core.text.visible import visible
 from dispatcher.wire.convert_staged import StagedChangeInfo
 
 ClientFactory = Callable[[argparse.Namespace], DispatcherClient]

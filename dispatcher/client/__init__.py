@@ -21,8 +21,8 @@ from __future__ import annotations
 from dispatcher.client.aio import AsyncDispatcherClient
 from dispatcher.client.base import Answer, RequestFailed
 from dispatcher.client.sync import DispatcherClient
-from dispatcher.core.confirmation import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.events.bus import Event
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, LocalTreeError

@@ -11,9 +11,9 @@ import grpc
 
 from dispatcher.client import base
 from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
-from dispatcher.core.calls import PlanStep
-from dispatcher.core.confirmation import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.events.bus import Event
+from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, extract_chunks, tar_chunks

@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 
 from dispatcher.config import ENV_TLS_CA, client_token, default_target
-from dispatcher.core.approval_mode import parse_mode
-from dispatcher.core.calls import PlanStep
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.approval.modes import parse_mode
 from dispatcher.core.errors import DispatcherError
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
+from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb

@@ -34,12 +34,12 @@ from dispatcher.config.sections import (
 )
 from dispatcher.config.tenants import HOME_STATE, TenantConfig, check_workspace_roots, tenant_configs
 from dispatcher.config_base import check_listen, validate_section
-from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, PolicyLayer
+from dispatcher.core.approval.modes import ApprovalMode
+from dispatcher.core.call.ordering import Ordering
+from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.ordering import Ordering
-from dispatcher.core.policy import ConfirmationPolicy, PolicyLayer
-from dispatcher.core.settings import DispatcherConfig
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.mcp import config as mcp_config
 from dispatcher.mcp.config import McpServerConfig
@@ -100,7 +100,7 @@ class Config:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """The top-level ``egress:``: the default tenant's."""
     sessions: SessionsSection = field(default_factory=SessionsSection)
-    """``sessions:``: their clocks' defaults (``core/lifecycle.py``)."""
+    """``sessions:``: their clocks' defaults (``core/sessions/expiry.py``)."""
     approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
     """The top-level ``approval_modes``: the default tenant's, and every tenant's without its own."""
     source: Path | None = None

@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from dispatcher.config_base import Section
-from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.approval.confirmation_policy import PRESETS, Mode, PolicyLayer
+from dispatcher.core.approval.modes import ApprovalMode
 from dispatcher.core.blocks import GrantMode
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.policy import PRESETS, Mode, PolicyLayer
 from dispatcher.core.types import SideEffect
 
 __all__ = [

@@ -18,9 +18,9 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StringC
 from dispatcher.config.egress import EgressSection
 from dispatcher.config.policy import ApprovalModes, CapabilitiesSection, ToolConfirmation
 from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text
-from dispatcher.core.ordering import Ordering
-from dispatcher.core.settings import DispatcherConfig
-from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
+from dispatcher.core.call.ordering import Ordering
+from dispatcher.core.call.settings import DispatcherConfig
+from dispatcher.core.call.timeouts import MAX_TIMEOUT_SECONDS
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 

@@ -16,9 +16,9 @@ from dispatcher.config import TOKEN_FILE
 from dispatcher.config.egress import EgressSection, egress_policy
 from dispatcher.config.policy import DEFAULT_APPROVAL_MODES
 from dispatcher.config.sections import Quotas, TenantSection
-from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.approval.confirmation_policy import PolicyLayer
+from dispatcher.core.approval.modes import ApprovalMode
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.policy import PolicyLayer
 from dispatcher.egress.policy import EgressPolicy
 
 __all__ = ["HOME_STATE", "TenantConfig", "check_workspace_roots", "tenant_configs"]

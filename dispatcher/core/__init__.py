@@ -11,9 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test keeps the two equal)
+    from dispatcher.core.approval.broker import Decision
+    from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, Mode
     from dispatcher.core.audit import AuditLog, AuditSink, MemoryAuditLog
     from dispatcher.core.capabilities import Capabilities, FsGrant
-    from dispatcher.core.confirmation import Decision
     from dispatcher.core.dispatcher import DispatcherConfig, ToolDispatcher
     from dispatcher.core.errors import (
         ConfigError,
@@ -35,11 +36,10 @@ if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test kee
         UnknownSessionError,
         WorkspaceEscapeError,
     )
-    from dispatcher.core.events import Event, EventBus
-    from dispatcher.core.policy import ConfirmationPolicy, Mode
+    from dispatcher.core.events.bus import Event, EventBus
     from dispatcher.core.registry import ToolRegistry, to_anthropic, to_mcp, to_openai
     from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, WorkspaceFileAPI
-    from dispatcher.core.session import Session
+    from dispatcher.core.sessions.session import Session
     from dispatcher.core.types import (
         ContentBlock,
         ImageBlock,
@@ -60,7 +60,7 @@ _LAZY: dict[str, str] = {
     "MemoryAuditLog": "dispatcher.core.audit",
     "Capabilities": "dispatcher.core.capabilities",
     "FsGrant": "dispatcher.core.capabilities",
-    "Decision": "dispatcher.core.confirmation",
+    "Decision": "dispatcher.core.approval.broker",
     "DispatcherConfig": "dispatcher.core.dispatcher",
     "ToolDispatcher": "dispatcher.core.dispatcher",
     "ConfigError": "dispatcher.core.errors",
@@ -81,10 +81,10 @@ _LAZY: dict[str, str] = {
     "UnknownConfirmationError": "dispatcher.core.errors",
     "UnknownSessionError": "dispatcher.core.errors",
     "WorkspaceEscapeError": "dispatcher.core.errors",
-    "Event": "dispatcher.core.events",
-    "EventBus": "dispatcher.core.events",
-    "ConfirmationPolicy": "dispatcher.core.policy",
-    "Mode": "dispatcher.core.policy",
+    "Event": "dispatcher.core.events.bus",
+    "EventBus": "dispatcher.core.events.bus",
+    "ConfirmationPolicy": "dispatcher.core.approval.confirmation_policy",
+    "Mode": "dispatcher.core.approval.confirmation_policy",
     "ToolRegistry": "dispatcher.core.registry",
     "to_anthropic": "dispatcher.core.registry",
     "to_mcp": "dispatcher.core.registry",
@@ -93,7 +93,7 @@ _LAZY: dict[str, str] = {
     "SandboxError": "dispatcher.core.sandbox_api",
     "SandboxProvider": "dispatcher.core.sandbox_api",
     "WorkspaceFileAPI": "dispatcher.core.sandbox_api",
-    "Session": "dispatcher.core.session",
+    "Session": "dispatcher.core.sessions.session",
     "ContentBlock": "dispatcher.core.types",
     "ImageBlock": "dispatcher.core.types",
     "Role": "dispatcher.core.types",

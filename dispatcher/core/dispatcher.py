@@ -1,6 +1,6 @@
 """The dispatcher: the tool registry, open sessions, cancellation and confirmation answers.
 
-Each call's steps are ``core/pipeline.py``; this module owns what outlives one call.
+Each call's steps are ``core/call/pipeline.py``; this module owns what outlives one call.
 """
 
 from __future__ import annotations
@@ -11,27 +11,27 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from dispatcher.core import staged_apply
+from dispatcher.core.approval.broker import ConfirmationBroker, Decision
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
 from dispatcher.core.audit import STAGED_APPLIED, STAGED_DISCARDED, AuditSink
-from dispatcher.core.calls import Call, SessionState
+from dispatcher.core.call.ordering import CHANGES, MessageOrder, Ordering
+from dispatcher.core.call.pipeline import CallRun, PipelineDeps
+from dispatcher.core.call.settings import DispatcherConfig
+from dispatcher.core.call.timeouts import check_timeout_names
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
-from dispatcher.core.event_payloads import StagedApplied, StagedDiscarded
-from dispatcher.core.events import EventBus
-from dispatcher.core.lifecycle import SessionLifecycle
+from dispatcher.core.events.bus import EventBus
+from dispatcher.core.events.payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.ordering import CHANGES, MessageOrder, Ordering
-from dispatcher.core.pipeline import CallRun, PipelineDeps
-from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_registry import SessionRegistry
-from dispatcher.core.settings import DispatcherConfig
-from dispatcher.core.staged_apply import ApplyOutcome
-from dispatcher.core.staging import StagedChange
-from dispatcher.core.timeouts import check_timeout_names
+from dispatcher.core.sessions.expiry import SessionLifecycle
+from dispatcher.core.sessions.registry import SessionRegistry
+from dispatcher.core.sessions.session import Session, SessionStatus
+from dispatcher.core.sessions.state import Call, SessionState
+from dispatcher.core.staging import apply as staged_apply
+from dispatcher.core.staging.apply import ApplyOutcome
+from dispatcher.core.staging.area import StagedChange
 from dispatcher.core.types import ToolDefinition, ToolFactory, ToolResultBlock, ToolUseBlock
 
 __all__ = ["Decision", "DispatcherConfig", "ToolDispatcher"]
@@ -126,7 +126,7 @@ class ToolDispatcher:
         return self.sessions.get(session_id).broker
 
     def session_state(self, session_id: str) -> SessionState:
-        """The session's runtime state: approval mode in force, proposed plan (``core/approval.py``).
+        """The session's runtime state: approval mode in force, proposed plan (``core/call/approve.py``).
 
         Raises:
             UnknownSessionError: the session is not open.
@@ -232,7 +232,7 @@ class ToolDispatcher:
         """
         return self.sessions.get(session_id).broker.resolve(request_id, decision, remember=remember)
 
-    # -- staged changes (review and audit modes; core/staging.py) ------------------------
+    # -- staged changes (review and audit modes; core/staging/area.py) ------------------------
 
     def staged_changes(self, session_id: str) -> list[StagedChange]:
         """The session's staged changes, oldest first.
@@ -244,7 +244,7 @@ class ToolDispatcher:
 
     async def apply_staged(self, session_id: str, change_ids: Sequence[str]) -> ApplyOutcome:
         """A human applies staged changes (none named: all): per file in review mode, all or
-        nothing in audit mode (``core/staged_apply.py``); published and audited.
+        nothing in audit mode (``core/staging/apply.py``); published and audited.
 
         Raises:
             UnknownSessionError: the session is not open.
@@ -319,7 +319,7 @@ class ToolDispatcher:
         )
 
     def message_order(self, tool_uses: Sequence[ToolUseBlock], ordering: Ordering | None) -> MessageOrder:
-        """The gates of one message's calls (``core/ordering.py``); None: the configured ordering."""
+        """The gates of one message's calls (``core/call/ordering.py``); None: the configured ordering."""
         changes = []
         for tool_use in tool_uses:
             registered = self.registry.get(tool_use.name)

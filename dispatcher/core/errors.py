@@ -83,7 +83,7 @@ class UnknownConfirmationError(DispatcherError, LookupError):
 
 
 class UnknownStagedChangeError(DispatcherError, LookupError):
-    """An id names no staged change of the session (``core/staging.py``)."""
+    """An id names no staged change of the session (``core/staging/area.py``)."""
 
 
 class ToolError(DispatcherError):

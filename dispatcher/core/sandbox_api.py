@@ -27,9 +27,9 @@ from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.egress.gate import EgressGate
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
-    from dispatcher.core.session import Session
-    from dispatcher.core.session_registry import Restoration
+    from dispatcher.core.sessions.registry import Restoration
+    from dispatcher.core.sessions.session import Session
+    from dispatcher.core.sessions.state import SessionState
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
 
@@ -107,7 +107,7 @@ class DirEntry:
     kind: EntryKind
     size: int = 0
     target: str | None = None  # symlink target, as stored
-    staged: bool = False  # review/audit: a staged change, not on disk yet (core/staged_files.py)
+    staged: bool = False  # review/audit: a staged change, not on disk yet (core/staging/files.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import DispatcherError, ToolError, ToolPermissionDenied
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import FsMode
 
 if TYPE_CHECKING:

@@ -106,7 +106,7 @@ class ToolContext:
     was checked and confirmed; pass it on as ``approved=`` so exactly that path is used. Empty when
     nothing was resolved (no question, no grants: the sandbox checks the path at use alone)."""
     timeout_seconds: float | None = None
-    """The limit this call runs under (see ``core/timeouts.py``); None outside the dispatcher."""
+    """The limit this call runs under (see ``core/call/timeouts.py``); None outside the dispatcher."""
 
 
 @runtime_checkable
@@ -125,7 +125,7 @@ class Previewable(Protocol):
     """What a tool that replaces one file whole may offer besides ``execute``: the content the
     call would leave, computed without writing. The file is the input named by the one ``rw``
     entry of its ``requires_fs``. Review and audit modes (spec 004) stage this instead of running
-    the call (``core/review.py``), and a human applies exactly these bytes later; the tool writes
+    the call (``core/call/review.py``), and a human applies exactly these bytes later; the tool writes
     exactly this when it runs, so both paths have one semantics."""
 
     def preview(self, input: Mapping[str, Any], current: bytes | None) -> bytes:

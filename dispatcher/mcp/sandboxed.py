@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dispatcher.core.errors import DispatcherError
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import ToolContext
 from dispatcher.mcp.config import McpServerConfig
 from dispatcher.mcp.connection import McpServerHandle

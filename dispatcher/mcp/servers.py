@@ -16,15 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.calls import SessionState
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
 from dispatcher.core.jsonlimits import shape_problem
 from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.schema import check_schema
-from dispatcher.core.session_registry import BaseSessionListener
+from dispatcher.core.sessions.registry import BaseSessionListener
+from dispatcher.core.sessions.state import SessionState
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import ToolContext, ToolDefinition
-from dispatcher.core.visible import visible
 from dispatcher.mcp.config import MAX_TOOL_NAME, McpServerConfig
 
 if TYPE_CHECKING:  # the SDK is imported only when a server is configured (it costs ~0.7 s)

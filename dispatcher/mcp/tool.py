@@ -22,8 +22,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from dispatcher.core.errors import ToolCancelled, ToolExecutionError
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import ContentBlock, ImageBlock, TextBlock, ToolContext, ToolDefinition, ToolOutput
-from dispatcher.core.visible import visible
 from dispatcher.mcp.connection import McpConnection, McpServerHandle, McpUnavailable
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})

@@ -27,7 +27,7 @@ from dispatcher.core.sandbox_api import (
     OutputCallback,
     ProviderLifecycle,
 )
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 
 ExecHandler = Callable[[ExecRequest, OutputCallback, asyncio.Event], Awaitable[ExecResult]]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 
 
 def agent_grant_args(session: Session) -> list[str]:

@@ -28,7 +28,7 @@ from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.tunnels import TunnelSetup, tunnel_setup
 
 if TYPE_CHECKING:
-    from dispatcher.core.session import Session
+    from dispatcher.core.sessions.session import Session
 
 AGENT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent")
 """The agent package's directory, which ``python3 -I`` runs as it is (its ``__main__.py``)."""

@@ -46,7 +46,7 @@ from dispatcher.sandbox.agent.protocol import (
 )
 
 if TYPE_CHECKING:
-    from dispatcher.core.session import Session
+    from dispatcher.core.sessions.session import Session
 
 __all__ = ["ChannelTunnel", "Serve", "TunnelLink", "TunnelMux", "TunnelSetup", "tunnel_setup"]
 

@@ -19,7 +19,7 @@ from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
-from dispatcher.core.session_clock import Lifetime, OnExpire
+from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.mcp.servers import McpServers
 from dispatcher.sandbox.transfer import AgentTreeTransport

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from dispatcher.config.load import Config
+from dispatcher.core.approval.confirmation_policy import Mode
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
-from dispatcher.core.policy import Mode
 from dispatcher.core.sandbox_api import SandboxError, ServedProvider
 from dispatcher.core.types import ToolFactory
 from dispatcher.server.sessions.egress import EGRESS_TOOL  # a policy may name the egress questions

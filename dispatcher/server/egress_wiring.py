@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dispatcher.config.load import Config
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
 from dispatcher.core.dispatcher import ToolDispatcher
-from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.egress.networks import OwnEndpoints
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.egress.record import NO_OBSERVER as NO_EGRESS_OBSERVER

@@ -8,8 +8,8 @@ from typing import Any
 from dispatcher.core.errors import ToolCancelled
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import FileOpError
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import ToolContext
-from dispatcher.core.visible import visible
 
 PATH_SCHEMA: dict[str, Any] = {
     "type": "string",
@@ -23,7 +23,7 @@ STAGED_WRITE_NOTE = (
     '"staged for review as ID", read_file and list_dir of this session show the staged content, '
     "shell sees the disk until a human applies the change."
 )
-"""What write tools say of review and audit modes (``core/review.py``) in their description."""
+"""What write tools say of review and audit modes (``core/call/review.py``) in their description."""
 
 
 def start(context: ToolContext) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dispatcher.core.sandbox_api import DirEntry, FileOpError
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
-from dispatcher.core.visible import visible
 from dispatcher.tools._common import PATH_SCHEMA, FileTool, explain, start
 
 MAX_ENTRIES = 500

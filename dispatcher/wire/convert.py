@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.core import jsonlimits
-from dispatcher.core.calls import PlanStep
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import FailureReason
+from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.types import (
     ContentBlock,
     ImageBlock,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.ordering import Ordering
 from dispatcher.core.types import Role, SideEffect
 from dispatcher.v1 import dispatcher_pb2 as pb
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import assert_never
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.events import Event
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.events.bus import Event
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.wire import convert_lifecycle as cl
 from dispatcher.wire import convert_staged

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.session_clock import ExpiryReason, OnExpire
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.sessions.clock import ExpiryReason, OnExpire
 from dispatcher.v1 import dispatcher_pb2 as pb
 
 SessionEventPayload = ep.SessionExpiring | ep.SessionExpired | ep.SessionPaused | ep.SessionResumed

@@ -9,10 +9,10 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from dispatcher.core.approval_mode import ApprovalMode
+from dispatcher.core.approval.modes import ApprovalMode
 from dispatcher.core.blocks import GrantMode
-from dispatcher.core.calls import PlanStep
 from dispatcher.core.capabilities import Capabilities, FsGrant
+from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.types import SideEffect
 from dispatcher.egress.policy import narrow
 from dispatcher.v1 import dispatcher_pb2 as pb

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.staging import ChangeKind
-from dispatcher.core.staging import StagedChange as DomainChange
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.staging.area import ChangeKind
+from dispatcher.core.staging.area import StagedChange as DomainChange
 from dispatcher.v1 import dispatcher_pb2 as pb
 
 __all__ = [

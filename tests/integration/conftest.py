@@ -23,7 +23,7 @@ import docker.errors
 import pytest
 
 from dispatcher.core.sandbox_api import Sandbox
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig, WarmPoolConfig
 from tests.integration.helpers import containers_of

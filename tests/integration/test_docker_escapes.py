@@ -8,7 +8,7 @@ import pytest
 
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.sandbox_api import Sandbox
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker

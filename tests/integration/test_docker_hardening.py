@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.config import SandboxConfig
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run

@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import FileOpError, Sandbox
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import TextBlock, Tool, ToolOutput
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.sandbox import DockerSandbox

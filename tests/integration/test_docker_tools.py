@@ -17,7 +17,7 @@ from dispatcher.core.errors import (
     WorkspaceEscapeError,
 )
 from dispatcher.core.sandbox_api import FileOpError, Sandbox
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import ImageBlock, TextBlock, Tool, ToolOutput
 from dispatcher.tools import ListDirTool, PatchFileTool, ReadFileTool, ShellTool, WriteFileTool
 from tests.integration.helpers import tool_context

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig

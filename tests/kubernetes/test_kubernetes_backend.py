@@ -17,7 +17,7 @@ import pytest
 
 from dispatcher.core.errors import ToolCancelled
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import TextBlock, Tool, ToolOutput
 from dispatcher.egress.proxy import TunnelStream
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig

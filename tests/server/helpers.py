@@ -6,7 +6,7 @@ import asyncio
 from typing import TypeVar
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.core.events import EventPayload
+from dispatcher.core.events.bus import EventPayload
 from dispatcher.core.types import TextBlock, ToolResultBlock
 from tests.events import EventOf, is_event
 from tests.polling import until

@@ -13,8 +13,8 @@ import pytest
 
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.event_payloads import to_dict
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import to_dict
 from dispatcher.core.types import ImageBlock, Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 

@@ -6,7 +6,7 @@ import asyncio
 
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock
 from tests.events import ToolConfirmationRequested, ToolConfirmationResolved, events_of
 from tests.server.conftest import TOKEN_BETA, Harness, ServerFactory

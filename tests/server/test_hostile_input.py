@@ -11,7 +11,7 @@ import pytest
 
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.events import EventOf, ToolCalled, ToolConfirmationRequested, ToolInputInvalid, events_of

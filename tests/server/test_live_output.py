@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.wire import convert

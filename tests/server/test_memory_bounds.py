@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dispatcher.client import RequestFailed
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ImageBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.server.rpc.request_checks import MAX_ID_CHARS, MAX_TOOL_USES
 from tests.server.conftest import TOKEN_TINY, Harness, ServerFactory, base_config

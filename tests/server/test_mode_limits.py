@@ -14,7 +14,7 @@ from dispatcher.config import hash_token
 from dispatcher.config.load import load_config
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.events import ToolConfirmationRequested
 from tests.server.conftest import ServerFactory

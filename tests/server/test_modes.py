@@ -13,7 +13,7 @@ import pytest
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from dispatcher.config import hash_token
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.events import (
     EventOf,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.server.conftest import Harness, ServerFactory

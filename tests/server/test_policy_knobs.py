@@ -11,7 +11,7 @@ from typing import Any
 
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.events import EventOf, ToolConfirmationRequested
 from tests.server.conftest import TOKEN_BETA, ServerFactory, base_config

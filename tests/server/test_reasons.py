@@ -11,7 +11,7 @@ import pytest
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.dispatcher import Decision
 from dispatcher.core.errors import FailureReason
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.events import EventOf, ToolConfirmationRequested, ToolFailed, ToolOutputDelta, events_of
 from tests.server.conftest import Harness, ServerFactory

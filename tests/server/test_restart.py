@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dispatcher.client import DispatcherClient, RequestFailed
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.events import ToolConfirmationRequested, ToolFailed, event_of, is_event
 from tests.server.conftest import ALL_MODES

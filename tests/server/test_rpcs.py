@@ -11,8 +11,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.event_payloads import to_dict
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import to_dict
 from dispatcher.core.types import Role, SideEffect, TextBlock, ToolResultBlock, ToolUseBlock
 from tests.blocks import text_at
 from tests.events import ToolConfirmationRequested, is_event

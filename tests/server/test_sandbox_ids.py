@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.config.load import TenantConfig
-from dispatcher.core.policy import ConfirmationPolicy
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
 from dispatcher.server.tenancy.tenants import (
     DefaultIds,
     TenantDirectory,

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from dispatcher.core.dispatcher import Decision
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import SideEffect, ToolResultBlock, ToolUseBlock
 from tests.events import (
     ToolCalled,

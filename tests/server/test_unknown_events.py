@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc

@@ -149,6 +149,61 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
     assert not bad, "\n".join(bad)
 
 
+CORE_LAYERS: dict[str, int] = {
+    "dispatcher.core": 0,  # the foundation: the modules at core's top (types, blocks, errors, sandbox_api, ...)
+    "dispatcher.core.text": 1,  # what a human is shown, redacted, cut; results fitted to a budget
+    "dispatcher.core.events": 1,  # a session's event bus and the typed payloads it carries
+    "dispatcher.core.staging": 1,  # review and audit sessions' writes kept off the disk
+    "dispatcher.core.approval": 1,  # approval modes, the confirmation policy, a session's questions to a human
+    "dispatcher.core.sessions": 2,  # a session's life: what it is and carries, its registry, its clocks
+    "dispatcher.core.call": 3,  # one call through its steps, and the knobs they read
+    "dispatcher.core.dispatcher": 4,  # ToolDispatcher: what outlives one call
+    "dispatcher.core.transfer": 5,  # trees in and out of a session's workspace, through a dispatcher
+}
+"""Inside ``dispatcher.core``, low to high, by the rule of ``LAYERS``: a module imports its own
+package and lower ranks, never a higher one nor a sibling of its rank. The longest entry that names
+a module is its own: each package of core has a line, and so has a module at core's top that stands
+above the packages; the rest of the top is the foundation."""
+
+CORE_FACE = "dispatcher.core"
+"""The package's ``__init__``: it names the public types of every rank (loaded lazily), so it stands
+above them all and is not checked here."""
+
+CORE_ALLOWED_UPWARD = {("dispatcher.core.sandbox_api", "dispatcher.core.sessions")}
+"""(module, package) pairs that may import above their rank, each with its reason. The sandbox
+interface's provider hooks are typed with a session, its state and its restoration (under
+``TYPE_CHECKING``): the one arrow from the foundation up, until the provider surface is declared
+apart from the registry's types."""
+
+
+def _core_layer(module: str) -> tuple[str, int] | None:
+    prefixes = [p for p in CORE_LAYERS if module == p or module.startswith(p + ".")]
+    if not prefixes:
+        return None
+    prefix = max(prefixes, key=len)
+    return prefix, CORE_LAYERS[prefix]
+
+
+def test_every_package_of_core_has_a_rank() -> None:
+    packages = {m for m, p in _modules().items() if m.startswith(CORE_FACE + ".") and p.name == "__init__.py"}
+    missing = sorted(packages - CORE_LAYERS.keys())
+    assert not missing, f"packages of core without a rank (add them to CORE_LAYERS): {missing}"
+
+
+def test_core_packages_import_only_lower_ranks() -> None:
+    ours, _ = _imports(_modules())
+    bad: list[str] = []
+    for imp in ours:
+        src, dst = _core_layer(imp.source), _core_layer(imp.target)
+        if imp.source == CORE_FACE or src is None or dst is None or src[0] == dst[0] or dst[1] < src[1]:
+            continue
+        if (imp.source, dst[0]) in CORE_ALLOWED_UPWARD:
+            continue
+        where = "above" if dst[1] > src[1] else "beside"
+        bad.append(f"{imp.source}:{imp.line} imports {imp.target} ({dst[0]} is {where} {src[0]})")
+    assert not bad, "imports against core's ranks:\n" + "\n".join(bad)
+
+
 BACKEND_CLIENTS = {
     "dispatcher.sandbox.kubernetes": {"grpc", "docker"},
     "dispatcher.sandbox.docker": {"grpc", "kubernetes_asyncio", "aiohttp"},

@@ -9,10 +9,10 @@ import yaml
 
 from dispatcher.config.load import parse_policy, parse_timeouts
 from dispatcher.config.policy import ToolConfirmation
-from dispatcher.core.approval import ApprovalMode, mode_policy
-from dispatcher.core.policy import PRESETS, ConfirmationPolicy, Mode
-from dispatcher.core.settings import DispatcherConfig
-from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
+from dispatcher.core.approval.confirmation_policy import PRESETS, ConfirmationPolicy, Mode
+from dispatcher.core.call.approve import ApprovalMode, mode_policy
+from dispatcher.core.call.settings import DispatcherConfig
+from dispatcher.core.call.timeouts import MAX_TIMEOUT_SECONDS
 from dispatcher.core.types import SideEffect
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,
     LABEL_POOL,

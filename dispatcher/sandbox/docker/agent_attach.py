@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.agent.protocol import CONNECT_FAILED, PROTOCOL_VERSION, TUNNEL_PORT
 from dispatcher.sandbox.channel import AgentChannel

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener
 from dispatcher.sandbox.docker.client import DockerAPI
@@ -47,8 +47,8 @@ from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_
 from dispatcher.sandbox.launch_slots import LaunchSlots
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
-    from dispatcher.core.session_registry import Restoration
+    from dispatcher.core.sessions.registry import Restoration
+    from dispatcher.core.sessions.state import SessionState
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from dispatcher.core.sandbox_api import (
     SandboxError,
     report_notice,
 )
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.fallback import fallback_exec

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.core.observe import SandboxObserver
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import SandboxConfig

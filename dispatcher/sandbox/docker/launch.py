@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
 from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, has_ca, open_tunnels

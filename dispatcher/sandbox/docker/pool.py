@@ -43,7 +43,7 @@ from typing import Any
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session, new_session_id
+from dispatcher.core.sessions.session import Session, new_session_id
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, pool_fingerprint
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK

@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Callable, Collection
 
 from dispatcher.core.sandbox_api import FileOpError, SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker.launch import ContainerLauncher

@@ -33,7 +33,7 @@ from dispatcher.core.sandbox_api import (
     SandboxError,
     report_notice,
 )
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import reattach

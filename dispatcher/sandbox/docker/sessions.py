@@ -12,13 +12,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from dispatcher.core.sandbox_api import ProviderLifecycle
-from dispatcher.core.session import Session, SessionStatus
+from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.launch_slots import LaunchSlots, in_background
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
-    from dispatcher.core.session_registry import Restoration
+    from dispatcher.core.sessions.registry import Restoration
+    from dispatcher.core.sessions.state import SessionState
     from dispatcher.sandbox.docker.config import SandboxConfig
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from dispatcher.core.sandbox_api import FileOpError, SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import GONE
 from dispatcher.sandbox.docker.backend import launch_failure

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel

@@ -19,7 +19,7 @@ import secrets
 from typing import Any
 
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,

@@ -7,7 +7,7 @@ import contextlib
 import datetime
 import time
 
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.adopt import LABEL_SPEC
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.sandbox.kubernetes.api import Obj

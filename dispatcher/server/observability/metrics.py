@@ -27,11 +27,11 @@ from prometheus_client import (
     start_http_server,
 )
 
-from dispatcher.core.calls import SessionState
 from dispatcher.core.observe import FinishedCall, SandboxFailure, SandboxRemoval
-from dispatcher.core.session import SessionStatus
-from dispatcher.core.session_clock import ExpiryReason
-from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionRegistry
+from dispatcher.core.sessions.clock import ExpiryReason
+from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionRegistry
+from dispatcher.core.sessions.session import SessionStatus
+from dispatcher.core.sessions.state import SessionState
 from dispatcher.egress.record import Direction, Outcome
 from dispatcher.server.rpc.handler_wrap import HandlerInterceptor, wrap_handler
 

@@ -14,7 +14,7 @@ from dispatcher.config.load import Config
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver, FinishedCall
 from dispatcher.core.sandbox_api import ProviderLifecycle, ServedProvider
-from dispatcher.core.session_registry import SessionListener
+from dispatcher.core.sessions.registry import SessionListener
 
 if TYPE_CHECKING:  # imported for real only when turned on: prometheus_client, the otel extra
     from dispatcher.server.observability.metrics import Metrics, MetricsServer

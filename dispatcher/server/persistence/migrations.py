@@ -61,7 +61,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (session_id, change_id)
     );
     """,
-    # 3: each session's clocks (TTL, idle, paused; core/session_clock.py), as JSON.
+    # 3: each session's clocks (TTL, idle, paused; core/sessions/clock.py), as JSON.
     """
     ALTER TABLE sessions ADD COLUMN lifecycle TEXT NOT NULL DEFAULT '{}';
     """,

@@ -20,18 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dispatcher.core.approval import parse_mode
-from dispatcher.core.calls import SessionState
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.call.approve import parse_mode
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import FailureReason, ToolErrorClass, UnknownSessionError
-from dispatcher.core.event_payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
-from dispatcher.core.session_clock import SessionClock
-from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionListener
-from dispatcher.core.staging import StagedChange
+from dispatcher.core.sessions.clock import SessionClock
+from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionListener
+from dispatcher.core.sessions.session import Session
+from dispatcher.core.sessions.state import SessionState
+from dispatcher.core.staging.area import StagedChange
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 from dispatcher.server.persistence.errors import StateError

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.core.event_payloads import payload_from_dict
-from dispatcher.core.events import Event
-from dispatcher.core.staging import ChangeKind, StagedChange
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import payload_from_dict
+from dispatcher.core.staging.area import ChangeKind, StagedChange
 from dispatcher.server.persistence.errors import StateError
 from dispatcher.server.persistence.migrations import check_tables, migrate
 

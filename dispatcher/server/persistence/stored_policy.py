@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, get_args
 
-from dispatcher.core.approval import MAX_PLAN_STEPS, PLAN_SUMMARY_CHARS
 from dispatcher.core.blocks import GrantMode
-from dispatcher.core.calls import PlanStep
+from dispatcher.core.call.approve import MAX_PLAN_STEPS, PLAN_SUMMARY_CHARS
 from dispatcher.core.capabilities import Capabilities, FsGrant
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
+from dispatcher.core.sessions.state import PlanStep
 
 __all__ = [
     "mode_in_force_from_json",

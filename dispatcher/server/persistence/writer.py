@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from dispatcher.core import events as ev
-from dispatcher.core.event_payloads import ToolCalled, ToolConfirmationRequested, to_dict
-from dispatcher.core.events import Event
+from dispatcher.core.events import bus as ev
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import ToolCalled, ToolConfirmationRequested, to_dict
 from dispatcher.server.persistence.store import SessionStore
 
 log = logging.getLogger("dispatcher.server.persistence.store")

@@ -30,13 +30,13 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from dispatcher.core import eager
-from dispatcher.core.calls import SessionState
+from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.events import Backlog, Event
-from dispatcher.core.ordering import Ordering
-from dispatcher.core.result_size import result_bytes
-from dispatcher.core.session import Session
+from dispatcher.core.events.bus import Backlog, Event
+from dispatcher.core.sessions.session import Session
+from dispatcher.core.sessions.state import SessionState
+from dispatcher.core.text.result_size import result_bytes
 from dispatcher.core.types import TextBlock, ToolResultBlock, ToolUseBlock
 
 log = logging.getLogger("dispatcher.server.dispatch")

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport

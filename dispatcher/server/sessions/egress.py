@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher.core.approval import mode_policy
-from dispatcher.core.calls import Call, SessionState
-from dispatcher.core.confirmation import Decision
-from dispatcher.core.event_payloads import ToolConfirmationRequested, ToolConfirmationResolved
-from dispatcher.core.policy import ConfirmationPolicy, Mode
-from dispatcher.core.session_registry import BaseSessionListener, Restoration
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, Mode
+from dispatcher.core.call.approve import mode_policy
+from dispatcher.core.events.payloads import ToolConfirmationRequested, ToolConfirmationResolved
+from dispatcher.core.sessions.registry import BaseSessionListener, Restoration
+from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.core.types import SideEffect
 from dispatcher.egress.networks import OwnEndpoints
 from dispatcher.egress.policy import EgressPolicy, effective

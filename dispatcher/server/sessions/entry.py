@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import Role
 from dispatcher.server.tenancy.tenants import Tenant
 

@@ -20,16 +20,16 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from typing import Any
 
-from dispatcher.core.calls import SessionState
+from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
-from dispatcher.core.events import Subscription
-from dispatcher.core.ordering import Ordering
+from dispatcher.core.events.bus import Subscription
 from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxIds
-from dispatcher.core.session import Session, SessionStatus, new_session_id
-from dispatcher.core.session_clock import Lifetime, OnExpire
-from dispatcher.core.session_registry import Restoration, SessionListener
+from dispatcher.core.sessions.clock import Lifetime, OnExpire
+from dispatcher.core.sessions.registry import Restoration, SessionListener
+from dispatcher.core.sessions.session import Session, SessionStatus, new_session_id
+from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence

@@ -1,17 +1,17 @@
 """The RPCs about a session's approvals beyond one answer: the plan of a plan-mode session,
 answering a batch of confirmation requests at once, and the staged changes of a review or audit
-session (``core/staging.py``)."""
+session (``core/staging/area.py``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 
-from dispatcher.core.approval import ApprovalMode, PlanStep, approve_plan
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.call.approve import ApprovalMode, PlanStep, approve_plan
 from dispatcher.core.errors import UnknownConfirmationError
-from dispatcher.core.staged_apply import ApplyOutcome
-from dispatcher.core.staging import StagedChange
+from dispatcher.core.staging.apply import ApplyOutcome
+from dispatcher.core.staging.area import StagedChange
 from dispatcher.server.rpc.errors import FailedPrecondition, InvalidRequest
 from dispatcher.server.rpc.request_checks import MAX_ID_CHARS
 from dispatcher.server.sessions.manager import SessionManager
@@ -101,7 +101,7 @@ def list_staged(sessions: SessionManager, tenant: Tenant, session_id: str) -> li
 async def apply_staged(
     sessions: SessionManager, tenant: Tenant, session_id: str, ids: Sequence[str]
 ) -> ApplyOutcome:
-    """ApplyStagedChanges: write the listed changes (none listed: all); see ``core/staged_apply.py``.
+    """ApplyStagedChanges: write the listed changes (none listed: all); see ``core/staging/apply.py``.
 
     Raises:
         UnknownSessionError: no such session for this tenant.

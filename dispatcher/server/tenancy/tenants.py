@@ -12,9 +12,9 @@ from pathlib import Path, PurePosixPath
 from dispatcher.config.load import TenantConfig
 from dispatcher.config.policy import DEFAULT_APPROVAL_MODES
 from dispatcher.config.sections import Quotas, UidRange
-from dispatcher.core.approval import ApprovalMode, parse_mode
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
+from dispatcher.core.call.approve import ApprovalMode, parse_mode
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned

@@ -19,7 +19,7 @@ import yaml
 from dispatcher.config import hash_token
 from dispatcher.config.load import load_config
 from dispatcher.core import ToolErrorClass
-from dispatcher.core import events as ev
+from dispatcher.core.events import bus as ev
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory

@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from dispatcher.client import DispatcherClient
-from dispatcher.core.events import Event
+from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.docker.workspace_volume import loop_backing_file

@@ -108,7 +108,7 @@ async def test_a_change_after_the_servers_check_is_refused_by_the_agent_not_over
     """The residual window of an audit apply: a file changes between the server's check of the
     batch and its write. The agent compares the base hash just before its rename and refuses;
     the response says exactly what was written."""
-    from dispatcher.core import staged_apply
+    from dispatcher.core.staging import apply as staged_apply
 
     client = docker_harness.client(TOKEN_BETA)
     root = docker_harness.tmp / "ws-beta" / "default"

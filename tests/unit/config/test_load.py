@@ -10,8 +10,8 @@ import yaml
 
 from dispatcher.config import DEFAULT_LISTEN, client_token, default_target, hash_token
 from dispatcher.config.load import ensure_default_tenant, load_config
+from dispatcher.core.approval.confirmation_policy import Mode
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.policy import Mode
 from dispatcher.core.types import SideEffect
 from dispatcher.server.app import load_tool_factory
 

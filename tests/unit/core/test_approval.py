@@ -11,9 +11,9 @@ import pytest
 
 from dispatcher.config.load import parse_policy
 from dispatcher.core import ConfirmationPolicy, Decision, Session, TextBlock, ToolDispatcher, ToolUseBlock
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.approval import ApprovalMode, approve_plan, parse_mode
-from dispatcher.core.review import unified_diff as _diff
+from dispatcher.core.call.approve import ApprovalMode, approve_plan, parse_mode
+from dispatcher.core.call.review import unified_diff as _diff
+from dispatcher.core.events import payloads as ep
 from dispatcher.core.types import SideEffect
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.blocks import text_at
@@ -113,7 +113,7 @@ def test_review_diffs() -> None:
 async def test_a_plan_is_bounded(
     provider: FakeSandboxProvider, session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dispatcher.core import approval
+    from dispatcher.core.call import approve as approval
     from tests.unit.core.toolkit import ShellLikeTool
 
     monkeypatch.setattr(approval, "MAX_PLAN_STEPS", 2)

@@ -14,9 +14,9 @@ from dispatcher.core import (
     ToolDispatcher,
     ToolErrorClass,
 )
-from dispatcher.core import events as ev
 from dispatcher.core.dispatcher import DispatcherConfig
-from dispatcher.core.display import (
+from dispatcher.core.events import bus as ev
+from dispatcher.core.text.display import (
     SUMMARY_DEPTH,
     SUMMARY_STRING_CHARS,
     SUMMARY_TOTAL_CHARS,
@@ -24,7 +24,7 @@ from dispatcher.core.display import (
     confirmation_text,
     summarize,
 )
-from dispatcher.core.redact import REDACTED
+from dispatcher.core.text.redact import REDACTED
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.tools.shell import ShellTool

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.core import event_payloads as ep
+from dispatcher.core.events import payloads as ep
 
 FULL: tuple[ep.EventPayload, ...] = (  # every type, every field set (optional ones too)
     ep.ToolCalled("echo", "none", {"text": ["a", 1, None]}),

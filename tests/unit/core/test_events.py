@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core import events as ev
-from dispatcher.core.event_payloads import ToolCompleted, ToolOutputDelta
-from dispatcher.core.events import EventBus
+from dispatcher.core.events import bus as ev
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.events.bus import EventBus
+from dispatcher.core.events.payloads import ToolCompleted, ToolOutputDelta
 
 _SAMPLES: dict[str, ep.EventPayload] = {
     ev.TOOL_CALLED: ep.ToolCalled("echo", "none", {}),

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core import MemoryAuditLog, Session, ToolDispatcher, ToolErrorClass
-from dispatcher.core import events as ev
+from dispatcher.core.events import bus as ev
 from dispatcher.core.jsonlimits import MAX_DEPTH, MAX_VALUES, InputShapeError, loads, shape_problem
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.fake import FakeSandboxProvider

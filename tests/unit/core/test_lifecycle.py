@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core import ToolDispatcher, UnknownSessionError
-from dispatcher.core.calls import Call, SessionState
-from dispatcher.core.event_payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
-from dispatcher.core.expiry import DeadlineScheduler
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_clock import ExpiryReason, Lifetime, OnExpire, SessionClock, check_ttl
-from dispatcher.core.session_registry import Restoration
+from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
+from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, OnExpire, SessionClock, check_ttl
+from dispatcher.core.sessions.deadlines import DeadlineScheduler
+from dispatcher.core.sessions.registry import Restoration
+from dispatcher.core.sessions.session import Session, SessionStatus
+from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.sandbox.fake import FakeSandboxProvider
 
 

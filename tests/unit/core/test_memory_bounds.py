@@ -6,9 +6,9 @@ from typing import Any
 
 from dispatcher.core import DispatcherConfig, Session, ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.event_payloads import ToolCalled, ToolOutputDelta
-from dispatcher.core.events import TOOL_COMPLETED, TOOL_FAILED, EventBus
-from dispatcher.core.result_size import fit_result
+from dispatcher.core.events.bus import TOOL_COMPLETED, TOOL_FAILED, EventBus
+from dispatcher.core.events.payloads import ToolCalled, ToolOutputDelta
+from dispatcher.core.text.result_size import fit_result
 from dispatcher.core.types import (
     ImageBlock,
     TextBlock,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core.approval import ApprovalMode, approve_plan
+from dispatcher.core.call.approve import ApprovalMode, approve_plan
 from dispatcher.core.errors import ToolRegistrationError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolOutput, ToolResultBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider

@@ -23,8 +23,8 @@ from dispatcher.core import (
     ToolErrorClass,
     ToolUseBlock,
 )
-from dispatcher.core import events as ev
-from dispatcher.core.event_payloads import to_dict
+from dispatcher.core.events import bus as ev
+from dispatcher.core.events.payloads import to_dict
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.clock import ManualClock
 from tests.events import (

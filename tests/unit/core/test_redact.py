@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dispatcher.core.redact import REDACTED, SCAN_BUDGET, redact, redact_text
+from dispatcher.core.text.redact import REDACTED, SCAN_BUDGET, redact, redact_text
 
 FACTOR = 25  # hostile / harmless time; quadratic behaviour is thousands of times slower at these sizes
 

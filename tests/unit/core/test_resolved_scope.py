@@ -16,7 +16,7 @@ from dispatcher.core import (
     ToolErrorClass,
     ToolUseBlock,
 )
-from dispatcher.core import events as ev
+from dispatcher.core.events import bus as ev
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.events import ToolConfirmationRequested
 from tests.unit.core.toolkit import WriteTool, next_event, types_of

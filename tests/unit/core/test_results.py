@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core.audit import DENIED, AuditLog
-from dispatcher.core.redact import REDACTED, redact, redact_text
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.text.redact import REDACTED, redact, redact_text
+from dispatcher.core.text.truncate import truncate_head_tail
 
 
 @pytest.mark.parametrize("budget", [60, 100, 1000])

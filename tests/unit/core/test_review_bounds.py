@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dispatcher.core.review import DIFF_MAX_LINES
-from dispatcher.core.review import unified_diff as _diff
+from dispatcher.core.call.review import DIFF_MAX_LINES
+from dispatcher.core.call.review import unified_diff as _diff
 
 
 def test_a_crafted_long_change_is_named_not_diffed() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from dispatcher.core import ConfirmationPolicy, Session, ToolDispatcher, ToolUseBlock
-from dispatcher.core.policy import Mode
+from dispatcher.core.approval.confirmation_policy import Mode
 from dispatcher.core.sandbox_api import (
     ExecRequest,
     ExecResult,

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from dispatcher.core import ToolDispatcher, UnknownSessionError
-from dispatcher.core.calls import PlanStep, SessionState
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.event_payloads import ToolCalled
-from dispatcher.core.events import TOOL_CALLED, Event
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionRegistry
+from dispatcher.core.events.bus import TOOL_CALLED, Event
+from dispatcher.core.events.payloads import ToolCalled
+from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionRegistry
+from dispatcher.core.sessions.session import Session, SessionStatus
+from dispatcher.core.sessions.state import PlanStep, SessionState
 from dispatcher.core.types import ToolUseBlock
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from tests.unit.core.toolkit import ALL_TOOLS

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from dispatcher.core import ConfirmationPolicy, DispatcherConfig, MemoryAuditLog, Session, ToolDispatcher
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.approval import ApprovalMode
+from dispatcher.core.call.approve import ApprovalMode
 from dispatcher.core.errors import UnknownStagedChangeError
+from dispatcher.core.events import payloads as ep
 from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.types import TextBlock, ToolResultBlock, ToolUseBlock
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider

@@ -10,9 +10,9 @@ import pytest
 
 from dispatcher.config.load import load_config, parse_timeouts
 from dispatcher.core import ConfirmationPolicy, DispatcherConfig, Session, ToolDispatcher, ToolUseBlock
+from dispatcher.core.call.timeouts import call_timeout
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult
-from dispatcher.core.timeouts import call_timeout
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.tools import BUILTIN_TOOLS
 from dispatcher.tools.list_dir import ListDirTool

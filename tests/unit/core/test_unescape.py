@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dispatcher.core.visible import unescape, visible
+from dispatcher.core.text.visible import unescape, visible
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from dispatcher.core import (
     ToolOutput,
 )
 from dispatcher.core.errors import ToolCancelled
-from dispatcher.core.events import Event, EventPayload, Subscription
+from dispatcher.core.events.bus import Event, EventPayload, Subscription
 from tests.events import EventOf, is_event
 
 P = TypeVar("P", bound=EventPayload)

@@ -10,7 +10,7 @@ import pytest
 from dispatcher.config.load import Config, _build, ensure_default_tenant
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, parse_networks
 from dispatcher.egress.policy import EgressPolicy, Unknown
 from dispatcher.server.persistence.stored_policy import policy_to_json, session_fields_from_json

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, collect_notices
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.config import SandboxConfig

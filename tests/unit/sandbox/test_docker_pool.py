@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.core.capabilities import Capabilities, FsGrant
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import (
     LABEL_INSTANCE,

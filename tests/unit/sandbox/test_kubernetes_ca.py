@@ -13,7 +13,7 @@ import yaml
 
 from dispatcher.cli import main
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.agent_attach import CA_TARGET
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, SandboxConfig
 from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider

@@ -13,7 +13,7 @@ import yaml
 from dispatcher.cli import main
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
 from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.manifests import (

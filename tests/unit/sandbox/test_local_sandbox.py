@@ -13,7 +13,7 @@ import pytest
 
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, FileOpError, SandboxError
-from dispatcher.core.session import Session
+from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.local import LocalSandbox, LocalSandboxProvider
 from tests.polling import until
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.events import Event
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.events.bus import Event
 from dispatcher.server.persistence.errors import StateError
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.migrations import MIGRATIONS, SCHEMA_VERSION
@@ -245,7 +245,7 @@ def test_a_second_lock_on_a_home_names_the_holder(tmp_path: Path) -> None:
 
 def test_a_sessions_own_policy_fields_round_trip() -> None:
     from dispatcher.core.capabilities import Capabilities, FsGrant
-    from dispatcher.core.session import Session
+    from dispatcher.core.sessions.session import Session
     from dispatcher.server.persistence.stored_policy import mode_in_force_from_json, session_fields_from_json
 
     caps = Capabilities(frozenset({"shell"}), (FsGrant("src", "rw"), FsGrant(".", "r")))
@@ -347,7 +347,7 @@ def test_a_damaged_event_row_is_skipped_with_a_log_line_and_the_rest_loads(
 
 
 def test_a_plan_is_stored_and_read_back_and_a_damaged_step_ends_it() -> None:
-    from dispatcher.core.calls import PlanStep
+    from dispatcher.core.sessions.state import PlanStep
 
     steps = [
         PlanStep(n, "t", f"toolu_{n}", "write_file", "write", f"write_file {n}", (f"f{n}.txt",))

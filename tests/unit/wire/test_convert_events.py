@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.core import event_payloads as ep
-from dispatcher.core.events import Event
+from dispatcher.core.events import payloads as ep
+from dispatcher.core.events.bus import Event
 from dispatcher.wire import convert
 
 SAMPLES: tuple[ep.EventPayload, ...] = (

@@ -19,8 +19,8 @@ from dispatcher.core import (
     ToolErrorClass,
     ToolUseBlock,
 )
-from dispatcher.core import events as ev
 from dispatcher.core.errors import ToolPermissionDenied, WorkspaceEscapeError
+from dispatcher.core.events import bus as ev
 from dispatcher.core.sandbox_api import ExecRequest
 from dispatcher.sandbox.agent.agent import parse_grants
 from dispatcher.sandbox.agent.workspace import OpError, Workspace

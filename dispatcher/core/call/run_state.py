@@ -8,17 +8,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
 from dispatcher.core.audit import AuditDecision, AuditSink
-from dispatcher.core.calls import Call, SessionState
-from dispatcher.core.display import summarize
-from dispatcher.core.event_payloads import EventPayload
+from dispatcher.core.call.ordering import MessageOrder
+from dispatcher.core.call.settings import DispatcherConfig
+from dispatcher.core.events.payloads import EventPayload
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.ordering import MessageOrder
-from dispatcher.core.policy import ConfirmationPolicy
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import SandboxProvider
-from dispatcher.core.session import Session
-from dispatcher.core.settings import DispatcherConfig
+from dispatcher.core.sessions.session import Session
+from dispatcher.core.sessions.state import Call, SessionState
+from dispatcher.core.text.display import summarize
 from dispatcher.core.types import ToolUseBlock
 
 __all__ = ["PipelineDeps", "RunState"]

@@ -1,6 +1,6 @@
 """One tool call through the ten steps of spec 000 §4: lookup, validation, scope, policy and
 confirmation, the run under timeout and cancellation, and the canonical result (its making:
-``call_result.py``)."""
+``result.py``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,15 @@ import logging
 from collections.abc import Callable
 from typing import Any, cast
 
-from dispatcher.core import approval, call_record, call_result, eager, review
+from dispatcher.core import eager
+from dispatcher.core.approval.confirmation_policy import Mode
 from dispatcher.core.audit import DISPATCHED, AuditDecision
+from dispatcher.core.call import approve, review
+from dispatcher.core.call import record as call_record
+from dispatcher.core.call import result as call_result
+from dispatcher.core.call.run_state import PipelineDeps as PipelineDeps
+from dispatcher.core.call.run_state import RunState
+from dispatcher.core.call.timeouts import call_timeout
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import (
     FailureReason,
@@ -26,21 +33,18 @@ from dispatcher.core.errors import (
     ToolValidationError,
     WorkspaceEscapeError,
 )
-from dispatcher.core.event_payloads import (
+from dispatcher.core.events.payloads import (
     ToolCalled,
     ToolOutputDelta,
 )
 from dispatcher.core.jsonlimits import shape_problem
 from dispatcher.core.observe import log_fields
 from dispatcher.core.paths import resolve_workspace_path
-from dispatcher.core.policy import Mode
 from dispatcher.core.registry import RegisteredTool
-from dispatcher.core.run_state import PipelineDeps as PipelineDeps
-from dispatcher.core.run_state import RunState
 from dispatcher.core.sandbox_api import Sandbox, SandboxError, collect_notices
 from dispatcher.core.schema import validation_errors
-from dispatcher.core.staged_files import StagedFiles
-from dispatcher.core.timeouts import call_timeout
+from dispatcher.core.staging.files import StagedFiles
+from dispatcher.core.text.visible import unescape
 from dispatcher.core.types import (
     Role,
     Tool,
@@ -50,7 +54,6 @@ from dispatcher.core.types import (
     ToolResultBlock,
     UnparsedInput,
 )
-from dispatcher.core.visible import unescape
 
 __all__ = ["CallRun", "PipelineDeps"]  # PipelineDeps: from run_state, re-exported
 
@@ -66,7 +69,7 @@ class CallRun(RunState):
 
     def audit(self, kind: str, outcome: str | None = None) -> None:
         """One audit record; ``outcome`` None: the call is about to run (``tool.call.dispatched``).
-        With an outcome, the call's one final record, and the observer told (call_record.py)."""
+        With an outcome, the call's one final record, and the observer told (``record.py``)."""
         call_record.record(self, kind, outcome)
 
     # The pipeline ---------------------------------------------------------------------------
@@ -97,7 +100,7 @@ class CallRun(RunState):
             sandbox = self.deps.provider.sandbox_for(self.session)
             self.check_scope(registered.definition, input_, sandbox.workspace_root)  # step 3, lexical
             mode = self.policy_mode(registered.definition)  # a deny needs no sandbox
-            staged = approval.stages(self, registered.definition)  # review/audit: kept off the disk
+            staged = approve.stages(self, registered.definition)  # review/audit: kept off the disk
             caps = self.session.capabilities or _UNRESTRICTED
             if mode is not Mode.AUTO or caps.fs_grants is not None or staged:
                 # Step 3 where the files are. Skipped only when nobody is asked, no grant
@@ -127,7 +130,7 @@ class CallRun(RunState):
             )  # step 5
             self.audit(DISPATCHED)  # before the tool starts: a call the server dies in is on record
             try:
-                if staged:  # steps 6-7: what the tool would write, staged (core/review.py)
+                if staged:  # steps 6-7: what the tool would write, staged (core/call/review.py)
                     output = await review.stage(self, registered, input_)
                 else:
                     output = await self.run_tool(registered, input_, sandbox)  # steps 6-7
@@ -221,13 +224,13 @@ class CallRun(RunState):
             self.resolved[key] = real
 
     async def wait_turn(self) -> None:
-        """Wait for the calls of the message this one must follow (``core/ordering.py``).
+        """Wait for the calls of the message this one must follow (``core/call/ordering.py``).
 
         Raises:
             ToolCancelled: the call was cancelled meanwhile.
         """
         order = self.order
-        plan = self.state.mode == approval.ApprovalMode.PLAN  # steps are numbered in message order
+        plan = self.state.mode == approve.ApprovalMode.PLAN  # steps are numbered in message order
         if order is None or not order.waits_for(self.index, plan=plan):
             return
         waiter = asyncio.ensure_future(order.wait(self.index, plan=plan))
@@ -238,14 +241,14 @@ class CallRun(RunState):
             waiter.cancel()
 
     def policy_mode(self, definition: ToolDefinition) -> Mode:
-        """The confirmation mode of this call (``core/approval.py``); raises on a policy deny."""
-        return approval.policy_mode(self, definition)
+        """The confirmation mode of this call (``core/call/approve.py``); raises on a policy deny."""
+        return approve.policy_mode(self, definition)
 
     async def confirm(
         self, definition: ToolDefinition, input_: dict[str, Any], mode: Mode, root: str
     ) -> None:
-        """Step 4 (``core/approval.py``): plan, remembered answers, asking a human."""
-        await approval.confirm(self, definition, input_, mode)
+        """Step 4 (``core/call/approve.py``): plan, remembered answers, asking a human."""
+        await approve.confirm(self, definition, input_, mode)
 
     async def run_tool(
         self, registered: RegisteredTool, input_: dict[str, Any], sandbox: Sandbox

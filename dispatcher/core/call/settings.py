@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from dispatcher.core.display import SHOW_LIMIT
-from dispatcher.core.ordering import Ordering
-from dispatcher.core.result_size import RESULT_BUDGET_BYTES
+from dispatcher.core.call.ordering import Ordering
+from dispatcher.core.text.display import SHOW_LIMIT
+from dispatcher.core.text.result_size import RESULT_BUDGET_BYTES
 
 __all__ = ["DispatcherConfig"]
 
@@ -44,7 +44,7 @@ class DispatcherConfig:
     """What a call's durations (its events and audit records) are measured on, in seconds; unit
     tests step a fake one instead of waiting."""
     max_staged_changes: int = 64
-    """Per review/audit session: files with a staged change (``core/staging.py``); a staging
+    """Per review/audit session: files with a staged change (``core/staging/area.py``); a staging
     beyond is the call's error naming this key."""
     max_staged_bytes: int = 32 << 20
     """Per review/audit session: bytes its staged changes hold (content and diff)."""

@@ -59,7 +59,7 @@ def check_ttl(ttl_seconds: float, maximum: float | None, *, what: str = "ttl_sec
 
 @dataclass(slots=True)
 class SessionClock:
-    """Where a session stands against its clocks (changed only by ``core/lifecycle.py``)."""
+    """Where a session stands against its clocks (changed only by ``core/sessions/expiry.py``)."""
 
     lifetime: Lifetime = field(default_factory=Lifetime)
     expire_time: float | None = None

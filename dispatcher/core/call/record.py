@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.core.audit import COMPLETED, DENIED
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.event_payloads import ToolFailed
+from dispatcher.core.events.payloads import ToolFailed
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall
 
 if TYPE_CHECKING:
-    from dispatcher.core.run_state import RunState
+    from dispatcher.core.call.run_state import RunState
 
 __all__ = ["abandoned", "record"]
 

@@ -1,4 +1,4 @@
-"""The workspace as a session with staged changes sees it (``core/staging.py``): reads return the
+"""The workspace as a session with staged changes sees it (``core/staging/area.py``): reads return the
 staged content, listings show staged files, everything else goes to the sandbox unchanged.
 
 The pipeline hands tools this view as ``ToolContext.workspace_files`` while the session has staged
@@ -15,7 +15,7 @@ from __future__ import annotations
 import posixpath
 
 from dispatcher.core.sandbox_api import DirEntry, DirListing, FileOpError, FileStat, Sandbox
-from dispatcher.core.staging import StagedChange, StagingArea
+from dispatcher.core.staging.area import StagedChange, StagingArea
 
 __all__ = ["StagedFiles"]
 

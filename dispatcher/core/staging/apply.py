@@ -1,4 +1,4 @@
-"""A human's answer to staged changes (``core/staging.py``): apply them to the disk, or discard them.
+"""A human's answer to staged changes (``core/staging/area.py``): apply them to the disk, or discard them.
 
 Every write is a compare-and-swap: the sandbox replaces the file (temp file + rename, at the path
 resolved when the change was staged, following no link) only if its content still hashes to the
@@ -21,9 +21,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dispatcher.core.review import READ_LIMIT
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
-from dispatcher.core.staging import ABSENT, StagedChange, StagingArea
+from dispatcher.core.staging.area import ABSENT, READ_LIMIT, StagedChange, StagingArea
 
 __all__ = ["ApplyOutcome", "Refusal", "apply", "discard"]
 

@@ -1,4 +1,4 @@
-"""The names of the approval modes (spec 004), apart from what they do (``approval.py``): clients,
+"""The names of the approval modes (spec 004), apart from what they do (``core/call/approve.py``): clients,
 the config and the wire name a mode without loading the pipeline's approval step."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dispatcher.core.event_payloads import EventPayload
+    from dispatcher.core.events.payloads import EventPayload
 
 __all__ = ["estimate_bytes", "event_bytes"]
 

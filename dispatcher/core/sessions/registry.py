@@ -15,7 +15,7 @@ sandbox, counting it) is done by listeners that subscribed, told in their subscr
 ``OPEN -> CLOSING -> CLOSED``, ``OPEN <-> PAUSED``, and ``-> CLOSING -> EXPIRED`` when a clock ran out
 (``SessionStatus``). The work of closing (cancelling calls, stopping the sandbox) is the
 dispatcher's, between ``begin_close`` and ``finish_close``; pausing and expiring are
-``core/lifecycle.py``'s, which sets the states here (``set_paused``, ``mark_expired``). An ended
+``core/sessions/expiry.py``'s, which sets the states here (``set_paused``, ``mark_expired``). An ended
 session is remembered (with its tenant, and when and why it expired) so that a late request is told
 what became of it.
 """
@@ -30,13 +30,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dispatcher.core.calls import PlanStep, SessionState
-from dispatcher.core.confirmation import Decision
+from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import UnknownSessionError
-from dispatcher.core.events import Event, EventBus
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_clock import ExpiryReason, Lifetime, SessionClock
-from dispatcher.core.staging import StagedChange
+from dispatcher.core.events.bus import Event, EventBus
+from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, SessionClock
+from dispatcher.core.sessions.session import Session, SessionStatus
+from dispatcher.core.sessions.state import PlanStep, SessionState
+from dispatcher.core.staging.area import StagedChange
 
 __all__ = ["BaseSessionListener", "Restoration", "SessionListener", "SessionRegistry", "SessionStatus"]
 
@@ -64,7 +64,7 @@ class Restoration:
     container_id: str | None = None
     """The sandbox container the previous life used (re-adopted by the provider)."""
     staged: tuple[StagedChange, ...] = ()
-    """The changes it had staged and nobody applied or discarded yet (``core/staging.py``)."""
+    """The changes it had staged and nobody applied or discarded yet (``core/staging/area.py``)."""
     clock: SessionClock | None = None
     """Its clocks as stored (None: a row written before sessions had clocks: none run)."""
 
@@ -259,7 +259,7 @@ class SessionRegistry:
             out[state.status] = out.get(state.status, 0) + 1
         return out
 
-    # -- pausing and expiring (core/lifecycle.py) ----------------------------------------------
+    # -- pausing and expiring (core/sessions/expiry.py) ----------------------------------------------
 
     def set_paused(self, state: SessionState, paused: bool) -> None:
         """An alive session becomes paused (or open again); a closing one stays closing."""

@@ -4,9 +4,9 @@ human applies them.
 In a ``review`` or ``audit`` session a write of a tool that previews its change (``Previewable``:
 ``write_file``, ``patch_file``, any tool offering ``preview``) does not touch the disk: the file it
 would leave is kept here, one ``StagedChange`` per file, and the call returns at once
-(``core/review.py``). Later reads and listings of the session see the staged content
-(``core/staged_files.py``); ``shell`` sees the disk. A human lists, applies or discards the changes
-(``core/staged_apply.py``): per file in review mode, all or nothing in audit mode.
+(``core/call/review.py``). Later reads and listings of the session see the staged content
+(``core/staging/files.py``); ``shell`` sees the disk. A human lists, applies or discards the changes
+(``core/staging/apply.py``): per file in review mode, all or nothing in audit mode.
 
 A second staged write to a file already staged updates that change (same id, same base): the
 change is always "the file as the session would leave it" over "the file as it was when first
@@ -28,12 +28,17 @@ from dispatcher.core.errors import UnknownStagedChangeError
 __all__ = [
     "ABSENT",
     "NO_SINK",
+    "READ_LIMIT",
     "ChangeKind",
     "StagedChange",
     "StagingArea",
     "StagingSink",
     "new_change_id",
 ]
+
+READ_LIMIT = 8 << 20
+"""Most bytes of a file on disk that staging reads (to diff against) and applying reads (to compare
+with the base): a larger file cannot be staged."""
 
 ABSENT = "absent"
 """The base of a change that creates its file: there was no file (``expect_sha256`` says the same)."""
@@ -59,7 +64,7 @@ class StagedChange:
     data: bytes
     """The file's whole new content."""
     diff: str
-    """Unified diff from the base to ``data`` (bounded; ``core/review.py``)."""
+    """Unified diff from the base to ``data`` (bounded; ``core/call/review.py``)."""
     staged_at: float
     """Wall-clock seconds of the last staging that changed it."""
     tool_name: str

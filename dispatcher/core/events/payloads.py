@@ -31,7 +31,7 @@ SESSION_EXPIRING: Final = "session.expiring"
 SESSION_EXPIRED: Final = "session.expired"
 SESSION_PAUSED: Final = "session.paused"
 SESSION_RESUMED: Final = "session.resumed"
-"""The session events (``core/lifecycle.py``): no call, so their turn and tool_use ids are empty;
+"""The session events (``core/sessions/expiry.py``): no call, so their turn and tool_use ids are empty;
 ``reason`` is ``ttl``, ``idle`` or ``request``."""
 
 

@@ -10,8 +10,8 @@ Modes (``Session.approval_mode``; the README's Policy section has the table):
   proposed step of the session's plan (``tool.step_proposed``) and its result says so. Once a human
   approves the plan (``ApprovePlan``) the session behaves as ``autonomous``.
 - ``review``: writes of tools that can preview them (``Previewable``: ``write_file``, ``patch_file``)
-  are staged without asking: kept off the disk, the call returns at once (``core/review.py``), and
-  a human applies or discards each staged file later (``core/staged_apply.py``). Other calls as
+  are staged without asking: kept off the disk, the call returns at once (``core/call/review.py``), and
+  a human applies or discards each staged file later (``core/staging/apply.py``). Other calls as
   cautious.
 - ``audit``: nothing asks and every call is recorded (audit log decision ``audit``); writes of
   previewing tools are staged as in review, and a human applies them all or none.
@@ -30,12 +30,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from dispatcher.core.approval_mode import ApprovalMode as ApprovalMode
-from dispatcher.core.approval_mode import parse_mode as parse_mode
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy, Mode
+from dispatcher.core.approval.modes import ApprovalMode as ApprovalMode
+from dispatcher.core.approval.modes import parse_mode as parse_mode
 from dispatcher.core.audit import AuditDecision
-from dispatcher.core.calls import PlanStep as PlanStep
-from dispatcher.core.confirmation import Decision
-from dispatcher.core.display import confirmation_text
 from dispatcher.core.errors import (
     ConfirmationTimeout,
     FailureReason,
@@ -43,19 +42,20 @@ from dispatcher.core.errors import (
     ToolPermissionDenied,
     ToolUserDenied,
 )
-from dispatcher.core.event_payloads import (
+from dispatcher.core.events.payloads import (
     ToolConfirmationRequested,
     ToolConfirmationResolved,
     ToolStepProposed,
 )
-from dispatcher.core.policy import ConfirmationPolicy, Mode
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.sessions.state import PlanStep as PlanStep
+from dispatcher.core.text.display import confirmation_text
+from dispatcher.core.text.truncate import truncate_head_tail
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import SideEffect, ToolDefinition
-from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
-    from dispatcher.core.run_state import RunState
+    from dispatcher.core.call.run_state import RunState
+    from dispatcher.core.sessions.state import SessionState
 
 __all__ = [
     "ApprovalMode",
@@ -78,7 +78,7 @@ approve these exact calls, which the model makes again."""
 _ANSWERED = {Decision.ALLOW: AuditDecision.ALLOW, Decision.DENY: AuditDecision.DENY}
 _REMEMBERED = {Decision.ALLOW: AuditDecision.REMEMBERED_ALLOW, Decision.DENY: AuditDecision.REMEMBERED_DENY}
 STAGING_MODES = frozenset({"review", "audit"})
-"""The approval modes whose previewing writes are staged (``core/staging.py``)."""
+"""The approval modes whose previewing writes are staged (``core/staging/area.py``)."""
 
 
 _MODE_POLICIES: dict[tuple[int, str], tuple[ConfirmationPolicy, ConfirmationPolicy]] = {}

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 from dispatcher.core.blocks import Role
 
 if TYPE_CHECKING:
+    from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
     from dispatcher.core.capabilities import Capabilities
-    from dispatcher.core.policy import ConfirmationPolicy
 
 
 class SessionStatus(StrEnum):
-    """Where a session is in its life; ``core/session_registry.py`` owns the transitions.
+    """Where a session is in its life; ``core/sessions/registry.py`` owns the transitions.
 
     ``OPEN -> CLOSING -> CLOSED``, and ``OPEN <-> PAUSED`` (held, its sandbox frozen, resumed by
     its next call or ResumeSession), ``OPEN|PAUSED -> CLOSING -> EXPIRED`` (ended by a clock: like
@@ -52,7 +52,7 @@ class Session:
     """None: every tool, the whole workspace read-write. A session's own narrower request is
     already intersected in (``Capabilities.intersect``)."""
     approval_mode: str = "cautious"
-    """Spec 004's approval mode (``core/approval.py``): cautious, autonomous, manual, plan, review
+    """Spec 004's approval mode (``core/call/approve.py``): cautious, autonomous, manual, plan, review
     or audit; applied over ``policy``."""
     workspace_root: str | None = None
     """The tenant's workspace root on the host (from the config, trusted). When set, the workspace

@@ -9,7 +9,7 @@ and the word is looked for in it afterwards. On top of that ``redact_text`` scan
 replaced by a marker, never passed on unscanned.
 
 Redaction is for logs and audit. What a human is asked to approve is never redacted (see
-``dispatcher.core.display``).
+``dispatcher.core.text.display``).
 """
 
 from __future__ import annotations

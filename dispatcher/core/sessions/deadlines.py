@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 __all__ = ["DeadlineScheduler"]
 
-log = logging.getLogger("dispatcher.core.expiry")
+log = logging.getLogger("dispatcher.core.expiry")  # the name operators know; kept across the move
 
 K = TypeVar("K", bound=Hashable)
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dispatcher.core.redact import REDACTED, is_secret_key, redact_text
-from dispatcher.core.visible import count_escaped, visible
+from dispatcher.core.text.redact import REDACTED, is_secret_key, redact_text
+from dispatcher.core.text.visible import count_escaped, visible
 
 SHOW_LIMIT: Final = 256 * 1024
 """Default most characters of an input a confirmation request shows (DispatcherConfig knob)."""

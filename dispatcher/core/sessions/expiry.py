@@ -27,19 +27,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from dispatcher.core.event_payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
-from dispatcher.core.expiry import DeadlineScheduler
-from dispatcher.core.session import SessionStatus
-from dispatcher.core.session_clock import ExpiryReason, OnExpire, SessionClock
-from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionRegistry
+from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
+from dispatcher.core.sessions.clock import ExpiryReason, OnExpire, SessionClock
+from dispatcher.core.sessions.deadlines import DeadlineScheduler
+from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionRegistry
+from dispatcher.core.sessions.session import SessionStatus
 
 if TYPE_CHECKING:
-    from dispatcher.core.calls import SessionState
     from dispatcher.core.sandbox_api import SandboxProvider
+    from dispatcher.core.sessions.state import SessionState
 
 __all__ = ["LifecycleObserver", "SessionLifecycle"]
 
-log = logging.getLogger("dispatcher.core.lifecycle")
+log = logging.getLogger("dispatcher.core.lifecycle")  # the name operators know; kept across the move
 
 RESUMED_NOTICE = (
     "the session was paused and has been resumed for this call: its /tmp files and the processes"

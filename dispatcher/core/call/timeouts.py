@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.types import SideEffect, ToolDefinition
 
 __all__ = ["MAX_TIMEOUT_SECONDS", "call_timeout", "check_timeout_names"]

@@ -1,5 +1,5 @@
 """Staging a call (spec 004 review and audit modes): what a previewing write would leave, kept
-off the disk as a ``StagedChange`` of the session (``core/staging.py``), and the call's result.
+off the disk as a ``StagedChange`` of the session (``core/staging/area.py``), and the call's result.
 
 Which calls are staged, and what they would change, is the tools' to say: a ``Previewable`` tool
 (``core/types.py``) computes the file its call would leave from the file as it is; nothing here
@@ -9,7 +9,7 @@ The file "as it is" is the session's view: the content already staged for that p
 file on disk at the path resolved in the sandbox. So a patch staged after a staged write of the
 same file applies over the written content, and both are one change (same id, same base). The
 change keeps the sha256 of the disk's file when it was first staged: it is applied only over
-exactly that (``core/staged_apply.py``). A change that would not apply is refused at staging
+exactly that (``core/staging/apply.py``). A change that would not apply is refused at staging
 (the tool's own error), and a staging beyond the session's bounds
 (``dispatcher.max_staged_changes`` / ``max_staged_bytes``) is the call's error naming the bound.
 """
@@ -25,18 +25,16 @@ from typing import TYPE_CHECKING, Any
 from dispatcher.core.errors import ToolExecutionError
 from dispatcher.core.registry import RegisteredTool, written_input
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
-from dispatcher.core.staging import ABSENT, ChangeKind, StagedChange, new_change_id
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.staging.area import ABSENT, READ_LIMIT, ChangeKind, StagedChange, new_change_id
+from dispatcher.core.text.truncate import truncate_head_tail
+from dispatcher.core.text.visible import visible
 from dispatcher.core.types import Previewable, TextBlock, ToolOutput
-from dispatcher.core.visible import visible
 
 if TYPE_CHECKING:
-    from dispatcher.core.run_state import RunState
+    from dispatcher.core.call.run_state import RunState
 
 __all__ = ["sha256_of", "stage", "unified_diff"]
 
-READ_LIMIT = 8 << 20
-"""Most bytes of the current file staging reads to diff against."""
 DIFF_MAX_LINES = 5_000
 """Most lines per side difflib is given: its matching grows far faster than linearly (two
 crafted 20,000-line sides took 74 s), so beyond this the change names the sizes instead."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.text.truncate import truncate_head_tail
 from dispatcher.core.types import ContentBlock, ImageBlock, TextBlock, ToolResultBlock
 
 RESULT_BUDGET_BYTES = (4 << 20) - (64 << 10)

@@ -1,4 +1,5 @@
-"""What the dispatcher keeps per open session and per in-flight call."""
+"""What the dispatcher keeps per open session (``SessionState``, held by the registry): the calls
+in flight that a cancel reaches, the plan it proposed, its staged changes and its clocks."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.core.confirmation import ConfirmationBroker
+from dispatcher.core.approval.broker import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.events import EventBus
-from dispatcher.core.session import Session, SessionStatus
-from dispatcher.core.session_clock import SessionClock
-from dispatcher.core.staging import StagingArea
+from dispatcher.core.events.bus import EventBus
+from dispatcher.core.sessions.clock import SessionClock
+from dispatcher.core.sessions.session import Session, SessionStatus
+from dispatcher.core.staging.area import StagingArea
 
 __all__ = ["Call", "PlanStep", "SessionState"]
 
@@ -74,7 +75,7 @@ class Call:
 
 @dataclass(eq=False)
 class SessionState:
-    """One session as the registry (``core/session_registry.py``) holds it: its description, where
+    """One session as the registry (``core/sessions/registry.py``) holds it: its description, where
     it is in its life, and what it carries between calls."""
 
     session: Session
@@ -91,14 +92,14 @@ class SessionState:
     """Starters of calls accepted but not started yet (a Dispatch whose client reads slowly): run
     before the session's calls are cancelled, so that the cancel reaches those calls too."""
     mode: str = ""
-    """The approval mode in force (``core/approval.py``): the session's, until an approved plan
+    """The approval mode in force (``core/call/approve.py``): the session's, until an approved plan
     turns ``plan`` into ``autonomous``."""
     plan: list[PlanStep] = field(default_factory=list)
     """The steps a ``plan`` session proposed, in order, until the plan is approved or rejected."""
     staging: StagingArea = field(init=False)
     """Review and audit sessions: writes kept off the disk until a human applies them."""
     clock: SessionClock = field(default_factory=SessionClock)
-    """Its TTL and idle clocks (``core/lifecycle.py``)."""
+    """Its TTL and idle clocks (``core/sessions/expiry.py``)."""
 
     def __post_init__(self) -> None:
         self.staging = StagingArea(self.session.session_id)

@@ -4,8 +4,9 @@ and within the result budgets."""
 
 from __future__ import annotations
 
-from dispatcher.core import call_record
 from dispatcher.core.audit import COMPLETED, DENIED
+from dispatcher.core.call import record as call_record
+from dispatcher.core.call.run_state import RunState
 from dispatcher.core.errors import (
     FailureReason,
     ToolError,
@@ -13,10 +14,9 @@ from dispatcher.core.errors import (
     ToolExecutionError,
     ToolValidationError,
 )
-from dispatcher.core.event_payloads import ToolCompleted, ToolFailed, ToolInputInvalid
-from dispatcher.core.result_size import fit_chars, fit_result, image_overflow
-from dispatcher.core.run_state import RunState
-from dispatcher.core.truncate import truncate_head_tail
+from dispatcher.core.events.payloads import ToolCompleted, ToolFailed, ToolInputInvalid
+from dispatcher.core.text.result_size import fit_chars, fit_result, image_overflow
+from dispatcher.core.text.truncate import truncate_head_tail
 from dispatcher.core.types import TextBlock, ToolOutput, ToolResultBlock
 
 __all__ = ["complete", "fail"]

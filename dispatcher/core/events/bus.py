@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from dispatcher.core.event_payloads import (
+from dispatcher.core.events.payloads import (
     EVENT_TYPES,
     TOOL_CALLED,
     TOOL_COMPLETED,
@@ -24,7 +24,7 @@ from dispatcher.core.event_payloads import (
     EventPayload,
     ToolOutputDelta,
 )
-from dispatcher.core.event_size import estimate_bytes, event_bytes
+from dispatcher.core.events.size import estimate_bytes, event_bytes
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One step of one tool call; ``payload`` says what (core/event_payloads.py)."""
+    """One step of one tool call; ``payload`` says what (core/events/payloads.py)."""
 
     seq: int
     time: float
