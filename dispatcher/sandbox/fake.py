@@ -44,6 +44,13 @@ async def _default_exec(request: ExecRequest, on_output: OutputCallback, cancel:
     return ExecResult(exit_code=0)
 
 
+def _encode(path: str, text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FileOpError("decode", f"{path}: text cannot be encoded as UTF-8") from None
+
+
 @dataclass
 class FakeSandbox:
     """Implements ``dispatcher.core.sandbox_api.Sandbox`` in memory."""
@@ -176,13 +183,14 @@ class FakeSandbox:
     async def write(
         self, path: str, content: str, *, approved: str | None = None, expect_sha256: str | None = None
     ) -> None:
-        await self.write_bytes(path, content.encode(), approved=approved, expect_sha256=expect_sha256)
+        await self.write_bytes(path, _encode(path, content), approved=approved, expect_sha256=expect_sha256)
 
     async def append(self, path: str, content: str) -> None:
+        data = _encode(path, content)
         full = self._path("append", path)
         self._writable(path, full)
         self._make_parents(full)
-        self.files[full] = self.files.get(full, b"") + content.encode()
+        self.files[full] = self.files.get(full, b"") + data
 
     async def exists(self, path: str) -> bool:
         full = self._path("exists", path)
