@@ -68,6 +68,22 @@ async def test_the_default_cwd_is_the_workspace_and_files_are_shared(target: Tar
     assert await sh(target, "cat api.txt") == b"by the API"
 
 
+async def test_large_output_arrives_whole_and_in_order(target: Target) -> None:
+    target.require(Capability.COMMANDS)
+    ran = await run(target, "i=0; while [ $i -lt 2000 ]; do printf '%0499d\\n' $i; i=$((i+1)); done")
+    lines = ran.stdout.decode().splitlines()
+    assert len(ran.stdout) == 2000 * 500 and [int(line) for line in lines] == list(range(2000))
+
+
+async def test_the_servers_environment_does_not_reach_commands(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target.require(Capability.COMMANDS)
+    monkeypatch.setenv("DISPATCHER_CONTRACT_SECRET", "leaked")
+    ran = await run(target, 'echo "[${DISPATCHER_CONTRACT_SECRET:-}]"')
+    assert ran.stdout == b"[]\n"
+
+
 async def test_a_missing_cwd_fails_the_call(target: Target) -> None:
     target.require(Capability.COMMANDS)
     assert await code_of(run(target, "pwd", cwd="no/such/dir")) == "ENOENT"

@@ -179,3 +179,10 @@ async def test_a_rewrite_keeps_the_files_mode(target: Target) -> None:
     await sh(target, "chmod 750 run.sh")
     await target.sandbox.write("run.sh", "#!/bin/sh\necho hi\n")
     assert (await target.sandbox.stat("run.sh")).mode & 0o777 == 0o750
+
+
+async def test_text_that_cannot_be_utf8_is_decode_and_nothing_is_written(target: Target) -> None:
+    lone_surrogate = "bad \udcff byte"
+    assert await code_of(target.sandbox.write("w.txt", lone_surrogate)) == "decode"
+    assert await code_of(target.sandbox.append("w.txt", lone_surrogate)) == "decode"
+    assert not await target.sandbox.exists("w.txt")

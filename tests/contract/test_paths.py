@@ -152,3 +152,11 @@ async def test_a_link_put_on_an_approved_path_is_changed_and_nothing_is_done(tar
     assert await code_of(target.sandbox.write("d/f.txt", "x", approved=approved)) == "changed"
     assert await code_of(target.sandbox.read_bytes("d/f.txt", approved=approved)) == "changed"
     assert await target.sandbox.read("other/f.txt") == "not approved"
+
+
+async def test_a_link_with_an_absolute_target_inside_the_root_is_followed(target: Target) -> None:
+    target.require(Capability.ROOT_PATHS)
+    await target.sandbox.write("real/f.txt", "absolute")
+    await target.link("abs-alias", target.path("real"))
+    assert await target.sandbox.read("abs-alias/f.txt") == "absolute"
+    assert await target.sandbox.resolve("abs-alias/f.txt") == "real/f.txt"
