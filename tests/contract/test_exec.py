@@ -31,6 +31,22 @@ async def test_a_cwd_outside_the_workspace_is_an_escape(target: Target) -> None:
             await run(target, "pwd", cwd=cwd)
 
 
+async def test_a_link_on_an_approved_cwd_is_changed_and_nothing_runs(target: Target) -> None:
+    await target.sandbox.write("other/keep.txt", "x")
+    await target.link("d", "other")  # where the approved directory "d" was
+    assert await code_of(run(target, "echo ran > ran.txt", cwd="d", approved_cwd="d")) == "changed"
+    assert not await target.sandbox.exists("other/ran.txt")
+
+
+async def test_an_approved_cwd_is_where_the_command_runs(target: Target) -> None:
+    target.require(Capability.COMMANDS)
+    await target.sandbox.write("v2/f.txt", "x")
+    await target.link("cur", "v2")
+    ran = await run(target, "pwd -P; ls", cwd="cur", approved_cwd="v2")
+    pwd, listed = ran.stdout.decode().splitlines()
+    assert pwd.endswith("/v2") and listed == "f.txt"
+
+
 async def test_output_and_exit_codes(target: Target) -> None:
     target.require(Capability.COMMANDS)
     ok = await run(target, "echo out; echo err >&2")
