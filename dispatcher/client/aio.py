@@ -74,8 +74,26 @@ class AsyncDispatcherClient(ClientBase):
         mode: str | None = None,
         tools: Sequence[str] | None = None,
         fs: Sequence[tuple[str, str]] | None = None,
+        egress_allow: Sequence[str] | None = None,
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
+        on_expire: str | None = None,
+        request_id: str = "",
     ) -> SessionInfo:
-        req = base.create_request(workspace, role, labels, mode, tools, fs)
+        """Open a session; the arguments are ``DispatcherClient.create_session``'s."""
+        req = base.create_request(
+            workspace,
+            role,
+            labels,
+            mode,
+            tools,
+            fs,
+            egress_allow=egress_allow,
+            ttl_seconds=ttl_seconds,
+            idle_timeout_seconds=idle_timeout_seconds,
+            on_expire=on_expire,
+            request_id=request_id,
+        )
         return convert.session_from_pb((await self._unary(self._stub.CreateSession, req)).session)
 
     async def get_session(self, session_id: str) -> SessionInfo:

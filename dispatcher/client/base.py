@@ -17,6 +17,7 @@ from dispatcher.core.approval.broker import Decision
 from dispatcher.core.approval.modes import parse_mode
 from dispatcher.core.errors import DispatcherError
 from dispatcher.core.events.bus import Event
+from dispatcher.core.sessions.clock import OnExpire
 from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
@@ -115,15 +116,28 @@ def create_request(
     mode: str | None,
     tools: Sequence[str] | None,
     fs: Sequence[tuple[str, str]] | None,
+    *,
+    egress_allow: Sequence[str] | None = None,
+    ttl_seconds: int | None = None,
+    idle_timeout_seconds: int | None = None,
+    on_expire: str | None = None,
+    request_id: str = "",
 ) -> pb.CreateSessionRequest:
+    """Every field of CreateSessionRequest; None (or empty) leaves a field to the server's default."""
     req = pb.CreateSessionRequest(
-        workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {})
+        workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {}), request_id=request_id
     )
     if mode:
         req.approval_mode = convert_policy.mode_to_pb(parse_mode(mode))
-    caps = convert_policy.session_capabilities_to_pb(tools, fs)
+    caps = convert_policy.session_capabilities_to_pb(tools, fs, egress_allow)
     if caps is not None:
         req.capabilities.CopyFrom(caps)
+    if ttl_seconds is not None:
+        req.ttl_seconds = ttl_seconds
+    if idle_timeout_seconds is not None:
+        req.idle_timeout_seconds = idle_timeout_seconds
+    if on_expire is not None:
+        req.on_expire = pb.OnExpire.Value(f"ON_EXPIRE_{OnExpire(on_expire).name}")
     return req
 
 

@@ -72,12 +72,32 @@ class DispatcherClient(ClientBase):
         mode: str | None = None,
         tools: Sequence[str] | None = None,
         fs: Sequence[tuple[str, str]] | None = None,
+        egress_allow: Sequence[str] | None = None,
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
+        on_expire: str | None = None,
+        request_id: str = "",
     ) -> SessionInfo:
         """Open a session on ``workspace`` (a name under the tenant's root; created if missing).
 
-        ``mode``: the approval mode (cautious, autonomous, manual, plan, review, audit); ``tools``
-        and ``fs`` (``[(path, "r"|"rw")]``) narrow the tenant's capabilities for this session."""
-        req = base.create_request(workspace, role, labels, mode, tools, fs)
+        ``mode``: the approval mode (cautious, autonomous, manual, plan, review, audit); ``tools``,
+        ``fs`` (``[(path, "r"|"rw")]``) and ``egress_allow`` (host patterns) narrow the tenant's
+        capabilities for this session. ``ttl_seconds`` / ``idle_timeout_seconds`` (None: the
+        server's; 0: none) and ``on_expire`` (``"close"`` | ``"pause"``) set its clocks;
+        ``request_id`` makes the create retry-safe (the same id and request: the same session)."""
+        req = base.create_request(
+            workspace,
+            role,
+            labels,
+            mode,
+            tools,
+            fs,
+            egress_allow=egress_allow,
+            ttl_seconds=ttl_seconds,
+            idle_timeout_seconds=idle_timeout_seconds,
+            on_expire=on_expire,
+            request_id=request_id,
+        )
         return convert.session_from_pb(self._unary(self._stub.CreateSession, req).session)
 
     def get_session(self, session_id: str) -> SessionInfo:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import docker
@@ -12,6 +11,7 @@ from dispatcher.core.sandbox_api import collect_notices
 from dispatcher.sandbox.docker.config import SandboxConfig
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run, runsc_available
+from tests.polling import until
 
 pytestmark = pytest.mark.docker
 
@@ -50,10 +50,11 @@ async def test_a_readopted_sandbox_counts_the_old_agents_background_work(
     killed = await run(again, KILL_SLEEP)
     assert killed.result.exit_code == 0
     # ... and removes it, as any other, once nothing runs (the killed process may take a moment).
-    deadline = time.monotonic() + 10
-    while not await again.retire_if_idle(time.monotonic() + 3600, ttl=1):
-        assert time.monotonic() < deadline, "the idle sandbox was never removed"
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: again.retire_if_idle(time.monotonic() + 3600, ttl=1),
+        "the idle sandbox's removal",
+        interval=0.05,
+    )
     assert again.container_id is None
 
 

@@ -212,12 +212,11 @@ async def test_a_process_the_server_attached_is_not_work_but_a_command_left_runn
     await run(sandbox, "pkill -f 'sleep 100[3]'; true")
     server = await DockerStdioProcess.start(sandbox, ["sleep", "1004"], {}, limit=1 << 16)
     try:
-        for _ in range(100):  # it runs, as the session's MCP server would
-            if (await run(sandbox, "pgrep -cf 'sleep 100[4]'")).out.strip() == "1":
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the attached process never ran")
+
+        async def running() -> bool:  # it runs, as the session's MCP server would
+            return (await run(sandbox, "pgrep -cf 'sleep 100[4]'")).out.strip() == "1"
+
+        await until(running, "the attached process to run", interval=0.05)
         assert await sandbox.retire_if_idle(later, ttl=600)  # and it alone is not work
     finally:
         await server.close()

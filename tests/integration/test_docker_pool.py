@@ -3,9 +3,7 @@ session and sees exactly its workspace; the pool refills and is drained at shutd
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from pathlib import Path
 
 import docker
@@ -15,6 +13,7 @@ from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import LABEL_POOL, SandboxConfig, WarmPoolConfig
 from tests.integration.conftest import DEFAULT_TENANT, ProviderFactory
 from tests.integration.helpers import containers_of, run
+from tests.polling import until
 
 pytestmark = [
     pytest.mark.docker,
@@ -23,10 +22,7 @@ pytestmark = [
 
 
 async def _filled(provider: DockerSandboxProvider, n: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while provider.pool.ready < n:
-        assert time.monotonic() < deadline, f"the pool did not fill to {n}"
-        await asyncio.sleep(0.05)
+    await until(lambda: provider.pool.ready >= n, f"the pool to fill to {n}", timeout=timeout, interval=0.05)
 
 
 def _pooled(make_provider: ProviderFactory, size: int, instance: str | None = None) -> DockerSandboxProvider:

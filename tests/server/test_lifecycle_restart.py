@@ -31,14 +31,13 @@ def test_paused_stay_paused_renewed_keep_their_expiry_and_overdue_expire_at_once
         with server.client() as client:
             paused = _rpc(client, "CreateSession", pb.CreateSessionRequest()).session.session_id
             _rpc(client, "PauseSession", pb.PauseSessionRequest(session_id=paused))
-            renewed = _rpc(
-                client, "CreateSession", pb.CreateSessionRequest(ttl_seconds=60)
-            ).session.session_id
+            renewed = client.create_session(ttl_seconds=60).session_id
             request = pb.RenewSessionRequest(session_id=renewed, ttl_seconds=5000)
             expiry = _rpc(client, "RenewSession", request).session.expire_time.seconds
-            overdue_reply = _rpc(client, "CreateSession", pb.CreateSessionRequest(ttl_seconds=2))
-            overdue = overdue_reply.session.session_id
-            overdue_at = overdue_reply.session.expire_time.seconds + 1
+            overdue_info = client.create_session(ttl_seconds=2)
+            overdue = overdue_info.session_id
+            assert overdue_info.expire_time is not None
+            overdue_at = overdue_info.expire_time + 1
         _stored(server.home, paused, '"paused": "request"')
         _stored(server.home, renewed, f'"expire_time": {expiry}')
     finally:

@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.events import ToolConfirmationRequested, ToolFailed, event_of, is_event
+from tests.polling import until_sync
 from tests.server.conftest import ALL_MODES
 from tests.server.helpers import text_of
 from tests.server.serve_process import REPO, ServeProcess, start_serve
@@ -50,18 +50,17 @@ def wait_stored(
     home: Path, query: str, args: tuple[Any, ...], ok: Callable[[Any], bool], timeout: float = 20
 ) -> None:
     """Poll ``state.db`` until ``ok(first row)``: the writer commits in the background."""
-    deadline = time.monotonic() + timeout
-    row = None
-    while time.monotonic() < deadline:
+    rows: list[Any] = [None]
+
+    def shown() -> bool:
         conn = sqlite3.connect(home / "state.db", timeout=5)
         try:
-            row = conn.execute(query, args).fetchone()
+            rows[0] = conn.execute(query, args).fetchone()
         finally:
             conn.close()
-        if ok(row):
-            return
-        time.sleep(0.02)
-    pytest.fail(f"state.db never showed it: {query} {args} -> {row}")
+        return ok(rows[0])
+
+    until_sync(shown, f"state.db to show it: {query} {args}", timeout=timeout, interval=0.02)
 
 
 def wait_seq(home: Path, session_id: str, seq: int) -> None:

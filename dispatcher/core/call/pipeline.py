@@ -108,7 +108,7 @@ class CallRun(RunState):
                 # the agent then refuses an escape at use all the same, and the round trip
                 # (~0.4 ms) stays off the fast path.
                 await self.resolve_scope(registered.definition, input_, sandbox)
-            await self.confirm(registered.definition, input_, mode, sandbox.workspace_root)  # step 4
+            await approve.confirm(self, registered.definition, input_, mode)  # step 4
         except ToolError as exc:
             return call_result.fail(self, exc, denied=True)
         if self.call.cancel_event.is_set():
@@ -243,12 +243,6 @@ class CallRun(RunState):
     def policy_mode(self, definition: ToolDefinition) -> Mode:
         """The confirmation mode of this call (``core/call/approve.py``); raises on a policy deny."""
         return approve.policy_mode(self, definition)
-
-    async def confirm(
-        self, definition: ToolDefinition, input_: dict[str, Any], mode: Mode, root: str
-    ) -> None:
-        """Step 4 (``core/call/approve.py``): plan, remembered answers, asking a human."""
-        await approve.confirm(self, definition, input_, mode)
 
     async def run_tool(
         self, registered: RegisteredTool, input_: dict[str, Any], sandbox: Sandbox

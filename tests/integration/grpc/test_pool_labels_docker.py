@@ -3,9 +3,7 @@ container was made for the session id the server then gave that session, and for
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from typing import Any
 
 import docker
@@ -14,6 +12,7 @@ import pytest
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, LABEL_TENANT
 from tests.integration.grpc.conftest import Start
+from tests.polling import until
 from tests.server.conftest import TOKEN_BETA
 
 pytestmark = [
@@ -27,10 +26,7 @@ def _of_session(client: docker.DockerClient, session_id: str) -> list[Any]:
 
 
 async def _ready(provider: DockerSandboxProvider, n: int) -> None:
-    deadline = time.monotonic() + 60
-    while provider.pool.ready < n:
-        assert time.monotonic() < deadline, f"the pool did not fill to {n}"
-        await asyncio.sleep(0.05)
+    await until(lambda: provider.pool.ready >= n, f"the pool to fill to {n}", timeout=60, interval=0.05)
 
 
 async def test_a_pooled_sessions_container_carries_its_session_and_tenant(

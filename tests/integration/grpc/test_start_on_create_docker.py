@@ -4,7 +4,6 @@ the model's first call finds it running; CloseSession right after leaves nothing
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import docker
@@ -15,6 +14,7 @@ from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.sandbox.docker.config import LABEL_SESSION, SandboxConfig
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
+from tests.polling import until
 from tests.server.conftest import Harness, base_config, deep_merge
 from tests.server.helpers import text_of
 
@@ -43,10 +43,14 @@ async def test_a_new_sessions_container_is_up_before_its_first_call(
     try:
         client = harness.client()
         session = await client.create_session("warm")
-        deadline = time.monotonic() + 30
-        while not (up := _running(docker_client, session.session_id)):  # no call made yet
-            assert time.monotonic() < deadline, "no container was started at creation"
-            await asyncio.sleep(0.05)
+        # No call made yet: a container was started at creation.
+        await until(
+            lambda: bool(_running(docker_client, session.session_id)),
+            "a container started at creation",
+            timeout=30,
+            interval=0.05,
+        )
+        up = _running(docker_client, session.session_id)
         result = await client.call(session.session_id, "shell", {"command": "echo ready"})
         assert not result.is_error and "ready" in text_of(result)
         assert _running(docker_client, session.session_id) == up  # the call found it: no launch of its own

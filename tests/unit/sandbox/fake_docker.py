@@ -20,7 +20,7 @@ import os
 import queue
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import docker.errors
@@ -80,6 +80,8 @@ class FakeDockerClient:
         self.connect_exits: list[int] = []
         """The next agents started with ``--connect`` exit with these statuses, in turn, without
         connecting (3: it could not connect; anything else: it died starting)."""
+        self.agent_program: Callable[[FakeExec], None] | None = None
+        """Runs in place of the scripted ``FakeAgent`` (tests/contract: the real agent)."""
         self._failures: dict[str, list[BaseException]] = {}
         self._streams: list[EventStream] = []
         self._ids = itertools.count(1)
@@ -313,6 +315,9 @@ class FakeDockerClient:
             else:
                 if "--connect" in ex.cmd and self.connect_exits:
                     ex.finish(self.connect_exits.pop(0))
+                    return
+                if self.agent_program is not None:
+                    self.agent_program(ex)
                     return
                 try:
                     agent = FakeAgent(ex)

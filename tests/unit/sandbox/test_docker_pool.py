@@ -6,11 +6,9 @@ fake agent answers ``stat`` from the directory the container would see at /works
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import tempfile
-import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from dispatcher.sandbox.docker.config import (
 )
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts
 from dispatcher.sandbox.docker.pool_shares import DEMAND_WINDOW
+from tests.polling import until
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_docker import FakeDockerClient
 
@@ -84,14 +83,6 @@ def reserved(provider: DockerSandboxProvider, session: Session) -> Session:
     session_id = provider.reserve_session_id(session)
     assert session_id is not None, "no pooled container for the session"
     return dataclasses.replace(session, session_id=session_id)
-
-
-async def until(condition: object, what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def pool_containers(fake: FakeDockerClient) -> set[str]:

@@ -15,7 +15,6 @@ import os
 import socket
 import struct
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from dispatcher.sandbox.agent.protocol import HOST_WINDOW, SANDBOX_WINDOW, TUNNE
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.local import AGENT_PATH, STOP_TIMEOUT_SECONDS
 from dispatcher.sandbox.tunnels import ChannelTunnel
+from tests.polling import until
 
 WAIT = 10.0
 
@@ -124,23 +124,20 @@ def _in_kernel(rig: Rig, client: socket.socket) -> int:
 async def _settled(read: Callable[[], tuple[int, ...]], what: str) -> tuple[int, ...]:
     """``read()`` once it gives the same answer twice running, 50 ms apart (a stall is a state
     that stops changing; polled with a deadline)."""
-    deadline = time.monotonic() + WAIT
-    last = read()
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-        now = read()
-        if now == last:
-            return now
-        last = now
-    raise AssertionError(f"{what} never settled (last: {last})")
+    last = [read()]
+
+    def same_again() -> bool:
+        now, before = read(), last[0]
+        last[0] = now
+        return now == before
+
+    await asyncio.sleep(0.05)
+    await until(same_again, f"{what} to settle", timeout=WAIT, interval=0.05)
+    return last[0]
 
 
 async def _until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+    await until(check, what, timeout=WAIT)
 
 
 async def _others_go_on(rig: Rig) -> None:

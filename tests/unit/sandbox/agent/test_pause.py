@@ -16,6 +16,7 @@ import pytest
 from dispatcher.sandbox.agent import processes
 from dispatcher.sandbox.agent.protocol import Pause
 from dispatcher.sandbox.agent.workspace import OpError
+from tests.polling import until_sync
 
 
 def _child() -> int:
@@ -33,10 +34,7 @@ def _state(pid: int) -> str:
 
 
 def _until_state(pid: int, states: str) -> None:
-    deadline = time.monotonic() + 10
-    while _state(pid) not in states:
-        assert time.monotonic() < deadline, f"{pid} never reached {states}"
-        time.sleep(0.005)
+    until_sync(lambda: _state(pid) in states, f"{pid} to reach {states}", interval=0.005)
 
 
 @pytest.fixture
