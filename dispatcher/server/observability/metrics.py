@@ -33,7 +33,7 @@ from dispatcher.core.session import SessionStatus
 from dispatcher.core.session_clock import ExpiryReason
 from dispatcher.core.session_registry import BaseSessionListener, Restoration, SessionRegistry
 from dispatcher.egress.record import Direction, Outcome
-from dispatcher.server.rpc.handler_wrap import HandlerInterceptor, wrap_handler
+from dispatcher.server.requests.handler_wrap import HandlerInterceptor, wrap_handler
 
 __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 

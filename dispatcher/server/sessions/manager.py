@@ -33,9 +33,9 @@ from dispatcher.core.session_registry import Restoration, SessionListener
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence
+from dispatcher.server.requests.checks import check_id, check_labels
+from dispatcher.server.requests.errors import InvalidRequest, QuotaExceeded
 from dispatcher.server.rpc.dispatch_stream import DispatchCall, DispatchScope
-from dispatcher.server.rpc.errors import InvalidRequest, QuotaExceeded
-from dispatcher.server.rpc.request_checks import check_id, check_labels
 from dispatcher.server.sessions.admission import Admission
 from dispatcher.server.sessions.create_requests import CreateRequests
 from dispatcher.server.sessions.entry import build_session

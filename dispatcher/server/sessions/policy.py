@@ -12,8 +12,8 @@ from dispatcher.core.confirmation import Decision
 from dispatcher.core.errors import UnknownConfirmationError
 from dispatcher.core.staged_apply import ApplyOutcome
 from dispatcher.core.staging import StagedChange
-from dispatcher.server.rpc.errors import FailedPrecondition, InvalidRequest
-from dispatcher.server.rpc.request_checks import MAX_ID_CHARS
+from dispatcher.server.requests.checks import MAX_ID_CHARS
+from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.tenancy.tenants import Tenant, plan_approved_mode
 
