@@ -44,7 +44,7 @@ from dispatcher.server.persistence.stored_policy import (
     session_fields_from_json,
 )
 from dispatcher.server.persistence.writer import StateWriter
-from dispatcher.server.sessions.entry import build_session
+from dispatcher.server.tenancy.session import build_session
 
 if TYPE_CHECKING:
     from dispatcher.server.tenancy.tenants import Tenant, TenantDirectory

@@ -38,8 +38,8 @@ from dispatcher.server.requests.errors import InvalidRequest, QuotaExceeded
 from dispatcher.server.sessions.admission import Admission
 from dispatcher.server.sessions.create_requests import CreateRequests
 from dispatcher.server.sessions.dispatch_stream import DispatchCall, DispatchScope
-from dispatcher.server.sessions.entry import build_session
 from dispatcher.server.sessions.lifetime import check_tenant_ttl, requested_lifetime
+from dispatcher.server.tenancy.session import build_session
 from dispatcher.server.tenancy.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.tools.shell import describe_network
 from dispatcher.wire.convert import SessionInfo
