@@ -197,7 +197,7 @@ class DispatcherServer:
             self._server,
         )
         self.port = 0
-        self._stopped = asyncio.Event()
+        self._stopped = False
         self._adopting: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
@@ -253,7 +253,7 @@ class DispatcherServer:
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work, give in-flight calls ``grace`` seconds,
         cancel the rest, then stop every session's sandbox."""
-        if self._stopped.is_set():
+        if self._stopped:
             return
         grace = self.config.server.grace_seconds if grace is None else grace
         log.info("shutting down", extra={"grace_seconds": grace})
@@ -283,7 +283,7 @@ class DispatcherServer:
         await self.mcp.aclose()
         await self.observability.aclose()
         self._close_state()  # commits the queued events, then lets the next server in
-        self._stopped.set()
+        self._stopped = True
         log.info("stopped")
 
     def _restore_sessions(self) -> None:
@@ -297,9 +297,6 @@ class DispatcherServer:
         self.persistence.close()
         self.persistence = IN_MEMORY
         self._home_lock.release()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
 
 
 def _default_ids(config: Config) -> DefaultIds | None:
