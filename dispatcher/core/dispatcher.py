@@ -19,7 +19,7 @@ from dispatcher.core.confirmation import ConfirmationBroker, Decision
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.event_payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.events import EventBus
-from dispatcher.core.lifecycle import SessionLifecycle
+from dispatcher.core.lifecycle import LifecycleHooks, SessionLifecycle
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.ordering import CHANGES, MessageOrder, Ordering
 from dispatcher.core.pipeline import CallRun, PipelineDeps
@@ -50,7 +50,10 @@ class ToolDispatcher:
         policy: ConfirmationPolicy | None = None,
         audit: AuditSink | None = None,
         observer: CallObserver = NO_OBSERVER,
+        lifecycle: LifecycleHooks | None = None,
     ) -> None:
+        """``observer``: told of each finished call (metrics, traces); ``lifecycle``: what the
+        sessions' clocks tell, and whom (``core/lifecycle.py``)."""
         self.config = config or DispatcherConfig()
         self.policy = policy or ConfirmationPolicy()
         self.registry = ToolRegistry()
@@ -62,7 +65,9 @@ class ToolDispatcher:
             concurrency=cfg.concurrency, history=cfg.event_history, history_bytes=cfg.event_history_bytes
         )
         """The one owner of the sessions' lives; the server subscribes its listeners here."""
-        self.lifecycle = SessionLifecycle(self.sessions, self, sandbox_provider)
+        self.lifecycle = SessionLifecycle(
+            self.sessions, self, sandbox_provider, hooks=lifecycle or LifecycleHooks()
+        )
         """Their clocks: expiry, renewal, pause and resume (started by the server)."""
         self.sessions.subscribe(self.lifecycle)
 
