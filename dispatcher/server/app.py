@@ -14,9 +14,10 @@ from grpc_reflection.v1alpha import reflection
 
 from dispatcher.config.load import Config
 from dispatcher.config.sections import ServerOptions, TlsFiles
-from dispatcher.core.audit import AuditLog
+from dispatcher.core.audit import AuditLog, AuditSink
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
+from dispatcher.core.lifecycle import LifecycleHooks
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
 from dispatcher.core.session_clock import Lifetime, OnExpire
@@ -75,7 +76,12 @@ def make_provider(config: Config) -> ServedProvider:
 
 
 def build_dispatcher(
-    config: Config, provider: SandboxProvider, observer: CallObserver = NO_OBSERVER
+    config: Config,
+    provider: SandboxProvider,
+    *,
+    audit: AuditSink | None = None,
+    observer: CallObserver = NO_OBSERVER,
+    lifecycle: LifecycleHooks | None = None,
 ) -> ToolDispatcher:
     """The core dispatcher with the built-in tools and the config's custom tools registered, the
     config checked against them as ``config-check`` does (``config_check.check_served_config``).
@@ -83,9 +89,13 @@ def build_dispatcher(
     Raises:
         ConfigError: every problem, one per line.
     """
-    audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
     dispatcher = ToolDispatcher(
-        provider, config=config.dispatcher, policy=config.policy, audit=audit, observer=observer
+        provider,
+        config=config.dispatcher,
+        policy=config.policy,
+        audit=audit,
+        observer=observer,
+        lifecycle=lifecycle,
     )
     check_served_config(config, dispatcher.registry)
     return dispatcher
@@ -98,40 +108,33 @@ def build_server(config: Config, provider: ServedProvider | None = None) -> Disp
 
     Raises:
         ConfigError: a custom tool or the sandbox section is invalid.
+        StateError: another server holds the home, or its ``state.db`` is unusable.
     """
-    provider = provider if provider is not None else make_provider(config)
-    observability = Observability(config)
-    observability.attach_sandbox(provider)
-    dispatcher = build_dispatcher(config, provider, observability.calls)
-    return DispatcherServer(config, dispatcher, provider, observability)
+    return DispatcherServer(config, provider if provider is not None else make_provider(config))
 
 
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
-    def __init__(
-        self,
-        config: Config,
-        dispatcher: ToolDispatcher,
-        provider: ServedProvider,
-        observability: Observability | None = None,
-    ) -> None:
+    def __init__(self, config: Config, provider: ServedProvider) -> None:
         self.config = config
-        self.observability = observability or Observability(config)
-        self.dispatcher = dispatcher
         self.provider = provider
+        self.observability = Observability(config)
+        self.observability.attach_sandbox(provider)
         # The home first: a second server on it must fail before it writes anything there
         # (the tenants' uids below are allocated into <home>/uids.json).
         self._home_lock = HomeLock(config.home)
         self._home_lock.acquire()
         self.persistence: Persistence = IN_MEMORY
         try:
-            self._build(config, dispatcher, provider)
+            self._build(config, provider)
         except BaseException:
             self._close_state()
             raise
 
-    def _build(self, config: Config, dispatcher: ToolDispatcher, provider: ServedProvider) -> None:
+    def _build(self, config: Config, provider: ServedProvider) -> None:
+        """Each part made with what it needs, in the order they need each other: nothing is
+        handed to a part after it was made."""
         self.tenants = TenantDirectory(
             config.tenants,
             config.policy,
@@ -140,17 +143,29 @@ class DispatcherServer:
             default_ids=_default_ids(config),
         )
         # The home is locked: its state.db is this server's (a damaged one fails the build).
-        self.persistence = SessionPersistence.open(config.home, dispatcher)
+        self.persistence = SessionPersistence.open(config.home, config.dispatcher)
         provider.on_container = self.persistence.container_changed
-        self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
         self.egress = egress_gateway(
-            config, dispatcher, self.tenants, self.observability, bound_port=lambda: self.port
+            config, audit, self.tenants, self.observability, bound_port=lambda: self.port
         )
         provider.egress = self.egress  # each sandbox's agent hands its proxy connections to it
-        # Told of each session in this order (closed in the reverse): stored, its egress state,
-        # its sandbox started or re-adopted, its MCP processes, counted.
         metrics = self.observability.metrics
         life = config.sessions
+        self.dispatcher = dispatcher = build_dispatcher(
+            config,
+            provider,
+            audit=audit,
+            observer=self.observability.calls,
+            lifecycle=LifecycleHooks(
+                warn_before=life.expiring_notice_seconds,
+                observer=metrics,
+                on_change=self.persistence.clock_changed,
+            ),
+        )
+        self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        # Told of each session in this order (closed in the reverse): stored, its egress state,
+        # its sandbox started or re-adopted, its MCP processes, counted.
         self.sessions = SessionManager(
             dispatcher,
             persistence=self.persistence,
@@ -159,10 +174,7 @@ class DispatcherServer:
             queue_observer=metrics.queue_wait.observe if metrics is not None else None,
             sandbox_ids=provider,
         )
-        dispatcher.lifecycle.warn_before = life.expiring_notice_seconds
-        dispatcher.lifecycle.on_change = self.persistence.clock_changed
         if metrics is not None:
-            dispatcher.lifecycle.observer = metrics
             metrics.watch_states(dispatcher.sessions)
         self.health = health_aio.HealthServicer()
         opts = config.server
@@ -275,7 +287,7 @@ class DispatcherServer:
             await asyncio.gather(self._adopting, return_exceptions=True)
         keep = not self.config.shutdown_remove_sessions
         if keep:
-            self.persistence.save_policies()
+            self.persistence.save_policies(self.dispatcher.sessions)
         await self.sessions.aclose(keep_sessions=keep)
         if keep:  # the containers stay for the next start to re-adopt
             await self.provider.detach_all()
