@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.lifecycle import LifecycleHooks
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
+from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxProvider, ServedProvider
 from dispatcher.core.session_clock import Lifetime, OnExpire
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.mcp.servers import McpServers
@@ -48,8 +49,13 @@ FINAL_GRACE = 0.5
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
-def make_provider(config: Config) -> ServedProvider:
-    """The sandbox backend the config asks for.
+ProviderFactory = Callable[[ProviderHooks], ServedProvider]
+"""Makes the server's sandbox backend with what the server hands it (``make_provider``'s shape)."""
+
+
+def make_provider(config: Config, hooks: ProviderHooks = NO_HOOKS) -> ServedProvider:
+    """The sandbox backend the config asks for, made with ``hooks`` (a server's metrics, stored
+    containers and egress proxy).
 
     Raises:
         ConfigError: the backend's own validation failed.
@@ -57,14 +63,14 @@ def make_provider(config: Config) -> ServedProvider:
     if config.sandbox_backend == "local":
         from dispatcher.sandbox.local import LocalSandboxProvider
 
-        return LocalSandboxProvider()
+        return LocalSandboxProvider(hooks=hooks)
     from dispatcher.sandbox.docker.backend import DockerSandboxProvider, instance_id_for
 
     if config.sandbox_backend == "kubernetes":
         from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
 
         return KubernetesSandboxProvider(
-            config.sandbox, config.kubernetes, instance=instance_id_for(str(config.home))
+            config.sandbox, config.kubernetes, instance=instance_id_for(str(config.home)), hooks=hooks
         )
 
     # The instance label follows the state directory, so a restarted server finds its orphans.
@@ -72,6 +78,7 @@ def make_provider(config: Config) -> ServedProvider:
         config.sandbox,
         instance=instance_id_for(str(config.home)),
         state_dir=str(config.home),
+        hooks=hooks,
     )
 
 
@@ -101,8 +108,9 @@ def build_dispatcher(
     return dispatcher
 
 
-def build_server(config: Config, provider: ServedProvider | None = None) -> DispatcherServer:
-    """The whole service for ``config`` (tenants must already be resolved), not yet started.
+def build_server(config: Config, provider: ProviderFactory | None = None) -> DispatcherServer:
+    """The whole service for ``config`` (tenants must already be resolved), not yet started;
+    ``provider`` makes its sandbox backend (default: ``make_provider``, as the config asks).
 
     Call it inside the event loop that will run the server: grpc.aio binds to the running loop.
 
@@ -110,29 +118,27 @@ def build_server(config: Config, provider: ServedProvider | None = None) -> Disp
         ConfigError: a custom tool or the sandbox section is invalid.
         StateError: another server holds the home, or its ``state.db`` is unusable.
     """
-    return DispatcherServer(config, provider if provider is not None else make_provider(config))
+    return DispatcherServer(config, provider or functools.partial(make_provider, config))
 
 
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
-    def __init__(self, config: Config, provider: ServedProvider) -> None:
+    def __init__(self, config: Config, make_provider: ProviderFactory) -> None:
         self.config = config
-        self.provider = provider
         self.observability = Observability(config)
-        self.observability.attach_sandbox(provider)
         # The home first: a second server on it must fail before it writes anything there
         # (the tenants' uids below are allocated into <home>/uids.json).
         self._home_lock = HomeLock(config.home)
         self._home_lock.acquire()
         self.persistence: Persistence = IN_MEMORY
         try:
-            self._build(config, provider)
+            self._build(config, make_provider)
         except BaseException:
             self._close_state()
             raise
 
-    def _build(self, config: Config, provider: ServedProvider) -> None:
+    def _build(self, config: Config, make_provider: ProviderFactory) -> None:
         """Each part made with what it needs, in the order they need each other: nothing is
         handed to a part after it was made."""
         self.tenants = TenantDirectory(
@@ -144,12 +150,17 @@ class DispatcherServer:
         )
         # The home is locked: its state.db is this server's (a damaged one fails the build).
         self.persistence = SessionPersistence.open(config.home, config.dispatcher)
-        provider.on_container = self.persistence.container_changed
         audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
         self.egress = egress_gateway(
             config, audit, self.tenants, self.observability, bound_port=lambda: self.port
         )
-        provider.egress = self.egress  # each sandbox's agent hands its proxy connections to it
+        self.provider = provider = make_provider(
+            ProviderHooks(
+                observer=self.observability.sandbox_observer,
+                on_container=self.persistence.container_changed,  # stored: a restart re-adopts it
+                egress=self.egress,  # each sandbox's agent hands its proxy connections to it
+            )
+        )
         metrics = self.observability.metrics
         life = config.sessions
         self.dispatcher = dispatcher = build_dispatcher(
