@@ -124,7 +124,7 @@ def build_server(config: Config, provider: ProviderFactory | None = None) -> Dis
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
-    def __init__(self, config: Config, make_provider: ProviderFactory) -> None:
+    def __init__(self, config: Config, provider_factory: ProviderFactory) -> None:
         self.config = config
         self.observability = Observability(config)
         # The home first: a second server on it must fail before it writes anything there
@@ -133,12 +133,12 @@ class DispatcherServer:
         self._home_lock.acquire()
         self.persistence: Persistence = IN_MEMORY
         try:
-            self._build(config, make_provider)
+            self._build(config, provider_factory)
         except BaseException:
             self._close_state()
             raise
 
-    def _build(self, config: Config, make_provider: ProviderFactory) -> None:
+    def _build(self, config: Config, provider_factory: ProviderFactory) -> None:
         """Each part made with what it needs, in the order they need each other: nothing is
         handed to a part after it was made."""
         self.tenants = TenantDirectory(
@@ -154,7 +154,7 @@ class DispatcherServer:
         self.egress = egress_gateway(
             config, audit, self.tenants, self.observability, bound_port=lambda: self.port
         )
-        self.provider = provider = make_provider(
+        self.provider = provider = provider_factory(
             ProviderHooks(
                 observer=self.observability.sandbox_observer,
                 on_container=self.persistence.container_changed,  # stored: a restart re-adopts it
@@ -188,36 +188,16 @@ class DispatcherServer:
         if metrics is not None:
             metrics.watch_states(dispatcher.sessions)
         self.health = health_aio.HealthServicer()
-        opts = config.server
-        self._server = grpc.aio.server(
+        self._server = _grpc_server(
+            config.server,
             # Metrics and traces outermost: refused requests count too.
             interceptors=[
                 *self.observability.interceptors,
                 AuthInterceptor(self.tenants),
                 DecodeGuardInterceptor(),
             ],
-            options=[
-                ("grpc.max_receive_message_length", opts.max_request_bytes),
-                ("grpc.max_send_message_length", opts.max_message_bytes),
-                ("grpc.keepalive_time_ms", int(opts.keepalive_time_s * 1000)),
-                ("grpc.keepalive_timeout_ms", int(opts.keepalive_timeout_s * 1000)),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                ("grpc.max_concurrent_streams", opts.max_concurrent_streams),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
-        pb_grpc.add_ToolDispatcherServicer_to_server(
-            DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, opts)), self._server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self._server,
+            servicer=DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, config.server)),
+            health=self.health,
         )
         self.port = 0
         self._stopped = False
@@ -331,6 +311,40 @@ def _default_ids(config: Config) -> DefaultIds | None:
     if sandbox.uid is not None:
         configured = (sandbox.uid, sandbox.gid if sandbox.gid is not None else sandbox.uid)
     return default_sandbox_ids(sandbox.user if "user" in sandbox.model_fields_set else None, configured)
+
+
+def _grpc_server(
+    opts: ServerOptions,
+    *,
+    interceptors: list[grpc.aio.ServerInterceptor],
+    servicer: DispatcherServicer,
+    health: health_aio.HealthServicer,
+) -> grpc.aio.Server:
+    """The grpc.aio server (not bound yet) serving ``servicer``, health and reflection."""
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", opts.max_request_bytes),
+            ("grpc.max_send_message_length", opts.max_message_bytes),
+            ("grpc.keepalive_time_ms", int(opts.keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(opts.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.max_concurrent_streams", opts.max_concurrent_streams),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pb_grpc.add_ToolDispatcherServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    return server
 
 
 def _transfers(dispatcher: ToolDispatcher, opts: ServerOptions) -> TreeTransfers:
