@@ -25,7 +25,7 @@ from dispatcher.core.events.payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
-from dispatcher.core.sessions.expiry import SessionLifecycle
+from dispatcher.core.sessions.expiry import LifecycleHooks, SessionLifecycle
 from dispatcher.core.sessions.registry import SessionRegistry
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.sessions.state import Call, SessionState
@@ -50,7 +50,10 @@ class ToolDispatcher:
         policy: ConfirmationPolicy | None = None,
         audit: AuditSink | None = None,
         observer: CallObserver = NO_OBSERVER,
+        lifecycle: LifecycleHooks | None = None,
     ) -> None:
+        """``observer``: told of each finished call (metrics, traces); ``lifecycle``: what the
+        sessions' clocks tell, and whom (``core/sessions/expiry.py``)."""
         self.config = config or DispatcherConfig()
         self.policy = policy or ConfirmationPolicy()
         self.registry = ToolRegistry()
@@ -62,7 +65,9 @@ class ToolDispatcher:
             concurrency=cfg.concurrency, history=cfg.event_history, history_bytes=cfg.event_history_bytes
         )
         """The one owner of the sessions' lives; the server subscribes its listeners here."""
-        self.lifecycle = SessionLifecycle(self.sessions, self, sandbox_provider)
+        self.lifecycle = SessionLifecycle(
+            self.sessions, self, sandbox_provider, hooks=lifecycle or LifecycleHooks()
+        )
         """Their clocks: expiry, renewal, pause and resume (started by the server)."""
         self.sessions.subscribe(self.lifecycle)
 

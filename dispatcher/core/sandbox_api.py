@@ -260,13 +260,31 @@ class SandboxIds(Protocol):
     def release_session_id(self, session_id: str) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderHooks:
+    """What a server hands its sandbox backend when it makes it (``ProviderLifecycle``)."""
+
+    observer: SandboxObserver = NO_SANDBOX_OBSERVER
+    """Told of sandbox launches and launch failures (metrics)."""
+    on_container: Callable[[str, str | None], None] | None = None
+    """Called with (session id, container id or None) when a session's container changes (stored)."""
+    egress: EgressGate | None = None
+    """The server's egress proxy: set, each sandbox's agent listens for proxy connections and hands
+    them to it; None, sandboxes have no proxy (their network stays ``none`` either way)."""
+
+
+NO_HOOKS = ProviderHooks()
+"""A backend nobody watches, stores or proxies for (tools run alone, unit tests)."""
+
+
 class ProviderLifecycle:
     """What a server does with its sandbox backend besides handing out sandboxes: checks and
     sweeps at start, giving containers back after a restart, letting go at a stop that keeps the
     sessions. Each hook does nothing here; a backend overrides those it needs (the Docker one all).
 
-    A provider is a listener of the session registry (``core/session_registry.py``): a session
+    A provider is a listener of the session registry (``core/sessions/registry.py``): a session
     opened is ``session_created``, one given back is ``expect_container`` of its stored container.
+    What the server hands it (``ProviderHooks``) it takes at construction.
     """
 
     observer: SandboxObserver = NO_SANDBOX_OBSERVER
@@ -276,6 +294,11 @@ class ProviderLifecycle:
     egress: EgressGate | None = None
     """The server's egress proxy: set, each sandbox's agent listens for proxy connections and hands
     them to it; None, sandboxes have no proxy (their network stays ``none`` either way)."""
+
+    def __init__(self, hooks: ProviderHooks = NO_HOOKS) -> None:
+        self.observer = hooks.observer
+        self.on_container = hooks.on_container
+        self.egress = hooks.egress
 
     async def check_ready(self) -> None:
         """Fail at start, clearly, rather than on the first tool call (e.g. no daemon, no image).

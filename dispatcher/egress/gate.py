@@ -1,8 +1,9 @@
 """What a sandbox backend needs of the server's egress proxy: where to hand each connection its
 sandbox opened, and the CA bundle its commands should trust.
 
-The server implements it (``dispatcher.server.sessions.egress``) and sets it on the sandbox provider; the
-backend's agent transport (``dispatcher.sandbox.tunnels``) calls ``serve`` once per connection.
+The server implements it (``dispatcher.server.sessions.egress``) and hands it to the sandbox provider
+it makes (``ProviderHooks``); the backend's agent transport (``dispatcher.sandbox.tunnels``) calls
+``serve`` once per connection.
 """
 
 from __future__ import annotations

@@ -136,12 +136,6 @@ class EgressContext:
         for task in list(self._tunnels):
             task.cancel()
 
-    def cancel_call(self, tool_use_id: str) -> None:
-        """The call was cancelled: the tunnels its processes opened end."""
-        for task, call in list(self._tunnels.items()):
-            if call == tool_use_id:
-                task.cancel()
-
     def call_of(self, hint: str | None) -> str | None:
         if hint:
             return hint

@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from dispatcher.core.sandbox_api import (
+    NO_HOOKS,
     ExecRequest,
     ExecResult,
     OutputCallback,
+    ProviderHooks,
     ProviderLifecycle,
     SandboxError,
     report_notice,
@@ -160,7 +162,14 @@ class LocalSandbox(AgentFiles):
 class LocalSandboxProvider(ProviderLifecycle):
     """``SandboxProvider`` running one local agent subprocess per session (no isolation)."""
 
-    def __init__(self, *, python: str = sys.executable, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(
+        self,
+        *,
+        python: str = sys.executable,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        hooks: ProviderHooks = NO_HOOKS,
+    ) -> None:
+        super().__init__(hooks)
         self._python = python
         self._max_frame = max_frame
         self._sandboxes: dict[str, LocalSandbox] = {}

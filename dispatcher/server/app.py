@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Callable
@@ -14,12 +15,13 @@ from grpc_reflection.v1alpha import reflection
 
 from dispatcher.config.load import Config
 from dispatcher.config.sections import ServerOptions, TlsFiles
-from dispatcher.core.audit import AuditLog
+from dispatcher.core.audit import AuditLog, AuditSink
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
+from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxProvider, ServedProvider
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
+from dispatcher.core.sessions.expiry import LifecycleHooks
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.mcp.servers import McpServers
 from dispatcher.sandbox.transfer import AgentTreeTransport
@@ -47,8 +49,13 @@ FINAL_GRACE = 0.5
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
-def make_provider(config: Config) -> ServedProvider:
-    """The sandbox backend the config asks for.
+ProviderFactory = Callable[[ProviderHooks], ServedProvider]
+"""Makes the server's sandbox backend with what the server hands it (``make_provider``'s shape)."""
+
+
+def make_provider(config: Config, hooks: ProviderHooks = NO_HOOKS) -> ServedProvider:
+    """The sandbox backend the config asks for, made with ``hooks`` (a server's metrics, stored
+    containers and egress proxy).
 
     Raises:
         ConfigError: the backend's own validation failed.
@@ -56,14 +63,14 @@ def make_provider(config: Config) -> ServedProvider:
     if config.sandbox_backend == "local":
         from dispatcher.sandbox.local import LocalSandboxProvider
 
-        return LocalSandboxProvider()
+        return LocalSandboxProvider(hooks=hooks)
     from dispatcher.sandbox.docker.backend import DockerSandboxProvider, instance_id_for
 
     if config.sandbox_backend == "kubernetes":
         from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
 
         return KubernetesSandboxProvider(
-            config.sandbox, config.kubernetes, instance=instance_id_for(str(config.home))
+            config.sandbox, config.kubernetes, instance=instance_id_for(str(config.home)), hooks=hooks
         )
 
     # The instance label follows the state directory, so a restarted server finds its orphans.
@@ -71,11 +78,17 @@ def make_provider(config: Config) -> ServedProvider:
         config.sandbox,
         instance=instance_id_for(str(config.home)),
         state_dir=str(config.home),
+        hooks=hooks,
     )
 
 
 def build_dispatcher(
-    config: Config, provider: SandboxProvider, observer: CallObserver = NO_OBSERVER
+    config: Config,
+    provider: SandboxProvider,
+    *,
+    audit: AuditSink | None = None,
+    observer: CallObserver = NO_OBSERVER,
+    lifecycle: LifecycleHooks | None = None,
 ) -> ToolDispatcher:
     """The core dispatcher with the built-in tools and the config's custom tools registered, the
     config checked against them as ``config-check`` does (``config_check.check_served_config``).
@@ -83,55 +96,51 @@ def build_dispatcher(
     Raises:
         ConfigError: every problem, one per line.
     """
-    audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
     dispatcher = ToolDispatcher(
-        provider, config=config.dispatcher, policy=config.policy, audit=audit, observer=observer
+        provider,
+        config=config.dispatcher,
+        policy=config.policy,
+        audit=audit,
+        observer=observer,
+        lifecycle=lifecycle,
     )
     check_served_config(config, dispatcher.registry)
     return dispatcher
 
 
-def build_server(config: Config, provider: ServedProvider | None = None) -> DispatcherServer:
-    """The whole service for ``config`` (tenants must already be resolved), not yet started.
+def build_server(config: Config, provider: ProviderFactory | None = None) -> DispatcherServer:
+    """The whole service for ``config`` (tenants must already be resolved), not yet started;
+    ``provider`` makes its sandbox backend (default: ``make_provider``, as the config asks).
 
     Call it inside the event loop that will run the server: grpc.aio binds to the running loop.
 
     Raises:
         ConfigError: a custom tool or the sandbox section is invalid.
+        StateError: another server holds the home, or its ``state.db`` is unusable.
     """
-    provider = provider if provider is not None else make_provider(config)
-    observability = Observability(config)
-    observability.attach_sandbox(provider)
-    dispatcher = build_dispatcher(config, provider, observability.calls)
-    return DispatcherServer(config, dispatcher, provider, observability)
+    return DispatcherServer(config, provider or functools.partial(make_provider, config))
 
 
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
-    def __init__(
-        self,
-        config: Config,
-        dispatcher: ToolDispatcher,
-        provider: ServedProvider,
-        observability: Observability | None = None,
-    ) -> None:
+    def __init__(self, config: Config, provider_factory: ProviderFactory) -> None:
         self.config = config
-        self.observability = observability or Observability(config)
-        self.dispatcher = dispatcher
-        self.provider = provider
+        self.observability = Observability(config)
         # The home first: a second server on it must fail before it writes anything there
         # (the tenants' uids below are allocated into <home>/uids.json).
         self._home_lock = HomeLock(config.home)
         self._home_lock.acquire()
         self.persistence: Persistence = IN_MEMORY
         try:
-            self._build(config, dispatcher, provider)
+            self._build(config, provider_factory)
         except BaseException:
             self._close_state()
             raise
 
-    def _build(self, config: Config, dispatcher: ToolDispatcher, provider: ServedProvider) -> None:
+    def _build(self, config: Config, provider_factory: ProviderFactory) -> None:
+        """Each part made with what it needs, in the order they need each other: nothing is
+        handed to a part after it was made."""
         self.tenants = TenantDirectory(
             config.tenants,
             config.policy,
@@ -140,17 +149,34 @@ class DispatcherServer:
             default_ids=_default_ids(config),
         )
         # The home is locked: its state.db is this server's (a damaged one fails the build).
-        self.persistence = SessionPersistence.open(config.home, dispatcher)
-        provider.on_container = self.persistence.container_changed
-        self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        self.persistence = SessionPersistence.open(config.home, config.dispatcher)
+        audit = AuditLog(str(config.audit_log)) if config.audit_log is not None else None
         self.egress = egress_gateway(
-            config, dispatcher, self.tenants, self.observability, bound_port=lambda: self.port
+            config, audit, self.tenants, self.observability, bound_port=lambda: self.port
         )
-        provider.egress = self.egress  # each sandbox's agent hands its proxy connections to it
-        # Told of each session in this order (closed in the reverse): stored, its egress state,
-        # its sandbox started or re-adopted, its MCP processes, counted.
+        self.provider = provider = provider_factory(
+            ProviderHooks(
+                observer=self.observability.sandbox_observer,
+                on_container=self.persistence.container_changed,  # stored: a restart re-adopts it
+                egress=self.egress,  # each sandbox's agent hands its proxy connections to it
+            )
+        )
         metrics = self.observability.metrics
         life = config.sessions
+        self.dispatcher = dispatcher = build_dispatcher(
+            config,
+            provider,
+            audit=audit,
+            observer=self.observability.calls,
+            lifecycle=LifecycleHooks(
+                warn_before=life.expiring_notice_seconds,
+                observer=metrics,
+                on_change=self.persistence.clock_changed,
+            ),
+        )
+        self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        # Told of each session in this order (closed in the reverse): stored, its egress state,
+        # its sandbox started or re-adopted, its MCP processes, counted.
         self.sessions = SessionManager(
             dispatcher,
             persistence=self.persistence,
@@ -159,45 +185,22 @@ class DispatcherServer:
             queue_observer=metrics.queue_wait.observe if metrics is not None else None,
             sandbox_ids=provider,
         )
-        dispatcher.lifecycle.warn_before = life.expiring_notice_seconds
-        dispatcher.lifecycle.on_change = self.persistence.clock_changed
         if metrics is not None:
-            dispatcher.lifecycle.observer = metrics
             metrics.watch_states(dispatcher.sessions)
         self.health = health_aio.HealthServicer()
-        opts = config.server
-        self._server = grpc.aio.server(
+        self._server = _grpc_server(
+            config.server,
             # Metrics and traces outermost: refused requests count too.
             interceptors=[
                 *self.observability.interceptors,
                 AuthInterceptor(self.tenants),
                 DecodeGuardInterceptor(),
             ],
-            options=[
-                ("grpc.max_receive_message_length", opts.max_request_bytes),
-                ("grpc.max_send_message_length", opts.max_message_bytes),
-                ("grpc.keepalive_time_ms", int(opts.keepalive_time_s * 1000)),
-                ("grpc.keepalive_timeout_ms", int(opts.keepalive_timeout_s * 1000)),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                ("grpc.max_concurrent_streams", opts.max_concurrent_streams),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
-        pb_grpc.add_ToolDispatcherServicer_to_server(
-            DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, opts)), self._server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self._server,
+            servicer=DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, config.server)),
+            health=self.health,
         )
         self.port = 0
-        self._stopped = asyncio.Event()
+        self._stopped = False
         self._adopting: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
@@ -253,7 +256,7 @@ class DispatcherServer:
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work, give in-flight calls ``grace`` seconds,
         cancel the rest, then stop every session's sandbox."""
-        if self._stopped.is_set():
+        if self._stopped:
             return
         grace = self.config.server.grace_seconds if grace is None else grace
         log.info("shutting down", extra={"grace_seconds": grace})
@@ -275,7 +278,7 @@ class DispatcherServer:
             await asyncio.gather(self._adopting, return_exceptions=True)
         keep = not self.config.shutdown_remove_sessions
         if keep:
-            self.persistence.save_policies()
+            self.persistence.save_policies(self.dispatcher.sessions)
         await self.sessions.aclose(keep_sessions=keep)
         if keep:  # the containers stay for the next start to re-adopt
             await self.provider.detach_all()
@@ -283,7 +286,7 @@ class DispatcherServer:
         await self.mcp.aclose()
         await self.observability.aclose()
         self._close_state()  # commits the queued events, then lets the next server in
-        self._stopped.set()
+        self._stopped = True
         log.info("stopped")
 
     def _restore_sessions(self) -> None:
@@ -298,9 +301,6 @@ class DispatcherServer:
         self.persistence = IN_MEMORY
         self._home_lock.release()
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
 
 def _default_ids(config: Config) -> DefaultIds | None:
     """Docker sandboxes without a tenant uid: the owner of the workspace root, or sandbox.user."""
@@ -311,6 +311,40 @@ def _default_ids(config: Config) -> DefaultIds | None:
     if sandbox.uid is not None:
         configured = (sandbox.uid, sandbox.gid if sandbox.gid is not None else sandbox.uid)
     return default_sandbox_ids(sandbox.user if "user" in sandbox.model_fields_set else None, configured)
+
+
+def _grpc_server(
+    opts: ServerOptions,
+    *,
+    interceptors: list[grpc.aio.ServerInterceptor],
+    servicer: DispatcherServicer,
+    health: health_aio.HealthServicer,
+) -> grpc.aio.Server:
+    """The grpc.aio server (not bound yet) serving ``servicer``, health and reflection."""
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", opts.max_request_bytes),
+            ("grpc.max_send_message_length", opts.max_message_bytes),
+            ("grpc.keepalive_time_ms", int(opts.keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(opts.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.max_concurrent_streams", opts.max_concurrent_streams),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pb_grpc.add_ToolDispatcherServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    return server
 
 
 def _transfers(dispatcher: ToolDispatcher, opts: ServerOptions) -> TreeTransfers:

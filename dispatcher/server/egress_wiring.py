@@ -5,11 +5,10 @@ sandbox may never reach through the proxy)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from dispatcher.config.load import Config
 from dispatcher.core.approval.confirmation_policy import ConfirmationPolicy
-from dispatcher.core.dispatcher import ToolDispatcher
+from dispatcher.core.audit import AuditSink
 from dispatcher.egress.networks import OwnEndpoints
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.egress.record import NO_OBSERVER as NO_EGRESS_OBSERVER
@@ -20,26 +19,17 @@ from dispatcher.server.tenancy.tenants import TenantDirectory
 __all__ = ["egress_gateway"]
 
 
-class _AuditOf:
-    """The dispatcher's audit log as the egress proxy records into it."""
-
-    def __init__(self, dispatcher: ToolDispatcher) -> None:
-        self._dispatcher = dispatcher
-
-    def record(self, kind: str, **fields: Any) -> None:
-        self._dispatcher.audit_record(kind, **fields)
-
-
 def egress_gateway(
     config: Config,
-    dispatcher: ToolDispatcher,
+    audit: AuditSink | None,
     tenants: TenantDirectory,
     observability: Observability,
     *,
     bound_port: Callable[[], int],
 ) -> EgressGateway:
-    """The egress proxy of a server: its tenants' policies, its audit log and metrics, and its own
-    bound ports (never a destination; ``bound_port``: the gRPC port, known once the server binds)."""
+    """The egress proxy of a server: its tenants' policies, the audit log its dispatcher writes too
+    (None: none), its metrics, and its own bound ports (never a destination; ``bound_port``: the
+    gRPC port, known once the server binds)."""
 
     def tenant(tenant_id: str) -> tuple[EgressPolicy, ConfirmationPolicy]:
         try:
@@ -63,7 +53,7 @@ def egress_gateway(
         default_policy=config.policy,
         confirmation_timeout=config.dispatcher.confirmation_timeout,
         own=own,
-        audit=_AuditOf(dispatcher),
+        audit=audit,
         observer=metrics if metrics is not None else NO_EGRESS_OBSERVER,
     )
 

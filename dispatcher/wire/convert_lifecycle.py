@@ -28,12 +28,6 @@ def on_expire_from_pb(value: int) -> OnExpire | None:
     return _ON_EXPIRE_FROM_PB.get(value)
 
 
-def on_expire_to_pb(value: OnExpire | None) -> pb.OnExpire.ValueType:
-    if value is None:
-        return pb.ON_EXPIRE_UNSPECIFIED
-    return pb.ON_EXPIRE_PAUSE if value is OnExpire.PAUSE else pb.ON_EXPIRE_CLOSE
-
-
 def state_to_pb(paused: bool) -> pb.SessionState.ValueType:
     return pb.SESSION_STATE_PAUSED if paused else pb.SESSION_STATE_ACTIVE
 

@@ -22,7 +22,7 @@ import docker
 import docker.errors
 import pytest
 
-from dispatcher.core.sandbox_api import Sandbox
+from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, Sandbox
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig, WarmPoolConfig
@@ -89,13 +89,17 @@ class ProviderFactory:
         return f"{INSTANCE_PREFIX}-{next(_counter)}"
 
     def __call__(
-        self, config: SandboxConfig | None = None, *, instance: str | None = None
+        self,
+        config: SandboxConfig | None = None,
+        *,
+        instance: str | None = None,
+        hooks: ProviderHooks = NO_HOOKS,
     ) -> DockerSandboxProvider:
         config = config or SandboxConfig()
         pool = int(os.environ.get(WARM_POOL_ENV) or 0)
         if pool and "warm_pool" not in config.model_fields_set:
             config = config.model_copy(update={"warm_pool": WarmPoolConfig(size=pool)})
-        provider = DockerSandboxProvider(config, instance=instance or self.new_instance())
+        provider = DockerSandboxProvider(config, instance=instance or self.new_instance(), hooks=hooks)
         self.providers.append(provider)
         if pool:
             provider.pool.expect_tenants({DEFAULT_TENANT: (None, None)})

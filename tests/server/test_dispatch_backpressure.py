@@ -18,7 +18,7 @@ from dispatcher.core.types import (
     ToolUseBlock,
 )
 from dispatcher.sandbox.fake import FakeSandboxProvider
-from dispatcher.server.rpc.dispatch_stream import DispatchCall
+from dispatcher.server.sessions.dispatch_stream import DispatchCall
 from tests.blocks import text_at
 from tests.server.helpers import until
 

@@ -15,7 +15,7 @@ import pytest
 from dispatcher.client import RequestFailed
 from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ImageBlock, ToolResultBlock, ToolUseBlock
-from dispatcher.server.rpc.request_checks import MAX_ID_CHARS, MAX_TOOL_USES
+from dispatcher.server.requests.checks import MAX_ID_CHARS, MAX_TOOL_USES
 from tests.server.conftest import TOKEN_TINY, Harness, ServerFactory, base_config
 from tests.server.helpers import text_of, until
 

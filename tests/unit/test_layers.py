@@ -23,17 +23,24 @@ LAYERS: dict[str, int] = {
     "dispatcher.observe_config": 5,
     "dispatcher.config": 6,
     "dispatcher.wire": 7,
-    "dispatcher.server": 8,
-    "dispatcher.client.base": 9,  # what the two clients share
-    "dispatcher.client.aio": 10,
-    "dispatcher.client": 11,  # the blocking client and the package's public names
-    "dispatcher.cli.output": 12,
-    "dispatcher.cli.session": 13,
-    "dispatcher.cli.trees": 13,
-    "dispatcher.cli.config": 13,
-    "dispatcher.cli": 14,  # main and the verbs (__init__), python -m (__main__)
+    "dispatcher.server.requests": 8,  # what every server package knows of a request: errors, bounds
+    "dispatcher.server.tenancy": 9,
+    "dispatcher.server.persistence": 10,
+    "dispatcher.server.observability": 10,
+    "dispatcher.server.sessions": 11,
+    "dispatcher.server.rpc": 12,  # the transport, on top: nothing in server/ below it imports it
+    "dispatcher.server": 13,  # app.py (builds and wires it all), config_check.py, egress_wiring.py
+    "dispatcher.client.base": 14,  # what the two clients share
+    "dispatcher.client.aio": 15,
+    "dispatcher.client": 16,  # the blocking client and the package's public names
+    "dispatcher.cli.output": 17,
+    "dispatcher.cli.session": 18,
+    "dispatcher.cli.trees": 18,
+    "dispatcher.cli.config": 18,
+    "dispatcher.cli": 19,  # main and the verbs (__init__), python -m (__main__)
 }
-"""Low to high: a module may import its own layer (no cycle) and those below, never above."""
+"""Low to high: a module may import its own layer (no cycle) and those below, never above. A finer
+entry comes before the package it refines: a module's layer is the first entry it falls under."""
 
 ALLOWED_UPWARD = {("dispatcher.cli", "_serve"), ("dispatcher.cli", "_run_server")}
 """``dispatcher serve`` starts the server: the one place a client-side module imports it, lazily."""

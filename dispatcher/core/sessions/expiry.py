@@ -25,6 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from dispatcher.core.sandbox_api import SandboxProvider
     from dispatcher.core.sessions.state import SessionState
 
-__all__ = ["LifecycleObserver", "SessionLifecycle"]
+__all__ = ["LifecycleHooks", "LifecycleObserver", "SessionLifecycle"]
 
 log = logging.getLogger("dispatcher.core.lifecycle")  # the name operators know; kept across the move
 
@@ -71,6 +72,18 @@ class _Nothing:
         pass
 
 
+@dataclass(frozen=True, slots=True)
+class LifecycleHooks:
+    """What the sessions' clocks are given at construction by whoever runs them (a server)."""
+
+    warn_before: float = 300.0
+    """Seconds ahead of a deadline at which ``session.expiring`` is published (0: never)."""
+    observer: LifecycleObserver | None = None
+    """Told of expirations, pauses and resumes (metrics); None: nobody."""
+    on_change: Callable[[SessionState], None] | None = None
+    """Told when a session's clock changed in a way worth storing (persistence); None: nobody."""
+
+
 class Closer(Protocol):
     """What the lifecycle asks of the dispatcher."""
 
@@ -88,15 +101,15 @@ class SessionLifecycle(BaseSessionListener):
         provider: SandboxProvider,
         *,
         clock: Callable[[], float] = time.time,
-        warn_before: float = 300.0,
+        hooks: LifecycleHooks = LifecycleHooks(),
     ) -> None:
         self._registry = registry
         self._closer = closer
         self._provider = provider
         self.clock = clock
-        self.warn_before = warn_before
-        self.observer: LifecycleObserver = _Nothing()
-        self.on_change: Callable[[SessionState], None] | None = None
+        self.warn_before = hooks.warn_before
+        self.observer: LifecycleObserver = hooks.observer or _Nothing()
+        self.on_change = hooks.on_change
         """Told when a session's clock changed in a way worth storing (persistence)."""
         self._scheduler: DeadlineScheduler[str] = DeadlineScheduler(clock)
         self._held: collections.Counter[str] = collections.Counter()

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
-from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.core.observe import SandboxFailure
+from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.docker.agent_attach import AgentLink
 from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener
@@ -69,7 +69,9 @@ class DockerSandboxProvider(SessionSandboxes):
         instance: str,
         api: DockerAPI | None = None,
         state_dir: str | None = None,
+        hooks: ProviderHooks = NO_HOOKS,
     ) -> None:
+        super().__init__(hooks)
         self.config = config or SandboxConfig()
         self.instance = self.config.instance or instance
         if not self.instance:
@@ -113,8 +115,6 @@ class DockerSandboxProvider(SessionSandboxes):
         """Containers started at session creation (``start_on_create``), until they are up."""
         self.clock: Callable[[], float] = time.monotonic
         """What containers' ages and idleness are measured on (unit tests step a fake clock)."""
-        self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
-        """Told each launch's duration and each launch that failed (metrics)."""
         self.pool = WarmPool(
             self.launcher,
             self.api,
@@ -123,9 +123,6 @@ class DockerSandboxProvider(SessionSandboxes):
             observer=lambda: self.observer,
         )
         """Containers made ahead of sessions (``sandbox.warm_pool``); a session adopts one."""
-        self.on_container: Callable[[str, str | None], None] | None = None
-        """Told (session id, container id or None) whenever a session's container changes, so
-        the server's stored state names the container a restart re-adopts."""
 
     # -- SandboxProvider -----------------------------------------------------------------
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from dispatcher.core.sandbox_api import FileOpError, SandboxError
+from dispatcher.core.sandbox_api import NO_HOOKS, FileOpError, ProviderHooks, SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.docker.adopt import GONE
@@ -68,8 +68,15 @@ class KubernetesSandboxProvider(SessionSandboxes):
     """Hands out one Pod-backed sandbox per session (implements ``SandboxProvider``)."""
 
     def __init__(
-        self, config: SandboxConfig, kube: KubernetesConfig, *, instance: str, api: KubeAPI | None = None
+        self,
+        config: SandboxConfig,
+        kube: KubernetesConfig,
+        *,
+        instance: str,
+        api: KubeAPI | None = None,
+        hooks: ProviderHooks = NO_HOOKS,
     ) -> None:
+        super().__init__(hooks)
         self.config = config
         self.kube = kube
         self.instance = config.instance or instance

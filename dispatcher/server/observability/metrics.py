@@ -33,7 +33,7 @@ from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, 
 from dispatcher.core.sessions.session import SessionStatus
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.egress.record import Direction, Outcome
-from dispatcher.server.rpc.handler_wrap import HandlerInterceptor, wrap_handler
+from dispatcher.server.requests.handler_wrap import HandlerInterceptor, wrap_handler
 
 __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 

@@ -12,8 +12,13 @@ import grpc
 
 from dispatcher.config.load import Config
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.observe import NO_OBSERVER, CallObserver, FinishedCall
-from dispatcher.core.sandbox_api import ProviderLifecycle, ServedProvider
+from dispatcher.core.observe import (
+    NO_OBSERVER,
+    NO_SANDBOX_OBSERVER,
+    CallObserver,
+    FinishedCall,
+    SandboxObserver,
+)
 from dispatcher.core.sessions.registry import SessionListener
 
 if TYPE_CHECKING:  # imported for real only when turned on: prometheus_client, the otel extra
@@ -72,10 +77,10 @@ class Observability:
     def metrics_port(self) -> int:
         return 0 if self.server is None else self.server.port
 
-    def attach_sandbox(self, provider: ProviderLifecycle | ServedProvider) -> None:
-        """Give the sandbox backend its launch/failure observer."""
-        if self.metrics is not None:
-            provider.observer = self.metrics
+    @property
+    def sandbox_observer(self) -> SandboxObserver:
+        """What the sandbox backend tells of launches and failures (the metrics, when on)."""
+        return NO_SANDBOX_OBSERVER if self.metrics is None else self.metrics
 
     @property
     def session_listeners(self) -> tuple[SessionListener, ...]:

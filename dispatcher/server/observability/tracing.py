@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from dispatcher.core.observe import FinishedCall, log_fields
-from dispatcher.server.rpc.handler_wrap import HandlerInterceptor, wrap_handler
+from dispatcher.server.requests.handler_wrap import HandlerInterceptor, wrap_handler
 from dispatcher.server.tenancy.auth import current_tenant
 
 __all__ = ["Tracing"]

@@ -22,13 +22,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.call.approve import parse_mode
-from dispatcher.core.dispatcher import ToolDispatcher
-from dispatcher.core.errors import FailureReason, ToolErrorClass, UnknownSessionError
+from dispatcher.core.call.settings import DispatcherConfig
+from dispatcher.core.errors import FailureReason, ToolErrorClass
 from dispatcher.core.events.bus import Event
 from dispatcher.core.events.payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.clock import SessionClock
-from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionListener
+from dispatcher.core.sessions.registry import (
+    BaseSessionListener,
+    Restoration,
+    SessionListener,
+    SessionRegistry,
+)
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.staging.area import StagedChange
@@ -44,7 +49,7 @@ from dispatcher.server.persistence.stored_policy import (
     session_fields_from_json,
 )
 from dispatcher.server.persistence.writer import StateWriter
-from dispatcher.server.sessions.entry import build_session
+from dispatcher.server.tenancy.session import build_session
 
 if TYPE_CHECKING:
     from dispatcher.server.tenancy.tenants import Tenant, TenantDirectory
@@ -59,11 +64,11 @@ class Restores(Protocol):
 class Persistence(SessionListener, Protocol):
     """Where sessions are kept to survive a restart; the session registry's first listener."""
 
-    def save_policy(self, session_id: str) -> None:
+    def save_policy(self, state: SessionState) -> None:
         """Keep the session's policy state as it is now (remembered answers, mode in force, plan)."""
         ...
 
-    def save_policies(self) -> None:
+    def save_policies(self, sessions: SessionRegistry) -> None:
         """Every open session's policy state (a graceful stop: what no event announced)."""
         ...
 
@@ -89,10 +94,10 @@ class Persistence(SessionListener, Protocol):
 class MemoryPersistence(BaseSessionListener):
     """Keeps nothing beyond the registry itself: sessions end with the process."""
 
-    def save_policy(self, session_id: str) -> None:
+    def save_policy(self, state: SessionState) -> None:
         pass
 
-    def save_policies(self) -> None:
+    def save_policies(self, sessions: SessionRegistry) -> None:
         pass
 
     def container_changed(self, session_id: str, container_id: str | None) -> None:
@@ -123,22 +128,21 @@ RESTARTED_MESSAGE = (
 class SessionPersistence(BaseSessionListener):
     """The link between the open sessions and ``<home>/state.db``."""
 
-    def __init__(self, store: SessionStore, writer: StateWriter, dispatcher: ToolDispatcher) -> None:
+    def __init__(self, store: SessionStore, writer: StateWriter) -> None:
         self.store = store
         self.writer = writer
-        self.dispatcher = dispatcher
 
     @classmethod
-    def open(cls, home: Path, dispatcher: ToolDispatcher) -> SessionPersistence:
-        """Open ``<home>/state.db`` and start its writer.
+    def open(cls, home: Path, config: DispatcherConfig) -> SessionPersistence:
+        """Open ``<home>/state.db`` and start its writer (keeping as much history as ``config``'s
+        event buses do).
 
         Raises:
             StateError: the file is damaged or of a newer schema (naming it).
         """
         store = SessionStore.open(home / STATE_FILE)
-        cfg = dispatcher.config
-        writer = StateWriter(store, history=cfg.event_history, history_bytes=cfg.event_history_bytes)
-        return cls(store, writer, dispatcher)
+        writer = StateWriter(store, history=config.event_history, history_bytes=config.event_history_bytes)
+        return cls(store, writer)
 
     def close(self) -> None:
         """Commit what is queued and close the file (graceful stop)."""
@@ -175,7 +179,7 @@ class SessionPersistence(BaseSessionListener):
     def _attach(self, state: SessionState, stored_events: tuple[Event, ...]) -> None:
         sid = state.session.session_id
         self.writer.track(sid, stored_events)
-        state.bus.sink = self._sink(sid)
+        state.bus.sink = self._sink(state)
         state.staging.sink = self
 
     # -- staged changes (a StagingSink): committed before the call or the RPC answers -----------
@@ -192,7 +196,7 @@ class SessionPersistence(BaseSessionListener):
     def clock_changed(self, state: SessionState) -> None:
         self.writer.update(state.session.session_id, "lifecycle", state.clock.to_json())
 
-    def _sink(self, session_id: str) -> Callable[[Event], None]:
+    def _sink(self, state: SessionState) -> Callable[[Event], None]:
         on_event = self.writer.on_event
         loop = asyncio.get_running_loop()
 
@@ -200,27 +204,26 @@ class SessionPersistence(BaseSessionListener):
             on_event(event)
             if event.type in (TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED):
                 # The call remembers the answer (records the step) around this event: read it after.
-                loop.call_soon(self.save_policy, session_id)
+                loop.call_soon(self.save_policy, state)
 
         return sink
 
-    def save_policy(self, session_id: str) -> None:
-        """Queue the session's policy state as it is now (remembered answers, mode in force)."""
-        try:
-            state = self.dispatcher.session_state(session_id)
-        except UnknownSessionError:
+    def save_policy(self, state: SessionState) -> None:
+        """Queue the session's policy state as it is now (remembered answers, mode in force); a
+        session no longer open has nothing more to keep."""
+        if not state.status.alive:
             return
         answers = state.broker.remembered_answers()
         remembered = {tool: decision.value for tool, decision in answers.items()}
         policy = policy_to_json(remembered, state.session, state.mode, state.plan)
-        self.writer.update(session_id, "policy", policy)
+        self.writer.update(state.session.session_id, "policy", policy)
 
-    def save_policies(self) -> None:
+    def save_policies(self, sessions: SessionRegistry) -> None:
         """Every open session's policy state (a graceful stop: what no event announced)."""
         for session_id in self.writer.live_ids():
-            self.save_policy(session_id)
-            state = self.dispatcher.sessions.find(session_id)
+            state = sessions.find(session_id)
             if state is not None:
+                self.save_policy(state)
                 self.clock_changed(state)
 
     # -- at start -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from dispatcher.server.rpc.handler_wrap import HandlerInterceptor, wrap_handler
+from dispatcher.server.requests.handler_wrap import HandlerInterceptor, wrap_handler
 
 _MESSAGE_LIMIT = 200  # characters of the parser's complaint passed on to the client
 

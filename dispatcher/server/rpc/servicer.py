@@ -12,9 +12,9 @@ from dispatcher.core.approval.broker import Decision
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
-from dispatcher.server.rpc.errors import InvalidRequest, status_for
+from dispatcher.server.requests.checks import check_dispatch_request
+from dispatcher.server.requests.errors import InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
-from dispatcher.server.rpc.request_checks import check_dispatch_request
 from dispatcher.server.rpc.transfer import TransferHandlers
 from dispatcher.server.sessions import policy as session_policy
 from dispatcher.server.sessions.manager import SessionManager

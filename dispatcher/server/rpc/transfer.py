@@ -24,8 +24,8 @@ from dispatcher.core.transfer import (
     TreeTransfers,
     UploadSummary,
 )
-from dispatcher.server.rpc.errors import InvalidRequest, Unauthenticated, status_for
-from dispatcher.server.rpc.request_checks import MAX_ID_CHARS
+from dispatcher.server.requests.checks import MAX_ID_CHARS
+from dispatcher.server.requests.errors import InvalidRequest, Unauthenticated, status_for
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.tenancy.auth import current_tenant
 from dispatcher.v1 import dispatcher_pb2 as pb

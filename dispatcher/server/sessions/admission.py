@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from dispatcher.core.events.bus import EventBus, Subscription
-from dispatcher.server.rpc.errors import QuotaExceeded, ShuttingDown
+from dispatcher.server.requests.errors import QuotaExceeded, ShuttingDown
 from dispatcher.server.tenancy.slots import Slot, Slots
 from dispatcher.server.tenancy.tenants import Tenant
 

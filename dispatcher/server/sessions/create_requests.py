@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dispatcher.server.rpc.errors import AlreadyExists
+from dispatcher.server.requests.errors import AlreadyExists
 
 __all__ = ["REQUEST_ID_TTL", "CreateRequests"]
 

@@ -89,8 +89,8 @@ class EgressGateway(BaseSessionListener):
             audit=self._audit,
             observer=self._observer,
             running_calls=lambda: [c.tool_use_id for c in state.calls],
+            ask=lambda host, port, call: self._ask(state, host, port, call),
         )
-        ctx.ask = lambda host, port, call: self._ask(state, host, port, call)
         self._sessions[session.session_id] = (state, ctx)
 
     def session_restored(self, state: SessionState, restored: Restoration) -> None:

@@ -5,7 +5,7 @@ run in the core (``session_clock.py``, ``lifecycle.py``)."""
 from __future__ import annotations
 
 from dispatcher.core.sessions.clock import Lifetime, OnExpire, check_ttl
-from dispatcher.server.rpc.errors import InvalidRequest
+from dispatcher.server.requests.errors import InvalidRequest
 from dispatcher.server.tenancy.tenants import Tenant
 
 __all__ = ["check_tenant_ttl", "requested_lifetime"]

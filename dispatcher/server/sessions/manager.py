@@ -33,13 +33,13 @@ from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
 from dispatcher.egress.policy import effective
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence
-from dispatcher.server.rpc.dispatch_stream import DispatchCall, DispatchScope
-from dispatcher.server.rpc.errors import InvalidRequest, QuotaExceeded
-from dispatcher.server.rpc.request_checks import check_id, check_labels
+from dispatcher.server.requests.checks import check_id, check_labels
+from dispatcher.server.requests.errors import InvalidRequest, QuotaExceeded
 from dispatcher.server.sessions.admission import Admission
 from dispatcher.server.sessions.create_requests import CreateRequests
-from dispatcher.server.sessions.entry import build_session
+from dispatcher.server.sessions.dispatch_stream import DispatchCall, DispatchScope
 from dispatcher.server.sessions.lifetime import check_tenant_ttl, requested_lifetime
+from dispatcher.server.tenancy.session import build_session
 from dispatcher.server.tenancy.tenants import Tenant, allowed_mode, resolve_workspace
 from dispatcher.tools.shell import describe_network
 from dispatcher.wire.convert import SessionInfo

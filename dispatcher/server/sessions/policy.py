@@ -12,8 +12,8 @@ from dispatcher.core.call.approve import ApprovalMode, PlanStep, approve_plan
 from dispatcher.core.errors import UnknownConfirmationError
 from dispatcher.core.staging.apply import ApplyOutcome
 from dispatcher.core.staging.area import StagedChange
-from dispatcher.server.rpc.errors import FailedPrecondition, InvalidRequest
-from dispatcher.server.rpc.request_checks import MAX_ID_CHARS
+from dispatcher.server.requests.checks import MAX_ID_CHARS
+from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.tenancy.tenants import Tenant, plan_approved_mode
 
@@ -31,7 +31,7 @@ def decide_plan(
         UnknownSessionError: no such session for this tenant.
         FailedPrecondition: the session is not in plan mode.
     """
-    sessions.get(tenant, session_id)
+    state = sessions.get(tenant, session_id)
     approved = plan_approved_mode(tenant)
     if approved is None and decision is Decision.ALLOW:
         raise FailedPrecondition(
@@ -39,14 +39,10 @@ def decide_plan(
             "cannot be approved as a whole; answer each call instead"
         )
     try:
-        steps, mode = approve_plan(
-            sessions.dispatcher.session_state(session_id),
-            decision is Decision.ALLOW,
-            approved or ApprovalMode.AUTONOMOUS,
-        )
+        steps, mode = approve_plan(state, decision is Decision.ALLOW, approved or ApprovalMode.AUTONOMOUS)
     except ValueError as exc:
         raise FailedPrecondition(str(exc)) from None
-    sessions.persistence.save_policy(session_id)  # the mode in force survives a restart
+    sessions.persistence.save_policy(state)  # the mode in force survives a restart
     log.info(
         "plan %s",
         "approved" if decision is Decision.ALLOW else "rejected",

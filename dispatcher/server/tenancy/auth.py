@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from dispatcher.server.rpc.errors import Unauthenticated, status_for
-from dispatcher.server.rpc.handler_wrap import Around, HandlerInterceptor, wrap_handler
+from dispatcher.server.requests.errors import Unauthenticated, status_for
+from dispatcher.server.requests.handler_wrap import Around, HandlerInterceptor, wrap_handler
 from dispatcher.server.tenancy.tenants import Tenant, TenantDirectory
 
 SERVICE_PREFIX = "/dispatcher.v1.ToolDispatcher/"

@@ -12,7 +12,7 @@ import collections
 import time
 from collections.abc import Callable
 
-from dispatcher.server.rpc.errors import QuotaExceeded
+from dispatcher.server.requests.errors import QuotaExceeded
 
 __all__ = ["Slot", "Slots"]
 

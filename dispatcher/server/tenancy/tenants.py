@@ -18,7 +18,7 @@ from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
-from dispatcher.server.rpc.errors import InvalidRequest, Unauthenticated
+from dispatcher.server.requests.errors import InvalidRequest, Unauthenticated
 from dispatcher.server.tenancy.uids import allocate
 
 _WORKSPACE_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")

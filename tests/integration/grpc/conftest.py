@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from dispatcher.config.load import ensure_default_tenant, load_config
+from dispatcher.core.sandbox_api import ProviderHooks
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.server.app import build_server
@@ -38,7 +39,7 @@ async def docker_server(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     config, _ = ensure_default_tenant(load_config(path, env={}))
-    server = build_server(config, provider=make_provider())
+    server = build_server(config, provider=lambda hooks: make_provider(hooks=hooks))
     await server.start()
     harness = Harness(server, tmp_path)
     try:
@@ -87,12 +88,17 @@ async def start(make_provider: ProviderFactory, tmp_path: Path) -> AsyncIterator
         path = tmp_path / f"config-{len(harnesses)}.yaml"
         path.write_text(yaml.safe_dump(data))
         config, _ = ensure_default_tenant(load_config(path, env={}))
-        provider = DockerSandboxProvider(
-            SandboxConfig.from_mapping(section),
-            instance=make_provider.new_instance(),
-            state_dir=str(config.home),
-        )
-        make_provider.providers.append(provider)
+
+        def provider(hooks: ProviderHooks) -> DockerSandboxProvider:
+            made = DockerSandboxProvider(
+                SandboxConfig.from_mapping(section),
+                instance=make_provider.new_instance(),
+                state_dir=str(config.home),
+                hooks=hooks,
+            )
+            make_provider.providers.append(made)
+            return made
+
         server = build_server(config, provider=provider)
         harness = Harness(server, tmp_path)
         harnesses.append(harness)

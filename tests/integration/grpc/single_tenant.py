@@ -39,8 +39,8 @@ async def serve_fixture(make_provider: ProviderFactory, tmp_path: Path) -> Async
         path = tmp_path / "config.yaml"
         path.write_text(yaml.safe_dump(data))
         config, _ = ensure_default_tenant(load_config(path, env={}))
-        provider = make_provider(SandboxConfig(user=user) if user else None)
-        server = build_server(config, provider=provider)
+        own = SandboxConfig(user=user) if user else None
+        server = build_server(config, provider=lambda hooks: make_provider(own, hooks=hooks))
         await server.start()
         client = AsyncDispatcherClient(f"127.0.0.1:{server.port}", home=str(home))
         started.append((server, client))

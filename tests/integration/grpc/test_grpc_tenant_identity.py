@@ -80,7 +80,8 @@ async def serve(
         path = tmp_path / "config.yaml"
         path.write_text(yaml.safe_dump(data))
         config = load_config(path, env={})
-        server = build_server(config, provider=make_provider(SandboxConfig(runtime=runtime)))
+        sandbox = SandboxConfig(runtime=runtime)
+        server = build_server(config, provider=lambda hooks: make_provider(sandbox, hooks=hooks))
         await server.start()
         harness = Harness(server, tmp_path)
         harnesses.append(harness)

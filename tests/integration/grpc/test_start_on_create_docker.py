@@ -37,7 +37,8 @@ async def test_a_new_sessions_container_is_up_before_its_first_call(
     )
     config, _ = ensure_default_tenant(load_config(path, env={}))
     assert config.sandbox.start_on_create  # what the file says reaches the docker backend's config
-    server = build_server(config, provider=make_provider(SandboxConfig(start_on_create=True)))
+    sandbox = SandboxConfig(start_on_create=True)
+    server = build_server(config, provider=lambda hooks: make_provider(sandbox, hooks=hooks))
     await server.start()
     harness = Harness(server, tmp_path)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.server.rpc.errors import AlreadyExists
+from dispatcher.server.requests.errors import AlreadyExists
 from dispatcher.server.sessions import create_requests
 from dispatcher.server.sessions.create_requests import REQUEST_ID_TTL, CreateRequests
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dispatcher.server.rpc.errors import InvalidRequest
+from dispatcher.server.requests.errors import InvalidRequest
 
 MAX_LABELS = 64
 MAX_LABEL_CHARS = 256
