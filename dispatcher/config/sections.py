@@ -21,8 +21,8 @@ from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Te
 from dispatcher.core.ordering import Ordering
 from dispatcher.core.settings import DispatcherConfig
 from dispatcher.core.timeouts import MAX_TIMEOUT_SECONDS
-from dispatcher.sandbox.docker.config import SandboxConfig
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 
 RESULT_MESSAGE_MARGIN = 64 << 10
 """What a result message needs besides its budgeted bytes."""

@@ -17,7 +17,7 @@ done) if a link or another directory stands there now: what a human approves is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -154,6 +154,29 @@ class ExecResult:
 OutputCallback = Callable[[Literal["stdout", "stderr"], bytes], None]
 
 
+class AttachedProcess(Protocol):
+    """A long-running process with its stdin and stdout attached (an MCP server's, ``run: sandbox``):
+    its stdout, its stdin, and the means to end it."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    violation: str | None
+    """Why the reader gave up on it (a protocol violation), once it has."""
+
+    def stderr_tail(self) -> str:
+        """The end of what it wrote to stderr, escaped (it is untrusted text)."""
+        ...
+
+    async def wait(self) -> None:
+        """Return once the process has exited (or its stream is gone)."""
+
+    async def kill(self) -> None:
+        """End the process and everything it started, now."""
+
+    async def close(self) -> None:
+        """End it politely where that means something, then ``kill``."""
+
+
 class WorkspaceFileAPI(Protocol):
     """Workspace-scoped file access (spec 000 §5.1), asynchronous because files live in a sandbox."""
 
@@ -222,6 +245,20 @@ class Sandbox(WorkspaceFileAPI, Protocol):
 
         Raises:
             SandboxError: the sandbox could not run the command at all.
+        """
+        ...
+
+    async def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
+    ) -> AttachedProcess:
+        """A long-running process in the sandbox (an MCP server's, ``run: sandbox``), as the
+        sandbox's user in its workspace, its stdin and stdout attached, ended with the sandbox;
+        ``name``: what logs call it; a line of its stdout longer than ``limit`` is a violation.
+
+        Raises:
+            SandboxError: it could not be started, or this sandbox cannot attach one (the message
+                says why).
+            OSError: its executable could not be started.
         """
         ...
 

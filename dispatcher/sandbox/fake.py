@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import posixpath
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import (
+    AttachedProcess,
     DirEntry,
     DirListing,
     ExecRequest,
@@ -26,6 +27,7 @@ from dispatcher.core.sandbox_api import (
     FileStat,
     OutputCallback,
     ProviderLifecycle,
+    SandboxError,
 )
 from dispatcher.core.session import Session
 
@@ -137,6 +139,12 @@ class FakeSandbox:
     ) -> ExecResult:
         self.calls.append(("exec", request.command))
         return await self.exec_handler(request, on_output, cancel_event)
+
+    async def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
+    ) -> AttachedProcess:
+        """No processes here."""
+        raise SandboxError("run: sandbox needs the docker or local sandbox backend, not FakeSandbox")
 
 
 class FakeSandboxProvider(ProviderLifecycle):

@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from dispatcher.core.sandbox_api import (
+    AttachedProcess,
     ExecRequest,
     ExecResult,
     OutputCallback,
@@ -25,6 +26,7 @@ from dispatcher.core.sandbox_api import (
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
 from dispatcher.sandbox.grants import agent_grant_args
+from dispatcher.sandbox.host_process import HostProcess
 from dispatcher.sandbox.tunnels import TunnelSetup, tunnel_setup
 
 if TYPE_CHECKING:
@@ -144,6 +146,13 @@ class LocalSandbox(AgentFiles):
 
     async def _file_op(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
         return await op(await self.channel())
+
+    async def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
+    ) -> AttachedProcess:
+        """A host process in the workspace directory, as the server's user (see the module's
+        warning)."""
+        return await HostProcess.start(name, argv[0], tuple(argv[1:]), env, cwd=self._workspace, limit=limit)
 
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event

@@ -21,7 +21,7 @@ from dispatcher.core import Decision, Session, ToolDispatcher, ToolUseBlock
 from dispatcher.core import events as ev
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.types import ToolResultBlock
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.tools import builtin_factories
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run, runsc_available

@@ -22,17 +22,19 @@ from typing import Any
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session
 from dispatcher.egress.gate import EgressGate
-from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, has_ca, open_tunnels
-from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener, AgentSockets
-from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import (
+from dispatcher.sandbox.container.config import CA_TARGET, WORKSPACE_ROOT, SandboxConfig
+from dispatcher.sandbox.container.egress import open_tunnels
+from dispatcher.sandbox.container.host import AgentLink
+from dispatcher.sandbox.container.labels import (
     LABEL_INSTANCE,
     LABEL_SESSION,
+    LABEL_SPEC,
     LABEL_TENANT,
-    WORKSPACE_ROOT,
-    SandboxConfig,
+    spec_fingerprint,
 )
+from dispatcher.sandbox.docker.agent_attach import attach_agent, has_ca
+from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener, AgentSockets
+from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.workspace_pin import PinnedMount, Stage, pin_session_mounts, split_relative
 

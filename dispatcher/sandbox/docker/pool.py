@@ -44,11 +44,17 @@ from typing import Any
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.session import Session, new_session_id
-from dispatcher.sandbox.docker.adopt import LABEL_SPEC, pool_fingerprint
-from dispatcher.sandbox.docker.agent_attach import AgentLink
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT
+from dispatcher.sandbox.container.host import AgentLink
+from dispatcher.sandbox.container.labels import (
+    LABEL_POOL,
+    LABEL_SESSION,
+    LABEL_SPEC,
+    LABEL_TENANT,
+    pool_fingerprint,
+)
 from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import LABEL_POOL, LABEL_SESSION, LABEL_TENANT, WORKSPACE_ROOT
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts, adopt
 from dispatcher.sandbox.docker.pool_shares import Key, Shares

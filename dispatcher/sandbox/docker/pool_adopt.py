@@ -28,8 +28,8 @@ from collections.abc import Callable, Collection
 
 from dispatcher.core.sandbox_api import FileOpError, SandboxError
 from dispatcher.core.session import Session
-from dispatcher.sandbox.docker.agent_attach import AgentLink
-from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT
+from dispatcher.sandbox.container.host import AgentLink
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.workspace_pin import bind_mount, detach_mount, make_shared_mount
 

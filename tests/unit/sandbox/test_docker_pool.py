@@ -16,14 +16,9 @@ from pathlib import Path
 
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.session import Session
+from dispatcher.sandbox.container.config import WarmPoolConfig
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import (
-    LABEL_INSTANCE,
-    LABEL_POOL,
-    LABEL_SESSION,
-    LABEL_TENANT,
-    WarmPoolConfig,
-)
 from dispatcher.sandbox.docker.pool_adopt import SlotMounts
 from dispatcher.sandbox.docker.pool_shares import DEMAND_WINDOW
 from tests.unit.sandbox.docker_rig import Rig, run
