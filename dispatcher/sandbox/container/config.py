@@ -120,7 +120,7 @@ CapabilityNames = Annotated[
 
 
 class WarmPoolConfig(Section):
-    """``sandbox.warm_pool``: containers made before any session asks (``docker/pool.py``)."""
+    """``sandbox.warm_pool``: containers made before any session asks (``docker/pool/``)."""
 
     size: Annotated[int, Field(strict=True, ge=0, le=256)] = 0
     """Containers kept created, started and with their agent answering, across all sandbox users

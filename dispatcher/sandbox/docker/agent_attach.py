@@ -6,7 +6,7 @@ runc container it then connects to the server's socket mounted there (``agent_so
 speaks on it, skipping the daemon's relay. Otherwise it speaks on the exec's stdin/stdout; that
 stream goes through the Docker daemon, so nothing in the sandbox can redirect it to a host path,
 and it works under gVisor, which cannot reach host unix sockets by default. Used by ``ContainerLauncher``
-(``launch.py``) for a session's container, by the warm pool (``pool.py``) for one made before any
+(``launch.py``) for a session's container, by the warm pool (``pool/``) for one made before any
 session, and after a restart for a re-adopted container.
 """
 

@@ -35,8 +35,8 @@ from dispatcher.sandbox.docker.fallback import fallback_exec
 from dispatcher.sandbox.docker.image_check import check_image
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
 from dispatcher.sandbox.docker.orphans import sweep_orphans
-from dispatcher.sandbox.docker.pool import WarmPool
-from dispatcher.sandbox.docker.pool_adopt import readopt
+from dispatcher.sandbox.docker.pool.adopt import readopt
+from dispatcher.sandbox.docker.pool.warm_pool import WarmPool
 from dispatcher.sandbox.docker.stdio import DockerStdioProcess
 from dispatcher.sandbox.docker.watch import DeathWatch, still_running
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes
@@ -118,7 +118,7 @@ class DockerSandboxProvider(ContainerProvider):
 
     def reserve_session_id(self, session: Session) -> str | None:
         """With ``start_on_create``, the id of a warm pool's container for the new session (made
-        with its labels): the session adopts it as it starts (``pool.py``)."""
+        with its labels): the session adopts it as it starts (``pool/``)."""
         if not self.config.start_on_create or self._closed:
             return None  # a reserved container would wait for the first call, unused
         return self.pool.reserve(session)
@@ -300,7 +300,7 @@ class DockerSandboxProvider(ContainerProvider):
     async def _restart_pooled(
         self, container_id: str, session: Session, listener: AgentListener | None
     ) -> AgentLink:
-        """A pooled container's new agent, once it sees the session's workspace (``pool_adopt``)."""
+        """A pooled container's new agent, once it sees the session's workspace (``pool/adopt.py``)."""
         user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
         link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
         if link is None:

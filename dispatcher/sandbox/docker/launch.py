@@ -140,7 +140,7 @@ class ContainerLauncher:
 
     def spec(self, user: str, labels: dict[str, str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
         """The create request of a container running as ``user`` with these labels and mounts
-        (a session's, or a warm pool's, ``pool.py``), hardened as the config says."""
+        (a session's, or a warm pool's, ``pool/``), hardened as the config says."""
         cfg = self.config
         labels = {**cfg.extra_labels, **labels, LABEL_INSTANCE: self.instance}
         exec_flag = "exec" if cfg.tmp_exec else "noexec"

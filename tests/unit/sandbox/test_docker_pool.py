@@ -19,8 +19,8 @@ from dispatcher.core.session import Session
 from dispatcher.sandbox.container.config import WarmPoolConfig
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.pool_adopt import SlotMounts
-from dispatcher.sandbox.docker.pool_shares import DEMAND_WINDOW
+from dispatcher.sandbox.docker.pool.adopt import SlotMounts
+from dispatcher.sandbox.docker.pool.shares import DEMAND_WINDOW
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_docker import FakeDockerClient
 

@@ -1,4 +1,4 @@
-"""Adopting a warm pool's container (``pool.py``) for a session: its workspace mounted through a slot.
+"""Adopting a warm pool's container (``warm_pool.py``) for a session: its workspace mounted through a slot.
 
 A bind mount is fixed when a container is created, so a pooled container cannot be given its
 session's workspace the usual way. Instead each one is created with an empty per-slot directory
