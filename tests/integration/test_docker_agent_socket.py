@@ -13,7 +13,7 @@ import pytest
 from dispatcher.sandbox.container.config import SandboxConfig, WarmPoolConfig
 from dispatcher.sandbox.container.labels import LABEL_SPEC
 from dispatcher.sandbox.container.sandbox import ContainerSandbox
-from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR, AgentListener
+from dispatcher.sandbox.docker.agent.listener import SOCKET_DIR, AgentListener
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.docker.stream import AttachStream, SocketStream
 from tests.integration.conftest import DEFAULT_TENANT, ProviderFactory

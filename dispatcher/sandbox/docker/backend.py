@@ -29,7 +29,7 @@ from dispatcher.sandbox.container.host import AgentLink, LiveContainer
 from dispatcher.sandbox.container.image import AgentVersionMismatch, ImageUnusable
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.container.provider import ContainerProvider, launch_failure
-from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener
+from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.fallback import fallback_exec
 from dispatcher.sandbox.docker.image_check import check_image
@@ -287,7 +287,7 @@ class DockerSandboxProvider(ContainerProvider):
 
     async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
         """Start an agent in a running container (adoption after a restart): on the socket its
-        listener directory holds, if it has one (``agent_socket.py``); see ``ContainerLauncher``."""
+        listener directory holds, if it has one (``agent/listener.py``); see ``ContainerLauncher``."""
         listener = self.launcher.sockets.relisten(container_id)
         try:
             if self.pool.readopting(container_id):

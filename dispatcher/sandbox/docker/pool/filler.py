@@ -24,7 +24,7 @@ from dispatcher.sandbox.container.labels import (
     LABEL_TENANT,
     pool_fingerprint,
 )
-from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK
+from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.docker.pool.adopt import SlotMounts

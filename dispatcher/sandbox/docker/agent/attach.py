@@ -2,7 +2,7 @@
 first ping and protocol version, and the session's egress listener.
 
 The agent is started with an attached ``docker exec`` (stdin/stdout/stderr, no tty). In a fresh
-runc container it then connects to the server's socket mounted there (``agent_socket.py``) and
+runc container it then connects to the server's socket mounted there (``listener.py``) and
 speaks on it, skipping the daemon's relay. Otherwise it speaks on the exec's stdin/stdout; that
 stream goes through the Docker daemon, so nothing in the sandbox can redirect it to a host path,
 and it works under gVisor, which cannot reach host unix sockets by default. Used by ``ContainerLauncher``
@@ -24,7 +24,7 @@ from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.container.config import CA_TARGET, WORKSPACE_ROOT, SandboxConfig
 from dispatcher.sandbox.container.host import AgentLink, AgentStream
 from dispatcher.sandbox.container.image import HOW_TO_BUILD, ImageUnusable, version_mismatch
-from dispatcher.sandbox.docker.agent_socket import AgentListener, AgentSockets
+from dispatcher.sandbox.docker.agent.listener import AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.stream import READER_LIMIT, AttachStream, SocketStream, open_attach_stream
 
@@ -48,7 +48,7 @@ async def attach_agent(
 ) -> AgentLink | None:
     """The agent started in a container running as ``user``; None when the image cannot run it
     (the docker exec fallback applies). With a ``listener`` mounted in the container (a fresh runc
-    one, ``agent_socket.py``), it speaks over that socket; one that ends without connecting is
+    one, ``listener.py``), it speaks over that socket; one that ends without connecting is
     attached through the daemon instead (see ``_connect_agent`` for when ``sockets`` is marked
     unusable).
 
