@@ -10,10 +10,12 @@ of the path as written, and records it in ``approved``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.paths import resolve_workspace_path
@@ -26,8 +28,8 @@ from dispatcher.core.sandbox_api import (
     FileOpError,
     FileStat,
     OutputCallback,
-    ProviderLifecycle,
     SandboxError,
+    SandboxProvider,
 )
 from dispatcher.core.session import Session
 
@@ -146,8 +148,17 @@ class FakeSandbox:
         """No processes here."""
         raise SandboxError("run: sandbox needs the docker or local sandbox backend, not FakeSandbox")
 
+    @contextlib.asynccontextmanager
+    async def agent_channel(self, what: str) -> AsyncIterator[Any]:
+        """No agent here: no tree transfers."""
+        raise SandboxError(f"{what}: this sandbox backend cannot transfer trees")
+        yield  # pragma: no cover - a generator, for asynccontextmanager
 
-class FakeSandboxProvider(ProviderLifecycle):
+    def quota_note(self) -> str | None:
+        return None
+
+
+class FakeSandboxProvider(SandboxProvider):
     """Hands out one FakeSandbox per session and records which sessions were closed."""
 
     def __init__(self) -> None:

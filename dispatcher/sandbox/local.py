@@ -19,8 +19,8 @@ from dispatcher.core.sandbox_api import (
     ExecRequest,
     ExecResult,
     OutputCallback,
-    ProviderLifecycle,
     SandboxError,
+    SandboxProvider,
     report_notice,
 )
 from dispatcher.sandbox.agent_files import AgentFiles
@@ -147,6 +147,10 @@ class LocalSandbox(AgentFiles):
     async def _file_op(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
         return await op(await self.channel())
 
+    def quota_note(self) -> str | None:
+        """No quota here."""
+        return None
+
     async def start_process(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
     ) -> AttachedProcess:
@@ -166,7 +170,7 @@ class LocalSandbox(AgentFiles):
             raise
 
 
-class LocalSandboxProvider(ProviderLifecycle):
+class LocalSandboxProvider(SandboxProvider):
     """``SandboxProvider`` running one local agent subprocess per session (no isolation)."""
 
     def __init__(self, *, python: str = sys.executable, max_frame: int = DEFAULT_MAX_FRAME) -> None:

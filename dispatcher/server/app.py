@@ -18,7 +18,7 @@ from dispatcher.core.audit import AuditLog
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.sandbox_api import SandboxProvider, ServedProvider
+from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.session_clock import Lifetime, OnExpire
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.mcp.servers import McpServers
@@ -47,7 +47,7 @@ FINAL_GRACE = 0.5
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
-def make_provider(config: Config) -> ServedProvider:
+def make_provider(config: Config) -> SandboxProvider:
     """The sandbox backend the config asks for.
 
     Raises:
@@ -91,7 +91,7 @@ def build_dispatcher(
     return dispatcher
 
 
-def build_server(config: Config, provider: ServedProvider | None = None) -> DispatcherServer:
+def build_server(config: Config, provider: SandboxProvider | None = None) -> DispatcherServer:
     """The whole service for ``config`` (tenants must already be resolved), not yet started.
 
     Call it inside the event loop that will run the server: grpc.aio binds to the running loop.
@@ -113,7 +113,7 @@ class DispatcherServer:
         self,
         config: Config,
         dispatcher: ToolDispatcher,
-        provider: ServedProvider,
+        provider: SandboxProvider,
         observability: Observability | None = None,
     ) -> None:
         self.config = config
@@ -131,7 +131,7 @@ class DispatcherServer:
             self._close_state()
             raise
 
-    def _build(self, config: Config, dispatcher: ToolDispatcher, provider: ServedProvider) -> None:
+    def _build(self, config: Config, dispatcher: ToolDispatcher, provider: SandboxProvider) -> None:
         self.tenants = TenantDirectory(
             config.tenants,
             config.policy,

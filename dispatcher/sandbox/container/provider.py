@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dispatcher.core.observe import SandboxFailure
-from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxError
+from dispatcher.core.sandbox_api import SandboxError, SandboxProvider
 from dispatcher.core.session import Session, SessionStatus
 from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.container.host import ContainerHost
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class ContainerProvider(ProviderLifecycle, ContainerHost):
+class ContainerProvider(SandboxProvider, ContainerHost):
     """The session side of a container provider; a host adds what running a container takes."""
 
     def __init__(self, config: SandboxConfig, *, instance: str) -> None:

@@ -13,7 +13,7 @@ import grpc
 from dispatcher.config.load import Config
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver, FinishedCall
-from dispatcher.core.sandbox_api import ProviderLifecycle, ServedProvider
+from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.session_registry import SessionListener
 
 if TYPE_CHECKING:  # imported for real only when turned on: prometheus_client, the otel extra
@@ -72,7 +72,7 @@ class Observability:
     def metrics_port(self) -> int:
         return 0 if self.server is None else self.server.port
 
-    def attach_sandbox(self, provider: ProviderLifecycle | ServedProvider) -> None:
+    def attach_sandbox(self, provider: SandboxProvider) -> None:
         """Give the sandbox backend its launch/failure observer."""
         if self.metrics is not None:
             provider.observer = self.metrics
