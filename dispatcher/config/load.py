@@ -202,7 +202,7 @@ def _from_file(
         dispatcher=dispatcher,
         policy=ConfirmationPolicy().merged(tool_confirmation),
         sandbox_backend=file.sandbox.backend,
-        sandbox=_embedded_pool(file.sandbox.docker(), source),
+        sandbox=_embedded_pool(file.sandbox.container(), source),
         kubernetes=file.sandbox.cluster(),
         custom_tools=file.tools,
         mcp_servers=mcp_config.named(file.mcp_servers),

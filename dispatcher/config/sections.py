@@ -306,7 +306,7 @@ class SandboxSection(SandboxConfig):
                 raise KeyProblem(key, "only the docker backend takes this option" + _INSTEAD.get(key, ""))
         return self
 
-    def docker(self) -> SandboxConfig:
+    def container(self) -> SandboxConfig:
         """The sandbox config shared by both container backends: every key but ``backend`` and
         ``kubernetes``, as the file set them."""
         return SandboxConfig.model_validate(
