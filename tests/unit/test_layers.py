@@ -152,9 +152,11 @@ def test_no_third_party_package_where_a_layer_forbids_it() -> None:
 BACKEND_CLIENTS = {
     "dispatcher.sandbox.kubernetes": {"grpc", "docker"},
     "dispatcher.sandbox.docker": {"grpc", "kubernetes_asyncio", "aiohttp"},
+    "dispatcher.sandbox.container": {"grpc", "docker", "kubernetes_asyncio", "aiohttp"},
 }
 """Each sandbox backend talks to its own engine only: the Kubernetes one through the API server
-(never a Docker daemon), the Docker one never through a cluster client."""
+(never a Docker daemon), the Docker one never through a cluster client; what both share talks to
+neither."""
 
 
 def test_each_sandbox_backend_keeps_to_its_own_client() -> None:
@@ -172,8 +174,9 @@ BACKENDS = ("dispatcher.sandbox.docker", "dispatcher.sandbox.kubernetes")
 """The hosts of the container sandbox: siblings, each over ``CONTAINER``, neither over the other."""
 CONTAINER = "dispatcher.sandbox.container"
 """What both hosts share: it imports neither of them."""
-NO_BACKEND = ("dispatcher.config", CONTAINER)
-"""Packages that import no backend at all (the config reads the sections ``CONTAINER`` holds)."""
+NO_BACKEND = ("dispatcher.config", "dispatcher.mcp", CONTAINER)
+"""Packages that import no backend at all: the config reads the sections ``CONTAINER`` holds, MCP
+servers in sandboxes go through the declared ``Sandbox.start_process``."""
 
 
 def _in(module: str, package: str) -> bool:
@@ -194,7 +197,7 @@ def test_no_sandbox_backend_imports_another() -> None:
     assert not bad, f"backends may share only {CONTAINER}:\n" + "\n".join(bad)
 
 
-def test_config_and_the_container_package_import_no_backend() -> None:
+def test_config_mcp_and_the_container_package_import_no_backend() -> None:
     ours, _ = _imports(_modules())
     bad = [
         f"{i.source}:{i.line} imports {i.target}"
