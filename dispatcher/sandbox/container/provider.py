@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dispatcher.core.observe import SandboxFailure
+from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError, SandboxProvider
 from dispatcher.core.session import Session, SessionStatus
 from dispatcher.sandbox.container.config import SandboxConfig
@@ -43,13 +43,14 @@ class ContainerProvider(SandboxProvider, ContainerHost):
         self._starting: set[asyncio.Task[None]] = set()
         """Sandboxes started at session creation (``start_on_create``), until they are up."""
         self._closed = False
-        # A burst of new sessions on a small machine: launching them all at once makes every agent
-        # miss its start deadline; a few at a time makes each one fast.
         self._launch_slots = LaunchSlots(config.max_concurrent_launches)
-        """A few launches (and re-adoptions) at a time: all at once, every agent misses its deadline."""
+        """A few launches (and re-adoptions) at a time: a burst of new sessions launched all at
+        once on a small machine makes every agent miss its start deadline."""
         self._reaper: asyncio.Task[None] | None = None
         self.clock: Callable[[], float] = time.monotonic
         """What containers' ages and idleness are measured on (unit tests step a fake clock)."""
+        self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
+        """Told each launch's duration, each launch that failed and each removal (metrics)."""
         self.on_container: Callable[[str, str | None], None] | None = None
         """Told (session id, container id or None) whenever a session's container changes, so
         the server's stored state names the container a restart re-adopts."""

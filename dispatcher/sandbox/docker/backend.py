@@ -21,7 +21,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import AttachedProcess, ExecRequest, ExecResult, OutputCallback, SandboxError
 from dispatcher.core.session import Session
 from dispatcher.sandbox.container.config import SandboxConfig, format_size
@@ -94,8 +93,6 @@ class DockerSandboxProvider(ContainerProvider):
             closed=lambda: self._closed,
         )
         """Containers Docker reports dead."""
-        self.observer: SandboxObserver = NO_SANDBOX_OBSERVER
-        """Told each launch's duration and each launch that failed (metrics)."""
         self.pool = WarmPool(
             self.launcher,
             self.api,
