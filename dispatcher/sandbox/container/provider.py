@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxFailure, SandboxObserver
 from dispatcher.core.sandbox_api import SandboxError, SandboxProvider
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from dispatcher.core.session_registry import Restoration
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ContainerProvider(SandboxProvider, ContainerHost):
@@ -69,6 +70,26 @@ class ContainerProvider(SandboxProvider, ContainerHost):
     def container_changed(self, session_id: str, container_id: str | None) -> None:
         if self.on_container is not None:
             self.on_container(session_id, container_id)
+
+    async def _launch_counted(self, launch_once: Callable[[], Awaitable[T]]) -> T:
+        """``launch_once`` in a launch slot, once more if it failed (nothing has run in the sandbox
+        yet, so another try is safe; not when the image is what failed: another try meets the same
+        image); its duration, or why it failed, told to the observer."""
+        async with self._launch_slots.take():
+            started = time.monotonic()
+            try:
+                try:
+                    launched = await launch_once()
+                except (AgentVersionMismatch, ImageUnusable):
+                    raise
+                except SandboxError as exc:
+                    log.warning("sandbox launch failed, retrying once: %s", exc)
+                    launched = await launch_once()
+            except Exception as exc:
+                self.observer.sandbox_failed(launch_failure(exc))
+                raise
+            self.observer.sandbox_launched(time.monotonic() - started)
+            return launched
 
     def session_created(self, session: Session) -> None:
         """With ``start_on_create``: start the session's sandbox now, in the background (a

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +25,8 @@ from dispatcher.core.sandbox_api import AttachedProcess, ExecRequest, ExecResult
 from dispatcher.core.session import Session
 from dispatcher.sandbox.container.config import SandboxConfig, format_size
 from dispatcher.sandbox.container.host import AgentLink, LiveContainer
-from dispatcher.sandbox.container.image import AgentVersionMismatch, ImageUnusable
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
-from dispatcher.sandbox.container.provider import ContainerProvider, launch_failure
+from dispatcher.sandbox.container.provider import ContainerProvider
 from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.fallback import fallback_exec
@@ -263,21 +262,7 @@ class DockerSandboxProvider(ContainerProvider):
             if pooled is not None:
                 stream, channel = pooled.link
                 return LiveContainer(pooled.container_id, stream, channel, started=self.clock())
-        async with self._launch_slots.take():
-            started = time.monotonic()
-            try:
-                try:
-                    link, container_id = await self.launcher.launch_once(session)
-                except (AgentVersionMismatch, ImageUnusable):
-                    raise  # another try meets the same image
-                except SandboxError as exc:
-                    # Nothing has run in the sandbox yet, so one more try is safe.
-                    log.warning("sandbox launch failed, retrying once: %s", exc)
-                    link, container_id = await self.launcher.launch_once(session)
-            except Exception as exc:
-                self.observer.sandbox_failed(launch_failure(exc))
-                raise
-            self.observer.sandbox_launched(time.monotonic() - started)
+        link, container_id = await self._launch_counted(functools.partial(self.launcher.launch_once, session))
         if link is None:
             return LiveContainer(container_id, None, None, started=self.clock())
         return LiveContainer(container_id, link[0], link[1], started=self.clock())

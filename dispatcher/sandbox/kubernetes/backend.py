@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from dispatcher.core.sandbox_api import (
@@ -43,10 +43,9 @@ from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.container.adopt import GONE
 from dispatcher.sandbox.container.config import SandboxConfig, format_size
 from dispatcher.sandbox.container.host import ContainerNotFound, LiveContainer
-from dispatcher.sandbox.container.image import AgentVersionMismatch, ImageUnusable
 from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION
-from dispatcher.sandbox.container.provider import ContainerProvider, launch_failure
+from dispatcher.sandbox.container.provider import ContainerProvider
 from dispatcher.sandbox.kubernetes.api import KubeAPI
 from dispatcher.sandbox.kubernetes.attach import ChannelStream
 from dispatcher.sandbox.kubernetes.launch import PodLauncher
@@ -201,23 +200,10 @@ class KubernetesSandboxProvider(ContainerProvider):
         Raises:
             SandboxError: the Pod could not be created, did not run, or its agent did not answer.
         """
-        async with self._launch_slots.take():
-            started = time.monotonic()
-            try:
-                try:
-                    live = await self.launcher.launch_once(session)
-                except (AgentVersionMismatch, ImageUnusable):
-                    raise
-                except SandboxError as exc:
-                    log.warning("sandbox pod launch failed, retrying once: %s", exc)
-                    live = await self.launcher.launch_once(session)
-            except Exception as exc:
-                self.observer.sandbox_failed(launch_failure(exc))
-                raise
-            self.observer.sandbox_launched(time.monotonic() - started)
-            if live.channel is not None:
-                self._channels[live.container_id] = live.channel
-            return live
+        live = await self._launch_counted(functools.partial(self.launcher.launch_once, session))
+        if live.channel is not None:
+            self._channels[live.container_id] = live.channel
+        return live
 
     async def start_agent(self, container_id: str, session: Session) -> tuple[ChannelStream, AgentChannel]:
         """Attach to the Pod's agent (see ``PodLauncher.start_agent``).
