@@ -15,7 +15,7 @@ import docker
 
 from bench.env import BenchEnv
 from bench.table import BASELINE, IDLE_GAP_SECONDS, Row, row
-from dispatcher.sandbox.docker.config import DEFAULT_IMAGE
+from dispatcher.sandbox.container.config import DEFAULT_IMAGE
 
 FILE_BYTES = 4096
 

@@ -28,8 +28,8 @@ from dispatcher.core.sessions.session import Session
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, parse_networks
 from dispatcher.egress.policy import EgressPolicy
 from dispatcher.egress.proxy import EgressContext, TunnelStream, serve_tunnel
+from dispatcher.sandbox.container.config import DEFAULT_IMAGE, SandboxConfig
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, SandboxConfig
 from dispatcher.sandbox.local import LocalSandboxProvider
 
 GROUP = "egress"

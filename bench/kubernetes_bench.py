@@ -30,9 +30,9 @@ from bench.table import Row, row, time_async
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from tests.kube_standin import StandIn
 
 GROUP = "kubernetes"

@@ -17,8 +17,8 @@ from bench.table import IDLE_GAP_SECONDS, Row, row, time_async
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import Tool, ToolContext
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.tools import ReadFileTool, ShellTool, WriteFileTool
 
 FILE = b"x" * 4095 + b"\n"

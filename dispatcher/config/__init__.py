@@ -4,7 +4,8 @@ Precedence, highest first: command-line flags (``--listen``, ``--home``), the en
 (``DISPATCHER_LISTEN``, ``DISPATCHER_HOME``), the file, then the embedded defaults. Everything is
 validated when the server starts; every error names the offending key (``tenants[1].quotas.max_sessions:
 ...``). The sections are pydantic models (``sections.py``, ``policy.py``, ``file.py``; the sandbox's own in
-``dispatcher/sandbox/docker/config.py``, MCP servers' in ``dispatcher/mcp/config.py``), and
+``dispatcher/sandbox/container/config.py`` and ``kubernetes_config.py``, MCP servers' in
+``dispatcher/mcp/config.py``; no sandbox backend is imported here), and
 ``dispatcher config-schema`` prints the JSON Schema they make (``docs/config.schema.json``).
 
 This package's ``__init__`` holds only what clients need (addresses, the token); the server loads

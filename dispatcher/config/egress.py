@@ -30,7 +30,7 @@ from dispatcher.egress.policy import (
     Unknown,
     parse_pattern,
 )
-from dispatcher.sandbox.docker.config import Bytes
+from dispatcher.sandbox.container.config import Bytes
 
 __all__ = ["EgressSection", "egress_policy"]
 

@@ -44,8 +44,8 @@ from dispatcher.egress.policy import EgressPolicy
 from dispatcher.mcp import config as mcp_config
 from dispatcher.mcp.config import McpServerConfig
 from dispatcher.observe_config import ObserveConfig
-from dispatcher.sandbox.docker.config import SandboxConfig, WarmPoolConfig
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
+from dispatcher.sandbox.container.config import SandboxConfig, WarmPoolConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -202,7 +202,7 @@ def _from_file(
         dispatcher=dispatcher,
         policy=ConfirmationPolicy().merged(tool_confirmation),
         sandbox_backend=file.sandbox.backend,
-        sandbox=_embedded_pool(file.sandbox.docker(), source),
+        sandbox=_embedded_pool(file.sandbox.container(), source),
         kubernetes=file.sandbox.cluster(),
         custom_tools=file.tools,
         mcp_servers=mcp_config.named(file.mcp_servers),

@@ -21,8 +21,8 @@ from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Te
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import MAX_TIMEOUT_SECONDS
-from dispatcher.sandbox.docker.config import SandboxConfig
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 
 RESULT_MESSAGE_MARGIN = 64 << 10
 """What a result message needs besides its budgeted bytes."""
@@ -306,7 +306,7 @@ class SandboxSection(SandboxConfig):
                 raise KeyProblem(key, "only the docker backend takes this option" + _INSTEAD.get(key, ""))
         return self
 
-    def docker(self) -> SandboxConfig:
+    def container(self) -> SandboxConfig:
         """The sandbox config shared by both container backends: every key but ``backend`` and
         ``kubernetes``, as the file set them."""
         return SandboxConfig.model_validate(

@@ -17,10 +17,11 @@ done) if a link or another directory stands there now: what a human approves is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dispatcher.core.errors import DispatcherError, FailureReason, ToolExecutionError
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
@@ -154,6 +155,29 @@ class ExecResult:
 OutputCallback = Callable[[Literal["stdout", "stderr"], bytes], None]
 
 
+class AttachedProcess(Protocol):
+    """A long-running process with its stdin and stdout attached (an MCP server's, ``run: sandbox``):
+    its stdout, its stdin, and the means to end it."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    violation: str | None
+    """Why the reader gave up on it (a protocol violation), once it has."""
+
+    def stderr_tail(self) -> str:
+        """The end of what it wrote to stderr, escaped (it is untrusted text)."""
+        ...
+
+    async def wait(self) -> None:
+        """Return once the process has exited (or its stream is gone)."""
+
+    async def kill(self) -> None:
+        """End the process and everything it started, now."""
+
+    async def close(self) -> None:
+        """End it politely where that means something, then ``kill``."""
+
+
 class WorkspaceFileAPI(Protocol):
     """Workspace-scoped file access (spec 000 §5.1), asynchronous because files live in a sandbox."""
 
@@ -225,47 +249,43 @@ class Sandbox(WorkspaceFileAPI, Protocol):
         """
         ...
 
+    async def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
+    ) -> AttachedProcess:
+        """A long-running process in the sandbox (an MCP server's, ``run: sandbox``), as the
+        sandbox's user in its workspace, its stdin and stdout attached, ended with the sandbox;
+        ``name``: what logs call it; a line of its stdout longer than ``limit`` is a violation.
 
-class SandboxProvider(Protocol):
-    """Hands out per-session sandboxes; creation is lazy (on first use)."""
-
-    def sandbox_for(self, session: Session) -> Sandbox: ...
-
-    async def close_session(self, session_id: str) -> None:
-        """Stop and remove the session's sandbox; its workspace stays."""
+        Raises:
+            SandboxError: it could not be started, or this sandbox cannot attach one (the message
+                says why).
+            OSError: its executable could not be started.
+        """
         ...
 
-    async def aclose(self) -> None: ...
+    def agent_channel(self, what: str) -> AbstractAsyncContextManager[Any]:
+        """Its agent's channel, lent for one long operation such as a tree transfer: held (the
+        sandbox counts as busy) until the block ends, with no per-operation timeout. The channel is
+        the sandbox layer's ``AgentChannel``, a type this layer cannot name; ``what``: the
+        operation, for messages.
 
-    async def pause(self, session_id: str) -> None:
-        """Freeze the session's sandbox (its processes and /tmp kept, no CPU used); nothing if it
-        has none running."""
+        Raises:
+            SandboxError: this sandbox has no agent channel to lend (on entering the block).
+        """
         ...
 
-    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
-        """Thaw it; ``notice``: what the next call's result reports (``report_notice``). A sandbox
-        that vanished meanwhile is handled as any vanished one: the next call starts a fresh one."""
+    def quota_note(self) -> str | None:
+        """What to add when the workspace's disk is full (the tenant's quota), if anything."""
         ...
-
-    async def working(self, session_id: str) -> bool:
-        """True while processes that commands started still run in the session's sandbox (a
-        background job is activity: its session does not expire by idleness)."""
-        ...
-
-
-class SandboxIds(Protocol):
-    """What the session manager asks a backend when it opens a session (``ProviderLifecycle``)."""
-
-    def reserve_session_id(self, session: Session) -> str | None: ...
-    def release_session_id(self, session_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderHooks:
-    """What a server hands its sandbox backend when it makes it (``ProviderLifecycle``)."""
+    """What a server hands its sandbox backend when it makes it: nothing is set on a provider
+    after it was made."""
 
     observer: SandboxObserver = NO_SANDBOX_OBSERVER
-    """Told of sandbox launches and launch failures (metrics)."""
+    """Told of sandbox launches, launch failures and removals (metrics)."""
     on_container: Callable[[str, str | None], None] | None = None
     """Called with (session id, container id or None) when a session's container changes (stored)."""
     egress: EgressGate | None = None
@@ -277,28 +297,46 @@ NO_HOOKS = ProviderHooks()
 """A backend nobody watches, stores or proxies for (tools run alone, unit tests)."""
 
 
-class ProviderLifecycle:
-    """What a server does with its sandbox backend besides handing out sandboxes: checks and
-    sweeps at start, giving containers back after a restart, letting go at a stop that keeps the
-    sessions. Each hook does nothing here; a backend overrides those it needs (the Docker one all).
+class SandboxProvider(Protocol):
+    """What a sandbox backend offers a server, declared once: a sandbox per session (created
+    lazily, on first use), and its part in each session's life and in the server's.
+
+    ``sandbox_for``, ``close_session`` and ``aclose`` every backend implements. Every other member
+    is optional and declared here with what a backend without it does (nothing); a backend
+    subclasses this class to inherit those defaults and overrides what it offers (the container
+    backends: all of it). Nothing is probed: a caller calls what is declared.
 
     A provider is a listener of the session registry (``core/sessions/registry.py``): a session
     opened is ``session_created``, one given back is ``expect_container`` of its stored container.
-    What the server hands it (``ProviderHooks``) it takes at construction.
     """
 
     observer: SandboxObserver = NO_SANDBOX_OBSERVER
-    """Told of sandbox launches and launch failures (metrics)."""
+    """Told of sandbox launches, launch failures and removals (metrics); from ``ProviderHooks``."""
     on_container: Callable[[str, str | None], None] | None = None
-    """Called with (session id, container id or None) when a session's container changes (stored)."""
+    """Told when a session's container changes; from ``ProviderHooks``."""
     egress: EgressGate | None = None
-    """The server's egress proxy: set, each sandbox's agent listens for proxy connections and hands
-    them to it; None, sandboxes have no proxy (their network stays ``none`` either way)."""
+    """The server's egress proxy; from ``ProviderHooks``."""
 
-    def __init__(self, hooks: ProviderHooks = NO_HOOKS) -> None:
+    def take_hooks(self, hooks: ProviderHooks) -> None:
+        """Keep what the server hands this backend; a backend's constructor calls it, once."""
         self.observer = hooks.observer
         self.on_container = hooks.on_container
         self.egress = hooks.egress
+
+    def sandbox_for(self, session: Session) -> Sandbox:
+        """The session's sandbox (nothing runs until its first use)."""
+        ...
+
+    async def close_session(self, session_id: str) -> None:
+        """Stop and remove the session's sandbox; its workspace stays."""
+        ...
+
+    async def aclose(self) -> None:
+        """Remove every sandbox this provider made and release what it holds."""
+        ...
+
+    # -- optional: a server's start and stop ----------------------------------------------------
+    # (each default returns explicitly, so that a subclass need not override it)
 
     async def check_ready(self) -> None:
         """Fail at start, clearly, rather than on the first tool call (e.g. no daemon, no image).
@@ -306,9 +344,16 @@ class ProviderLifecycle:
         Raises:
             SandboxError: the backend cannot run sandboxes.
         """
+        return None
 
     async def prepare_tenants(self, roots: Mapping[str, str]) -> None:
         """Before any workspace is made: per-tenant storage (tenant id -> workspace root)."""
+        return None
+
+    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
+        """The configured tenants (id -> the uid, gid their sandboxes run as; None: the backend's
+        user), in the config's order, for work a backend does ahead of their sessions."""
+        return None
 
     async def remove_orphans(self) -> int:
         """Remove sandboxes a previous run left that no session owns or expects; returns how many."""
@@ -316,10 +361,17 @@ class ProviderLifecycle:
 
     def expect_container(self, session: Session, container_id: str) -> None:
         """A restarted server gives ``session`` back: keep and re-adopt its stored container."""
+        return None
 
-    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
-        """The configured tenants (id -> the uid, gid their sandboxes run as; None: the backend's
-        user), in the config's order, for work a backend does ahead of their sessions."""
+    async def adopt_all(self) -> None:
+        """Re-attach every expected container (in the background after a start)."""
+        return None
+
+    async def detach_all(self) -> None:
+        """Let go of every sandbox without removing it (a stop that keeps the sessions)."""
+        return None
+
+    # -- optional: a session's life ------------------------------------------------------------
 
     def reserve_session_id(self, session: Session) -> str | None:
         """The id a new session (not yet open; its id a placeholder) should take instead, so that
@@ -328,28 +380,29 @@ class ProviderLifecycle:
 
     def release_session_id(self, session_id: str) -> None:
         """A reserved id's session was never opened: let what was kept for it go."""
+        return None
 
     def session_created(self, session: Session) -> None:
         """A new session was opened: a backend may start its sandbox now, in the background, so
         it is ready by the first call (it must not block or raise)."""
-
-    async def adopt_all(self) -> None:
-        """Re-attach every expected container (in the background after a start)."""
-
-    async def detach_all(self) -> None:
-        """Let go of every sandbox without removing it (a stop that keeps the sessions)."""
+        return None
 
     async def pause(self, session_id: str) -> None:
-        """Freeze the sandbox (``SandboxProvider.pause``); here: nothing to freeze."""
+        """Freeze the session's sandbox (its processes and /tmp kept, no CPU used); nothing if it
+        has none running (here: nothing to freeze)."""
+        return None
 
     async def resume(self, session_id: str, *, notice: str | None = None) -> None:
-        """Thaw it (``SandboxProvider.resume``)."""
+        """Thaw it; ``notice``: what the next call's result reports (``report_notice``). A sandbox
+        that vanished meanwhile is handled as any vanished one: the next call starts a fresh one."""
+        return None
 
     async def working(self, session_id: str) -> bool:
-        """Processes still run in it (``SandboxProvider.working``); here: never."""
+        """True while processes that commands started still run in the session's sandbox (a
+        background job is activity: its session does not expire by idleness); here: never."""
         return False
 
-    # -- SessionListener --------------------------------------------------------------------
+    # -- SessionListener ----------------------------------------------------------------------
 
     def session_opened(self, state: SessionState) -> None:
         self.session_created(state.session)
@@ -360,25 +413,4 @@ class ProviderLifecycle:
 
     def session_closed(self, state: SessionState) -> None:
         """Nothing: the dispatcher removed the sandbox (``close_session``) before it was closed."""
-
-
-class ServedProvider(SandboxProvider, Protocol):
-    """A provider a server runs: sandboxes plus the lifecycle hooks of ``ProviderLifecycle``."""
-
-    observer: SandboxObserver
-    on_container: Callable[[str, str | None], None] | None
-    egress: EgressGate | None
-
-    async def check_ready(self) -> None: ...
-    async def prepare_tenants(self, roots: Mapping[str, str]) -> None: ...
-    async def remove_orphans(self) -> int: ...
-    def expect_container(self, session: Session, container_id: str) -> None: ...
-    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None: ...
-    def reserve_session_id(self, session: Session) -> str | None: ...
-    def release_session_id(self, session_id: str) -> None: ...
-    def session_created(self, session: Session) -> None: ...
-    async def adopt_all(self) -> None: ...
-    async def detach_all(self) -> None: ...
-    def session_opened(self, state: SessionState) -> None: ...
-    def session_restored(self, state: SessionState, restored: Restoration) -> None: ...
-    def session_closed(self, state: SessionState) -> None: ...
+        return None

@@ -7,8 +7,9 @@ recreated or retired) and starts again on the next call. It does not count as wo
 unused container from its idle removal (the agent leaves out sessions ``docker exec`` started). Its tools are listed once at boot, in a
 throwaway sandbox of their own (an empty workspace under ``<home>/run/mcp-discovery/<server>``).
 
-With the docker backend the process is attached over ``docker exec`` (stdin/stdout); with the local
-backend (tests, development) it is a host process in the session's workspace directory.
+The sandbox starts it (``Sandbox.start_process``): with the docker backend the process is attached
+over ``docker exec`` (stdin/stdout); with the local backend (tests, development) it is a host process
+in the session's workspace directory; a backend that cannot attach one says so.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import ToolContext
 from dispatcher.mcp.config import McpServerConfig
 from dispatcher.mcp.connection import McpServerHandle
-from dispatcher.mcp.transport import SANDBOX_MAX_MESSAGE_BYTES, HostProcess, McpProcess
+from dispatcher.mcp.transport import SANDBOX_MAX_MESSAGE_BYTES, McpProcess
 
 DISCOVERY_DIR = ("run", "mcp-discovery")
 
@@ -35,20 +36,9 @@ async def spawn_in_sandbox(sandbox: Sandbox, config: McpServerConfig) -> McpProc
     Raises:
         OSError: it could not be started there (the message says why).
     """
-    from dispatcher.sandbox.local import LocalSandbox
-
-    if isinstance(sandbox, LocalSandbox):
-        return await HostProcess.start(
-            config.name, config.command, config.args, config.env, cwd=sandbox.workspace_root
-        )
-    from dispatcher.sandbox.docker.sandbox import DockerSandbox
-    from dispatcher.sandbox.docker.stdio import DockerStdioProcess
-
-    if not isinstance(sandbox, DockerSandbox):
-        raise OSError(f"run: sandbox needs the docker or local sandbox backend, not {type(sandbox).__name__}")
     try:
-        return await DockerStdioProcess.start(
-            sandbox, [config.command, *config.args], config.env, limit=SANDBOX_MAX_MESSAGE_BYTES
+        return await sandbox.start_process(
+            config.name, [config.command, *config.args], config.env, limit=SANDBOX_MAX_MESSAGE_BYTES
         )
     except DispatcherError as exc:
         raise OSError(f"in the session's sandbox: {exc}") from exc

@@ -169,9 +169,12 @@ async def _list(config: McpServerConfig, handle: McpServerHandle, where: str = "
 
 
 async def _spawn_host(config: McpServerConfig) -> McpProcess:
-    from dispatcher.mcp.transport import HostProcess
+    from dispatcher.mcp.transport import MAX_MESSAGE_BYTES
+    from dispatcher.sandbox.host_process import HostProcess
 
-    return await HostProcess.start(config.name, config.command, config.args, config.env)
+    return await HostProcess.start(
+        config.name, config.command, config.args, config.env, limit=MAX_MESSAGE_BYTES
+    )
 
 
 def _fixed(handle: McpServerHandle) -> HandleFor:

@@ -15,14 +15,17 @@ against this and every real sandbox.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import posixpath
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import (
+    AttachedProcess,
     DirEntry,
     DirListing,
     EntryKind,
@@ -31,7 +34,8 @@ from dispatcher.core.sandbox_api import (
     FileOpError,
     FileStat,
     OutputCallback,
-    ProviderLifecycle,
+    SandboxError,
+    SandboxProvider,
 )
 from dispatcher.core.sessions.session import Session
 
@@ -266,8 +270,23 @@ class FakeSandbox:
             return ExecResult(exit_code=None, cancelled=True)
         return await self.exec_handler(request, on_output, cancel_event)
 
+    async def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
+    ) -> AttachedProcess:
+        """No processes here."""
+        raise SandboxError("run: sandbox needs the docker or local sandbox backend, not FakeSandbox")
 
-class FakeSandboxProvider(ProviderLifecycle):
+    @contextlib.asynccontextmanager
+    async def agent_channel(self, what: str) -> AsyncIterator[Any]:
+        """No agent here: no tree transfers."""
+        raise SandboxError(f"{what}: this sandbox backend cannot transfer trees")
+        yield  # pragma: no cover - a generator, for asynccontextmanager
+
+    def quota_note(self) -> str | None:
+        return None
+
+
+class FakeSandboxProvider(SandboxProvider):
     """Hands out one FakeSandbox per session and records which sessions were closed."""
 
     def __init__(self) -> None:

@@ -11,22 +11,24 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from dispatcher.core.sandbox_api import (
     NO_HOOKS,
+    AttachedProcess,
     ExecRequest,
     ExecResult,
     OutputCallback,
     ProviderHooks,
-    ProviderLifecycle,
     SandboxError,
+    SandboxProvider,
     report_notice,
 )
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
 from dispatcher.sandbox.grants import agent_grant_args
+from dispatcher.sandbox.host_process import HostProcess
 from dispatcher.sandbox.tunnels import TunnelSetup, tunnel_setup
 
 if TYPE_CHECKING:
@@ -147,6 +149,17 @@ class LocalSandbox(AgentFiles):
     async def _file_op(self, what: str, op: Callable[[AgentChannel], Awaitable[T]]) -> T:
         return await op(await self.channel())
 
+    def quota_note(self) -> str | None:
+        """No quota here."""
+        return None
+
+    async def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
+    ) -> AttachedProcess:
+        """A host process in the workspace directory, as the server's user (see the module's
+        warning)."""
+        return await HostProcess.start(name, argv[0], tuple(argv[1:]), env, cwd=self._workspace, limit=limit)
+
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
     ) -> ExecResult:
@@ -159,7 +172,7 @@ class LocalSandbox(AgentFiles):
             raise
 
 
-class LocalSandboxProvider(ProviderLifecycle):
+class LocalSandboxProvider(SandboxProvider):
     """``SandboxProvider`` running one local agent subprocess per session (no isolation)."""
 
     def __init__(
@@ -169,7 +182,7 @@ class LocalSandboxProvider(ProviderLifecycle):
         max_frame: int = DEFAULT_MAX_FRAME,
         hooks: ProviderHooks = NO_HOOKS,
     ) -> None:
-        super().__init__(hooks)
+        self.take_hooks(hooks)
         self._python = python
         self._max_frame = max_frame
         self._sandboxes: dict[str, LocalSandbox] = {}

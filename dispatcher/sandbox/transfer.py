@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any
 
-from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
+from dispatcher.core.sandbox_api import FileOpError, Sandbox
 from dispatcher.core.transfer import (
     TransferConflict,
     TransferLimits,
@@ -37,12 +36,6 @@ from dispatcher.sandbox.channel import AgentChannel
 WINDOW = 4  # chunks in flight towards (upload) or from (download) the agent
 PIECE = 1 << 20  # an upload chunk bigger than this is sent to the agent in pieces
 _TOO_LARGE = frozenset({"too_large", "ENOSPC", "EDQUOT", "EFBIG"})
-
-
-class ChannelSandbox(Protocol):
-    """A sandbox that lends its agent channel for a long operation."""
-
-    def agent_channel(self, what: str) -> AbstractAsyncContextManager[AgentChannel]: ...
 
 
 class AgentTreeTransport:
@@ -82,11 +75,10 @@ class AgentTreeTransport:
 
 @contextlib.asynccontextmanager
 async def _channel(sandbox: Sandbox, what: str) -> AsyncIterator[AgentChannel]:
-    lend = getattr(sandbox, "agent_channel", None)
-    if lend is None:
-        raise SandboxError(f"{what}: this sandbox backend cannot transfer trees")
-    async with lend(what) as channel:
-        yield channel
+    """The agent channel the sandbox lends (``Sandbox.agent_channel``), as the type it is."""
+    async with sandbox.agent_channel(what) as channel:
+        lent: AgentChannel = channel
+        yield lent
 
 
 async def _upload(
@@ -186,8 +178,7 @@ def _transfer_error(exc: FileOpError, sandbox: Sandbox) -> Exception:
     if exc.code in ("refused", "bad_archive"):
         return TransferRefused(message)
     if exc.code in _TOO_LARGE:
-        note_of = getattr(sandbox, "quota_note", None)
-        note = note_of() if exc.code != "too_large" and note_of is not None else None
+        note = sandbox.quota_note() if exc.code != "too_large" else None
         return TransferTooLarge(f"{message}: {note}" if note else message)
     if exc.code == "conflict":
         return TransferConflict(message)

@@ -75,7 +75,7 @@ MS_SHARED = 1 << 20
 
 def make_shared_mount(path: str) -> None:
     """Bind ``path`` onto itself and make that mount shared: what is later mounted on it propagates
-    to every mount made from it with ``rslave`` (a warm pool's slot, ``docker/pool.py``).
+    to every mount made from it with ``rslave`` (a warm pool's slot, ``docker/pool/``).
 
     Raises:
         OSError: mount(2) failed (what was mounted stays; ``detach_mount`` undoes it).

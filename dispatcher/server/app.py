@@ -19,7 +19,7 @@ from dispatcher.core.audit import AuditLog, AuditSink
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxProvider, ServedProvider
+from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.sessions.expiry import LifecycleHooks
 from dispatcher.core.transfer import TransferLimits, TreeTransfers
@@ -49,11 +49,11 @@ FINAL_GRACE = 0.5
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
 
 
-ProviderFactory = Callable[[ProviderHooks], ServedProvider]
+ProviderFactory = Callable[[ProviderHooks], SandboxProvider]
 """Makes the server's sandbox backend with what the server hands it (``make_provider``'s shape)."""
 
 
-def make_provider(config: Config, hooks: ProviderHooks = NO_HOOKS) -> ServedProvider:
+def make_provider(config: Config, hooks: ProviderHooks = NO_HOOKS) -> SandboxProvider:
     """The sandbox backend the config asks for, made with ``hooks`` (a server's metrics, stored
     containers and egress proxy).
 

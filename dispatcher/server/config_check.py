@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from dispatcher.config.load import Config
 from dispatcher.core.approval.confirmation_policy import Mode
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
-from dispatcher.core.sandbox_api import SandboxError, ServedProvider
+from dispatcher.core.sandbox_api import SandboxError, SandboxProvider
 from dispatcher.core.types import ToolFactory
 from dispatcher.server.sessions.egress import EGRESS_TOOL  # a policy may name the egress questions
 
@@ -141,7 +141,7 @@ def _known(known: set[str], prefixes: tuple[str, ...]) -> str:
     return text
 
 
-async def check_images(config: Config, provider: ServedProvider) -> list[str]:
+async def check_images(config: Config, provider: SandboxProvider) -> list[str]:
     """``serve``'s sandbox preflight (``provider.check_ready``: the daemon answers, the image
     exists and has python, the agent of this protocol version and a non-root USER); its refusal
     as a problem naming ``sandbox.image``."""

@@ -24,8 +24,9 @@ import pytest
 
 from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, Sandbox
 from dispatcher.core.sessions.session import Session
+from dispatcher.sandbox.container.config import DEFAULT_IMAGE, SandboxConfig, WarmPoolConfig
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, SandboxConfig, WarmPoolConfig
 from tests.integration.helpers import containers_of
 
 RUN_ID = uuid.uuid4().hex[:8]

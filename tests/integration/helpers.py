@@ -13,7 +13,7 @@ import docker
 
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, Sandbox
 from dispatcher.core.types import ToolContext
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE
 
 
 def containers_of(client: docker.DockerClient, instance: str) -> list[Any]:

@@ -8,7 +8,7 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import collect_notices
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run, runsc_available
 from tests.polling import until

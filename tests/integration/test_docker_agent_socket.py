@@ -10,11 +10,11 @@ import os
 import docker
 import pytest
 
-from dispatcher.sandbox.docker.adopt import LABEL_SPEC
-from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR, AgentListener
-from dispatcher.sandbox.docker.config import SandboxConfig, WarmPoolConfig
+from dispatcher.sandbox.container.config import SandboxConfig, WarmPoolConfig
+from dispatcher.sandbox.container.labels import LABEL_SPEC
+from dispatcher.sandbox.container.sandbox import ContainerSandbox
+from dispatcher.sandbox.docker.agent.listener import SOCKET_DIR, AgentListener
 from dispatcher.sandbox.docker.launch import ContainerLauncher
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.sandbox.docker.stream import AttachStream, SocketStream
 from tests.integration.conftest import DEFAULT_TENANT, ProviderFactory
 from tests.integration.helpers import run
@@ -49,7 +49,7 @@ async def test_a_new_containers_agent_speaks_on_its_socket_and_leaves_nothing(
 ) -> None:
     provider = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)))  # its own launch
     sandbox = provider.sandbox_for(make_provider.session())
-    assert isinstance(sandbox, DockerSandbox)
+    assert isinstance(sandbox, ContainerSandbox)
     ran = await run(sandbox, f"ls -A {SOCKET_DIR}; test -e {SOCKET_DIR}/agent.sock; echo $?")
     assert ran.result.exit_code == 0, ran.err
     assert ran.out.strip().splitlines()[-1] == "1"  # no socket to connect to once the agent has
@@ -77,7 +77,7 @@ async def test_a_pooled_containers_agent_speaks_on_its_socket_too(make_provider:
     (name,) = os.listdir(root)
     assert os.listdir(os.path.join(root, name)) == []  # full: no agent starting
     sandbox = provider.sandbox_for(make_provider.session())
-    assert isinstance(sandbox, DockerSandbox)
+    assert isinstance(sandbox, ContainerSandbox)
     ran = await run(sandbox, f"test -e {SOCKET_DIR}/agent.sock; echo $?")
     assert ran.out == "1\n"
     assert sandbox._live is not None and isinstance(sandbox._live.stream, SocketStream)
@@ -87,7 +87,7 @@ async def test_a_pooled_containers_agent_speaks_on_its_socket_too(make_provider:
 async def test_agent_socket_false_attaches_through_the_daemon(make_provider: ProviderFactory) -> None:
     provider = make_provider(SandboxConfig(agent_socket=False))
     sandbox = provider.sandbox_for(make_provider.session())
-    assert isinstance(sandbox, DockerSandbox)
+    assert isinstance(sandbox, ContainerSandbox)
     assert (await run(sandbox, "echo hi")).out == "hi\n"
     assert sandbox._live is not None and isinstance(sandbox._live.stream, AttachStream)
 
@@ -154,7 +154,7 @@ async def test_a_restarted_server_speaks_to_a_readopted_agent_on_its_socket_not_
     assert await second.remove_orphans() == 0
     await second.adopt_all()
     again = second.sandbox_for(session)
-    assert isinstance(again, DockerSandbox) and again.container_id == container
+    assert isinstance(again, ContainerSandbox) and again.container_id == container
     assert again._live is not None and isinstance(again._live.stream, SocketStream)
     assert (await run(again, "echo same")).out == "same\n"
     assert "closed a connection to the agent socket from pid" in caplog.text  # the lurker's

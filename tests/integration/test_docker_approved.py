@@ -20,7 +20,7 @@ from dispatcher.config.load import parse_policy
 from dispatcher.core import Decision, Session, ToolDispatcher, ToolUseBlock
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.types import ToolResultBlock
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.tools import builtin_factories
 from tests.blocks import text_at
 from tests.events import EventOf, ToolConfirmationRequested, is_event

@@ -9,8 +9,8 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker.config import SandboxConfig
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run
 from tests.polling import until
@@ -31,7 +31,7 @@ def agent_signal(client: docker.DockerClient, container_id: str, signal: str) ->
     assert code == 0, output
 
 
-async def test_stdin_env_and_cwd(sandbox: DockerSandbox) -> None:
+async def test_stdin_env_and_cwd(sandbox: ContainerSandbox) -> None:
     await sandbox.write("sub/dir/.keep", "")
     ran = await run(
         sandbox, 'cat; echo "$GREETING"; pwd', stdin=b"from stdin\n", env={"GREETING": "hi"}, cwd="sub/dir"
@@ -40,25 +40,25 @@ async def test_stdin_env_and_cwd(sandbox: DockerSandbox) -> None:
     assert ran.out == "from stdin\nhi\n/workspace/sub/dir\n"
 
 
-async def test_exit_code_and_stderr(sandbox: DockerSandbox) -> None:
+async def test_exit_code_and_stderr(sandbox: ContainerSandbox) -> None:
     ran = await run(sandbox, "echo oops >&2; exit 7")
     assert ran.result.exit_code == 7 and ran.err == "oops\n"
 
 
-async def test_parallel_commands_in_one_session(sandbox: DockerSandbox) -> None:
+async def test_parallel_commands_in_one_session(sandbox: ContainerSandbox) -> None:
     started = time.monotonic()
     results = await asyncio.gather(*(run(sandbox, f"sleep 0.5; echo {i}") for i in range(4)))
     assert [r.out for r in results] == [f"{i}\n" for i in range(4)]
     assert time.monotonic() - started < 2.0  # they ran side by side, not one after another
 
 
-async def test_timeout_keeps_partial_output(sandbox: DockerSandbox) -> None:
+async def test_timeout_keeps_partial_output(sandbox: ContainerSandbox) -> None:
     ran = await run(sandbox, "echo partial; sleep 30", timeout=1)
     assert ran.result.timed_out and ran.result.exit_code is None
     assert ran.out == "partial\n"
 
 
-async def test_cancel_keeps_partial_output(sandbox: DockerSandbox) -> None:
+async def test_cancel_keeps_partial_output(sandbox: ContainerSandbox) -> None:
     cancel = asyncio.Event()
     seen = asyncio.Event()
     task = asyncio.ensure_future(
@@ -72,7 +72,7 @@ async def test_cancel_keeps_partial_output(sandbox: DockerSandbox) -> None:
     assert time.monotonic() - cancelled_at < 1.0  # sleep dies on SIGTERM: no grace needed
 
 
-async def test_command_ignoring_sigterm_is_killed(sandbox: DockerSandbox) -> None:
+async def test_command_ignoring_sigterm_is_killed(sandbox: ContainerSandbox) -> None:
     started = time.monotonic()
     ran = await run(sandbox, "trap '' TERM; echo stubborn; sleep 31 & wait; sleep 31", timeout=1, grace=0.5)
     assert ran.result.timed_out and ran.result.killed
@@ -88,7 +88,7 @@ async def test_command_ignoring_sigterm_is_killed(sandbox: DockerSandbox) -> Non
 
 
 async def test_killed_agent_is_recovered_on_the_next_call(
-    sandbox: DockerSandbox, docker_client: docker.DockerClient
+    sandbox: ContainerSandbox, docker_client: docker.DockerClient
 ) -> None:
     assert (await run(sandbox, "echo one")).out == "one\n"
     first = sandbox.container_id
@@ -102,7 +102,7 @@ async def test_killed_agent_is_recovered_on_the_next_call(
 
 
 async def test_agent_dying_mid_command_fails_the_call_then_recovers(
-    sandbox: DockerSandbox, docker_client: docker.DockerClient
+    sandbox: ContainerSandbox, docker_client: docker.DockerClient
 ) -> None:
     await run(sandbox, "true")
     first = sandbox.container_id

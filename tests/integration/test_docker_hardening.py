@@ -9,7 +9,7 @@ import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest, Sandbox
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run
 

@@ -15,8 +15,8 @@ import pytest
 from dispatcher.core.sandbox_api import FileOpError, Sandbox
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import TextBlock, Tool, ToolOutput
+from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from dispatcher.tools import ListDirTool, WriteFileTool
 from tests.integration.helpers import containers_of, run, tool_context
 
@@ -44,7 +44,7 @@ async def test_a_1500_level_write_is_a_plain_error_and_the_session_lives_on(
         )
     )
     await asyncio.wait_for(started.wait(), 60)
-    assert isinstance(sandbox, DockerSandbox)
+    assert isinstance(sandbox, ContainerSandbox)
     container = sandbox.container_id
     assert container is not None
 

@@ -12,7 +12,7 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import Sandbox
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import run
 

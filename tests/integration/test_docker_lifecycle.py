@@ -10,9 +10,9 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
-from dispatcher.sandbox.docker.file_guard import AgentUnavailable
-from dispatcher.sandbox.docker.stdio import DockerStdioProcess
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.file_guard import AgentUnavailable
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from tests.integration.conftest import BUSYBOX_IMAGE, ProviderFactory
 from tests.integration.helpers import containers_of, run, runsc_available
 from tests.polling import until
@@ -210,7 +210,7 @@ async def test_a_process_the_server_attached_is_not_work_but_a_command_left_runn
     later = time.monotonic() + 10_000
     assert not await sandbox.retire_if_idle(later, ttl=600)  # the command's process is work
     await run(sandbox, "pkill -f 'sleep 100[3]'; true")
-    server = await DockerStdioProcess.start(sandbox, ["sleep", "1004"], {}, limit=1 << 16)
+    server = await sandbox.start_process("sleeper", ["sleep", "1004"], {}, limit=1 << 16)
     try:
 
         async def running() -> bool:  # it runs, as the session's MCP server would

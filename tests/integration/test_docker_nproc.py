@@ -7,7 +7,7 @@ import os
 import docker
 import pytest
 
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import containers_of, run, runsc_available
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import docker
 import pytest
 
+from dispatcher.sandbox.container.config import SandboxConfig, WarmPoolConfig
+from dispatcher.sandbox.container.labels import LABEL_POOL
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import LABEL_POOL, SandboxConfig, WarmPoolConfig
 from tests.integration.conftest import DEFAULT_TENANT, ProviderFactory
 from tests.integration.helpers import containers_of, run
 from tests.polling import until

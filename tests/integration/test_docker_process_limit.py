@@ -14,10 +14,10 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import ProcessLimitExhausted, SandboxError, collect_notices
-from dispatcher.sandbox.docker import exec_guard
-from dispatcher.sandbox.docker.config import SandboxConfig
-from dispatcher.sandbox.docker.host import LiveContainer
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.container import exec_guard
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.host import LiveContainer
+from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import Ran, run, runsc_available
 from tests.polling import until
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.docker
 FORK_BOMB = "b(){ b|b& }; b"
 
 
-async def _noted(sandbox: DockerSandbox, command: str, **kw: Any) -> tuple[Ran | None, list[str], str]:
+async def _noted(sandbox: ContainerSandbox, command: str, **kw: Any) -> tuple[Ran | None, list[str], str]:
     """Run ``command``; (its run or None, the notices of the call, a process-limit error or "")."""
     with collect_notices() as notices:
         try:
@@ -37,7 +37,7 @@ async def _noted(sandbox: DockerSandbox, command: str, **kw: Any) -> tuple[Ran |
     return ran, notices, ""
 
 
-async def _bomb_then_echo(sandbox: DockerSandbox, rounds: int, runtime: str = "runc") -> list[str]:
+async def _bomb_then_echo(sandbox: ContainerSandbox, rounds: int, runtime: str = "runc") -> list[str]:
     """The issue's scenario: every call after a fork bomb succeeds or is a clear refusal."""
     seen: list[str] = []
     for _ in range(rounds):
@@ -147,16 +147,19 @@ async def test_idle_reaper_spares_a_sandbox_with_processes_then_says_it_reaped(
     provider = make_provider(SandboxConfig(idle_ttl_seconds=0.3))
     sandbox = provider.sandbox_for(make_provider.session())
     asked: list[bool] = []
-    working = DockerSandbox._working
+    working = ContainerSandbox._working
 
-    async def counted(self: DockerSandbox, live: LiveContainer) -> bool:
+    async def counted(self: ContainerSandbox, live: LiveContainer) -> bool:
         busy = await working(self, live)
         asked.append(busy)
         return busy
 
-    monkeypatch.setattr(DockerSandbox, "_working", counted)
+    monkeypatch.setattr(ContainerSandbox, "_working", counted)
     ran: Ran | None = await run(sandbox, "sleep 30 > /dev/null 2>&1 & echo $! > /tmp/bg; touch /tmp/scratch")
     assert ran is not None and ran.result.exit_code == 0
+    monkeypatch.setattr(ContainerSandbox, "_working", counted)
+    ran = await run(sandbox, "sleep 30 > /dev/null 2>&1 & echo $! > /tmp/bg; touch /tmp/scratch")
+    assert ran.result.exit_code == 0
     first = sandbox.container_id
     # Several reaper rounds find it past its idle time, and each time processes still running.
     await until(lambda: asked.count(True) >= 3, timeout=20)

@@ -11,7 +11,7 @@ import pytest
 from dispatcher.core.errors import ToolError
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceQuotaExceeded, mount_entry
 from dispatcher.sandbox.workspace_pin import Stage
 from tests.integration.conftest import SANDBOX_IDS, ProviderFactory

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.manifests import pvc_name
 from tests.kube_standin import StandIn
 from tests.kube_standin.podspec import pvc_dir

@@ -20,8 +20,9 @@ from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import TextBlock, Tool, ToolOutput
 from dispatcher.egress.proxy import TunnelStream
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
+from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from dispatcher.sandbox.kubernetes.manifests import NETWORK_POLICY
 from dispatcher.tools import ListDirTool, PatchFileTool, ReadFileTool, ShellTool, WriteFileTool
 from tests.integration.helpers import run, tool_context
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.docker
 COUNT_SLEEPS = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000 ' || true"
 
 
-async def call(tool: Tool, sandbox: DockerSandbox, session: Session, **input: Any) -> ToolOutput:
+async def call(tool: Tool, sandbox: ContainerSandbox, session: Session, **input: Any) -> ToolOutput:
     context, _ = tool_context(sandbox, session.workspace_path)
     return await tool.execute(input, context)
 

@@ -11,8 +11,8 @@ import pytest
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.egress.gate import CA_ENV_NAMES
 from dispatcher.egress.proxy import TunnelStream
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE
+from dispatcher.sandbox.container.config import CA_TARGET
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE
 from dispatcher.sandbox.kubernetes.ca import CA_KEY, CA_VOLUME, LABEL_CA, configmap_name
 from tests.integration.helpers import run
 from tests.kubernetes.backend_fixtures import KubeProviders

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from tests.integration.helpers import run
 from tests.kubernetes.backend_fixtures import KubeProviders
 
@@ -22,7 +22,7 @@ STATES = (
 )
 
 
-async def states(sandbox: DockerSandbox) -> dict[str, str]:
+async def states(sandbox: ContainerSandbox) -> dict[str, str]:
     """The state letter of each background ``sleep``, as a new command (not stopped) reads it."""
     out = (await run(sandbox, STATES)).out
     return {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1] for line in out.splitlines()}

@@ -14,7 +14,7 @@ import pytest
 
 from dispatcher.client import DispatcherClient
 from dispatcher.core.types import ToolResultBlock, ToolUseBlock
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION
 from tests.events import EventOf, ToolConfirmationRequested, is_event
 from tests.kube_standin import StandIn
 from tests.kube_standin.selectors import parse_selector

@@ -16,7 +16,7 @@ from dispatcher.config.sections import UidRange
 from dispatcher.core import ConfirmationPolicy, ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.types import Role
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.tenancy.tenants import TenantDirectory

@@ -11,7 +11,7 @@ import yaml
 from dispatcher.config import hash_token
 from dispatcher.config.load import load_config
 from dispatcher.core.errors import ConfigError
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 
 
 def _load(tmp_path: Path, roots: list[str | None]) -> Any:

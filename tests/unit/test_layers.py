@@ -214,9 +214,11 @@ def test_core_packages_import_only_lower_ranks() -> None:
 BACKEND_CLIENTS = {
     "dispatcher.sandbox.kubernetes": {"grpc", "docker"},
     "dispatcher.sandbox.docker": {"grpc", "kubernetes_asyncio", "aiohttp"},
+    "dispatcher.sandbox.container": {"grpc", "docker", "kubernetes_asyncio", "aiohttp"},
 }
 """Each sandbox backend talks to its own engine only: the Kubernetes one through the API server
-(never a Docker daemon), the Docker one never through a cluster client."""
+(never a Docker daemon), the Docker one never through a cluster client; what both share talks to
+neither."""
 
 
 def test_each_sandbox_backend_keeps_to_its_own_client() -> None:
@@ -228,6 +230,50 @@ def test_each_sandbox_backend_keeps_to_its_own_client() -> None:
         if (imp.source == package or imp.source.startswith(package + ".")) and imp.target in forbidden
     ]
     assert not bad, "\n".join(bad)
+
+
+BACKENDS = ("dispatcher.sandbox.docker", "dispatcher.sandbox.kubernetes")
+"""The hosts of the container sandbox: siblings, each over ``CONTAINER``, neither over the other."""
+CONTAINER = "dispatcher.sandbox.container"
+"""What both hosts share: it imports neither of them."""
+NO_BACKEND = ("dispatcher.config", "dispatcher.mcp", CONTAINER)
+"""Packages that import no backend at all: the config reads the sections ``CONTAINER`` holds, MCP
+servers in sandboxes go through the declared ``Sandbox.start_process``."""
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _backend_of(module: str) -> str | None:
+    return next((b for b in BACKENDS if _in(module, b)), None)
+
+
+def test_no_sandbox_backend_imports_another() -> None:
+    ours, _ = _imports(_modules())
+    bad = [
+        f"{i.source}:{i.line} imports {i.target}"
+        for i in ours
+        if (src := _backend_of(i.source)) and (dst := _backend_of(i.target)) and src != dst
+    ]
+    assert not bad, f"backends may share only {CONTAINER}:\n" + "\n".join(bad)
+
+
+def test_config_mcp_and_the_container_package_import_no_backend() -> None:
+    ours, _ = _imports(_modules())
+    bad = [
+        f"{i.source}:{i.line} imports {i.target}"
+        for i in ours
+        if any(_in(i.source, p) for p in NO_BACKEND) and _backend_of(i.target)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_backend_rules_see_the_backends() -> None:
+    modules = _modules()
+    assert all(any(_in(m, b) for m in modules) for b in (*BACKENDS, CONTAINER))
+    ours, _ = _imports(modules)
+    assert any(_backend_of(i.source) and _in(i.target, CONTAINER) for i in ours)
 
 
 AGENT = "dispatcher.sandbox.agent"

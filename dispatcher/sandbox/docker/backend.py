@@ -1,7 +1,11 @@
 """Per-session Docker containers: launch slots and retries, re-adoption, quotas (the start-up sweep
-of orphans: ``orphans.py``; idle expiry and container deaths: ``watch.py``).
+of orphans: ``orphans.py``; container deaths: ``watch.py``; what every container host shares, the
+idle reaper included: ``dispatcher.sandbox.container``).
 
-``DockerSandboxProvider`` implements the core ``SandboxProvider``. Each session gets one container,
+``DockerSandboxProvider`` implements the core ``SandboxProvider`` and the ``ContainerHost`` of its
+sessions' ``ContainerSandbox``, with what only Docker offers: commands through plain ``docker exec``
+for an image that cannot run the agent (``fallback.py``) and processes with their stdio attached
+(``stdio.py``). Each session gets one container,
 created on its first sandboxed call (by ``ContainerLauncher``, ``launch.py``), with the workspace
 bind-mounted at ``/workspace`` and labelled with the session, tenant and server instance.
 """
@@ -10,41 +14,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.observe import SandboxFailure
-from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxError
+from dispatcher.core.sandbox_api import (
+    NO_HOOKS,
+    AttachedProcess,
+    ExecRequest,
+    ExecResult,
+    OutputCallback,
+    ProviderHooks,
+    SandboxError,
+)
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.agent_attach import AgentLink
-from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener
+from dispatcher.sandbox.container.config import SandboxConfig, format_size
+from dispatcher.sandbox.container.host import AgentLink, LiveContainer
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
+from dispatcher.sandbox.container.provider import ContainerProvider
+from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import (
-    LABEL_INSTANCE,
-    LABEL_SESSION,
-    LABEL_TENANT,
-    SandboxConfig,
-)
-from dispatcher.sandbox.docker.exec_guard import still_running
-from dispatcher.sandbox.docker.host import LiveContainer
-from dispatcher.sandbox.docker.image_check import (
-    AgentVersionMismatch,
-    ImageUnusable,
-    check_image,
-)
+from dispatcher.sandbox.docker.fallback import fallback_exec
+from dispatcher.sandbox.docker.image_check import check_image
 from dispatcher.sandbox.docker.launch import NAME_UNSAFE, ContainerLauncher
 from dispatcher.sandbox.docker.orphans import sweep_orphans
-from dispatcher.sandbox.docker.pool import WarmPool
-from dispatcher.sandbox.docker.pool_adopt import readopt
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
-from dispatcher.sandbox.docker.sessions import SessionSandboxes
-from dispatcher.sandbox.docker.watch import SandboxWatch
-from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes, format_size
-from dispatcher.sandbox.launch_slots import LaunchSlots
+from dispatcher.sandbox.docker.pool.adopt import readopt
+from dispatcher.sandbox.docker.pool.warm_pool import WarmPool
+from dispatcher.sandbox.docker.stdio import DockerStdioProcess
+from dispatcher.sandbox.docker.watch import DeathWatch, still_running
+from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes
 
 if TYPE_CHECKING:
     from dispatcher.core.sessions.registry import Restoration
@@ -59,7 +60,7 @@ def instance_id_for(state_dir: str) -> str:
     return hashlib.sha256(real.encode()).hexdigest()[:16]
 
 
-class DockerSandboxProvider(SessionSandboxes):
+class DockerSandboxProvider(ContainerProvider):
     """Hands out one Docker-backed sandbox per session (implements ``SandboxProvider``)."""
 
     def __init__(
@@ -71,11 +72,7 @@ class DockerSandboxProvider(SessionSandboxes):
         state_dir: str | None = None,
         hooks: ProviderHooks = NO_HOOKS,
     ) -> None:
-        super().__init__(hooks)
-        self.config = config or SandboxConfig()
-        self.instance = self.config.instance or instance
-        if not self.instance:
-            raise ValueError("instance must be a non-empty string")
+        super().__init__(config or SandboxConfig(), instance=instance, hooks=hooks)
         self.api = api or DockerAPI()
         state = os.path.abspath(os.path.expanduser(state_dir)) if state_dir else None
         # Staging mounts live where only the server can write: its state dir, or /run as root.
@@ -97,24 +94,13 @@ class DockerSandboxProvider(SessionSandboxes):
             mode=self.config.workspace_quota_mode,
         )
         self._watcher: asyncio.Task[None] | None = None
-        self._sandboxes: dict[str, DockerSandbox] = {}
-        self._closed = False
-        self._watch = SandboxWatch(
+        self._deaths = DeathWatch(
             self.api,
-            self.config,
             self.instance,
             sandboxes=lambda: list(self._sandboxes.values()),
-            clock=lambda: self.clock(),
             closed=lambda: self._closed,
         )
-        """Idle and lifetime retirement, and containers Docker reports dead."""
-        # A burst of new sessions on a small machine: launching them all at once makes every agent
-        # miss its start deadline; a few at a time makes each one fast.
-        self._launch_slots = LaunchSlots(self.config.max_concurrent_launches)
-        self._starting: set[asyncio.Task[None]] = set()
-        """Containers started at session creation (``start_on_create``), until they are up."""
-        self.clock: Callable[[], float] = time.monotonic
-        """What containers' ages and idleness are measured on (unit tests step a fake clock)."""
+        """Containers Docker reports dead."""
         self.pool = WarmPool(
             self.launcher,
             self.api,
@@ -126,15 +112,10 @@ class DockerSandboxProvider(SessionSandboxes):
 
     # -- SandboxProvider -----------------------------------------------------------------
 
-    def sandbox_for(self, session: Session) -> DockerSandbox:
-        """The session's sandbox handle; no container exists until its first call."""
-        if self._closed:
-            raise SandboxError("the sandbox provider is closed")
-        sandbox = self._sandboxes.get(session.session_id)
-        if sandbox is None:
-            sandbox = self._sandboxes[session.session_id] = DockerSandbox(self, session)
-        self._watch.start()
-        return sandbox
+    def _watch(self) -> None:
+        """The idle reaper and, once, the watch over container deaths."""
+        super()._watch()
+        self._deaths.start()
 
     def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
         """The warm pool is shared among these tenants until their sessions say otherwise."""
@@ -142,7 +123,7 @@ class DockerSandboxProvider(SessionSandboxes):
 
     def reserve_session_id(self, session: Session) -> str | None:
         """With ``start_on_create``, the id of a warm pool's container for the new session (made
-        with its labels): the session adopts it as it starts (``pool.py``)."""
+        with its labels): the session adopts it as it starts (``pool/``)."""
         if not self.config.start_on_create or self._closed:
             return None  # a reserved container would wait for the first call, unused
         return self.pool.reserve(session)
@@ -163,12 +144,11 @@ class DockerSandboxProvider(SessionSandboxes):
         """Remove every container this provider started, unmount its volumes, release the client."""
         self._closed = True
         await self.pool.aclose()
-        await self._watch.aclose()
-        for task in (self._watcher, *self._starting):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        self._deaths.close()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         await self.close_all()
         # Kept containers hold their own mounts of a volume; the next start mounts the same loop
         # device again (``attached_loop``), never a second one.
@@ -261,11 +241,7 @@ class DockerSandboxProvider(SessionSandboxes):
         self.launcher.sockets.known(container["Id"], (container.get("Labels") or {}).get(LABEL_AGENT_LINK))
         self.pool.kept(container)
 
-    # -- after a restart ------------------------------------------------------------------
-
-    @property
-    def docker(self) -> DockerAPI:
-        return self.api
+    # -- ContainerHost: after a restart, pause, enforcement -------------------------------
 
     async def freeze(self, container_id: str) -> None:
         await self.api.pause(container_id)
@@ -281,11 +257,7 @@ class DockerSandboxProvider(SessionSandboxes):
         self.launcher.sockets.forget(container_id)
         await self.pool.removed(container_id)  # a pooled one's slot goes with it
 
-    def container_changed(self, session_id: str, container_id: str | None) -> None:
-        if self.on_container is not None:
-            self.on_container(session_id, container_id)
-
-    # -- used by DockerSandbox -----------------------------------------------------------
+    # -- ContainerHost: used by ContainerSandbox ----------------------------------------
 
     async def launch(self, session: Session) -> LiveContainer:
         """Create and start the session's container, then attach the agent (or fall back).
@@ -299,28 +271,14 @@ class DockerSandboxProvider(SessionSandboxes):
             if pooled is not None:
                 stream, channel = pooled.link
                 return LiveContainer(pooled.container_id, stream, channel, started=self.clock())
-        async with self._launch_slots.take():
-            started = time.monotonic()
-            try:
-                try:
-                    link, container_id = await self.launcher.launch_once(session)
-                except (AgentVersionMismatch, ImageUnusable):
-                    raise  # another try meets the same image
-                except SandboxError as exc:
-                    # Nothing has run in the sandbox yet, so one more try is safe.
-                    log.warning("sandbox launch failed, retrying once: %s", exc)
-                    link, container_id = await self.launcher.launch_once(session)
-            except Exception as exc:
-                self.observer.sandbox_failed(launch_failure(exc))
-                raise
-            self.observer.sandbox_launched(time.monotonic() - started)
+        link, container_id = await self._launch_counted(functools.partial(self.launcher.launch_once, session))
         if link is None:
             return LiveContainer(container_id, None, None, started=self.clock())
         return LiveContainer(container_id, link[0], link[1], started=self.clock())
 
     async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
         """Start an agent in a running container (adoption after a restart): on the socket its
-        listener directory holds, if it has one (``agent_socket.py``); see ``ContainerLauncher``."""
+        listener directory holds, if it has one (``agent/listener.py``); see ``ContainerLauncher``."""
         listener = self.launcher.sockets.relisten(container_id)
         try:
             if self.pool.readopting(container_id):
@@ -333,7 +291,7 @@ class DockerSandboxProvider(SessionSandboxes):
     async def _restart_pooled(
         self, container_id: str, session: Session, listener: AgentListener | None
     ) -> AgentLink:
-        """A pooled container's new agent, once it sees the session's workspace (``pool_adopt``)."""
+        """A pooled container's new agent, once it sees the session's workspace (``pool/adopt.py``)."""
         user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
         link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
         if link is None:
@@ -363,6 +321,34 @@ class DockerSandboxProvider(SessionSandboxes):
         self.launcher.sockets.forget(live.container_id)
         await self.pool.removed(live.container_id)  # an adopted one's slot goes with it
 
+    async def exec_without_agent(
+        self,
+        live: LiveContainer,
+        session: Session,
+        request: ExecRequest,
+        on_output: OutputCallback,
+        cancel_event: asyncio.Event,
+        enforce: Callable[[str], Awaitable[None]],
+    ) -> ExecResult:
+        """An image that cannot run the agent: the command through plain ``docker exec``."""
+        user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
+        return await fallback_exec(
+            self.api, live.container_id, user, request, on_output, cancel_event, enforce
+        )
+
+    async def start_process(
+        self,
+        live: LiveContainer,
+        session: Session,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        limit: int,
+    ) -> AttachedProcess:
+        """A process in the container, its stdio attached over ``docker exec`` (``stdio.py``)."""
+        user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
+        return await DockerStdioProcess.start(self.api, live.container_id, user, argv, env, limit=limit)
+
     # -- internals -----------------------------------------------------------------------
 
     def _labels(self, session_id: str | None = None, tenant_id: str | None = None) -> dict[str, str | None]:
@@ -380,12 +366,3 @@ class DockerSandboxProvider(SessionSandboxes):
                 await self.scan_usage()
             except Exception as exc:  # one failed scan must not stop the watcher
                 log.warning("measuring workspace usage failed: %s", exc)
-
-
-def launch_failure(exc: BaseException) -> SandboxFailure:
-    """The metrics' reason for a launch that failed (a closed set: never the message)."""
-    if isinstance(exc, AgentVersionMismatch):
-        return SandboxFailure.AGENT_VERSION
-    if isinstance(exc, ImageUnusable):
-        return SandboxFailure.IMAGE
-    return SandboxFailure.LAUNCH

@@ -27,6 +27,7 @@ from tenacity import (
 )
 
 from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.sandbox.container.host import ContainerNotFound
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,6 @@ _TRANSIENT_STATUS = {408, 429, 502, 503, 504}
 
 class DockerUnavailable(SandboxError):
     """The daemon did not answer (after retries)."""
-
-
-class ContainerNotFound(SandboxError, LookupError):
-    """The container (or exec) no longer exists."""
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -21,8 +21,8 @@ from typing import Any
 
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, OutputCallback
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
 
 # $1 pid file, $2 working directory, $3 the command. `exec` keeps the recorded pid the command's.

@@ -16,8 +16,14 @@ from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
+from dispatcher.sandbox.container.config import AGENT_PATH, SandboxConfig
+from dispatcher.sandbox.container.image import (
+    HOW_TO_BUILD,
+    HOW_TO_GET_AGENT,
+    ImageUnusable,
+)
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import AGENT_PATH, LABEL_INSTANCE, SandboxConfig
 
 PROBE_TIMEOUT_SECONDS = 60
 _OLD_LAYOUT = (
@@ -27,32 +33,6 @@ _OLD_LAYOUT = (
 _VERSION_RE = re.compile(r"dispatcher-agent protocol (\d+)")
 _ROOT_USERS = {"", "0", "root"}
 _NOT_FOUND_RE = re.compile(r"executable file not found|no such file or directory|permission denied", re.I)
-HOW_TO_BUILD = (
-    "build it FROM dispatcher-sandbox:latest (`make images` builds that one) or follow "
-    "sandbox_images/README.md, 'What a custom image must contain'"
-)
-HOW_TO_GET_AGENT = (
-    "`make images` rebuilds the default images with this server's agent; a custom image gets it with "
-    "`COPY --from=dispatcher-sandbox:latest /opt/dispatcher/agent.pyz /opt/dispatcher/agent.pyz` "
-    "(or `sandbox_images/build.sh agent` writes agent.pyz), owned by root, mode 0444"
-)
-"""What to do about a missing or outdated agent, since the agent became a zipapp (agent.pyz)."""
-
-
-class ImageUnusable(SandboxError):
-    """The sandbox image cannot serve sessions; the message lists every reason and the fix."""
-
-
-class AgentVersionMismatch(SandboxError):
-    """The agent in the sandbox speaks another protocol version than this server."""
-
-
-def version_mismatch(image: str, found: int | str) -> AgentVersionMismatch:
-    """The error for an agent of another protocol version (or one too old to say)."""
-    return AgentVersionMismatch(
-        f"the agent in sandbox image {image!r} speaks protocol version {found}, this server speaks "
-        f"version {PROTOCOL_VERSION}: rebuild the image with this server's agent ({HOW_TO_GET_AGENT})"
-    )
 
 
 async def check_image(api: DockerAPI, config: SandboxConfig, *, instance: str) -> list[str]:

@@ -1,5 +1,5 @@
 """Making one session's container: its mounts pinned and staged, the container created and started,
-what it sees checked, and the agent attached (``agent_attach.py``).
+what it sees checked, and the agent attached (``agent/attach.py``).
 
 ``ContainerLauncher`` does one attempt; the provider (``backend.py``) owns the launch slots, the
 retry and the metrics.
@@ -22,17 +22,19 @@ from typing import Any
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.egress.gate import EgressGate
-from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET, AgentLink, attach_agent, has_ca, open_tunnels
-from dispatcher.sandbox.docker.agent_socket import LABEL_AGENT_LINK, AgentListener, AgentSockets
-from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import (
+from dispatcher.sandbox.container.config import CA_TARGET, WORKSPACE_ROOT, SandboxConfig
+from dispatcher.sandbox.container.egress import open_tunnels
+from dispatcher.sandbox.container.host import AgentLink
+from dispatcher.sandbox.container.labels import (
     LABEL_INSTANCE,
     LABEL_SESSION,
+    LABEL_SPEC,
     LABEL_TENANT,
-    WORKSPACE_ROOT,
-    SandboxConfig,
+    spec_fingerprint,
 )
+from dispatcher.sandbox.docker.agent.attach import attach_agent, has_ca
+from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener, AgentSockets
+from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.workspace_pin import PinnedMount, Stage, pin_session_mounts, split_relative
 
@@ -69,7 +71,7 @@ class ContainerLauncher:
             os.path.join(os.path.dirname(run_dir), "agent"),
             enabled=config.agent_socket and config.runtime in (None, "runc"),
         )
-        """Where containers' agents connect (``agent_socket.py``); not ``usable``: attached through
+        """Where containers' agents connect (``agent/listener.py``); not ``usable``: attached through
         the daemon."""
 
     def listen(self) -> AgentListener | None:
@@ -138,7 +140,7 @@ class ContainerLauncher:
 
     def spec(self, user: str, labels: dict[str, str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
         """The create request of a container running as ``user`` with these labels and mounts
-        (a session's, or a warm pool's, ``pool.py``), hardened as the config says."""
+        (a session's, or a warm pool's, ``pool/``), hardened as the config says."""
         cfg = self.config
         labels = {**cfg.extra_labels, **labels, LABEL_INSTANCE: self.instance}
         exec_flag = "exec" if cfg.tmp_exec else "noexec"
@@ -359,7 +361,7 @@ class ContainerLauncher:
         self, container_id: str, user: str, grant_args: list[str], *, listener: AgentListener | None = None
     ) -> AgentLink | None:
         """``start_agent`` for a container running as ``user`` (a warm pool's: no session yet);
-        see ``agent_attach.attach_agent``.
+        see ``agent.attach.attach_agent``.
 
         Raises:
             SandboxError: the agent started but did not answer its first ping.

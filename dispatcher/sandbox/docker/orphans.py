@@ -3,7 +3,7 @@
 A previous run of the server (crashed, or stopped keeping its sessions) leaves containers labelled
 with its instance. Each is removed unless a session still owns it: a live session's (even one
 whose container is being created), the warm pool's, or the one a restarted session expects to
-re-adopt (``expect_container``), kept only when ``adopt.adoption_problem`` finds nothing wrong
+re-adopt (``expect_container``), kept only when ``adoption_problem`` finds nothing wrong
 with it; otherwise that session learns why it will get a fresh one. A session given back with no
 stored container (the server died between launching one and storing its id) adopts the newest
 container carrying its labels that passes the same checks.
@@ -16,12 +16,22 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.sandbox.docker.adopt import GONE, adoption_problem
+from dispatcher.core.sessions.session import Session
+from dispatcher.sandbox.container.adopt import GONE
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.labels import (
+    LABEL_INSTANCE,
+    LABEL_POOL,
+    LABEL_SESSION,
+    LABEL_SPEC,
+    LABEL_TENANT,
+    pool_fingerprint,
+    spec_fingerprint,
+)
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, SandboxConfig
 
 if TYPE_CHECKING:
-    from dispatcher.sandbox.docker.sandbox import DockerSandbox
+    from dispatcher.sandbox.container.sandbox import ContainerSandbox
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +40,7 @@ async def sweep_orphans(
     api: DockerAPI,
     instance: str,
     config: SandboxConfig,
-    sandboxes: Mapping[str, DockerSandbox],
+    sandboxes: Mapping[str, ContainerSandbox],
     live_session_ids: Iterable[str],
     *,
     pooled: Callable[[str], bool],
@@ -86,3 +96,28 @@ async def sweep_orphans(
     if removed:
         log.info("removed %d orphaned sandbox container(s) of instance %s", removed, instance)
     return removed
+
+
+def adoption_problem(
+    container: Mapping[str, Any], session: Session, instance: str, config: SandboxConfig
+) -> str | None:
+    """Why a listed container (``containers(all=True)`` form) cannot be the session's; None: it can."""
+    labels = container.get("Labels") or {}
+    expected = {LABEL_INSTANCE: instance, LABEL_SESSION: session.session_id, LABEL_TENANT: session.tenant_id}
+    if any(labels.get(k) != v for k, v in expected.items()):
+        return "its container's labels no longer matched the session after the server restarted"
+    if labels.get(LABEL_POOL):
+        made_for = pool_fingerprint(config, config.user_for(session.sandbox_uid, session.sandbox_gid))
+        caps = session.capabilities
+        if labels.get(LABEL_SPEC) != made_for or (caps is not None and caps.fs_grants is not None):
+            return "the sandbox configuration (image, limits or user) changed across the restart"
+    elif labels.get(LABEL_SPEC) != spec_fingerprint(config, session):
+        return (
+            "the sandbox configuration (image, limits, user, workspace or grants) changed across the restart"
+        )
+    if container.get("State") not in ("running", "paused"):  # paused: its session was
+        return f"its container had stopped ({container.get('State')}) when the server restarted"
+    lifetime = config.max_lifetime_seconds
+    if lifetime is not None and time.time() - float(container.get("Created") or 0) >= lifetime:
+        return f"its container had reached the sandbox's maximum lifetime ({lifetime:g} s)"
+    return None

@@ -17,9 +17,8 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 
-from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT
+from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.stream import AttachStream, open_attach_stream
 
 log = logging.getLogger(__name__)
@@ -30,12 +29,10 @@ _KILL = 'pid=$(cat "$1" 2>/dev/null) && kill -KILL -- "-$pid" 2>/dev/null'
 
 
 class DockerStdioProcess:
-    """One process in the container of ``sandbox``'s session, with its stdio attached."""
+    """One process in a session's container, with its stdio attached."""
 
-    def __init__(
-        self, sandbox: DockerSandbox, container_id: str, user: str, pidfile: str, stream: AttachStream
-    ):
-        self._sandbox = sandbox
+    def __init__(self, api: DockerAPI, container_id: str, user: str, pidfile: str, stream: AttachStream):
+        self._api = api
         self._container_id = container_id
         self._user = user
         self._pidfile = pidfile
@@ -48,41 +45,34 @@ class DockerStdioProcess:
     @classmethod
     async def start(
         cls,
-        sandbox: DockerSandbox,
+        api: DockerAPI,
+        container_id: str,
+        user: str,
         argv: Sequence[str],
         env: Mapping[str, str],
         *,
         limit: int,
     ) -> DockerStdioProcess:
-        """Start ``argv`` in the session's container (created if it is not running).
+        """Start ``argv`` in the running container, as ``user``.
 
         Raises:
-            SandboxError: the container could not be started or the exec failed.
+            SandboxError: the exec failed.
         """
-        # The container is made or re-adopted as for any call, and counts as in use while the
-        # exec is set up.
-        async with sandbox.using() as live:
-            provider = sandbox.host
-            api = provider.docker
-            if api is None:
-                raise SandboxError("MCP servers with run: sandbox need the docker sandbox backend")
-            session = sandbox.session
-            user = provider.config.user_for(session.sandbox_uid, session.sandbox_gid)
-            pidfile = f"/tmp/.dispatcher-stdio-{uuid.uuid4().hex}"
-            exec_id = await api.exec_create(
-                live.container_id,
-                ["sh", "-c", _WRAPPER, "dispatcher-stdio", pidfile, *argv],
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                user=user,
-                environment=dict(env),
-                workdir=WORKSPACE_ROOT,
-            )
-            sock, leftover = await api.exec_attach(exec_id)
-            stream = await open_attach_stream(sock, leftover, exec_id, limit=limit)
-        return cls(sandbox, live.container_id, user, pidfile, stream)
+        pidfile = f"/tmp/.dispatcher-stdio-{uuid.uuid4().hex}"
+        exec_id = await api.exec_create(
+            container_id,
+            ["sh", "-c", _WRAPPER, "dispatcher-stdio", pidfile, *argv],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            user=user,
+            environment=dict(env),
+            workdir=WORKSPACE_ROOT,
+        )
+        sock, leftover = await api.exec_attach(exec_id)
+        stream = await open_attach_stream(sock, leftover, exec_id, limit=limit)
+        return cls(api, container_id, user, pidfile, stream)
 
     def stderr_tail(self) -> str:
         """The end of what it wrote to stderr, escaped (it is the sandbox's text)."""
@@ -95,10 +85,9 @@ class DockerStdioProcess:
 
     async def kill(self) -> None:
         """SIGKILL its process group inside the container, then drop the attachment."""
-        api = self._sandbox.host.docker
-        if not self._gone.is_set() and api is not None:
+        if not self._gone.is_set():
             with contextlib.suppress(Exception):
-                await api.exec_run(
+                await self._api.exec_run(
                     self._container_id, ["sh", "-c", _KILL, "kill", self._pidfile], user=self._user
                 )
         self._stream.close()

@@ -131,7 +131,7 @@ class AttachStream:
 
 
 class SocketStream:
-    """The agent's channel on its own socket (``agent_socket.py``), with the exec that started it:
+    """The agent's channel on its own socket (``agent/listener.py``), with the exec that started it:
     the exec's stderr is the agent's, and the exec's end is the agent's end."""
 
     def __init__(

@@ -28,6 +28,7 @@ from typing import Literal
 
 from dispatcher.core.errors import ToolExecutionError
 from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.sandbox.container.config import format_size
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,6 @@ _SETID = stat.S_ISUID | stat.S_ISGID
 
 class WorkspaceQuotaExceeded(ToolExecutionError):
     """A watched tenant is over its disk quota: its calls fail until it deletes files."""
-
-
-def format_size(size: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if size >= 1 << shift and size % (1 << shift) == 0:
-            return f"{size >> shift} {unit}"
-    return f"{size} bytes"
 
 
 @dataclass(slots=True)

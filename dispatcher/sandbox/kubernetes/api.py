@@ -23,7 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 
 Obj = dict[str, Any]
 

@@ -1,10 +1,10 @@
-"""Per-session Pods: launch slots and retries, re-adoption after a restart, orphans, idle expiry
-(making one Pod: ``launch.py``).
+"""Per-session Pods: launch slots and retries, re-adoption after a restart, orphans (making one
+Pod: ``launch.py``; idle expiry: the provider base's, ``container/provider.py``).
 
-``KubernetesSandboxProvider`` implements the core ``SandboxProvider`` and the Docker backend's
-``ContainerHost``, so a session's sandbox is the same ``DockerSandbox`` (lifecycle, notices,
-enforcement) and its commands go through the same ``exec_guard``; only what a "container" is
-differs: a Pod (``manifests.py``) whose process is the agent, reached over ``pods/attach``
+``KubernetesSandboxProvider`` implements the core ``SandboxProvider`` and the ``ContainerHost`` of
+``dispatcher.sandbox.container``, so a session's sandbox is the same ``ContainerSandbox``
+(lifecycle, notices, enforcement, idle retirement) and its commands go through the same
+``exec_guard`` as on Docker; only what a "container" is differs: a Pod (``manifests.py``) whose process is the agent, reached over ``pods/attach``
 (``attach.py``). Its id is the Pod's name, which the session registry stores for re-adoption.
 
 A Pod cannot be frozen: pausing a session has its agent stop (``SIGSTOP``) every process its
@@ -26,45 +26,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
-from dispatcher.core.sandbox_api import NO_HOOKS, FileOpError, ProviderHooks, SandboxError
+from dispatcher.core.sandbox_api import (
+    NO_HOOKS,
+    AttachedProcess,
+    ExecRequest,
+    ExecResult,
+    FileOpError,
+    OutputCallback,
+    ProviderHooks,
+    SandboxError,
+)
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.adopt import GONE
-from dispatcher.sandbox.docker.backend import launch_failure
-from dispatcher.sandbox.docker.client import ContainerNotFound
-from dispatcher.sandbox.docker.config import (
-    LABEL_INSTANCE,
-    LABEL_SESSION,
-    SandboxConfig,
-)
-from dispatcher.sandbox.docker.host import LiveContainer
-from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
-from dispatcher.sandbox.docker.sessions import SessionSandboxes
-from dispatcher.sandbox.docker.workspace_volume import format_size
+from dispatcher.sandbox.container.adopt import GONE
+from dispatcher.sandbox.container.config import SandboxConfig, format_size
+from dispatcher.sandbox.container.host import ContainerNotFound, LiveContainer
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION
+from dispatcher.sandbox.container.provider import ContainerProvider
 from dispatcher.sandbox.kubernetes.api import KubeAPI
 from dispatcher.sandbox.kubernetes.attach import ChannelStream
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.launch import PodLauncher
 from dispatcher.sandbox.kubernetes.manifests import (
     label_value,
     network_policy_manifest,
 )
 from dispatcher.sandbox.kubernetes.pods import adoption_problem, created_at, pod_running
-from dispatcher.sandbox.launch_slots import LaunchSlots
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
 
-class KubernetesSandboxProvider(SessionSandboxes):
+class KubernetesSandboxProvider(ContainerProvider):
     """Hands out one Pod-backed sandbox per session (implements ``SandboxProvider``)."""
 
     def __init__(
@@ -76,23 +72,12 @@ class KubernetesSandboxProvider(SessionSandboxes):
         api: KubeAPI | None = None,
         hooks: ProviderHooks = NO_HOOKS,
     ) -> None:
-        super().__init__(hooks)
-        self.config = config
+        super().__init__(config, instance=instance, hooks=hooks)
         self.kube = kube
-        self.instance = config.instance or instance
-        if not self.instance:
-            raise ValueError("instance must be a non-empty string")
         self._api = api
         self._connecting = asyncio.Lock()
-        self._sandboxes: dict[str, DockerSandbox] = {}
-        self._reaper: asyncio.Task[None] | None = None
-        self._starting: set[asyncio.Task[None]] = set()
-        self._closed = False
-        self._launch_slots = LaunchSlots(config.max_concurrent_launches)
         self._channels: dict[str, AgentChannel] = {}
         """Each attached Pod's agent channel, by Pod name: what ``freeze`` and ``thaw`` talk to."""
-        self.clock: Callable[[], float] = time.monotonic
-        """What Pods' ages and idleness are measured on (as the Docker provider's)."""
         self.launcher = PodLauncher(
             config,
             kube,
@@ -102,11 +87,6 @@ class KubernetesSandboxProvider(SessionSandboxes):
             clock=lambda: self.clock(),
         )
 
-    @property
-    def docker(self) -> None:
-        """No Docker here: no exec fallback, no ``run: sandbox`` stdio processes."""
-        return None
-
     async def client(self) -> KubeAPI:
         """The API client, connected on first use (loading credentials is asynchronous)."""
         async with self._connecting:
@@ -115,15 +95,6 @@ class KubernetesSandboxProvider(SessionSandboxes):
             return self._api
 
     # -- SandboxProvider -------------------------------------------------------------------
-
-    def sandbox_for(self, session: Session) -> DockerSandbox:
-        if self._closed:
-            raise SandboxError("the sandbox provider is closed")
-        sandbox = self._sandboxes.get(session.session_id)
-        if sandbox is None:
-            sandbox = self._sandboxes[session.session_id] = DockerSandbox(self, session)
-        self._ensure_reaper()
-        return sandbox
 
     async def close_session(self, session_id: str) -> None:
         """Delete the session's Pod (and any stray one with its labels); the workspace PVC stays."""
@@ -138,11 +109,6 @@ class KubernetesSandboxProvider(SessionSandboxes):
     async def aclose(self) -> None:
         """Delete every Pod this provider started and release the client."""
         self._closed = True
-        for task in (self._reaper, *self._starting):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
         await self.close_all()
         if self._api is not None:
             await self._api.aclose()
@@ -202,8 +168,6 @@ class KubernetesSandboxProvider(SessionSandboxes):
                 log.info("deleted %d unused egress CA configmap(s) of instance %s", swept, self.instance)
         return removed
 
-    # -- sessions, restarts ----------------------------------------------------------------
-
     # -- ContainerHost ---------------------------------------------------------------------
 
     async def freeze(self, container_id: str) -> None:
@@ -232,10 +196,6 @@ class KubernetesSandboxProvider(SessionSandboxes):
         done = "stopped" if paused else "continued"
         log.info("pod %s: %s %d process(es) of its session (paused: %s)", container_id, done, count, paused)
 
-    def container_changed(self, session_id: str, container_id: str | None) -> None:
-        if self.on_container is not None:
-            self.on_container(session_id, container_id)
-
     def quota_note(self, tenant_id: str) -> str | None:
         quota = self.config.workspace_quota
         if not quota:
@@ -248,23 +208,10 @@ class KubernetesSandboxProvider(SessionSandboxes):
         Raises:
             SandboxError: the Pod could not be created, did not run, or its agent did not answer.
         """
-        async with self._launch_slots.take():
-            started = time.monotonic()
-            try:
-                try:
-                    live = await self.launcher.launch_once(session)
-                except (AgentVersionMismatch, ImageUnusable):
-                    raise
-                except SandboxError as exc:
-                    log.warning("sandbox pod launch failed, retrying once: %s", exc)
-                    live = await self.launcher.launch_once(session)
-            except Exception as exc:
-                self.observer.sandbox_failed(launch_failure(exc))
-                raise
-            self.observer.sandbox_launched(time.monotonic() - started)
-            if live.channel is not None:
-                self._channels[live.container_id] = live.channel
-            return live
+        live = await self._launch_counted(functools.partial(self.launcher.launch_once, session))
+        if live.channel is not None:
+            self._channels[live.container_id] = live.channel
+        return live
 
     async def start_agent(self, container_id: str, session: Session) -> tuple[ChannelStream, AgentChannel]:
         """Attach to the Pod's agent (see ``PodLauncher.start_agent``).
@@ -303,29 +250,29 @@ class KubernetesSandboxProvider(SessionSandboxes):
         self._channels.pop(container_id, None)
         await (await self.client()).delete_pod(container_id)
 
-    # -- idle expiry -----------------------------------------------------------------------
+    async def exec_without_agent(
+        self,
+        live: LiveContainer,
+        session: Session,
+        request: ExecRequest,
+        on_output: OutputCallback,
+        cancel_event: asyncio.Event,
+        enforce: Callable[[str], Awaitable[None]],
+    ) -> ExecResult:
+        """A Pod's process is its agent: there is no command without it."""
+        raise SandboxError("the sandbox has no agent to run the command")
 
-    def _ensure_reaper(self) -> None:
-        if self._reaper is not None and not self._reaper.done():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._reaper = loop.create_task(self._reap_idle(), name="sandbox-pod-reaper")
-
-    async def _reap_idle(self) -> None:
-        ttl = self.config.idle_ttl_seconds
-        shortest = min(ttl, self.config.max_lifetime_seconds or ttl)
-        interval = min(max(shortest / 4, 0.05), 30.0)
-        while True:
-            await asyncio.sleep(interval)
-            now = self.clock()
-            for sandbox in list(self._sandboxes.values()):
-                try:
-                    await asyncio.shield(sandbox.retire_if_idle(now, ttl))
-                except Exception as exc:
-                    log.warning("idle removal of session %s failed: %s", sandbox.session.session_id, exc)
+    async def start_process(
+        self,
+        live: LiveContainer,
+        session: Session,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        limit: int,
+    ) -> AttachedProcess:
+        """Not on a cluster: the agent speaks over the Pod's one attach stream."""
+        raise SandboxError("MCP servers with run: sandbox need the docker sandbox backend")
 
 
 __all__ = ["KubernetesSandboxProvider"]

@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE
+from dispatcher.sandbox.container.config import CA_TARGET
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE
 
 Manifest = dict[str, Any]
 

@@ -21,10 +21,12 @@ from dispatcher.core.sessions.session import Session
 from dispatcher.egress.gate import EgressGate
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.agent_attach import open_tunnels
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, WORKSPACE_ROOT, SandboxConfig
-from dispatcher.sandbox.docker.host import LiveContainer
-from dispatcher.sandbox.docker.image_check import ImageUnusable, version_mismatch
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT, SandboxConfig
+from dispatcher.sandbox.container.egress import open_tunnels
+from dispatcher.sandbox.container.host import LiveContainer
+from dispatcher.sandbox.container.image import ImageUnusable, version_mismatch
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE
 from dispatcher.sandbox.kubernetes.api import KubeAPI, Obj
 from dispatcher.sandbox.kubernetes.attach import ChannelStream
 from dispatcher.sandbox.kubernetes.ca import (
@@ -35,7 +37,6 @@ from dispatcher.sandbox.kubernetes.ca import (
     read_bundle,
     same_content,
 )
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.manifests import label_value, pod_manifest, pod_name, pvc_manifest
 from dispatcher.sandbox.kubernetes.pods import cannot_start, pod_running
 

@@ -20,18 +20,17 @@ from typing import Any
 
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.adopt import LABEL_SPEC, spec_fingerprint
-from dispatcher.sandbox.docker.config import (
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT, SandboxConfig, parse_size
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
+from dispatcher.sandbox.container.labels import (
     LABEL_INSTANCE,
     LABEL_SESSION,
+    LABEL_SPEC,
     LABEL_TENANT,
-    WORKSPACE_ROOT,
-    SandboxConfig,
-    parse_size,
+    spec_fingerprint,
 )
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.kubernetes.ca import ca_volume
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 
 Manifest = dict[str, Any]
 

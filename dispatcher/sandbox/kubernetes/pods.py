@@ -8,10 +8,10 @@ import datetime
 import time
 
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.adopt import LABEL_SPEC
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
+from dispatcher.sandbox.container.labels import LABEL_SPEC
 from dispatcher.sandbox.kubernetes.api import Obj
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.manifests import fingerprint, pod_labels
 
 _FATAL_WAITING = frozenset(

@@ -25,7 +25,7 @@ from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events.bus import Subscription
-from dispatcher.core.sandbox_api import ProviderLifecycle, SandboxIds
+from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.sessions.registry import Restoration, SessionListener
 from dispatcher.core.sessions.session import Session, SessionStatus, new_session_id
@@ -59,7 +59,7 @@ class SessionManager:
         listeners: Sequence[SessionListener] = (),
         lifetime: Lifetime | None = None,
         queue_observer: Callable[[float], None] | None = None,
-        sandbox_ids: SandboxIds | None = None,
+        sandbox_ids: SandboxProvider | None = None,
     ) -> None:
         """``persistence`` (default: in memory, nothing survives the process) is told of every
         session first, then ``listeners`` in their order; they are closed in the reverse order.
@@ -67,7 +67,7 @@ class SessionManager:
         ``queue_observer``: told how long each Dispatch waited for a slot; ``sandbox_ids``: the
         sandbox backend, which may name a new session after a sandbox made ahead for it."""
         self.dispatcher = dispatcher
-        self._sandbox_ids: SandboxIds = sandbox_ids or ProviderLifecycle()
+        self._sandbox_ids = sandbox_ids
         self.lifetime = lifetime or Lifetime()
         self.lifecycle = dispatcher.lifecycle
         self.admission = Admission(queue_observer)
@@ -154,13 +154,14 @@ class SessionManager:
         )
         # A sandbox made ahead for an id (a warm pool's container, labelled with it) is this
         # session's when it takes that id.
-        reserved = self._sandbox_ids.reserve_session_id(session)
-        if reserved is None:
+        ids = self._sandbox_ids
+        reserved = ids.reserve_session_id(session) if ids is not None else None
+        if ids is None or reserved is None:
             return self._open(tenant, session, None, lifetime)
         try:
             return self._open(tenant, dataclasses.replace(session, session_id=reserved), None, lifetime)
         except BaseException:
-            self._sandbox_ids.release_session_id(reserved)
+            ids.release_session_id(reserved)
             raise
 
     def restore(self, tenant: Tenant, session: Session, restored: Restoration) -> SessionState:

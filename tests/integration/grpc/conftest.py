@@ -19,8 +19,8 @@ import yaml
 
 from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.core.sandbox_api import ProviderHooks
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import SandboxConfig
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
 from tests.integration.helpers import runsc_available

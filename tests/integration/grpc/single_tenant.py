@@ -12,7 +12,7 @@ import yaml
 
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.config.load import ensure_default_tenant, load_config
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.server.app import DispatcherServer, build_server
 from tests.integration.conftest import ProviderFactory
 

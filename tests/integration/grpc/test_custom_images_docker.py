@@ -24,8 +24,8 @@ import yaml
 
 from dispatcher.client import DispatcherClient
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
-from dispatcher.sandbox.docker.config import SandboxConfig
-from dispatcher.sandbox.docker.image_check import AgentVersionMismatch, ImageUnusable
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.image import AgentVersionMismatch, ImageUnusable
 from tests.integration.conftest import BUSYBOX_IMAGE, INSTANCE_PREFIX, ProviderFactory
 from tests.server.helpers import text_of
 from tests.server.serve_process import READY

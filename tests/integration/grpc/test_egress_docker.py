@@ -28,7 +28,7 @@ import pytest
 
 from dispatcher.core.dispatcher import Decision
 from dispatcher.egress.networks import DEFAULT_DENY_NETWORKS, denied_by, parse_networks
-from dispatcher.sandbox.docker.config import DEFAULT_IMAGE
+from dispatcher.sandbox.container.config import DEFAULT_IMAGE
 from tests.events import ToolConfirmationRequested
 from tests.integration.grpc.conftest import Start
 from tests.server.conftest import TOKEN_ALPHA, Harness

@@ -20,7 +20,7 @@ from dispatcher.config import hash_token
 from dispatcher.config.load import load_config
 from dispatcher.core import ToolErrorClass
 from dispatcher.core.events import bus as ev
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
 from tests.polling import until

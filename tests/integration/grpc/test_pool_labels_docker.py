@@ -9,8 +9,8 @@ from typing import Any
 import docker
 import pytest
 
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, LABEL_TENANT
 from tests.integration.grpc.conftest import Start
 from tests.polling import until
 from tests.server.conftest import TOKEN_BETA

@@ -18,7 +18,8 @@ import pytest
 from dispatcher.client import DispatcherClient
 from dispatcher.core.events.bus import Event
 from dispatcher.core.types import ToolUseBlock
-from dispatcher.sandbox.docker.config import DEFAULT_IMAGE, LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
+from dispatcher.sandbox.container.config import DEFAULT_IMAGE
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.docker.workspace_volume import loop_backing_file
 from tests.events import ToolFailed, event_of
 from tests.integration.conftest import ProviderFactory

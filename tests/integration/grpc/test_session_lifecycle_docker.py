@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.sandbox.docker.config import LABEL_SESSION
+from dispatcher.sandbox.container.labels import LABEL_SESSION
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.events import SessionExpired
 from tests.integration.grpc.conftest import Start

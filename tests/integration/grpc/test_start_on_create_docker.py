@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from dispatcher.config.load import ensure_default_tenant, load_config
-from dispatcher.sandbox.docker.config import LABEL_SESSION, SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.labels import LABEL_SESSION
 from dispatcher.server.app import build_server
 from tests.integration.conftest import ProviderFactory
 from tests.polling import until

@@ -11,7 +11,7 @@ from typing import Any
 import docker
 import pytest
 
-from dispatcher.sandbox.docker.config import LABEL_SESSION
+from dispatcher.sandbox.container.labels import LABEL_SESSION
 from dispatcher.sandbox.docker.workspace_volume import mount_entry
 from tests.integration.grpc.conftest import Start
 from tests.integration.helpers import containers_of

@@ -13,10 +13,10 @@ import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, collect_notices
 from dispatcher.core.sessions.session import Session
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import SandboxConfig
-from dispatcher.sandbox.docker.sandbox import DockerSandbox
 from tests.clock import ManualClock
 from tests.unit.sandbox.fake_docker import FakeDockerClient
 
@@ -61,12 +61,12 @@ class Rig:
         workspace.mkdir()
         return Session(session_id=session_id, workspace_path=str(workspace), tenant_id="t")
 
-    def sandbox(self, *, clock: ManualClock | None = None, **config: Any) -> DockerSandbox:
+    def sandbox(self, *, clock: ManualClock | None = None, **config: Any) -> ContainerSandbox:
         return self.provider(clock=clock, **config).sandbox_for(self.session())
 
 
 async def run(
-    sandbox: DockerSandbox,
+    sandbox: ContainerSandbox,
     command: str,
     *,
     timeout: float = 5.0,

@@ -16,7 +16,7 @@ import pytest
 
 from dispatcher.sandbox.agent.protocol import CONNECT_FAILED
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.agent_socket import SOCKET_DIR, SOCKET_NAME, AgentSockets
+from dispatcher.sandbox.docker.agent.listener import SOCKET_DIR, SOCKET_NAME, AgentSockets
 
 REPO = Path(__file__).resolve().parents[3]
 AGENT_DIR = REPO / "dispatcher" / "sandbox" / "agent"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dispatcher.egress.gate import CA_ENV_NAMES
 from dispatcher.egress.proxy import TunnelStream
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET
+from dispatcher.sandbox.container.config import CA_TARGET
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_containers import FakeContainer

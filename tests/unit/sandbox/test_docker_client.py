@@ -7,7 +7,8 @@ import pytest
 import requests
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker.client import ContainerNotFound, DockerAPI, DockerUnavailable, is_transient
+from dispatcher.sandbox.container.host import ContainerNotFound
+from dispatcher.sandbox.docker.client import DockerAPI, DockerUnavailable, is_transient
 
 
 def _api_error(status: int) -> docker.errors.APIError:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core.errors import ConfigError
-from dispatcher.sandbox.docker.config import SandboxConfig, parse_size
+from dispatcher.sandbox.container.config import SandboxConfig, parse_size
 
 
 def test_defaults_are_the_hardened_ones() -> None:

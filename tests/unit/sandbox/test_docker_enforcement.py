@@ -1,6 +1,6 @@
 """Enforcement and retries of the Docker sandbox, over a fake daemon (no Docker needed).
 
-The real ``DockerSandbox``/``DockerSandboxProvider``/``DockerAPI`` run; only the daemon and the
+The real ``ContainerSandbox``/``DockerSandboxProvider``/``DockerAPI`` run; only the daemon and the
 programs in its containers are fakes (``fake_docker.py``).
 """
 

@@ -11,9 +11,9 @@ import pytest
 import requests
 
 from dispatcher.core.sandbox_api import SandboxError
+from dispatcher.sandbox.container.file_guard import AgentUnavailable
+from dispatcher.sandbox.container.image import ImageUnusable
 from dispatcher.sandbox.docker.client import DockerUnavailable
-from dispatcher.sandbox.docker.file_guard import AgentUnavailable
-from dispatcher.sandbox.docker.image_check import ImageUnusable
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_containers import HANG, IGNORE_TERM

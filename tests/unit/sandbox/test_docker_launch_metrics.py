@@ -9,7 +9,7 @@ import pytest
 
 from dispatcher.core.observe import SandboxFailure, SandboxRemoval
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker.image_check import ImageUnusable
+from dispatcher.sandbox.container.image import ImageUnusable
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_containers import HANG
 from tests.unit.sandbox.fake_docker import api_error

@@ -15,16 +15,13 @@ from typing import Any
 
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import (
-    LABEL_INSTANCE,
-    LABEL_POOL,
-    LABEL_SESSION,
-    LABEL_TENANT,
+from dispatcher.sandbox.container.config import (
     WarmPoolConfig,
 )
-from dispatcher.sandbox.docker.pool_adopt import SlotMounts
-from dispatcher.sandbox.docker.pool_shares import DEMAND_WINDOW
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_POOL, LABEL_SESSION, LABEL_TENANT
+from dispatcher.sandbox.docker.backend import DockerSandboxProvider
+from dispatcher.sandbox.docker.pool.adopt import SlotMounts
+from dispatcher.sandbox.docker.pool.shares import DEMAND_WINDOW
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import Rig, run
 from tests.unit.sandbox.fake_docker import FakeDockerClient

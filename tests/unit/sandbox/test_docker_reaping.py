@@ -5,8 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from dispatcher.sandbox.docker.adopt import LABEL_SPEC, adoption_problem, spec_fingerprint
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
+from dispatcher.sandbox.container.labels import (
+    LABEL_INSTANCE,
+    LABEL_SESSION,
+    LABEL_SPEC,
+    LABEL_TENANT,
+    spec_fingerprint,
+)
+from dispatcher.sandbox.docker.orphans import adoption_problem
 from tests.clock import ManualClock
 from tests.polling import until
 from tests.unit.sandbox.docker_rig import INSTANCE, Rig, run

@@ -22,7 +22,8 @@ import docker
 import pytest
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.sandbox.docker.client import ContainerNotFound, DockerAPI
+from dispatcher.sandbox.container.host import ContainerNotFound
+from dispatcher.sandbox.docker.client import DockerAPI
 
 WHAT_TO_CHANGE = (
     "the docker SDK changed an internal that DockerAPI._exec_attach_sync"

@@ -4,8 +4,8 @@ server finds the container by its labels instead of removing it as an orphan (fa
 from __future__ import annotations
 
 from dispatcher.core.sessions.session import Session
+from dispatcher.sandbox.container.labels import LABEL_SESSION
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
-from dispatcher.sandbox.docker.config import LABEL_SESSION
 from tests.unit.sandbox.docker_rig import Rig, run
 
 

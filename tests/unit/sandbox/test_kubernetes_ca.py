@@ -14,8 +14,9 @@ import yaml
 from dispatcher.cli import main
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.agent_attach import CA_TARGET
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, SandboxConfig
+from dispatcher.sandbox.container.config import CA_TARGET, SandboxConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE
 from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
 from dispatcher.sandbox.kubernetes.ca import (
     CA_KEY,
@@ -28,7 +29,6 @@ from dispatcher.sandbox.kubernetes.ca import (
     read_bundle,
     same_content,
 )
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
 from dispatcher.sandbox.kubernetes.manifests import pod_manifest
 
 PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"

@@ -14,8 +14,9 @@ from dispatcher.cli import main
 from dispatcher.core.capabilities import Capabilities, FsGrant
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.config import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT, SandboxConfig
-from dispatcher.sandbox.kubernetes.config import KubernetesConfig
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
+from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.kubernetes.manifests import (
     label_value,
     network_policy_manifest,

@@ -1,9 +1,10 @@
-"""One session's Docker sandbox: the agent channel, with the Docker API as its enforcer.
+"""One session's container sandbox: the agent channel, with the container's host as its enforcer.
 
-Calls go to the in-container agent over its attached ``docker exec`` stream. Around every call sits
-the enforcement the agent cannot provide for itself (``exec_guard.py``, ``file_guard.py``): if the channel breaks (the
-agent died), the agent raises ``AgentUnresponsive``, or a command outlives timeout + grace + slack,
-the container is removed through the Docker API and the next call creates a fresh one. The in-flight exec then
+Calls go to the in-container agent over its stream (a ``docker exec``'s, the agent's socket, a Pod's
+attach). Around every call sits the enforcement the agent cannot provide for itself
+(``exec_guard.py``, ``file_guard.py``): if the channel breaks (the agent died), the agent raises
+``AgentUnresponsive``, or a command outlives timeout + grace + slack, the container is removed
+through its host (``host.py``) and the next call creates a fresh one. The in-flight exec then
 returns with the output it streamed so far and ``killed=True``; a file operation raises
 ``SandboxError``, which the dispatcher reports as an ``execution_error``.
 
@@ -20,12 +21,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
 from dispatcher.core.observe import SandboxRemoval
 from dispatcher.core.sandbox_api import (
+    AttachedProcess,
     ExecRequest,
     ExecResult,
     FileOpError,
@@ -36,18 +38,17 @@ from dispatcher.core.sandbox_api import (
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.adopt import reattach
-from dispatcher.sandbox.docker.client import ContainerNotFound
-from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
-from dispatcher.sandbox.docker.exec_guard import run_command
-from dispatcher.sandbox.docker.file_guard import guarded_file_op, held_channel
-from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
+from dispatcher.sandbox.container.adopt import reattach
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT
+from dispatcher.sandbox.container.exec_guard import run_command
+from dispatcher.sandbox.container.file_guard import guarded_file_op, held_channel
+from dispatcher.sandbox.container.host import ContainerHost, ContainerNotFound, LiveContainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class DockerSandbox(AgentFiles):
+class ContainerSandbox(AgentFiles):
     """Implements ``dispatcher.core.sandbox_api.Sandbox`` for one session."""
 
     def __init__(self, provider: ContainerHost, session: Session) -> None:
@@ -89,7 +90,7 @@ class DockerSandbox(AgentFiles):
 
     @property
     def host(self) -> ContainerHost:
-        """The backend that made it: its Docker API and its config."""
+        """The host that runs its container: its config, its clock, what only it can do."""
         return self._provider
 
     @contextlib.asynccontextmanager
@@ -241,7 +242,8 @@ class DockerSandbox(AgentFiles):
             return True
 
     async def pause(self) -> None:
-        """Freeze the container (``docker pause``): processes and /tmp kept, no CPU used."""
+        """Freeze the container (``docker pause``; a Pod's processes stopped): processes and /tmp
+        kept, no CPU used."""
         async with self._lock:
             self.paused = True
             container_id = self._live.container_id if self._live is not None else self._adopt
@@ -293,7 +295,7 @@ class DockerSandbox(AgentFiles):
         return processes > 0
 
     def container_died(self, container_id: str) -> None:
-        """Docker says the container stopped by itself (gVisor's sandbox dies when a fork bomb takes
+        """Its host says the container stopped by itself (gVisor's sandbox dies when a fork bomb takes
         the pids its own threads need, and the agent's exec stream may stay open): break the
         channel now, so the next call recreates the sandbox instead of waiting for a dead agent."""
         live = self._live
@@ -395,3 +397,11 @@ class DockerSandbox(AgentFiles):
     def quota_note(self) -> str | None:
         """What to say when the workspace's disk is full (the tenant's quota), if anything."""
         return self._provider.quota_note(self.session.tenant_id)
+
+    async def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
+    ) -> AttachedProcess:
+        """See ``Sandbox.start_process``: in the session's container (created if it is not running),
+        which counts as in use while the process is set up."""
+        async with self.using() as live:
+            return await self._provider.start_process(live, self.session, argv, env, limit=limit)

@@ -1,4 +1,4 @@
-"""Adopting a warm pool's container (``pool.py``) for a session: its workspace mounted through a slot.
+"""Adopting a warm pool's container (``warm_pool.py``) for a session: its workspace mounted through a slot.
 
 A bind mount is fixed when a container is created, so a pooled container cannot be given its
 session's workspace the usual way. Instead each one is created with an empty per-slot directory
@@ -28,8 +28,8 @@ from collections.abc import Callable, Collection
 
 from dispatcher.core.sandbox_api import FileOpError, SandboxError
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.docker.agent_attach import AgentLink
-from dispatcher.sandbox.docker.config import WORKSPACE_ROOT
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT
+from dispatcher.sandbox.container.host import AgentLink
 from dispatcher.sandbox.docker.launch import ContainerLauncher
 from dispatcher.sandbox.workspace_pin import bind_mount, detach_mount, make_shared_mount
 

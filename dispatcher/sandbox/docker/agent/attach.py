@@ -2,11 +2,11 @@
 first ping and protocol version, and the session's egress listener.
 
 The agent is started with an attached ``docker exec`` (stdin/stdout/stderr, no tty). In a fresh
-runc container it then connects to the server's socket mounted there (``agent_socket.py``) and
+runc container it then connects to the server's socket mounted there (``listener.py``) and
 speaks on it, skipping the daemon's relay. Otherwise it speaks on the exec's stdin/stdout; that
 stream goes through the Docker daemon, so nothing in the sandbox can redirect it to a host path,
 and it works under gVisor, which cannot reach host unix sockets by default. Used by ``ContainerLauncher``
-(``launch.py``) for a session's container, by the warm pool (``pool.py``) for one made before any
+(``launch.py``) for a session's container, by the warm pool (``pool/``) for one made before any
 session, and after a restart for a re-adopted container.
 """
 
@@ -17,20 +17,16 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from dispatcher.core.sandbox_api import SandboxError
-from dispatcher.core.sessions.session import Session
-from dispatcher.egress.gate import EgressGate
-from dispatcher.sandbox.agent.protocol import CONNECT_FAILED, PROTOCOL_VERSION, TUNNEL_PORT
+from dispatcher.sandbox.agent.protocol import CONNECT_FAILED, PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.agent_socket import AgentListener, AgentSockets
+from dispatcher.sandbox.container.config import CA_TARGET, WORKSPACE_ROOT, SandboxConfig
+from dispatcher.sandbox.container.host import AgentLink, AgentStream
+from dispatcher.sandbox.container.image import HOW_TO_BUILD, ImageUnusable, version_mismatch
+from dispatcher.sandbox.docker.agent.listener import AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import WORKSPACE_ROOT, SandboxConfig
-from dispatcher.sandbox.docker.host import AgentStream
-from dispatcher.sandbox.docker.image_check import HOW_TO_BUILD, ImageUnusable, version_mismatch
 from dispatcher.sandbox.docker.stream import READER_LIMIT, AttachStream, SocketStream, open_attach_stream
-from dispatcher.sandbox.tunnels import tunnel_setup
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +34,6 @@ _MISSING_EXECUTABLE = {126, 127}
 _ALWAYS_FAILS = {CONNECT_FAILED, 2, *_MISSING_EXECUTABLE}
 """How an agent started with ``--connect`` ends when every later one would too: it cannot connect
 there, predates the option (argparse's status), or cannot run at all."""
-CA_TARGET = "/opt/dispatcher/ca-bundle.crt"
-"""Where a tenant's ``egress.ca_bundle`` is mounted (read-only) in its sandboxes."""
-
-AgentLink = tuple[AgentStream, AgentChannel]
 
 
 async def attach_agent(
@@ -56,7 +48,7 @@ async def attach_agent(
 ) -> AgentLink | None:
     """The agent started in a container running as ``user``; None when the image cannot run it
     (the docker exec fallback applies). With a ``listener`` mounted in the container (a fresh runc
-    one, ``agent_socket.py``), it speaks over that socket; one that ends without connecting is
+    one, ``listener.py``), it speaks over that socket; one that ends without connecting is
     attached through the daemon instead (see ``_connect_agent`` for when ``sockets`` is marked
     unusable).
 
@@ -228,40 +220,6 @@ async def _attach_agent(
             stream.stderr_tail().decode(errors="replace").strip()[-200:],
         )
         return None
-
-
-class Closable(Protocol):
-    """The stream under an agent channel (a docker exec's, a Pod attach's)."""
-
-    def close(self) -> None: ...
-
-
-async def open_tunnels(
-    egress: EgressGate | None,
-    session: Session,
-    channel: AgentChannel,
-    stream: Closable,
-    has_ca: Callable[[], Awaitable[bool]],
-) -> None:
-    """The session's egress listener in its agent, when the server has an egress proxy; the CA
-    bundle's variables only if ``has_ca()`` (the sandbox has it at ``CA_TARGET``). Both backends'.
-
-    Raises:
-        SandboxError: the agent refused it (the channel and its stream are closed).
-    """
-    setup = tunnel_setup(egress, session, ca_path=lambda _: CA_TARGET)
-    if setup is None:
-        return
-    env = setup.env
-    if env and not await has_ca():
-        env = {}
-    try:
-        await channel.open_tunnels(setup.serve, port=TUNNEL_PORT, env=env)
-    except SandboxError:
-        with contextlib.suppress(Exception):
-            await channel.close()
-        stream.close()
-        raise
 
 
 def has_ca(api: DockerAPI, container_id: str, mounted: bool | None) -> Callable[[], Awaitable[bool]]:

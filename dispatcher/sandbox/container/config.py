@@ -1,4 +1,5 @@
-"""Configuration of the Docker sandbox: every hardening knob, with its safe default.
+"""Configuration of the container sandbox (``sandbox:``, both hosts'): every hardening knob, with its
+safe default.
 
 The server's YAML loader hands the ``sandbox:`` section to ``SandboxConfig.from_mapping``; errors
 name the offending key (``sandbox.pids_limit: ...``) so an operator can fix the file.
@@ -22,11 +23,8 @@ AGENT_PATH = "/opt/dispatcher/agent.pyz"
 zipapp); a custom image must have it there too."""
 DEFAULT_IMAGE = "dispatcher-sandbox:latest"
 
-LABEL_SESSION = "dispatcher.session"
-LABEL_TENANT = "dispatcher.tenant"
-LABEL_INSTANCE = "dispatcher.instance"
-LABEL_POOL = "dispatcher.pool"
-"""On a warm pool's containers (no session label): a restarted server removes them as orphans."""
+CA_TARGET = "/opt/dispatcher/ca-bundle.crt"
+"""Where a tenant's ``egress.ca_bundle`` is mounted (read-only) in its sandboxes."""
 
 RUNSC_MIN_PIDS = 128
 """gVisor's own sentry threads count against the pids cgroup; below this, containers fail to start."""
@@ -54,6 +52,14 @@ def parse_size(value: object) -> int:
     if size <= 0:
         raise ConfigError(f"must be positive, got {value!r}")
     return size
+
+
+def format_size(size: int) -> str:
+    """``size`` bytes as people read it (``10 GiB``), exact or in bytes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} bytes"
 
 
 def _at_least(floor: int, shown: str) -> Any:
@@ -114,7 +120,7 @@ CapabilityNames = Annotated[
 
 
 class WarmPoolConfig(Section):
-    """``sandbox.warm_pool``: containers made before any session asks (``docker/pool.py``)."""
+    """``sandbox.warm_pool``: containers made before any session asks (``docker/pool/``)."""
 
     size: Annotated[int, Field(strict=True, ge=0, le=256)] = 0
     """Containers kept created, started and with their agent answering, across all sandbox users

@@ -1,6 +1,6 @@
-"""One file operation in a Docker sandbox, with the enforcement the agent cannot provide for itself.
+"""One file operation in a container sandbox, with the enforcement the agent cannot provide for itself.
 
-``guarded_file_op`` is ``DockerSandbox._file_op`` (every ``AgentFiles`` operation), as
+``guarded_file_op`` is ``ContainerSandbox._file_op`` (every ``AgentFiles`` operation), as
 ``exec_guard.run_command`` is its ``exec``: the operation goes to the agent under the op timeout;
 an agent that does not answer, or a channel that breaks, gets the container stopped (``enforce``)
 and the next call a fresh sandbox. A request that never reached a live agent (``NotDelivered``) is
@@ -18,14 +18,15 @@ from typing import TypeVar
 from dispatcher.core.observe import SandboxRemoval
 from dispatcher.core.sandbox_api import FileOpError, SandboxError
 from dispatcher.sandbox.channel import AgentChannel, NotDelivered
-from dispatcher.sandbox.docker.exec_guard import GuardedSandbox
-from dispatcher.sandbox.docker.host import LiveContainer
+from dispatcher.sandbox.container.exec_guard import GuardedSandbox
+from dispatcher.sandbox.container.host import LiveContainer
 
 T = TypeVar("T")
 
 
 class AgentUnavailable(SandboxError):
-    """The image cannot run the agent; only exec (through plain docker exec) is available."""
+    """The image cannot run the agent; only exec (through its host's ``exec_without_agent``) is
+    available."""
 
 
 async def guarded_file_op(
@@ -81,7 +82,7 @@ async def _file_op_once(sandbox: GuardedSandbox, what: str, op: Callable[[AgentC
 
 @contextlib.asynccontextmanager
 async def held_channel(sandbox: GuardedSandbox, what: str) -> AsyncIterator[AgentChannel]:
-    """``DockerSandbox.agent_channel``: the live channel for one long operation, no op timeout."""
+    """``ContainerSandbox.agent_channel``: the live channel for one long operation, no op timeout."""
     async with sandbox.using() as live:
         _require_agent(sandbox, live, what)
         assert live.channel is not None

@@ -1,7 +1,7 @@
-"""One command in a Docker sandbox, with the enforcement the agent cannot provide for itself.
+"""One command in a container sandbox, with the enforcement the agent cannot provide for itself.
 
-``run_command`` is ``DockerSandbox.exec``: the command goes to the agent (or, for an image that
-cannot run it, through plain ``docker exec``), in a fresh sandbox once more when the first never
+``run_command`` is ``ContainerSandbox.exec``: the command goes to the agent (or, for an image that
+cannot run it, to its host's ``exec_without_agent``: plain ``docker exec``), in a fresh sandbox once more when the first never
 answered (the container died, the agent was already gone), after killing the leftovers or in a
 fresh sandbox when the pids limit is exhausted. The agent runs a command's SIGTERM, grace, SIGKILL sequence. These functions only act when it failed
 to: a command that outlives timeout + grace + slack (or cancel + grace + slack), an agent that stops
@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol
@@ -34,9 +33,7 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.channel import AgentChannel, AgentUnresponsive, NotDelivered
-from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.fallback import fallback_exec
-from dispatcher.sandbox.docker.host import ContainerHost, LiveContainer
+from dispatcher.sandbox.container.host import ContainerHost, LiveContainer
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +46,7 @@ class ContainerDied(SandboxError):
 
 
 class GuardedSandbox(Protocol):
-    """What ``run_command`` needs of a session's Docker sandbox (``DockerSandbox``)."""
+    """What ``run_command`` needs of a session's container sandbox (``ContainerSandbox``)."""
 
     session: Session
 
@@ -66,7 +63,7 @@ class GuardedSandbox(Protocol):
 async def run_command(
     sandbox: GuardedSandbox, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
 ) -> ExecResult:
-    """``Sandbox.exec`` for a Docker sandbox.
+    """``Sandbox.exec`` for a container sandbox.
 
     Raises:
         ProcessLimitExhausted: the pids limit stayed exhausted, even in a fresh sandbox.
@@ -83,20 +80,15 @@ async def run_command(
 
     for attempt in range(3):
         async with sandbox.using() as live:
-            docker = sandbox.host.docker
-            if live.channel is None and docker is not None:  # only Docker runs agent-less images
-                return await fallback_exec(
-                    docker,
-                    live.container_id,
-                    config.user_for(sandbox.session.sandbox_uid, sandbox.session.sandbox_gid),
+            if live.channel is None:  # an image that cannot run the agent: its host's way, if any
+                return await sandbox.host.exec_without_agent(
+                    live,
+                    sandbox.session,
                     request,
                     on_output,
                     cancel_event,
                     functools.partial(sandbox.enforce, live),
                 )
-
-            if live.channel is None:
-                raise SandboxError("the sandbox has no agent to run the command")
 
             async def enforce(
                 reason: str, tell: bool, kind: SandboxRemoval, live: LiveContainer = live
@@ -211,22 +203,6 @@ async def guarded_exec(
             call.cancel()
             with contextlib.suppress(BaseException):
                 await call
-
-
-async def still_running(api: DockerAPI, container_id: str, settle: float = 5.0) -> bool:
-    """Whether Docker still runs the container, asked only after a channel failed; the channel's
-    end can come before Docker has noticed the death, so it is given ``settle`` s."""
-    deadline = time.monotonic() + settle
-    while True:
-        try:
-            info = await api.inspect(container_id)
-        except SandboxError:
-            return False
-        if not (info.get("State") or {}).get("Running"):
-            return False
-        if time.monotonic() >= deadline:
-            return True
-        await asyncio.sleep(0.05)
 
 
 def killed_result(request: ExecRequest, cancel_event: asyncio.Event, started: float) -> ExecResult:

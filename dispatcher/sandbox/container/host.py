@@ -1,23 +1,37 @@
-"""What a Docker sandbox needs from the backend that made it: a narrow interface, so the sandbox
-(and the re-adoption after a restart) depend on it and not on the whole provider.
+"""What a container sandbox needs from the host that runs its container: a narrow interface, so the
+sandbox (and the re-adoption after a restart) depend on it and not on the whole provider.
 
-``DockerSandboxProvider`` implements ``ContainerHost``; ``LiveContainer`` is what it launches. The
-Kubernetes backend implements it too (its "container" is a Pod, its stream the attach WebSocket),
-so ``DockerSandbox`` and ``exec_guard`` serve both backends' sessions unchanged.
+Both hosts implement ``ContainerHost``: the Docker one (a container, its stream a ``docker exec``
+or the agent's socket) and the Kubernetes one (a Pod, its stream the attach WebSocket), so one
+``ContainerSandbox`` with its guards serves both backends' sessions. ``LiveContainer`` is what a
+host launches. What only one host can do (a command without the agent, a process with its stdio
+attached) is declared here too, and refused by a host that cannot.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.core.observe import SandboxObserver
+from dispatcher.core.sandbox_api import (
+    AttachedProcess,
+    ExecRequest,
+    ExecResult,
+    OutputCallback,
+    SandboxError,
+)
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.docker.client import DockerAPI
-from dispatcher.sandbox.docker.config import SandboxConfig
+from dispatcher.sandbox.container.config import SandboxConfig
 
-__all__ = ["AgentStream", "ContainerHost", "LiveContainer"]
+__all__ = ["AgentLink", "AgentStream", "ContainerHost", "ContainerNotFound", "LiveContainer"]
+
+
+class ContainerNotFound(SandboxError, LookupError):
+    """The container (or Pod) is gone."""
 
 
 class AgentStream(Protocol):
@@ -31,6 +45,10 @@ class AgentStream(Protocol):
     def close(self) -> None: ...
 
     def stderr_tail(self) -> bytes: ...
+
+
+AgentLink = tuple[AgentStream, AgentChannel]
+"""An agent attached: its byte stream and the channel spoken over it."""
 
 
 @dataclass(slots=True)
@@ -56,19 +74,9 @@ class LiveContainer:
 class ContainerHost(Protocol):
     """Launches and removes a session's containers and is told when its container changes."""
 
-    @property
-    def docker(self) -> DockerAPI | None:
-        """The Docker API, for what only Docker does (the docker exec fallback, stdio processes);
-        None on another backend."""
-        ...
-
-    @property
-    def config(self) -> SandboxConfig: ...
-
-    @property
-    def observer(self) -> SandboxObserver:
-        """Told each removal of a running sandbox (metrics)."""
-        ...
+    config: SandboxConfig
+    observer: SandboxObserver
+    """Told each removal of a running sandbox (metrics)."""
 
     def clock(self) -> float:
         """Now, in monotonic seconds: what containers' ages and idleness are measured on."""
@@ -84,9 +92,7 @@ class ContainerHost(Protocol):
     async def destroy(self, live: LiveContainer) -> None:
         """Close the agent and remove the container."""
 
-    async def start_agent(
-        self, container_id: str, session: Session
-    ) -> tuple[AgentStream, AgentChannel] | None:
+    async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
         """A fresh agent in a running container; None when the image cannot run it.
 
         Raises:
@@ -115,3 +121,36 @@ class ContainerHost(Protocol):
 
     def quota_note(self, tenant_id: str) -> str | None:
         """What to tell a model about the tenant's disk quota, if anything."""
+
+    async def exec_without_agent(
+        self,
+        live: LiveContainer,
+        session: Session,
+        request: ExecRequest,
+        on_output: OutputCallback,
+        cancel_event: asyncio.Event,
+        enforce: Callable[[str], Awaitable[None]],
+    ) -> ExecResult:
+        """Run a command in a container whose image cannot run the agent (Docker: one plain
+        ``docker exec``); ``enforce`` stops the container when signals did not end it.
+
+        Raises:
+            SandboxError: this host runs no command without the agent.
+        """
+        ...
+
+    async def start_process(
+        self,
+        live: LiveContainer,
+        session: Session,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        limit: int,
+    ) -> AttachedProcess:
+        """A long-running process in the container, its stdin/stdout attached (``Sandbox.start_process``).
+
+        Raises:
+            SandboxError: it could not be started, or this host cannot attach one.
+        """
+        ...

@@ -1,7 +1,8 @@
 """``sandbox.kubernetes:``: where and how the Kubernetes backend makes its Pods.
 
 The limits, image, user, idle and lifetime settings are the ``sandbox:`` section's own (shared with
-the Docker backend); this section holds only what a cluster adds.
+the Docker backend); this section holds only what a cluster adds. It lives beside the ``sandbox:``
+section rather than in ``kubernetes/`` so that the config package, which reads both, imports no backend.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from dispatcher.config_base import Section, Text
-from dispatcher.sandbox.docker.config import SizeText, parse_size
+from dispatcher.sandbox.container.config import SizeText, parse_size
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

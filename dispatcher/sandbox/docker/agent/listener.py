@@ -16,7 +16,7 @@ The shape, and why it keeps the isolation rules:
   daemon reports it. Anything else that connects (a process left running in a re-adopted
   container) is closed and logged; the pid is asked of the daemon once, then compared locally.
 - gVisor cannot reach a host socket; there, and on Kubernetes, the agent is attached through the
-  daemon as before (``agent_attach.py``).
+  daemon as before (``attach.py``).
 """
 
 from __future__ import annotations
