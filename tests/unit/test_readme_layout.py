@@ -55,3 +55,17 @@ def test_every_package_and_top_level_module_has_a_row() -> None:
     ]
     missing += [str(p.relative_to(REPO)) for p in top]
     assert not missing, f"README Layout has no row for: {missing}"
+
+
+DOCS = ("CONTRIBUTING.md", "docs/architecture.md")
+"""The pages that walk a reader through the code: every module path they name must exist."""
+
+
+def test_the_docs_name_only_paths_that_exist() -> None:
+    stale = []
+    for page in DOCS:
+        text = (REPO / page).read_text(encoding="utf-8")
+        for path in re.findall(r"`([\w./-]+/[\w.-]+\.py)`", text):
+            if not any((base / path).is_file() for base in (REPO, REPO / "dispatcher")):
+                stale.append(f"{page}: {path}")
+    assert not stale, f"paths named in the docs that are not there: {stale}"
