@@ -47,7 +47,15 @@ from .protocol import (
     Pause,
     Ping,
     Pong,
+    ProcInput,
+    ProcList,
+    ProcListRequest,
+    ProcRead,
     Procs,
+    ProcSignal,
+    ProcStart,
+    ProcUnwatch,
+    ProcWatch,
     ProtocolError,
     Read,
     ReadResult,
@@ -77,6 +85,7 @@ from .protocol import (
     reply_writes,
     request_id,
 )
+from .table import Limits, ProcessTable
 from .tunnels import Tunnels
 from .workers import EXEC_WORKERS, EXEC_WORKERS_MAX, FILE_WORKERS, FILE_WORKERS_MAX, Workers
 from .workspace import OpError, Workspace, os_error
@@ -200,17 +209,24 @@ class Transfers:
 class Agent:
     """Reads requests, runs each where its route says, writes responses under one lock."""
 
-    def __init__(self, root: str, out: IO[bytes], grants: list[tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        out: IO[bytes],
+        grants: list[tuple[str, str]] | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.ws = Workspace(root, grants)
         self._out = out
         self._out_lock = threading.Lock()
         # Started now, while pids are free: a request is never refused for want of a thread.
         self._pool = Workers("file-op", FILE_WORKERS, FILE_WORKERS_MAX)
         self._exec_pool = Workers("exec", EXEC_WORKERS, EXEC_WORKERS_MAX)
-        self.commands = Commands(self.ws, self.send, self._exec_pool)
+        self.table = ProcessTable(limits)
+        self.commands = Commands(self.ws, self.send, self._exec_pool, self.table)
         self.transfers = Transfers(self.ws, self.send)
         self.tunnels = Tunnels(self.send, self.commands)
-        t, tn = self.transfers, self.tunnels
+        t, tn, pt = self.transfers, self.tunnels, self.table
         self._routes: dict[type[Request[Any]], tuple[str, Handler]] = {
             Ping: (READER, lambda rid, r: Pong(PROTOCOL_VERSION)),
             SendSignal: (READER, self.commands.signal),
@@ -229,6 +245,14 @@ class Agent:
             TunnelSend: (READER, tn.data),
             TunnelClose: (READER, tn.close),
             TunnelCredit: (READER, tn.credit),
+            # The process table: what may wait (for output, a grace period) takes a command's thread.
+            ProcStart: (FILES, self.commands.start),
+            ProcListRequest: (READER, lambda rid, r: ProcList(tuple(pt.records()))),
+            ProcRead: (COMMANDS, lambda rid, r: pt.read(r)),
+            ProcWatch: (COMMANDS, lambda rid, r: pt.watch(rid, r, self.send)),
+            ProcUnwatch: (READER, lambda rid, r: pt.unwatch(r.watch)),
+            ProcInput: (READER, lambda rid, r: pt.write(r.process_id, r.data, r.close)),
+            ProcSignal: (COMMANDS, lambda rid, r: pt.signal(r.process_id, r.signal, r.grace_seconds)),
         }
 
     def send(self, rid: int | None, reply: Reply) -> bool:
@@ -322,6 +346,19 @@ class Agent:
                 self.send(rid, reply)
 
 
+def parse_limits(raw: str | None) -> Limits | None:
+    """The ``--process-limits`` JSON (an object of ``Limits`` fields) as limits; None: defaults."""
+    if raw is None:
+        return None
+    items = json.loads(raw)
+    known = set(Limits.__dataclass_fields__)
+    if not isinstance(items, dict) or not set(items) <= known:
+        raise ValueError(f"expected an object with some of {sorted(known)}")
+    if not all(type(v) is int and v > 0 for v in items.values()):
+        raise ValueError("every limit is a positive integer")
+    return Limits(**items)
+
+
 def parse_grants(raw: str | None) -> list[tuple[str, str]] | None:
     """The ``--grants`` JSON as (normalised relative prefix, mode) pairs; None when not given."""
     if raw is None:
@@ -391,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--root", required=True, help="workspace root that every path must stay under")
     parser.add_argument("--grants", help='JSON list of {"path": prefix, "mode": "r" | "rw"}; omit: all')
+    parser.add_argument("--process-limits", help="JSON object of process table bounds (table.Limits)")
     parser.add_argument(
         "--connect",
         metavar="SOCKET",
@@ -402,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         grants = parse_grants(args.grants)
+        limits = parse_limits(args.process_limits)
     except ValueError as exc:
-        print(f"agent: --grants: {exc}", file=sys.stderr)
+        print(f"agent: --grants or --process-limits: {exc}", file=sys.stderr)
         return 2
     if args.connect is not None:
         try:
@@ -430,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     os.close(devnull)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _exit_on_signal)  # exit through serve()'s cleanup, killing commands
-    agent = Agent(args.root, out, grants)
+    agent = Agent(args.root, out, grants, limits)
     try:
         return agent.serve(inp)
     finally:

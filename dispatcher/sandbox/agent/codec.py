@@ -120,6 +120,12 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
+def _names(name: str, value: Any) -> tuple[str, ...]:
+    if type(value) not in (list, tuple) or not all(type(item) is str for item in value):
+        raise BadMessage(f"field {name!r} must be a list of str")
+    return tuple(value)
+
+
 _CHECKS: dict[str, _Check] = {
     "str": _exact(str, "str"),
     "int": _exact(int, "int"),
@@ -129,6 +135,8 @@ _CHECKS: dict[str, _Check] = {
     "Env": _exact(dict, "dict"),
     "str | None": _optional(_exact(str, "str")),
     "int | None": _optional(_exact(int, "int")),
+    "float | None": _optional(_number),
+    "tuple[str, ...]": _names,
 }
 """Annotation (as written: annotations stay strings, which keeps the agent running on Python 3.9)
 to its check."""

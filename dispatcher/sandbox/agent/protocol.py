@@ -17,7 +17,8 @@ exec's ``approved_cwd``): the path ``resolve`` gave when a human approved the ca
 it is replaced. Trees: ``untar_begin`` (then ``untar_chunk`` per piece of a tar archive, then
 ``untar_end``) and ``tar_begin`` (then ``tar_read`` per chunk, then ``tar_end``). ``Error`` lists
 the error codes. The egress tunnel's messages live in ``tunnel_messages.py`` (their own concept,
-a listener's many frames) and are re-exported here: this module stays the one the host imports.
+a listener's many frames), the process table's in ``process_messages.py``; both are re-exported
+here: this module stays the one the host imports.
 
 Decoding checks every field's exact type (``True`` is not an int) and each message's own rules;
 a message that breaks them raises ``BadMessage``: the agent answers ``bad_request``, the host
@@ -47,6 +48,20 @@ from .codec import decode_header as decode_header
 from .codec import decode_prefix as decode_prefix
 from .codec import encode_frame as encode_frame
 from .codec import frame_writes as frame_writes
+from .process_messages import MAX_READ as MAX_READ
+from .process_messages import PROCESS_REQUESTS, check_process_id
+from .process_messages import ProcChunk as ProcChunk
+from .process_messages import ProcData as ProcData
+from .process_messages import ProcInfo as ProcInfo
+from .process_messages import ProcInput as ProcInput
+from .process_messages import ProcList as ProcList
+from .process_messages import ProcListRequest as ProcListRequest
+from .process_messages import ProcOutput as ProcOutput
+from .process_messages import ProcRead as ProcRead
+from .process_messages import ProcSignal as ProcSignal
+from .process_messages import ProcStart as ProcStart
+from .process_messages import ProcUnwatch as ProcUnwatch
+from .process_messages import ProcWatch as ProcWatch
 from .tunnel_messages import HOST_WINDOW as HOST_WINDOW
 from .tunnel_messages import MAX_TUNNELS as MAX_TUNNELS
 from .tunnel_messages import SANDBOX_WINDOW as SANDBOX_WINDOW
@@ -66,8 +81,10 @@ from .tunnel_messages import TunnelWindow as TunnelWindow
 CONNECT_FAILED = 3
 """The agent's exit status when ``--connect`` cannot reach the server's socket (the server then
 attaches an agent through the daemon instead)."""
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
+8: the process table (``process_messages.py``); exec's ``leave_as`` and ``capture_state``, and
+its exit's ``left``, ``cwd``, ``env`` and ``unset``.
 7: tunnel frames carry up to ``TUNNEL_CHUNK`` (256 KiB) and the window differs by direction.
 6: ``pause`` (stop and continue what commands started, where the sandbox cannot be frozen).
 5: the egress tunnel ops (``tunnel_listen`` and the frames of its connections).
@@ -204,15 +221,74 @@ class Output(Reply):
             raise BadMessage("output frame with an unknown stream")
 
 
+MAX_STATE = 256 << 10
+"""The most bytes of shell state (directory and environment) an exit carries."""
+
+
 @dataclass(frozen=True)
 class Exit(Reply):
-    """Exactly one of an exit status (0-255) or the number of the signal that ended the command."""
+    """Exactly one of an exit status (0-255) or the number of the signal that ended the command.
+
+    ``left``: the process ids of what the command left running (``leave_as``; at most one group:
+    whatever still holds its output pipes), now processes of the table. With ``capture_state``,
+    the state the shell ended in, when it could tell (None when the command replaced or killed
+    its shell, or left the workspace): ``cwd`` relative to the root, ``env`` the exported
+    variables that differ from what the command started with (travelling as the payload, JSON),
+    ``unset`` those it removed."""
 
     TYPE: ClassVar[str] = "exit"
     exit_code: int | None
     signal: int | None
+    left: tuple[str, ...] = ()
+    cwd: str | None = None
+    env: Env | None = None
+    unset: tuple[str, ...] = ()
+
+    def encode(self) -> tuple[dict[str, Any], bytes]:
+        header: dict[str, Any] = {"exit_code": self.exit_code, "signal": self.signal}
+        if self.left:
+            header["left"] = list(self.left)
+        if self.cwd is not None:
+            header["cwd"] = self.cwd
+        if self.unset:
+            header["unset"] = list(self.unset)
+        if self.env is None:
+            return header, b""
+        header["env"] = True
+        return header, json.dumps(self.env).encode("ascii")
+
+    @classmethod
+    def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> Exit:
+        env: Env | None = None
+        if take(header, "env", "bool", False):
+            try:
+                env = json.loads(payload.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                raise BadMessage("exit environment is not JSON") from None
+            if not isinstance(env, dict):
+                raise BadMessage("exit environment is not an object")
+        elif payload:
+            raise BadMessage("exit frame with an unannounced payload")
+        message = cls(
+            take(header, "exit_code", "int | None"),
+            take(header, "signal", "int | None"),
+            take(header, "left", "tuple[str, ...]", ()),
+            take(header, "cwd", "str | None"),
+            env,
+            take(header, "unset", "tuple[str, ...]", ()),
+        )
+        message.check()
+        return message
 
     def check(self) -> None:
+        for process_id in self.left:
+            check_process_id(process_id)
+        if self.env is not None:
+            check_env(self.env)
+        if self.cwd is not None:
+            _relative(self.cwd, "exit cwd")
+        if any(not name or "=" in name or "\x00" in name for name in self.unset):
+            raise BadMessage("malformed unset variable name")
         if (self.exit_code is None) == (self.signal is None):
             raise BadMessage("exit frame needs exactly one of exit_code or signal")
         if self.exit_code is not None and not 0 <= self.exit_code <= 255:
@@ -353,6 +429,10 @@ class Exec(Request[Exit], op="exec", reply=Exit):
     env: Env = field(default_factory=dict)
     stdin: bytes | None = None  # travels as the payload, announced by the header's bool
     approved_cwd: str | None = None
+    leave_as: str | None = None
+    """The process id for what the command leaves running (None: the agent makes one up)."""
+    capture_state: bool = False
+    """Report the directory and exported environment the shell ends with (``Exit``)."""
 
     def encode(self) -> tuple[dict[str, Any], bytes]:
         header: dict[str, Any] = {
@@ -363,6 +443,10 @@ class Exec(Request[Exit], op="exec", reply=Exit):
         }
         if self.approved_cwd is not None:
             header["approved_cwd"] = self.approved_cwd
+        if self.leave_as is not None:
+            header["leave_as"] = self.leave_as
+        if self.capture_state:
+            header["capture_state"] = True
         return header, self.stdin or b""
 
     @classmethod
@@ -372,12 +456,16 @@ class Exec(Request[Exit], op="exec", reply=Exit):
         approved_cwd = take(header, "approved_cwd", "str | None")
         env = take(header, "env", "Env", {})
         use_stdin = take(header, "stdin", "bool", False)
-        message = cls(command, cwd, env, payload if use_stdin else None, approved_cwd)
+        leave_as = take(header, "leave_as", "str | None")
+        capture = take(header, "capture_state", "bool", False)
+        message = cls(command, cwd, env, payload if use_stdin else None, approved_cwd, leave_as, capture)
         message.check()
         return message
 
     def check(self) -> None:
         check_env(self.env)
+        if self.leave_as is not None:
+            check_process_id(self.leave_as)
 
 
 @dataclass(frozen=True)
@@ -462,7 +550,7 @@ REQUESTS: dict[str, type[Request[Any]]] = {
     for cls in (
         Ping, Read, Write, Append, Exists, Stat, ListDir, Delete, Resolve, Exec, SendSignal,
         Procs, Pause, UntarBegin, UntarChunk, UntarEnd, TarBegin, TarRead, TarEnd,
-        TunnelListen, TunnelSend, TunnelClose, TunnelCredit,
+        TunnelListen, TunnelSend, TunnelClose, TunnelCredit, *PROCESS_REQUESTS,
     )
 }  # fmt: skip
 """Every op, by its name on the wire."""

@@ -192,6 +192,10 @@ class Tunnels:
     def shutdown(self) -> None:
         self._stopped = True
         self._post("stop", 0, None)
+        if self._listener is None:  # no tunnel thread ever ran to close these
+            for sock in (self._wake_r, self._wake_w):
+                sock.close()
+            self._sel.close()
 
     def _post(self, what: str, conn: int, value: Any) -> None:
         self._inbox.put((what, conn, value))
@@ -224,6 +228,9 @@ class Tunnels:
                     c.sock.close()
             if self._listener is not None:
                 self._listener.close()
+            for sock in (self._wake_r, self._wake_w):
+                sock.close()
+            self._sel.close()
 
     def _emit(self, reply: Any) -> None:
         assert self._rid is not None
