@@ -181,6 +181,12 @@ class _Strays:
                     found.append((int(name), info[0], info[1]))
         return found
 
+    def spare(self, pid: int) -> None:
+        """Never count ``pid`` (a successor agent, which stands for this one) as a stray."""
+        info = _proc_stat(pid)
+        if info is not None:
+            self._before.add((pid, info[1]))
+
     def list(self) -> list[tuple[int, str, int]]:
         """(pid, state, start time) of each stray, zombies included (they hold a pid too)."""
         return [p for p in self._scan() if (p[0], p[2]) not in self._before]
@@ -540,13 +546,22 @@ class Commands:
             flush()
             return [(key.fileobj, key.data) for key in sel.get_map().values()]  # type: ignore[misc]
 
-    def shutdown(self, keep_background: bool) -> None:
-        """Kill every running command and, unless ``keep_background``, what finished ones left."""
+    def spare(self, pid: int) -> None:
+        """A successor agent's process is not one a command started."""
+        self._strays.spare(pid)
+
+    def end_channel(self) -> None:
+        """Kill every running command: its answer has nowhere to go."""
         with self._lock:
             running = list(self._execs.values())
-            lingering = [] if keep_background else list(self._lingering)
         for ex in running:
             ex.signal(signal.SIGKILL)
+
+    def shutdown(self, keep_background: bool) -> None:
+        """Kill every running command and, unless ``keep_background``, what finished ones left."""
+        self.end_channel()
+        with self._lock:
+            lingering = [] if keep_background else list(self._lingering)
         for pgid in lingering:
             _killpg(pgid, signal.SIGKILL)
         if not keep_background:

@@ -513,6 +513,13 @@ class ProcessTable:
                     proc.cond.notify_all()
         return Done()
 
+    def end_watches(self) -> None:
+        """End every watch (their channel ended)."""
+        with self._lock:
+            self._watches.clear()
+            for proc in self._procs.values():
+                proc.cond.notify_all()
+
     def write(self, process_id: str, data: bytes, close: bool) -> ProcInfo:
         """Queue ``data`` for the process's stdin (all or nothing), then close it if ``close``.
 
