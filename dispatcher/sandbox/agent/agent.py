@@ -261,11 +261,22 @@ class Agent:
             ProcStart: (FILES, self.commands.start),
             ProcListRequest: (READER, lambda rid, r: ProcList(tuple(pt.records()))),
             ProcRead: (COMMANDS, lambda rid, r: pt.read(r)),
-            ProcWatch: (COMMANDS, lambda rid, r: pt.watch(rid, r, self.send)),
+            ProcWatch: (READER, self._watch),
             ProcUnwatch: (READER, lambda rid, r: pt.unwatch(r.watch)),
             ProcInput: (READER, lambda rid, r: pt.write(r.process_id, r.data, r.close)),
             ProcSignal: (COMMANDS, lambda rid, r: pt.signal(r.process_id, r.signal, r.grace_seconds)),
         }
+
+    def _watch(self, rid: int, request: ProcWatch) -> None:
+        """Register the watch at once (its ``proc_unwatch`` may follow), then follow on a thread."""
+        self.table.begin_watch(rid, request.process_id)
+
+        def stream(rid: int, r: ProcWatch) -> Reply | None:
+            return self.table.watch(rid, r, self.send)
+
+        if not self._exec_pool.try_submit(self._guarded, self._channel, rid, stream, request):
+            self.table.unwatch(rid)
+            self.commands.no_process(rid)
 
     def _send_on(self, channel: int) -> Send:
         """``send`` for threads of one channel's own (transfers, tunnels): silent once it ended."""

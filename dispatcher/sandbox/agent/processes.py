@@ -443,8 +443,10 @@ class Commands:
                     _killpg(proc.pid, signal.SIGKILL)
                 elif held or _killpg(proc.pid, 0):
                     self._remember_group(proc.pid)
+                    # Only what still holds the pipes: a group that let go of them is left as it
+                    # always was (``procs`` counts it; see the module docstring of ``table.py``).
                     process_id = request.leave_as or new_process_id()
-                    if self.table.adopt(process_id, request.command, request.cwd, proc.pid, held):
+                    if held and self.table.adopt(process_id, request.command, request.cwd, proc.pid, held):
                         held, left = {}, (process_id,)
             for fd in held:
                 os.close(fd)

@@ -65,11 +65,16 @@ def test_a_background_child_holding_the_pipes_is_kept_reading_and_listed(link: L
     assert (chunk.state, chunk.exit_code, chunk.signal) == ("exited", None, None)
 
 
-def test_a_daemon_that_let_go_of_the_pipes_is_listed_and_can_be_stopped(link: Link) -> None:
-    _, _, end = _run(link, p.Exec("sleep 30 >/dev/null 2>&1 </dev/null &"))
+def test_a_left_child_can_be_stopped_with_its_whole_group(link: Link) -> None:
+    _, _, end = _run(link, p.Exec("sleep 30 & sleep 30 &"))
     [left] = end.left
     record = link.call(p.ProcSignal(left, "TERM", grace_seconds=2))
     assert record.state == "killed" and not _group_alive(record.pid)
+
+
+def test_a_daemon_that_let_go_of_the_pipes_is_not_taken(link: Link) -> None:
+    _, _, end = _run(link, p.Exec("sleep 30 >/dev/null 2>&1 </dev/null &"))
+    assert end.left == () and link.call(p.ProcListRequest()).processes == ()
 
 
 def test_a_command_that_leaves_nothing_running_leaves_nothing_listed(link: Link) -> None:
