@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,12 @@ def check_env(env: Mapping[str, Any]) -> None:
     for key, value in env.items():
         if not key or "=" in key or "\x00" in key or type(value) is not str or "\x00" in value:
             raise BadMessage(f"bad environment variable {key!r}")
+
+
+def check_relative(path: str, what: str) -> None:
+    """Refuse a path that is not relative and inside the workspace."""
+    if posixpath.isabs(path) or ".." in path.split("/") or "\x00" in path:
+        raise BadMessage(f"{what} is not a relative path inside the workspace")
 
 
 JOIN_BELOW = 16 << 10

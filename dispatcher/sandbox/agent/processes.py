@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import IO, NoReturn
 
+from .process import new_process_id
 from .protocol import (
     CHUNK,
     Delivered,
@@ -43,7 +44,7 @@ from .protocol import (
     SendSignal,
 )
 from .shell_state import StateFiles, take_state, wrapped
-from .table import ProcessTable, new_process_id
+from .table import ProcessTable
 from .workers import Workers
 from .workspace import OpError, Workspace, os_error
 

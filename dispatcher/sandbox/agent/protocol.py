@@ -16,9 +16,10 @@ exec's ``approved_cwd``): the path ``resolve`` gave when a human approved the ca
 (see ``workspace.py``). ``expect_sha256`` (review mode): what the file must still be just before
 it is replaced. Trees: ``untar_begin`` (then ``untar_chunk`` per piece of a tar archive, then
 ``untar_end``) and ``tar_begin`` (then ``tar_read`` per chunk, then ``tar_end``). ``Error`` lists
-the error codes. The egress tunnel's messages live in ``tunnel_messages.py`` (their own concept,
-a listener's many frames), the process table's in ``process_messages.py``; both are re-exported
-here: this module stays the one the host imports.
+the error codes. Some concepts' messages live in modules of their own: foreground commands'
+(``exec_messages.py``), the egress tunnel's (``tunnel_messages.py``, a listener's many frames) and
+the process table's (``process_messages.py``); all are re-exported here: this module stays the one
+the host imports.
 
 Decoding checks every field's exact type (``True`` is not an int) and each message's own rules;
 a message that breaks them raises ``BadMessage``: the agent answers ``bad_request``, the host
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from .codec import CHUNK as CHUNK
-from .codec import OMIT_DEFAULT, Count, Env, check_env, take
+from .codec import OMIT_DEFAULT, Count, check_relative, take
 from .codec import PREFIX as PREFIX
 from .codec import BadMessage as BadMessage
 from .codec import Done as Done
@@ -48,8 +49,15 @@ from .codec import decode_header as decode_header
 from .codec import decode_prefix as decode_prefix
 from .codec import encode_frame as encode_frame
 from .codec import frame_writes as frame_writes
+from .exec_messages import MAX_STATE as MAX_STATE
+from .exec_messages import SIGNALS as SIGNALS
+from .exec_messages import Delivered as Delivered
+from .exec_messages import Exec as Exec
+from .exec_messages import Exit as Exit
+from .exec_messages import Output as Output
+from .exec_messages import SendSignal as SendSignal
 from .process_messages import MAX_READ as MAX_READ
-from .process_messages import PROCESS_REQUESTS, check_process_id
+from .process_messages import PROCESS_REQUESTS
 from .process_messages import ProcChunk as ProcChunk
 from .process_messages import ProcData as ProcData
 from .process_messages import ProcInfo as ProcInfo
@@ -94,13 +102,7 @@ and ``resolve`` answers the path itself (undecodable bytes as lone surrogates, n
 MAX_HEADER = 1 << 20  # the largest request header the agent reads
 MAX_PAYLOAD = 64 << 20  # the largest request payload the agent reads
 KINDS = frozenset({"file", "dir", "symlink", "other"})
-SIGNALS = ("TERM", "KILL", "INT")
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
-
-
-def _relative(path: str, what: str) -> None:
-    if posixpath.isabs(path) or ".." in path.split("/") or "\x00" in path:
-        raise BadMessage(f"{what} is not a relative path inside the workspace")
 
 
 # -- replies -------------------------------------------------------------------------------------
@@ -155,7 +157,7 @@ class StatResult(Reply):
     def check(self) -> None:
         if self.kind not in KINDS:
             raise BadMessage("malformed stat result")
-        _relative(self.path, "stat path")
+        check_relative(self.path, "stat path")
 
 
 @dataclass(frozen=True)
@@ -206,100 +208,6 @@ class ResolveResult(Reply):
         bad = not rel or posixpath.isabs(rel) or "\x00" in rel or posixpath.normpath(rel) != rel
         if bad or rel.split("/")[0] == "..":
             raise BadMessage("resolved path is not a normalised relative path inside the workspace")
-
-
-@dataclass(frozen=True)
-class Output(Reply):
-    TYPE: ClassVar[str] = "output"
-    stream: str
-    data: bytes
-
-    def check(self) -> None:
-        if not 0 < len(self.data) <= CHUNK:
-            raise BadMessage("output chunk size out of bounds")
-        if self.stream not in ("stdout", "stderr"):
-            raise BadMessage("output frame with an unknown stream")
-
-
-MAX_STATE = 256 << 10
-"""The most bytes of shell state (directory and environment) an exit carries."""
-
-
-@dataclass(frozen=True)
-class Exit(Reply):
-    """Exactly one of an exit status (0-255) or the number of the signal that ended the command.
-
-    ``left``: the process ids of what the command left running (``leave_as``; at most one group:
-    whatever still holds its output pipes), now processes of the table. With ``capture_state``,
-    the state the shell ended in, when it could tell (None when the command replaced or killed
-    its shell, or left the workspace): ``cwd`` relative to the root, ``env`` the exported
-    variables that differ from what the command started with (travelling as the payload, JSON),
-    ``unset`` those it removed."""
-
-    TYPE: ClassVar[str] = "exit"
-    exit_code: int | None
-    signal: int | None
-    left: tuple[str, ...] = ()
-    cwd: str | None = None
-    env: Env | None = None
-    unset: tuple[str, ...] = ()
-
-    def encode(self) -> tuple[dict[str, Any], bytes]:
-        header: dict[str, Any] = {"exit_code": self.exit_code, "signal": self.signal}
-        if self.left:
-            header["left"] = list(self.left)
-        if self.cwd is not None:
-            header["cwd"] = self.cwd
-        if self.unset:
-            header["unset"] = list(self.unset)
-        if self.env is None:
-            return header, b""
-        header["env"] = True
-        return header, json.dumps(self.env).encode("ascii")
-
-    @classmethod
-    def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> Exit:
-        env: Env | None = None
-        if take(header, "env", "bool", False):
-            try:
-                env = json.loads(payload.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                raise BadMessage("exit environment is not JSON") from None
-            if not isinstance(env, dict):
-                raise BadMessage("exit environment is not an object")
-        elif payload:
-            raise BadMessage("exit frame with an unannounced payload")
-        message = cls(
-            take(header, "exit_code", "int | None"),
-            take(header, "signal", "int | None"),
-            take(header, "left", "tuple[str, ...]", ()),
-            take(header, "cwd", "str | None"),
-            env,
-            take(header, "unset", "tuple[str, ...]", ()),
-        )
-        message.check()
-        return message
-
-    def check(self) -> None:
-        for process_id in self.left:
-            check_process_id(process_id)
-        if self.env is not None:
-            check_env(self.env)
-        if self.cwd is not None:
-            _relative(self.cwd, "exit cwd")
-        if any(not name or "=" in name or "\x00" in name for name in self.unset):
-            raise BadMessage("malformed unset variable name")
-        if (self.exit_code is None) == (self.signal is None):
-            raise BadMessage("exit frame needs exactly one of exit_code or signal")
-        if self.exit_code is not None and not 0 <= self.exit_code <= 255:
-            raise BadMessage("exit status out of range")
-        if self.signal is not None and not 0 < self.signal < 128:
-            raise BadMessage("signal number out of range")
-
-
-@dataclass(frozen=True)
-class Delivered(Reply):
-    delivered: bool
 
 
 @dataclass(frozen=True)
@@ -418,66 +326,6 @@ class Resolve(Request[ResolveResult], op="resolve", reply=ResolveResult):
     """The real path, relative to the root, exactly (see ``ResolveResult``)."""
 
     path: str
-
-
-@dataclass(frozen=True)
-class Exec(Request[Exit], op="exec", reply=Exit):
-    """``sh -c command``; its output frames come before the ``exit`` that ends it."""
-
-    command: str
-    cwd: str = "."
-    env: Env = field(default_factory=dict)
-    stdin: bytes | None = None  # travels as the payload, announced by the header's bool
-    approved_cwd: str | None = None
-    leave_as: str | None = None
-    """The process id for what the command leaves running (None: the agent makes one up)."""
-    capture_state: bool = False
-    """Report the directory and exported environment the shell ends with (``Exit``)."""
-
-    def encode(self) -> tuple[dict[str, Any], bytes]:
-        header: dict[str, Any] = {
-            "command": self.command,
-            "cwd": self.cwd,
-            "env": dict(self.env),
-            "stdin": self.stdin is not None,
-        }
-        if self.approved_cwd is not None:
-            header["approved_cwd"] = self.approved_cwd
-        if self.leave_as is not None:
-            header["leave_as"] = self.leave_as
-        if self.capture_state:
-            header["capture_state"] = True
-        return header, self.stdin or b""
-
-    @classmethod
-    def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> Exec:
-        command = take(header, "command", "str")
-        cwd = take(header, "cwd", "str", ".")
-        approved_cwd = take(header, "approved_cwd", "str | None")
-        env = take(header, "env", "Env", {})
-        use_stdin = take(header, "stdin", "bool", False)
-        leave_as = take(header, "leave_as", "str | None")
-        capture = take(header, "capture_state", "bool", False)
-        message = cls(command, cwd, env, payload if use_stdin else None, approved_cwd, leave_as, capture)
-        message.check()
-        return message
-
-    def check(self) -> None:
-        check_env(self.env)
-        if self.leave_as is not None:
-            check_process_id(self.leave_as)
-
-
-@dataclass(frozen=True)
-class SendSignal(Request[Delivered], op="signal", reply=Delivered):
-    """Signal a running command's process group (``TERM``, ``KILL`` or ``INT``)."""
-
-    exec_id: int
-    signal: str
-
-    def check(self) -> None:
-        if self.signal not in SIGNALS:
-            raise BadMessage(f"unknown signal {self.signal!r}")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import selectors
 import signal
 import socket
@@ -36,22 +35,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .process import ENDING, SIGNALS, Process, group_alive, killpg
 from .process_messages import ProcChunk, ProcData, ProcInfo, ProcOutput, ProcRead, ProcWatch
 from .protocol import CHUNK, Done, Send
-from .ring import Ring
 from .workspace import OpError
 
-SIGNALS = {
-    "TERM": signal.SIGTERM,
-    "KILL": signal.SIGKILL,
-    "INT": signal.SIGINT,
-    "HUP": signal.SIGHUP,
-    "QUIT": signal.SIGQUIT,
-    "USR1": signal.SIGUSR1,
-    "USR2": signal.SIGUSR2,
-}
-_ENDING = {signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
-"""Signals after which a process that ends counts as ``killed``."""
 POLL_SECONDS = 0.1
 """How often the pump looks for an end it cannot be woken for: a group that outlives its pipes,
 or a leader's exit where there is no pidfd (gVisor, an old kernel)."""
@@ -77,94 +65,13 @@ class Limits:
     """Bytes waiting for a process to read its stdin."""
 
 
-class _Proc:
-    """One process's record, pipes and output; its fields change under the table's lock."""
-
-    def __init__(self, process_id: str, command: str, cwd: str, ring: int, lock: threading.Lock) -> None:
-        self.process_id = process_id
-        self.command = command
-        self.cwd = cwd
-        self.ring = Ring(ring)
-        self.cond = threading.Condition(lock)
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.pid = 0
-        self.origin = "background"
-        self.tool_use_id: str | None = None
-        self.started = time.time()
-        self.ended: float | None = None
-        self.state = "running"
-        self.exit_code: int | None = None
-        self.signal: int | None = None
-        self.stopping = False  # an ending signal was sent: the end is a kill
-        self.outputs: dict[int, str] = {}  # open output fds -> their stream
-        self.stdin: int | None = None
-        self.pending = bytearray()  # stdin bytes the process has not taken yet
-        self.close_stdin = False
-        self.pidfd: int | None = None
-
-    def info(self) -> ProcInfo:
-        return ProcInfo(
-            self.process_id,
-            self.command,
-            self.cwd,
-            self.pid,
-            self.state,
-            self.exit_code,
-            self.signal,
-            self.started,
-            self.ended,
-            self.tool_use_id,
-            self.ring.end,
-            self.ring.first,
-            self.ring.capacity,
-            self.stdin is not None and not self.close_stdin,
-            self.origin,
-        )
-
-
-def _killpg(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs: zombies (dead, waiting for init to reap
-    them) do not count, whatever ``killpg`` says of them."""
-    if not _killpg(pgid, 0):
-        return False
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return True
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()  # state, ppid, pgrp
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
-
-
-def new_process_id() -> str:
-    """An id for a process the host did not name (what an exec left running, say)."""
-    return "p_" + secrets.token_hex(6)
-
-
 class ProcessTable:
     """The background processes of one agent, and the pump thread that serves their pipes."""
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self._lock = threading.Lock()
-        self._procs: dict[str, _Proc] = {}  # in start order
+        self._procs: dict[str, Process] = {}  # in start order
         self._watches: set[int] = set()  # request ids of the running watches
         self._inbox: deque[Callable[[], None]] = deque()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -214,7 +121,7 @@ class ProcessTable:
         with self._lock:
             return proc.info()
 
-    def _reserve(self, process_id: str, command: str, cwd: str, ring_bytes: int | None) -> _Proc:
+    def _reserve(self, process_id: str, command: str, cwd: str, ring_bytes: int | None) -> Process:
         """A new record, within the bounds (the lock is held)."""
         limits = self.limits
         running = sum(1 for p in self._procs.values() if p.state == "running")
@@ -230,7 +137,7 @@ class ProcessTable:
                 "too_large",
                 f"the session's output rings would pass {limits.total_ring_bytes} bytes; stop a process",
             )
-        proc = _Proc(process_id, command, cwd, ring, self._lock)
+        proc = Process(process_id, command, cwd, ring, self._lock)
         self._procs[process_id] = proc
         return proc
 
@@ -244,7 +151,7 @@ class ProcessTable:
                 return True
         return False
 
-    def _spawn(self, proc: _Proc, command: str, cwd: str, env: dict[str, str]) -> None:
+    def _spawn(self, proc: Process, command: str, cwd: str, env: dict[str, str]) -> None:
         stdin_r, stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -298,7 +205,7 @@ class ProcessTable:
         with contextlib.suppress(OSError):  # full: a wake-up is pending already
             self._wake_w.send(b"\0")
 
-    def _watch_fds(self, proc: _Proc) -> None:
+    def _watch_fds(self, proc: Process) -> None:
         for fd, stream in proc.outputs.items():
             self._sel.register(fd, selectors.EVENT_READ, (proc, stream))
         if proc.pidfd is not None:
@@ -306,7 +213,7 @@ class ProcessTable:
         self._feed_later(proc)
         self._settle(proc)
 
-    def _feed_later(self, proc: _Proc) -> None:
+    def _feed_later(self, proc: Process) -> None:
         """Watch stdin for room while bytes wait for it, or close it once asked and empty."""
         fd = proc.stdin
         if fd is None:
@@ -321,7 +228,7 @@ class ProcessTable:
         if not waiting and closing:
             self._close_stdin(proc)
 
-    def _close_stdin(self, proc: _Proc) -> None:
+    def _close_stdin(self, proc: Process) -> None:
         fd = proc.stdin
         if fd is None:
             return
@@ -379,13 +286,13 @@ class ProcessTable:
             for proc in lingering:
                 self._settle(proc)
 
-    def _polled(self, proc: _Proc) -> bool:
+    def _polled(self, proc: Process) -> bool:
         """Whether the end of ``proc`` can only be found by looking (the lock is held)."""
         if proc.outputs:
             return False  # its pipes' end wakes the pump
         return proc.popen is None or proc.pidfd is None or proc.popen.returncode is not None
 
-    def _drain(self, proc: _Proc, fd: int, stream: str) -> None:
+    def _drain(self, proc: Process, fd: int, stream: str) -> None:
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:
@@ -403,7 +310,7 @@ class ProcessTable:
             proc.outputs.pop(fd, None)
         self._settle(proc)
 
-    def _feed(self, proc: _Proc) -> None:
+    def _feed(self, proc: Process) -> None:
         fd = proc.stdin
         assert fd is not None
         with self._lock:
@@ -419,7 +326,7 @@ class ProcessTable:
             del proc.pending[:written]
         self._feed_later(proc)
 
-    def _settle(self, proc: _Proc) -> None:
+    def _settle(self, proc: Process) -> None:
         """Record the end of ``proc`` once its pipes are closed, its leader reaped and its group
         empty (pump thread only)."""
         with self._lock:
@@ -427,7 +334,7 @@ class ProcessTable:
                 return
             if proc.popen is not None and proc.popen.poll() is None:
                 return
-            if _group_alive(proc.pid):
+            if group_alive(proc.pid):
                 return  # a child still runs in the group
             code = proc.popen.returncode if proc.popen is not None else None
             proc.state = "killed" if proc.stopping else "exited"
@@ -450,7 +357,7 @@ class ProcessTable:
 
     # -- the requests ------------------------------------------------------------------------
 
-    def _get(self, process_id: str) -> _Proc:
+    def _get(self, process_id: str) -> Process:
         proc = self._procs.get(process_id)
         if proc is None:
             raise OpError("no_process", f"no process {process_id}")
@@ -562,12 +469,12 @@ class ProcessTable:
             proc = self._get(process_id)
             if proc.state != "running":
                 return proc.info()
-            proc.stopping = proc.stopping or sig in _ENDING or grace is not None
-            _killpg(proc.pid, sig)
+            proc.stopping = proc.stopping or sig in ENDING or grace is not None
+            killpg(proc.pid, sig)
             if grace is None:
                 return proc.info()
             if not proc.cond.wait_for(lambda: proc.state != "running", grace):
-                _killpg(proc.pid, signal.SIGKILL)
+                killpg(proc.pid, signal.SIGKILL)
                 proc.cond.wait_for(lambda: proc.state != "running", KILL_WAIT_SECONDS)
             return proc.info()
 
@@ -584,7 +491,7 @@ class ProcessTable:
         """Kill every running process group (the session is closing, or nothing may outlive the
         agent) and stop the pump."""
         for pgid in self.groups():
-            _killpg(pgid, signal.SIGKILL)
+            killpg(pgid, signal.SIGKILL)
         self._stopped = True
         self._post(lambda: None)
         self._thread.join(KILL_WAIT_SECONDS)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.sandbox.agent import protocol as p
-from dispatcher.sandbox.agent.table import _group_alive as _group_alive
+from dispatcher.sandbox.agent.process import group_alive as _group_alive
 
 from .served_agent import DEADLINE, Link, Served
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dispatcher.sandbox.agent import protocol as p
 from dispatcher.sandbox.agent.handover import Successors, hand_over
-from dispatcher.sandbox.agent.table import _group_alive as _group_alive
+from dispatcher.sandbox.agent.process import group_alive as _group_alive
 from tests.polling import until_sync
 
 from .served_agent import DEADLINE, Link, Served

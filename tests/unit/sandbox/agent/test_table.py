@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dispatcher.sandbox.agent import protocol as p
+from dispatcher.sandbox.agent.process import group_alive as _group_alive
 from dispatcher.sandbox.agent.table import Limits
-from dispatcher.sandbox.agent.table import _group_alive as _group_alive
 from tests.polling import until_sync
 
 from .served_agent import DEADLINE, Link, Served
