@@ -3,6 +3,9 @@ kept in the table, and the shell state they end with, reported on its own channe
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 
 from dispatcher.sandbox.agent import protocol as p
 from dispatcher.sandbox.agent.process import group_alive as _group_alive
+from dispatcher.sandbox.agent.shell_state import parse_exports
 
 from .served_agent import DEADLINE, Link, Served
 
@@ -115,3 +119,28 @@ def test_the_command_sees_none_of_the_wrapping(link: Link) -> None:
     first, fds = out.split(b"\n", 1)
     assert first == b"0 sh" and sorted(fds.split()) == [b"0", b"1", b"2"]
     assert end.exit_code == 0
+
+
+TRICKY = {
+    "X": "a'b\"c$d\\e\nnew line `x`\ttab",
+    "EMPTY": "",
+    "U": "ünï",
+    "SP": "  sp  ",
+    "Q": "'",
+    "BS": "\\",
+}
+
+
+@pytest.mark.parametrize("shell", [["dash"], ["bash", "--posix"], ["busybox", "sh"]], ids=lambda s: s[0])
+def test_every_shells_export_listing_is_read_exactly(shell: list[str]) -> None:
+    if shutil.which(shell[0]) is None:
+        pytest.skip(f"no {shell[0]} here")
+    listing = subprocess.run([*shell, "-c", "export -p"], env=TRICKY, capture_output=True, check=True).stdout
+    got = parse_exports(os.fsdecode(listing))
+    assert got is not None and {k: got.get(k) for k in TRICKY} == TRICKY
+
+
+def test_a_listing_that_is_not_one_is_refused() -> None:
+    assert parse_exports("export A='unterminated\n") is None
+    assert parse_exports("A=1\n") is None
+    assert parse_exports("export 1A=x\n") is None
