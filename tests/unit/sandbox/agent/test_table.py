@@ -194,3 +194,20 @@ def test_closing_the_channel_kills_every_process_outside_a_container(served: Ser
     info = served.link.call(p.ProcStart("p_1", "sleep 30 & sleep 30"))
     served.close()
     until_sync(lambda: not _group_alive(info.pid), "the group to die with the agent", timeout=DEADLINE)
+
+
+def test_fifty_megabytes_nobody_reads_leave_the_last_mebibyte_and_an_exact_count(tmp_path: Path) -> None:
+    served = Served(str(tmp_path))  # the default bounds: a 1 MiB ring
+    try:
+        link = served.link
+        started = time.monotonic()
+        link.call(p.ProcStart("p_1", "head -c 50000000 /dev/urandom"))
+        end = _ended(link, "p_1")
+        assert end.exit_code == 0 and time.monotonic() - started < DEADLINE
+        record = link.call(p.ProcListRequest()).processes[0]
+        assert record.end == 50_000_000 and record.ring_bytes == 1 << 20
+        assert 50_000_000 - record.first <= 1 << 20
+        out = link.call(p.ProcRead("p_1", 0, max_bytes=p.MAX_READ))
+        assert out.lost == record.first and out.chunks[0].cursor == record.first
+    finally:
+        served.close()
