@@ -39,6 +39,16 @@ def _successor_soon(name: str) -> tuple[Link, socket.socket]:
     return link, taken
 
 
+def _listening(name: str) -> bool:
+    """Whether an agent waits at ``name`` (a probe that sends nothing, which it refuses)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(name)
+        except OSError:
+            return False
+    return True
+
+
 def _read_all(link: Link, process_id: str, until: bytes) -> bytes:
     got, after = b"", 0
     while until not in got:
@@ -81,8 +91,9 @@ def test_another_agent_is_refused_and_serves_on_its_own(tmp_path: Path) -> None:
     served.link.call(p.ProcStart("p_1", "sleep 30"))
     served.link.sock.close()
     try:
+        until_sync(lambda: _listening(name), "the agent to wait", timeout=DEADLINE)
         other = {**IDENTITY, "version": p.PROTOCOL_VERSION + 1}
-        until_sync(lambda: _successor(name, other) == (None, None), "a refusal", timeout=DEADLINE)
+        assert _successor(name, other) == (None, None)
         link, taken = _successor_soon(name)  # the right one is still taken
     finally:
         served.agent.successors = None
