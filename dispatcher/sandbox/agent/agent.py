@@ -6,9 +6,12 @@ directory). Requests arrive on stdin, responses leave on stdout, diagnostics go 
 only: it runs in any image with python3 >= 3.9.
 
 This module reads frames and routes each request by its type (``protocol.py`` is the schema) to
-the part that serves it: the workspace's file operations, commands (``processes.py``), uploads
-and downloads (``upload.py``, ``download.py``). Each request runs on a worker thread started with
-the agent, or, for what never blocks, on the reader thread; answers are written under one lock.
+the part that serves it: the workspace's file operations, commands (``processes.py``), the
+process table (``table.py``), uploads and downloads (``transfers.py``), the egress tunnels
+(``tunnels.py``). Each request runs on a worker thread started with the agent, or, for what never
+blocks, on the reader thread; answers are written under one lock, on the channel the request came
+from only. When the channel ends in a sandbox container and the table holds processes, the agent
+waits for the next agent to hand it a new channel (``handover.py``) instead of exiting.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
 """Commands: each runs as ``sh -c`` in its own process group, its output streamed back in frames.
 
 A command starts with the agent's own environment (``docker exec`` gives it the container's
-configured one: the image's ``ENV``), minus names starting ``DISPATCHER_AGENT_``, plus ``env``; in
-``cwd`` (relative to the root, confined like every path).
+configured one: the image's ``ENV``), minus names starting ``DISPATCHER_AGENT_``, with no terminal
+(``TERM=dumb``, ``PAGER=cat``, ``GIT_PAGER=cat``), plus ``env``; in ``cwd`` (relative to the root,
+confined like every path); with stdin ``/dev/null`` unless the request brings some. With
+``capture_state`` it reports the directory and exported variables it ended with
+(``shell_state.py``).
 
 Commands run on threads started with the agent (a full pids limit cannot starve it). Background
-processes outlive their command. ``procs`` counts what commands left running, and with ``kill``
+processes outlive their command; those still holding its output pipes once its shell exited
+become a process of the table (``table.py``), read on and named in the exit. ``start`` starts a
+background process of the table directly. ``procs`` counts what commands left running, and with ``kill``
 stops and kills all of it (a fork bomb included): every process but the agent and those that ran
 before it (init, the container's keep-alive process); an agent running as root kills nothing,
 since it is not in a sandbox. ``pause`` stops (``SIGSTOP``) the same processes and later
