@@ -331,6 +331,8 @@ class Agent:
         self._pool.shutdown()
         for link in self._links:  # the successors standing for this agent end with it
             link.close()
+        if self.successors is not None:
+            self.successors.close()
 
     def dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         """Route one request; never raises."""

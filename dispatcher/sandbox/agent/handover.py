@@ -17,8 +17,10 @@ server is there, and a successor gives it the new channel.
 How. When its channel ends cleanly in a sandbox container and its table holds processes, the
 agent kills what the channel's requests were still running (their answers have nowhere to go),
 ends the channel's watches, tunnels and transfers, and listens on an abstract unix socket named
-after its uid and root (``waiting_name``). The container's network namespace is its own
-(``network_mode: none``), so the name is private to the container and no file is left behind.
+after its uid and root (``waiting_name``), which it has held since it started (a successor that
+connects before the old agent saw its channel end waits in the backlog, up to
+``HANDOVER_SECONDS``). The container's network namespace is its own (``network_mode: none``), so
+the name is private to the container and no file is left behind.
 Every agent, before it serves, connects to that name; when a waiting agent answers, it sends it
 its channel's descriptors (``SCM_RIGHTS``: stdin and stdout, or the server's socket, and stderr)
 and who it is (protocol version, root, grants). The waiting agent takes them only if all of it
@@ -109,27 +111,40 @@ class Successors:
     """Where an agent whose channel ended waits for the next one (see the module docstring)."""
 
     def __init__(self, name: str, identity: dict[str, Any], *, adopt_stderr: bool = True) -> None:
-        self._name = name
+        """Take the name now, while this agent serves: a successor that comes before this agent
+        has seen its channel end waits in the backlog instead of finding nobody."""
         self._identity = identity
         self._adopt_stderr = adopt_stderr
         """Point this process's stdout and stderr at the successor's stderr (off in tests, which
         run the agent inside the test process)."""
+        self._sock: socket.socket | None = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(name)
+            sock.listen(4)
+        except OSError as exc:
+            print(f"agent: cannot wait for a successor at {name[1:]!r}: {exc}", file=sys.stderr)
+            sock.close()
+            return
+        self._sock = sock
 
     def wait(self) -> Channel | None:
-        """Block until a successor hands over its channel; None when the name cannot be had."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with sock:
+        """Block until a successor hands over its channel; None when the name could not be had."""
+        while self._sock is not None:
             try:
-                sock.bind(self._name)
-                sock.listen(4)
-            except OSError as exc:
-                print(f"agent: cannot wait for a successor: {exc}", file=sys.stderr)
+                conn, _ = self._sock.accept()
+            except OSError:
                 return None
-            while True:
-                conn, _ = sock.accept()
-                channel = self._take(conn)
-                if channel is not None:
-                    return channel
+            channel = self._take(conn)
+            if channel is not None:
+                return channel
+        return None
+
+    def close(self) -> None:
+        """Let go of the name (this agent ends)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def _take(self, conn: socket.socket) -> Channel | None:
         fds: list[int] = []

@@ -76,9 +76,11 @@ def test_a_successor_takes_over_the_channel_and_the_table(tmp_path: Path) -> Non
         frames = link.frames(rid)
         assert frames[0][1] == b"fresh\n" and frames[-1][0]["exit_code"] == 0
     finally:
-        served.agent.successors = None  # the next end is the last one
+        waiting, served.agent.successors = served.agent.successors, None  # the next end is the last
         link.sock.close()
         served.close()
+        assert waiting is not None
+        waiting.close()
         assert taken.recv(1) == b""  # the successor learns that the agent it stood for ended
         taken.close()
     until_sync(lambda: not _group_alive(info.pid), "the group to die with the agent", timeout=DEADLINE)
@@ -96,10 +98,12 @@ def test_another_agent_is_refused_and_serves_on_its_own(tmp_path: Path) -> None:
         assert _successor(name, other) == (None, None)
         link, taken = _successor_soon(name)  # the right one is still taken
     finally:
-        served.agent.successors = None
+        waiting, served.agent.successors = served.agent.successors, None
     link.sock.close()
     served.close()
     taken.close()
+    assert waiting is not None
+    waiting.close()
 
 
 def test_nobody_waits_when_the_table_is_empty(tmp_path: Path) -> None:
