@@ -6,9 +6,12 @@ directory). Requests arrive on stdin, responses leave on stdout, diagnostics go 
 only: it runs in any image with python3 >= 3.9.
 
 This module reads frames and routes each request by its type (``protocol.py`` is the schema) to
-the part that serves it: the workspace's file operations, commands (``processes.py``), uploads
-and downloads (``upload.py``, ``download.py``). Each request runs on a worker thread started with
-the agent, or, for what never blocks, on the reader thread; answers are written under one lock.
+the part that serves it: the workspace's file operations, commands (``processes.py``), the
+process table (``table.py``), uploads and downloads (``transfers.py``), the egress tunnels
+(``tunnels.py``). Each request runs on a worker thread started with the agent, or, for what never
+blocks, on the reader thread; answers are written under one lock, on the channel the request came
+from only. When the channel ends in a sandbox container and the table holds processes, the agent
+waits for the next agent to hand it a new channel (``handover.py``) instead of exiting.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, Any, cast
 
+from .handover import Channel, Successors, follow, hand_over, waiting_name
 from .processes import Commands
 from .protocol import (
     CHUNK,
@@ -37,7 +41,6 @@ from .protocol import (
     BadMessage,
     Delete,
     Done,
-    DownloadStarted,
     Error,
     Exec,
     Exists,
@@ -47,7 +50,15 @@ from .protocol import (
     Pause,
     Ping,
     Pong,
+    ProcInput,
+    ProcList,
+    ProcListRequest,
+    ProcRead,
     Procs,
+    ProcSignal,
+    ProcStart,
+    ProcUnwatch,
+    ProcWatch,
     ProtocolError,
     Read,
     ReadResult,
@@ -68,8 +79,6 @@ from .protocol import (
     UntarBegin,
     UntarChunk,
     UntarEnd,
-    UntarResult,
-    UploadStarted,
     Write,
     decode_header,
     decode_prefix,
@@ -77,14 +86,11 @@ from .protocol import (
     reply_writes,
     request_id,
 )
+from .table import Limits, ProcessTable
+from .transfers import Transfers
 from .tunnels import Tunnels
 from .workers import EXEC_WORKERS, EXEC_WORKERS_MAX, FILE_WORKERS, FILE_WORKERS_MAX, Workers
 from .workspace import OpError, Workspace, os_error
-
-if TYPE_CHECKING:
-    # Imported when a tree transfer first starts: tarfile is ~0.7 MiB of every idle agent's memory.
-    from .download import Download
-    from .upload import Upload
 
 Handler = Callable[[int, Any], "Reply | None"]
 """Serves one request (given its id); returns the answer, or None when it sends its own."""
@@ -140,78 +146,39 @@ def file_ops(ws: Workspace) -> dict[type[Request[Any]], Handler]:
     return {op: _paths(handler) for op, handler in ops.items()}
 
 
-class Transfers:
-    """The running uploads and downloads, by the id of the request that began each."""
-
-    def __init__(self, ws: Workspace, send: Send) -> None:
-        self._ws = ws
-        self._send = send
-        self._lock = threading.Lock()
-        self._uploads: dict[int, Upload] = {}
-        self._downloads: dict[int, Download] = {}
-
-    def untar_begin(self, rid: int, r: UntarBegin) -> UploadStarted:
-        from .upload import Upload
-
-        up = Upload(self._ws, self._send, r.path, r.max_files, r.max_bytes)
-        with self._lock:
-            self._uploads[rid] = up
-        return UploadStarted(rid)
-
-    def untar_chunk(self, rid: int, r: UntarChunk) -> None:
-        """Queued for the extractor, which answers once it took it (never blocks)."""
-        with self._lock:
-            up = self._uploads.get(r.upload)
-        if up is None:
-            raise OpError("bad_request", f"no upload {r.upload}")
-        up.chunk(rid, r.data)
-
-    def untar_end(self, rid: int, r: UntarEnd) -> UntarResult:
-        with self._lock:
-            ending = self._uploads.pop(r.upload, None)
-        if ending is None:
-            raise OpError("bad_request", f"no upload {r.upload}")
-        return ending.end(r.commit)
-
-    def tar_begin(self, rid: int, r: TarBegin) -> DownloadStarted:
-        from .download import Download
-
-        down = Download(self._ws, self._send, r.path, r.max_bytes)
-        with self._lock:
-            self._downloads[rid] = down
-        return DownloadStarted(rid)
-
-    def tar_read(self, rid: int, r: TarRead) -> None:
-        """Queued for the producer, which answers with the next chunk (never blocks)."""
-        with self._lock:
-            down = self._downloads.get(r.download)
-        if down is None:
-            raise OpError("bad_request", f"no download {r.download}")
-        down.read(rid)
-
-    def tar_end(self, rid: int, r: TarEnd) -> Done:
-        with self._lock:
-            down = self._downloads.pop(r.download, None)
-        if down is not None:
-            down.abort()
-        return Done()
-
-
 class Agent:
     """Reads requests, runs each where its route says, writes responses under one lock."""
 
-    def __init__(self, root: str, out: IO[bytes], grants: list[tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        out: IO[bytes],
+        grants: list[tuple[str, str]] | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.ws = Workspace(root, grants)
-        self._out = out
+        self._out = self._first_out = out
         self._out_lock = threading.Lock()
+        self._channel = 0
+        """Counts the channels served: a request's answers go out on its own channel only."""
+        self._local = threading.local()  # the channel of the request a worker thread serves
+        self.successors: Successors | None = None
+        """Where to wait for the next channel once this one ends (``handover.py``); None: exit."""
+        self._links: list[socket.socket] = []  # successors' links, open while this agent lives
         # Started now, while pids are free: a request is never refused for want of a thread.
         self._pool = Workers("file-op", FILE_WORKERS, FILE_WORKERS_MAX)
         self._exec_pool = Workers("exec", EXEC_WORKERS, EXEC_WORKERS_MAX)
-        self.commands = Commands(self.ws, self.send, self._exec_pool)
-        self.transfers = Transfers(self.ws, self.send)
-        self.tunnels = Tunnels(self.send, self.commands)
-        t, tn = self.transfers, self.tunnels
-        self._routes: dict[type[Request[Any]], tuple[str, Handler]] = {
+        self.table = ProcessTable(limits)
+        self.commands = Commands(self.ws, self.send, self._exec_pool, self.table)
+        self._routes = self._channel_routes()
+
+    def _channel_routes(self) -> dict[type[Request[Any]], tuple[str, Handler]]:
+        """The routes, with the parts that belong to one channel made anew for it."""
+        send = self._send_on(self._channel)
+        self.transfers = t = Transfers(self.ws, send)
+        self.tunnels = tn = Tunnels(send, self.commands)
+        pt = self.table
+        return {
             Ping: (READER, lambda rid, r: Pong(PROTOCOL_VERSION)),
             SendSignal: (READER, self.commands.signal),
             Exec: (COMMANDS, self.commands.run),
@@ -229,10 +196,41 @@ class Agent:
             TunnelSend: (READER, tn.data),
             TunnelClose: (READER, tn.close),
             TunnelCredit: (READER, tn.credit),
+            # The process table: what may wait (for output, a grace period) takes a command's thread.
+            ProcStart: (FILES, self.commands.start),
+            ProcListRequest: (READER, lambda rid, r: ProcList(tuple(pt.records()))),
+            ProcRead: (COMMANDS, lambda rid, r: pt.read(r)),
+            ProcWatch: (READER, self._watch),
+            ProcUnwatch: (READER, lambda rid, r: pt.unwatch(r.watch)),
+            ProcInput: (READER, lambda rid, r: pt.write(r.process_id, r.data, r.close)),
+            ProcSignal: (COMMANDS, lambda rid, r: pt.signal(r.process_id, r.signal, r.grace_seconds)),
         }
 
+    def _watch(self, rid: int, request: ProcWatch) -> None:
+        """Register the watch at once (its ``proc_unwatch`` may follow), then follow on a thread."""
+        self.table.begin_watch(rid, request.process_id)
+
+        def stream(rid: int, r: ProcWatch) -> Reply | None:
+            return self.table.watch(rid, r, self.send)
+
+        if not self._exec_pool.try_submit(self._guarded, self._channel, rid, stream, request):
+            self.table.unwatch(rid)
+            self.commands.no_process(rid)
+
+    def _send_on(self, channel: int) -> Send:
+        """``send`` for threads of one channel's own (transfers, tunnels): silent once it ended."""
+
+        def send(rid: int | None, reply: Reply) -> bool:
+            return channel == self._channel and self.send(rid, reply)
+
+        return send
+
     def send(self, rid: int | None, reply: Reply) -> bool:
-        """Write one frame; blocks while the host is slow, which back-pressures commands."""
+        """Write one frame; blocks while the host is slow, which back-pressures commands. A
+        request of a channel that ended is answered nowhere (its ids mean nothing on the next)."""
+        channel = getattr(self._local, "channel", None)
+        if channel is not None and channel != self._channel:
+            return False
         writes = reply_writes(rid, reply)
         with self._out_lock:
             try:
@@ -244,39 +242,81 @@ class Agent:
         return True
 
     def serve(self, inp: IO[bytes]) -> int:
-        """Handle requests until stdin closes; returns the exit status."""
+        """Handle requests until stdin closes, then on each channel a successor hands over (when
+        ``successors`` is set and the table holds processes); returns the exit status."""
         clean_eof = False
+        first = inp, self._out  # the caller's; those of handed-over channels are ours to close
         try:
             while True:
-                prefix = inp.read(PREFIX.size)
-                if not prefix:
-                    clean_eof = True
-                    return 0
-                try:
-                    header_len, payload_len = decode_prefix(
-                        prefix, max_header=MAX_HEADER, max_payload=MAX_PAYLOAD
-                    )
-                except ProtocolError as exc:
-                    self.send(None, Error("protocol", str(exc)))
-                    return 2  # lengths are garbage, so the stream cannot be resynchronised
-                raw = inp.read(header_len)
-                payload = inp.read(payload_len) if payload_len else b""
-                if len(raw) != header_len or len(payload) != payload_len:
-                    return 2
-                try:
-                    header = decode_header(raw)
-                except ProtocolError as exc:
-                    self.send(None, Error("protocol", str(exc)))
-                    continue
-                try:
-                    self.dispatch(header, payload)
-                except Exception as exc:  # e.g. no thread could start: this request fails, not the agent
-                    rid = request_id(header)
-                    print(f"agent: request {rid!r} could not start: {exc!r}", file=sys.stderr)
-                    self.send(rid, Error("internal", type(exc).__name__))
+                code = self._serve_channel(inp)
+                clean_eof = code == 0
+                self._end_channel()
+                taken = self._next_channel() if clean_eof else None
+                if taken is None:
+                    return code
+                ended, inp = inp, taken.inp
+                if ended not in first:
+                    ended.close()
         finally:
             # In a container, the container bounds what is left; on a host, nothing may outlive us.
             self.shutdown(keep_background=clean_eof and self.commands.in_container)
+            for stream in (inp, self._out):
+                if stream not in first:
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.close()
+
+    def _end_channel(self) -> None:
+        """What the channel's requests still run ends with it (their answers have nowhere to go)."""
+        self._channel += 1
+        self.tunnels.shutdown()
+        self.commands.end_channel()
+        self.table.end_watches()
+
+    def _next_channel(self) -> Channel | None:
+        """The channel a successor hands over, once one does; None: this agent exits."""
+        if self.successors is None or not len(self.table):
+            return None
+        taken = self.successors.wait()
+        if taken is None:
+            return None
+        self._links.append(taken.successor)
+        self.commands.spare(taken.pid)
+        with self._out_lock:
+            ended, self._out = self._out, taken.out
+        if ended is not self._first_out:
+            with contextlib.suppress(OSError, ValueError):
+                ended.close()
+        self._routes = self._channel_routes()
+        return taken
+
+    def _serve_channel(self, inp: IO[bytes]) -> int:
+        """Handle requests until ``inp`` ends; 0 at a clean end."""
+        while True:
+            prefix = inp.read(PREFIX.size)
+            if not prefix:
+                return 0
+            try:
+                header_len, payload_len = decode_prefix(
+                    prefix, max_header=MAX_HEADER, max_payload=MAX_PAYLOAD
+                )
+            except ProtocolError as exc:
+                self.send(None, Error("protocol", str(exc)))
+                return 2  # lengths are garbage, so the stream cannot be resynchronised
+            raw = inp.read(header_len)
+            payload = inp.read(payload_len) if payload_len else b""
+            if len(raw) != header_len or len(payload) != payload_len:
+                return 2
+            try:
+                header = decode_header(raw)
+            except ProtocolError as exc:
+                self.send(None, Error("protocol", str(exc)))
+                continue
+            try:
+                self.dispatch(header, payload)
+            except Exception as exc:  # e.g. no thread could start: this request fails, not the agent
+                rid = request_id(header)
+                print(f"agent: request {rid!r} could not start: {exc!r}", file=sys.stderr)
+                self.send(rid, Error("internal", type(exc).__name__))
 
     def shutdown(self, keep_background: bool = False) -> None:
         """Kill every running command (its answer has nowhere to go).
@@ -289,6 +329,10 @@ class Agent:
         self.tunnels.shutdown()
         self.commands.shutdown(keep_background)
         self._pool.shutdown()
+        for link in self._links:  # the successors standing for this agent end with it
+            link.close()
+        if self.successors is not None:
+            self.successors.close()
 
     def dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         """Route one request; never raises."""
@@ -302,14 +346,22 @@ class Agent:
             self.send(rid, Error("bad_request", str(exc)))
             return
         where, handler = self._routes[type(request)]
+        channel = self._channel
         if where == READER:
-            self._guarded(rid, handler, request)
+            self._guarded(channel, rid, handler, request)
         elif where == FILES:
-            self._pool.submit(self._guarded, rid, handler, request)
-        elif not self._exec_pool.try_submit(self._guarded, rid, handler, request):
-            self._guarded(rid, self.commands.no_process, request)
+            self._pool.submit(self._guarded, channel, rid, handler, request)
+        elif not self._exec_pool.try_submit(self._guarded, channel, rid, handler, request):
+            self._guarded(channel, rid, self.commands.no_process, request)
 
-    def _guarded(self, rid: int, handler: Handler, request: Request[Any]) -> None:
+    def _guarded(self, channel: int, rid: int, handler: Handler, request: Request[Any]) -> None:
+        self._local.channel = channel
+        try:
+            self._answer(rid, handler, request)
+        finally:
+            self._local.channel = None
+
+    def _answer(self, rid: int, handler: Handler, request: Request[Any]) -> None:
         try:
             reply = handler(rid, request)
         except OpError as exc:
@@ -320,6 +372,19 @@ class Agent:
         else:
             if reply is not None:
                 self.send(rid, reply)
+
+
+def parse_limits(raw: str | None) -> Limits | None:
+    """The ``--process-limits`` JSON (an object of ``Limits`` fields) as limits; None: defaults."""
+    if raw is None:
+        return None
+    items = json.loads(raw)
+    known = set(Limits.__dataclass_fields__)
+    if not isinstance(items, dict) or not set(items) <= known:
+        raise ValueError(f"expected an object with some of {sorted(known)}")
+    if not all(type(v) is int and v > 0 for v in items.values()):
+        raise ValueError("every limit is a positive integer")
+    return Limits(**items)
 
 
 def parse_grants(raw: str | None) -> list[tuple[str, str]] | None:
@@ -391,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--root", required=True, help="workspace root that every path must stay under")
     parser.add_argument("--grants", help='JSON list of {"path": prefix, "mode": "r" | "rw"}; omit: all')
+    parser.add_argument("--process-limits", help="JSON object of process table bounds (table.Limits)")
     parser.add_argument(
         "--connect",
         metavar="SOCKET",
@@ -402,21 +468,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         grants = parse_grants(args.grants)
+        limits = parse_limits(args.process_limits)
     except ValueError as exc:
-        print(f"agent: --grants: {exc}", file=sys.stderr)
+        print(f"agent: --grants or --process-limits: {exc}", file=sys.stderr)
         return 2
+    # Who this agent is, as a waiting one compares it (JSON, as it travels).
+    identity = json.loads(json.dumps({"version": PROTOCOL_VERSION, "root": args.root, "grants": grants}))
+    waiting = waiting_name(args.root)
     if args.connect is not None:
         try:
             sock = connect(args.connect)
         except OSError as exc:
             print(f"agent: cannot connect to {args.connect}: {exc.strerror or exc}", file=sys.stderr)
             return CONNECT_FAILED
+        link = hand_over(waiting, identity, sock.fileno(), sock.fileno())
+        if link is not None:  # an earlier agent with a process table serves this channel
+            sock.close()
+            return follow(link)
         inp = cast("IO[bytes]", sock.makefile("rb", buffering=CHUNK))
         out = cast("IO[bytes]", sock.makefile("wb", buffering=CHUNK))
         # The exec's pipes stay open (private, close-on-exec copies) until this process ends:
         # their end is how the server learns that the agent is gone.
         held: tuple[int, ...] = (os.dup(0), os.dup(1))
     else:
+        link = hand_over(waiting, identity, 0, 1)
+        if link is not None:  # an earlier agent with a process table serves this channel
+            return follow(link)
         # Keep private copies of the protocol fds and point 0/1 elsewhere, so a stray print or an
         # inherited descriptor can never write into (or read from) the protocol stream.
         inp = os.fdopen(os.dup(0), "rb", buffering=CHUNK)
@@ -430,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     os.close(devnull)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _exit_on_signal)  # exit through serve()'s cleanup, killing commands
-    agent = Agent(args.root, out, grants)
+    agent = Agent(args.root, out, grants, limits)
+    if agent.commands.in_container:  # on a host, nothing outlives its server's channel
+        agent.successors = Successors(waiting, identity)
     try:
         return agent.serve(inp)
     finally:

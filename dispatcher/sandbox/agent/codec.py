@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,12 @@ def check_env(env: Mapping[str, Any]) -> None:
     for key, value in env.items():
         if not key or "=" in key or "\x00" in key or type(value) is not str or "\x00" in value:
             raise BadMessage(f"bad environment variable {key!r}")
+
+
+def check_relative(path: str, what: str) -> None:
+    """Refuse a path that is not relative and inside the workspace."""
+    if posixpath.isabs(path) or ".." in path.split("/") or "\x00" in path:
+        raise BadMessage(f"{what} is not a relative path inside the workspace")
 
 
 JOIN_BELOW = 16 << 10
@@ -120,6 +127,12 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
+def _names(name: str, value: Any) -> tuple[str, ...]:
+    if type(value) not in (list, tuple) or not all(type(item) is str for item in value):
+        raise BadMessage(f"field {name!r} must be a list of str")
+    return tuple(value)
+
+
 _CHECKS: dict[str, _Check] = {
     "str": _exact(str, "str"),
     "int": _exact(int, "int"),
@@ -129,6 +142,8 @@ _CHECKS: dict[str, _Check] = {
     "Env": _exact(dict, "dict"),
     "str | None": _optional(_exact(str, "str")),
     "int | None": _optional(_exact(int, "int")),
+    "float | None": _optional(_number),
+    "tuple[str, ...]": _names,
 }
 """Annotation (as written: annotations stay strings, which keeps the agent running on Python 3.9)
 to its check."""

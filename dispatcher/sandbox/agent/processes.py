@@ -1,11 +1,16 @@
 """Commands: each runs as ``sh -c`` in its own process group, its output streamed back in frames.
 
 A command starts with the agent's own environment (``docker exec`` gives it the container's
-configured one: the image's ``ENV``), minus names starting ``DISPATCHER_AGENT_``, plus ``env``; in
-``cwd`` (relative to the root, confined like every path).
+configured one: the image's ``ENV``), minus names starting ``DISPATCHER_AGENT_``, with no terminal
+(``TERM=dumb``, ``PAGER=cat``, ``GIT_PAGER=cat``), plus ``env``; in ``cwd`` (relative to the root,
+confined like every path); with stdin ``/dev/null`` unless the request brings some. With
+``capture_state`` it reports the directory and exported variables it ended with
+(``shell_state.py``).
 
 Commands run on threads started with the agent (a full pids limit cannot starve it). Background
-processes outlive their command. ``procs`` counts what commands left running, and with ``kill``
+processes outlive their command; those still holding its output pipes once its shell exited
+become a process of the table (``table.py``), read on and named in the exit. ``start`` starts a
+background process of the table directly. ``procs`` counts what commands left running, and with ``kill``
 stops and kills all of it (a fork bomb included): every process but the agent and those that ran
 before it (init, the container's keep-alive process); an agent running as root kills nothing,
 since it is not in a sandbox. ``pause`` stops (``SIGSTOP``) the same processes and later
@@ -17,15 +22,17 @@ process that handles ``SIGCONT`` runs its handler on resume.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import selectors
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, NoReturn
 
+from .process import new_process_id
 from .protocol import (
     CHUNK,
     Delivered,
@@ -34,11 +41,15 @@ from .protocol import (
     Output,
     Pause,
     Paused,
+    ProcInfo,
     Procs,
     ProcsResult,
+    ProcStart,
     Send,
     SendSignal,
 )
+from .shell_state import StateFiles, take_state, wrapped
+from .table import ProcessTable
 from .workers import Workers
 from .workspace import OpError, Workspace, os_error
 
@@ -176,6 +187,12 @@ class _Strays:
                     found.append((int(name), info[0], info[1]))
         return found
 
+    def spare(self, pid: int) -> None:
+        """Never count ``pid`` (a successor agent, which stands for this one) as a stray."""
+        info = _proc_stat(pid)
+        if info is not None:
+            self._before.add((pid, info[1]))
+
     def list(self) -> list[tuple[int, str, int]]:
         """(pid, state, start time) of each stray, zombies included (they hold a pid too)."""
         return [p for p in self._scan() if (p[0], p[2]) not in self._before]
@@ -251,17 +268,20 @@ _DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
     "LANG": "C.UTF-8",
-    "TERM": "dumb",
 }
+NO_TERMINAL_ENV = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat"}
+"""What every command gets whatever the image says (only a request's own ``env`` overrides it):
+nobody is at a terminal to page through output or answer a full-screen program."""
 
 
 def command_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment every command starts from: the agent's own, which ``docker exec`` took from
     the container's configuration (the image's ``ENV``), minus the agent's reserved names, with
-    defaults for what a shell expects."""
+    defaults for what a shell expects, and no terminal."""
     env = {key: value for key, value in environ.items() if not key.startswith(AGENT_ENV_PREFIX)}
     for key, value in _DEFAULT_ENV.items():
         env.setdefault(key, value)
+    env.update(NO_TERMINAL_ENV)
     return env
 
 
@@ -280,8 +300,10 @@ def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
 class Commands:
     """The commands the agent runs, by the id of the request that started each, and their leftovers."""
 
-    def __init__(self, ws: Workspace, send: Send, pool: Workers) -> None:
+    def __init__(self, ws: Workspace, send: Send, pool: Workers, table: ProcessTable) -> None:
         self._ws = ws
+        self.table = table
+        self._states = StateFiles()
         self._send = send
         self._pool = pool  # also feeds a command's stdin
         self._execs: dict[int, _Running] = {}
@@ -321,45 +343,73 @@ class Commands:
             ex = self._execs.get(request.exec_id)
         return Delivered(ex.signal(_SIGNALS[request.signal]) if ex is not None else False)
 
-    def run(self, rid: int, request: Exec) -> None:
-        """Run a command to its end, sending its output and then its exit."""
+    def _env_for(self, extra: Mapping[str, str]) -> dict[str, str]:
         with self._lock:
             env = dict(self._env)
-        env.update(request.env)
+        env.update(extra)
+        return env
+
+    @contextlib.contextmanager
+    def _cwd(self, cwd: str, approved: str | None) -> Iterator[str]:
+        """The directory a command starts in, as a path to its checked descriptor (open meanwhile):
+        the child changes into that, not into a name that could be swapped."""
+        try:
+            cwd_fd, path = self._ws.open_cwd(cwd, approved)
+        except OSError as exc:
+            raise os_error(exc, cwd) from None
+        try:
+            fd_path = f"/proc/self/fd/{cwd_fd}"
+            if os.path.isdir(fd_path):
+                path = fd_path
+            elif approved is not None:  # the name could be swapped: no approved start by it
+                raise OpError("ENOTSUP", f"{cwd}: no /proc to start a command in an approved directory")
+            yield path
+        finally:
+            os.close(cwd_fd)
+
+    def start(self, rid: int, request: ProcStart) -> ProcInfo:
+        """Start a background process of the table (see ``ProcStart``)."""
+        env = self._env_for(request.env)
+        with self._cwd(request.cwd, request.approved_cwd) as cwd:
+            try:
+                return self.table.start(
+                    request.process_id,
+                    request.command,
+                    cwd=cwd,
+                    shown_cwd=request.cwd,
+                    env=env,
+                    tool_use_id=request.tool_use_id,
+                    ring_bytes=request.ring_bytes,
+                )
+            except BlockingIOError:  # EAGAIN from fork: the pids limit is full
+                self.no_process(rid)
+            except OSError as exc:
+                raise os_error(exc, "/bin/sh") from None
+
+    def run(self, rid: int, request: Exec) -> None:
+        """Run a command to its end, sending its output and then its exit."""
+        env = self._env_for(request.env)
         if "\x00" in request.command:
             raise OpError("bad_request", "command contains a NUL byte")
-        try:
-            cwd_fd, cwd = self._ws.open_cwd(request.cwd, request.approved_cwd)
-        except OSError as exc:
-            raise os_error(exc, request.cwd) from None
-        try:
+        with self._cwd(request.cwd, request.approved_cwd) as cwd:
             ex = _Running()
             with self._lock:
                 if rid in self._execs:
                     raise OpError("bad_request", f"exec id {rid} is in use")
                 self._execs[rid] = ex
             try:
-                # The child changes into the checked descriptor, not a name that could be swapped.
-                fd_path = f"/proc/self/fd/{cwd_fd}"
-                if os.path.isdir(fd_path):
-                    cwd = fd_path
-                elif request.approved_cwd is not None:  # the name could be swapped: no approved start by it
-                    raise OpError(
-                        "ENOTSUP", f"{request.cwd}: no /proc to start a command in an approved directory"
-                    )
-                self._run(rid, ex, request.command, cwd, env, request.stdin)
+                self._run(rid, ex, request, cwd, env)
             finally:
                 with self._lock:
                     self._execs.pop(rid, None)
-        finally:
-            os.close(cwd_fd)
 
-    def _run(
-        self, rid: int, ex: _Running, command: str, cwd: str, env: dict[str, str], stdin: bytes | None
-    ) -> None:
+    def _run(self, rid: int, ex: _Running, request: Exec, cwd: str, env: dict[str, str]) -> None:
+        stdin = request.stdin
+        state = self._states.new() if request.capture_state else None
+        argv = ["/bin/sh", "-c", request.command] if state is None else wrapped(request.command, state)
         try:
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", command],
+                argv,
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -384,8 +434,11 @@ class Commands:
                     pipe.close()
             self.no_process(rid)
         assert proc.stdout is not None and proc.stderr is not None
+        held: dict[int, str] = {}
+        left: tuple[str, ...] = ()
         try:
-            self._pump(rid, proc)
+            for pipe, stream in self._pump(rid, proc):  # the pipes children still hold
+                held[os.dup(pipe.fileno())] = stream
         finally:
             proc.stdout.close()
             proc.stderr.close()
@@ -394,9 +447,22 @@ class Commands:
                 ex.finished = True
                 if ex.signalled:  # a killed command leaves no stragglers in its group
                     _killpg(proc.pid, signal.SIGKILL)
-                elif _killpg(proc.pid, 0):
+                elif held or _killpg(proc.pid, 0):
                     self._remember_group(proc.pid)
-        self._send(rid, Exit(code if code >= 0 else None, -code if code < 0 else None))
+                    # Only what still holds the pipes: a group that let go of them is left as it
+                    # always was (``procs`` counts it; see the module docstring of ``table.py``).
+                    process_id = request.leave_as or new_process_id()
+                    if held and self.table.adopt(process_id, request.command, request.cwd, proc.pid, held):
+                        held, left = {}, (process_id,)
+            for fd in held:
+                os.close(fd)
+        cwd_now: str | None = None
+        changed: dict[str, str] | None = None
+        unset: tuple[str, ...] = ()
+        if state is not None:
+            cwd_now, changed, unset = take_state(state, self._ws.root, env)
+        ended = Exit(code, None) if code >= 0 else Exit(None, -code)
+        self._send(rid, dataclasses.replace(ended, left=left, cwd=cwd_now, env=changed, unset=unset))
 
     def no_process(self, rid: int, request: object = None) -> NoReturn:
         """Refuse a command that could not get a process (or a thread) from the pids limit."""
@@ -436,8 +502,10 @@ class Commands:
             self._lingering = {g for g in self._lingering if _killpg(g, 0)}
             self._lingering.add(pgid)
 
-    def _pump(self, rid: int, proc: subprocess.Popen[bytes]) -> None:
-        """Forward output in chunks of at most CHUNK, coalescing small writes briefly.
+    def _pump(self, rid: int, proc: subprocess.Popen[bytes]) -> list[tuple[IO[bytes], str]]:
+        """Forward output in chunks of at most CHUNK, coalescing small writes briefly; returns the
+        pipes (and their streams) that background children still hold ``DRAIN_SECONDS`` after
+        the shell exited.
 
         One pending buffer for both streams keeps their relative order. The agent only reads
         more after a frame went out, so a slow host back-pressures the command through its pipe.
@@ -464,7 +532,7 @@ class Commands:
                     wait = min(wait, since + COALESCE_SECONDS - now)
                 if exited_at is not None:
                     if now >= exited_at + DRAIN_SECONDS:
-                        break  # background children hold the pipes; stop listening to them
+                        break  # background children hold the pipes: the table reads on
                     wait = min(wait, exited_at + DRAIN_SECONDS - now)
                 for key, _ in sel.select(max(wait, 0.0)):
                     if pending and key.data != stream:
@@ -484,13 +552,25 @@ class Commands:
                 if exited_at is None and proc.poll() is not None:
                     exited_at = time.monotonic()
             flush()
+            return [(key.fileobj, key.data) for key in sel.get_map().values()]  # type: ignore[misc]
+
+    def spare(self, pid: int) -> None:
+        """A successor agent's process is not one a command started."""
+        self._strays.spare(pid)
+
+    def end_channel(self) -> None:
+        """Kill every running command: its answer has nowhere to go."""
+        with self._lock:
+            running = list(self._execs.values())
+        for ex in running:
+            ex.signal(signal.SIGKILL)
 
     def shutdown(self, keep_background: bool) -> None:
         """Kill every running command and, unless ``keep_background``, what finished ones left."""
+        self.end_channel()
         with self._lock:
-            running = list(self._execs.values())
             lingering = [] if keep_background else list(self._lingering)
-        for ex in running:
-            ex.signal(signal.SIGKILL)
         for pgid in lingering:
             _killpg(pgid, signal.SIGKILL)
+        if not keep_background:
+            self.table.shutdown()

@@ -16,8 +16,10 @@ exec's ``approved_cwd``): the path ``resolve`` gave when a human approved the ca
 (see ``workspace.py``). ``expect_sha256`` (review mode): what the file must still be just before
 it is replaced. Trees: ``untar_begin`` (then ``untar_chunk`` per piece of a tar archive, then
 ``untar_end``) and ``tar_begin`` (then ``tar_read`` per chunk, then ``tar_end``). ``Error`` lists
-the error codes. The egress tunnel's messages live in ``tunnel_messages.py`` (their own concept,
-a listener's many frames) and are re-exported here: this module stays the one the host imports.
+the error codes. Some concepts' messages live in modules of their own: foreground commands'
+(``exec_messages.py``), the egress tunnel's (``tunnel_messages.py``, a listener's many frames) and
+the process table's (``process_messages.py``); all are re-exported here: this module stays the one
+the host imports.
 
 Decoding checks every field's exact type (``True`` is not an int) and each message's own rules;
 a message that breaks them raises ``BadMessage``: the agent answers ``bad_request``, the host
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from .codec import CHUNK as CHUNK
-from .codec import OMIT_DEFAULT, Count, Env, check_env, take
+from .codec import OMIT_DEFAULT, Count, check_relative, take
 from .codec import PREFIX as PREFIX
 from .codec import BadMessage as BadMessage
 from .codec import Done as Done
@@ -47,6 +49,27 @@ from .codec import decode_header as decode_header
 from .codec import decode_prefix as decode_prefix
 from .codec import encode_frame as encode_frame
 from .codec import frame_writes as frame_writes
+from .exec_messages import MAX_STATE as MAX_STATE
+from .exec_messages import SIGNALS as SIGNALS
+from .exec_messages import Delivered as Delivered
+from .exec_messages import Exec as Exec
+from .exec_messages import Exit as Exit
+from .exec_messages import Output as Output
+from .exec_messages import SendSignal as SendSignal
+from .process_messages import MAX_READ as MAX_READ
+from .process_messages import PROCESS_REQUESTS
+from .process_messages import ProcChunk as ProcChunk
+from .process_messages import ProcData as ProcData
+from .process_messages import ProcInfo as ProcInfo
+from .process_messages import ProcInput as ProcInput
+from .process_messages import ProcList as ProcList
+from .process_messages import ProcListRequest as ProcListRequest
+from .process_messages import ProcOutput as ProcOutput
+from .process_messages import ProcRead as ProcRead
+from .process_messages import ProcSignal as ProcSignal
+from .process_messages import ProcStart as ProcStart
+from .process_messages import ProcUnwatch as ProcUnwatch
+from .process_messages import ProcWatch as ProcWatch
 from .tunnel_messages import HOST_WINDOW as HOST_WINDOW
 from .tunnel_messages import MAX_TUNNELS as MAX_TUNNELS
 from .tunnel_messages import SANDBOX_WINDOW as SANDBOX_WINDOW
@@ -66,8 +89,10 @@ from .tunnel_messages import TunnelWindow as TunnelWindow
 CONNECT_FAILED = 3
 """The agent's exit status when ``--connect`` cannot reach the server's socket (the server then
 attaches an agent through the daemon instead)."""
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
+8: the process table (``process_messages.py``); exec's ``leave_as`` and ``capture_state``, and
+its exit's ``left``, ``cwd``, ``env`` and ``unset``.
 7: tunnel frames carry up to ``TUNNEL_CHUNK`` (256 KiB) and the window differs by direction.
 6: ``pause`` (stop and continue what commands started, where the sandbox cannot be frozen).
 5: the egress tunnel ops (``tunnel_listen`` and the frames of its connections).
@@ -77,13 +102,7 @@ and ``resolve`` answers the path itself (undecodable bytes as lone surrogates, n
 MAX_HEADER = 1 << 20  # the largest request header the agent reads
 MAX_PAYLOAD = 64 << 20  # the largest request payload the agent reads
 KINDS = frozenset({"file", "dir", "symlink", "other"})
-SIGNALS = ("TERM", "KILL", "INT")
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
-
-
-def _relative(path: str, what: str) -> None:
-    if posixpath.isabs(path) or ".." in path.split("/") or "\x00" in path:
-        raise BadMessage(f"{what} is not a relative path inside the workspace")
 
 
 # -- replies -------------------------------------------------------------------------------------
@@ -138,7 +157,7 @@ class StatResult(Reply):
     def check(self) -> None:
         if self.kind not in KINDS:
             raise BadMessage("malformed stat result")
-        _relative(self.path, "stat path")
+        check_relative(self.path, "stat path")
 
 
 @dataclass(frozen=True)
@@ -189,41 +208,6 @@ class ResolveResult(Reply):
         bad = not rel or posixpath.isabs(rel) or "\x00" in rel or posixpath.normpath(rel) != rel
         if bad or rel.split("/")[0] == "..":
             raise BadMessage("resolved path is not a normalised relative path inside the workspace")
-
-
-@dataclass(frozen=True)
-class Output(Reply):
-    TYPE: ClassVar[str] = "output"
-    stream: str
-    data: bytes
-
-    def check(self) -> None:
-        if not 0 < len(self.data) <= CHUNK:
-            raise BadMessage("output chunk size out of bounds")
-        if self.stream not in ("stdout", "stderr"):
-            raise BadMessage("output frame with an unknown stream")
-
-
-@dataclass(frozen=True)
-class Exit(Reply):
-    """Exactly one of an exit status (0-255) or the number of the signal that ended the command."""
-
-    TYPE: ClassVar[str] = "exit"
-    exit_code: int | None
-    signal: int | None
-
-    def check(self) -> None:
-        if (self.exit_code is None) == (self.signal is None):
-            raise BadMessage("exit frame needs exactly one of exit_code or signal")
-        if self.exit_code is not None and not 0 <= self.exit_code <= 255:
-            raise BadMessage("exit status out of range")
-        if self.signal is not None and not 0 < self.signal < 128:
-            raise BadMessage("signal number out of range")
-
-
-@dataclass(frozen=True)
-class Delivered(Reply):
-    delivered: bool
 
 
 @dataclass(frozen=True)
@@ -345,54 +329,6 @@ class Resolve(Request[ResolveResult], op="resolve", reply=ResolveResult):
 
 
 @dataclass(frozen=True)
-class Exec(Request[Exit], op="exec", reply=Exit):
-    """``sh -c command``; its output frames come before the ``exit`` that ends it."""
-
-    command: str
-    cwd: str = "."
-    env: Env = field(default_factory=dict)
-    stdin: bytes | None = None  # travels as the payload, announced by the header's bool
-    approved_cwd: str | None = None
-
-    def encode(self) -> tuple[dict[str, Any], bytes]:
-        header: dict[str, Any] = {
-            "command": self.command,
-            "cwd": self.cwd,
-            "env": dict(self.env),
-            "stdin": self.stdin is not None,
-        }
-        if self.approved_cwd is not None:
-            header["approved_cwd"] = self.approved_cwd
-        return header, self.stdin or b""
-
-    @classmethod
-    def decode(cls, header: Mapping[str, Any], payload: bytes = b"") -> Exec:
-        command = take(header, "command", "str")
-        cwd = take(header, "cwd", "str", ".")
-        approved_cwd = take(header, "approved_cwd", "str | None")
-        env = take(header, "env", "Env", {})
-        use_stdin = take(header, "stdin", "bool", False)
-        message = cls(command, cwd, env, payload if use_stdin else None, approved_cwd)
-        message.check()
-        return message
-
-    def check(self) -> None:
-        check_env(self.env)
-
-
-@dataclass(frozen=True)
-class SendSignal(Request[Delivered], op="signal", reply=Delivered):
-    """Signal a running command's process group (``TERM``, ``KILL`` or ``INT``)."""
-
-    exec_id: int
-    signal: str
-
-    def check(self) -> None:
-        if self.signal not in SIGNALS:
-            raise BadMessage(f"unknown signal {self.signal!r}")
-
-
-@dataclass(frozen=True)
 class Procs(Request[ProcsResult], op="procs", reply=ProcsResult):
     """Count what commands left running; ``kill`` stops and kills it all. ``spare_exec_sessions``:
     leave out the sessions the server attached itself (sandboxed MCP servers)."""
@@ -462,7 +398,7 @@ REQUESTS: dict[str, type[Request[Any]]] = {
     for cls in (
         Ping, Read, Write, Append, Exists, Stat, ListDir, Delete, Resolve, Exec, SendSignal,
         Procs, Pause, UntarBegin, UntarChunk, UntarEnd, TarBegin, TarRead, TarEnd,
-        TunnelListen, TunnelSend, TunnelClose, TunnelCredit,
+        TunnelListen, TunnelSend, TunnelClose, TunnelCredit, *PROCESS_REQUESTS,
     )
 }  # fmt: skip
 """Every op, by its name on the wire."""

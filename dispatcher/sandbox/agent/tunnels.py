@@ -127,6 +127,7 @@ class Tunnels:
         self._conns: dict[int, _Conn] = {}
         self._next = 1
         self._stopped = False
+        self._shut = False  # shutdown() ran (once is enough)
         self._woken = False  # a wake-up byte is on its way: later posts need not send another
 
     # -- the reader thread's side -----------------------------------------------------------
@@ -190,8 +191,14 @@ class Tunnels:
         self._post("credit", request.conn, request.credit)
 
     def shutdown(self) -> None:
-        self._stopped = True
+        if self._shut:
+            return
+        self._shut = self._stopped = True
         self._post("stop", 0, None)
+        if self._listener is None:  # no tunnel thread ever ran to close these
+            for sock in (self._wake_r, self._wake_w):
+                sock.close()
+            self._sel.close()
 
     def _post(self, what: str, conn: int, value: Any) -> None:
         self._inbox.put((what, conn, value))
@@ -224,6 +231,9 @@ class Tunnels:
                     c.sock.close()
             if self._listener is not None:
                 self._listener.close()
+            for sock in (self._wake_r, self._wake_w):
+                sock.close()
+            self._sel.close()
 
     def _emit(self, reply: Any) -> None:
         assert self._rid is not None

@@ -218,7 +218,19 @@ async def test_exec_env_is_minimal(sandbox: LocalSandbox, monkeypatch: pytest.Mo
     names = {line.split("=", 1)[0] for line in out.decode().splitlines()}
     # Commands inherit the agent's environment (PATH and HOME from the server), nothing else of the
     # server's; LC_CTYPE is the agent interpreter's own locale coercion (PEP 538) of a bare C locale.
-    assert names <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "OLDPWD", "LC_CTYPE"}
+    assert names <= {
+        "PATH",
+        "HOME",
+        "LANG",
+        "TERM",
+        "PAGER",
+        "GIT_PAGER",
+        "PWD",
+        "SHLVL",
+        "_",
+        "OLDPWD",
+        "LC_CTYPE",
+    }
 
 
 async def test_four_commands_run_in_parallel(sandbox: LocalSandbox, workspace: Path) -> None:

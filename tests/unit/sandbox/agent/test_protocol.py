@@ -87,7 +87,74 @@ REQUESTS: list[tuple[p.Request[Any], dict[str, Any], bytes]] = [
     (p.TunnelSend(2, b"GET"), {"op": "tunnel_data", "conn": 2}, b"GET"),
     (p.TunnelClose(2), {"op": "tunnel_close", "conn": 2}, b""),
     (p.TunnelCredit(2, 4096), {"op": "tunnel_credit", "conn": 2, "credit": 4096}, b""),
+    # protocol 8: the process table, and exec's leftovers and shell state
+    (
+        p.Exec("cd d", leave_as="p_1", capture_state=True),
+        {
+            "op": "exec",
+            "command": "cd d",
+            "cwd": ".",
+            "env": {},
+            "stdin": False,
+            "leave_as": "p_1",
+            "capture_state": True,
+        },
+        b"",
+    ),
+    (
+        p.ProcStart("p_1", "serve", "app", {"A": "1"}, "toolu_1", 4096),
+        {
+            "op": "proc_start",
+            "process_id": "p_1",
+            "command": "serve",
+            "cwd": "app",
+            "env": {"A": "1"},
+            "tool_use_id": "toolu_1",
+            "ring_bytes": 4096,
+        },
+        b"",
+    ),
+    (
+        p.ProcStart("p_2", "x"),
+        {"op": "proc_start", "process_id": "p_2", "command": "x", "cwd": ".", "env": {}},
+        b"",
+    ),
+    (p.ProcListRequest(), {"op": "proc_list"}, b""),
+    (
+        p.ProcRead("p_1", 10, 2.5, 100),
+        {"op": "proc_read", "process_id": "p_1", "after": 10, "wait_seconds": 2.5, "max_bytes": 100},
+        b"",
+    ),
+    (p.ProcWatch("p_1", 7), {"op": "proc_watch", "process_id": "p_1", "after": 7}, b""),
+    (p.ProcUnwatch(12), {"op": "proc_unwatch", "watch": 12}, b""),
+    (p.ProcInput("p_1", b"y\n", True), {"op": "proc_input", "process_id": "p_1", "close": True}, b"y\n"),
+    (
+        p.ProcSignal("p_1", "KILL", 3.0),
+        {"op": "proc_signal", "process_id": "p_1", "signal": "KILL", "grace_seconds": 3.0},
+        b"",
+    ),
 ]
+
+INFO = p.ProcInfo(
+    "p_1", "serve", ".", 42, "exited", 0, None, 1.5, 2.5, "toolu_1", 300, 100, 4096, False, "background"
+)
+INFO_HEADER = {
+    "process_id": "p_1",
+    "command": "serve",
+    "cwd": ".",
+    "pid": 42,
+    "state": "exited",
+    "exit_code": 0,
+    "signal": None,
+    "started": 1.5,
+    "ended": 2.5,
+    "tool_use_id": "toolu_1",
+    "end": 300,
+    "first": 100,
+    "ring_bytes": 4096,
+    "stdin_open": False,
+    "origin": "background",
+}
 
 # (the request it answers, reply, the header the agent built by hand, its payload)
 REPLIES: list[tuple[p.Request[Any], p.Reply, dict[str, Any], bytes]] = [
@@ -153,6 +220,61 @@ REPLIES: list[tuple[p.Request[Any], p.Reply, dict[str, Any], bytes]] = [
     (p.TunnelListen(0), p.TunnelEof(1), {"type": "tunnel_eof", "conn": 1}, b""),
     (p.TunnelListen(0), p.TunnelClosed(1), {"type": "tunnel_close", "conn": 1}, b""),
     (p.TunnelListen(0), p.TunnelWindow(1, 65536), {"type": "tunnel_credit", "conn": 1, "credit": 65536}, b""),
+    # protocol 8
+    (
+        p.Exec("x", capture_state=True),
+        p.Exit(0, None, ("p_1",), "sub", {"FOO": "bar"}, ("OLD",)),
+        {
+            "type": "exit",
+            "exit_code": 0,
+            "signal": None,
+            "left": ["p_1"],
+            "cwd": "sub",
+            "unset": ["OLD"],
+            "env": True,
+        },
+        b'{"FOO": "bar"}',
+    ),
+    (p.ProcStart("p_1", "serve"), INFO, {"type": "result", **INFO_HEADER}, b""),
+    (
+        p.ProcListRequest(),
+        p.ProcList((INFO,)),
+        {"type": "result"},
+        json.dumps([INFO_HEADER]).encode("ascii"),
+    ),
+    (
+        p.ProcRead("p_1", 90),
+        p.ProcOutput(
+            (p.ProcChunk("stdout", 100, b"ab"), p.ProcChunk("stderr", 102, b"c")),
+            103,
+            10,
+            "running",
+            None,
+            None,
+        ),
+        {
+            "type": "result",
+            "pieces": [["stdout", 100, 2], ["stderr", 102, 1]],
+            "next": 103,
+            "lost": 10,
+            "state": "running",
+            "exit_code": None,
+            "signal": None,
+        },
+        b"abc",
+    ),
+    (
+        p.ProcWatch("p_1"),
+        p.ProcData("stdout", 5, b"hi"),
+        {"type": "proc_data", "stream": "stdout", "cursor": 5},
+        b"hi",
+    ),
+    (
+        p.ProcWatch("p_1"),
+        p.ProcData("stderr", 9, b"x", 4),
+        {"type": "proc_data", "stream": "stderr", "cursor": 9, "lost": 4},
+        b"x",
+    ),
 ]
 
 
@@ -213,6 +335,7 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
             p.TunnelEof,
             p.TunnelClosed,
             p.TunnelWindow,
+            p.ProcData,
         )
     }
     decoded = (
@@ -238,6 +361,12 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
         ({"op": "untar_end", "upload": 1}, b"", "'commit' must be bool"),
         ({"op": "pause", "paused": 1}, b"", "'paused' must be bool"),
         ({"op": "pause"}, b"", "'paused' must be bool"),
+        ({"op": "proc_start", "process_id": "../x", "command": "x"}, b"", "malformed process id"),
+        ({"op": "proc_start", "process_id": "p", "command": "x", "ring_bytes": 0}, b"", "must be positive"),
+        ({"op": "proc_read", "process_id": "p", "max_bytes": 0}, b"", "out of bounds"),
+        ({"op": "proc_read", "process_id": "p", "wait_seconds": 601}, b"", "out of bounds"),
+        ({"op": "proc_signal", "process_id": "p", "signal": "STOP"}, b"", "unknown signal 'STOP'"),
+        ({"op": "exec", "command": "x", "leave_as": ""}, b"", "malformed process id"),
         ({"op": "tunnel_data", "conn": 1}, b"", "tunnel data size out of bounds"),
         ({"op": "tunnel_credit", "conn": 1, "credit": 0}, b"", "tunnel credit out of bounds"),
         ({"op": "tunnel_credit", "conn": 1, "credit": 1 << 30}, b"", "tunnel credit out of bounds"),
@@ -288,6 +417,35 @@ def test_the_agent_refuses_requests_that_break_the_schema(
         (p.Pause(False), {"type": "result", "processes": -1}, b""),
         (p.Pause(True), {"type": "result"}, b""),
         (p.UntarEnd(1, True), {"type": "result", "files": 1, "directories": 0}, b""),
+        (
+            p.ProcRead("p", 0, 0, 2),  # more than was asked
+            {"type": "result", "pieces": [["stdout", 0, 3]], "next": 3, "lost": 0, "state": "running"},
+            b"abc",
+        ),
+        (
+            p.ProcRead("p", 5),  # not where it was asked
+            {"type": "result", "pieces": [["stdout", 0, 3]], "next": 3, "lost": 0, "state": "running"},
+            b"abc",
+        ),
+        (
+            p.ProcRead("p"),  # pieces with a gap
+            {
+                "type": "result",
+                "pieces": [["stdout", 0, 1], ["stderr", 5, 2]],
+                "next": 7,
+                "lost": 0,
+                "state": "exited",
+            },
+            b"abc",
+        ),
+        (
+            p.ProcRead("p"),  # pieces longer than the payload
+            {"type": "result", "pieces": [["stdout", 0, 9]], "next": 9, "lost": 0, "state": "exited"},
+            b"abc",
+        ),
+        (p.ProcListRequest(), {"type": "result"}, b'[{"process_id": "p"}]'),
+        (p.ProcStart("p", "x"), {"type": "result", **INFO_HEADER, "state": "asleep"}, b""),
+        (p.ProcStart("p", "x"), {"type": "result", **INFO_HEADER, "state": "running"}, b""),
     ],
 )
 def test_the_host_refuses_replies_that_break_the_schema(
