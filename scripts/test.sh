@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 bash scripts/gates.sh
-# The Go client (tests/server/test_go_client.py): Debian's toolchain, about a minute when cold. A
+# The Go client (tests/server/clients/test_go_client.py): Debian's toolchain, about a minute when cold. A
 # failure here does not stop the suite: that test module builds it again and fails (or, with no
 # toolchain to be had, skips) saying why.
 bash scripts/build_go_client.sh >/dev/null || echo "make test: the Go client was not built (see above)" >&2

@@ -23,8 +23,8 @@ from tests.kubernetes.backend_fixtures import IMAGE
 from tests.kubernetes.test_kubernetes_backend import COUNT_SLEEPS
 from tests.polling import until_sync
 from tests.server.helpers import text_of
+from tests.server.persistence.test_restart import kill9, wait_stored
 from tests.server.serve_process import ServeProcess, start_serve
-from tests.server.test_restart import kill9, wait_stored
 
 pytestmark = pytest.mark.docker
 

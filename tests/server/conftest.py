@@ -34,13 +34,13 @@ def base_config(tmp: Path) -> dict[str, Any]:
         "log": {"format": "text", "level": "warning"},
         "server": {"grace_seconds": 3},
         # A stop removes every session, container and quota mount (tests check they cleaned up);
-        # sessions surviving a restart are tests/server/test_restart.py's.
+        # sessions surviving a restart are tests/server/persistence/test_restart.py's.
         "shutdown": {"remove_sessions": True},
         "dispatcher": {"confirmation_timeout": 20},
         "sandbox": {"backend": "local"},
         "tools": ["tests.server.tools:make_echo_tool", "tests.server.tools:make_block_tool"],
         # Every mode, autonomous and audit included (by default only those that never lower the
-        # policy's bar may be chosen: tests/server/test_mode_limits.py).
+        # policy's bar may be chosen: tests/server/policy/test_mode_limits.py).
         "approval_modes": ALL_MODES,
         "tenants": [
             {

@@ -8,7 +8,7 @@ from dispatcher.core.dispatcher import Decision
 from tests.events import ToolCalled
 from tests.server.conftest import TOKEN_BETA, Harness
 from tests.server.helpers import next_event
-from tests.server.test_hostile_input import ask_and_answer, audit_records, shown_input
+from tests.server.rpc.test_hostile_input import ask_and_answer, audit_records, shown_input
 
 pytestmark = pytest.mark.docker
 

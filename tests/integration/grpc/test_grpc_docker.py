@@ -14,9 +14,9 @@ from dispatcher.core.types import ToolUseBlock
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server, unmount_under
 from tests.integration.helpers import containers_of
-from tests.server import test_disconnect, test_spec_examples
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, base_config, deep_merge
 from tests.server.helpers import text_of
+from tests.server.rpc import test_disconnect, test_spec_examples
 
 pytestmark = pytest.mark.docker
 

@@ -12,7 +12,7 @@ import pytest
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server
 from tests.server.conftest import base_config, deep_merge
-from tests.server.test_metrics import samples, scrape
+from tests.server.observability.test_metrics import samples, scrape
 
 pytestmark = pytest.mark.docker
 

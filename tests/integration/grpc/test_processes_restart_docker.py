@@ -12,8 +12,8 @@ import pytest
 
 from tests.integration.grpc.test_restart_docker import serve as serve
 from tests.integration.grpc.test_restart_docker import shell
+from tests.server.persistence.test_restart import kill9, sigterm
 from tests.server.serve_process import ServeProcess
-from tests.server.test_restart import kill9, sigterm
 
 pytestmark = pytest.mark.docker
 

@@ -26,8 +26,8 @@ from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import unmount_under
 from tests.integration.helpers import containers_of
 from tests.server.helpers import text_of
+from tests.server.persistence.test_restart import kill9, sigterm, wait_stored, watch_until
 from tests.server.serve_process import ServeProcess, start_serve
-from tests.server.test_restart import kill9, sigterm, wait_stored, watch_until
 
 pytestmark = pytest.mark.docker
 

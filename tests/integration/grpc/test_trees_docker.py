@@ -16,7 +16,7 @@ from dispatcher.client import RequestFailed
 from tests.integration.grpc.conftest import Start
 from tests.server.conftest import base_config
 from tests.server.helpers import text_of
-from tests.server.test_trees import assert_same_tree, make_tree, member, tar_of
+from tests.server.rpc.test_trees import assert_same_tree, make_tree, member, tar_of
 
 pytestmark = pytest.mark.docker
 

@@ -19,8 +19,8 @@ from dispatcher.core.types import ToolResultBlock, ToolUseBlock
 from tests.events import ToolConfirmationRequested
 from tests.server.conftest import ServerFactory
 from tests.server.helpers import next_event, text_of
+from tests.server.persistence.test_restart import local_config, sigterm, wait_stored
 from tests.server.serve_process import start_serve
-from tests.server.test_restart import local_config, sigterm, wait_stored
 
 TOKEN = "limited-token-0123456789"
 

@@ -11,7 +11,7 @@ from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.events import ToolFailed
 from tests.server.conftest import Harness
 from tests.server.helpers import next_event
-from tests.server.test_disconnect import _start_and_abandon
+from tests.server.rpc.test_disconnect import _start_and_abandon
 
 ID = "toolu:01"
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def serve(tmp_path: Path, **config: Any) -> subprocess.CompletedProcess[str]:

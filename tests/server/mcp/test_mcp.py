@@ -22,7 +22,7 @@ from tests.events import ToolConfirmationRequested
 from tests.server.conftest import Harness, ServerFactory
 from tests.server.helpers import next_event, text_of, until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def fixture_server(markers: Path, **extra: Any) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from typing import Any
 from dispatcher.client import DispatcherClient, RequestFailed
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.polling import until_sync
+from tests.server.persistence.test_restart import kill9, local_config, wait_stored
 from tests.server.serve_process import start_serve
-from tests.server.test_restart import kill9, local_config, wait_stored
 
 
 def _rpc(client: DispatcherClient, name: str, request: Any) -> Any:

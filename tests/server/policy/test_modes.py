@@ -266,7 +266,7 @@ async def test_files_modified_and_projected_modifications_use_the_same_form(harn
 
 
 # --- review -----------------------------------------------------------------------------------
-# Review and audit modes stage their writes (issue 22): tests/server/test_staged.py.
+# Review and audit modes stage their writes (issue 22): tests/server/policy/test_staged.py.
 
 
 # --- the CLI -----------------------------------------------------------------------------------

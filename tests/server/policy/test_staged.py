@@ -1,7 +1,7 @@
 """Issue 22, item 5 through gRPC (local sandbox): review and audit sessions stage previewing writes,
 the agent goes on at once, the session's reads see the staged content, and a human lists, applies
 (per file in review, all or nothing in audit) or discards the changes. The Docker test is
-tests/integration/grpc/test_review_docker.py; a restart keeping them, tests/server/test_restart.py."""
+tests/integration/grpc/test_review_docker.py; a restart keeping them, tests/server/persistence/test_restart.py."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.server.serve_process import start_serve
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "node"
 
 
 def _unavailable(reason: str) -> NoReturn:

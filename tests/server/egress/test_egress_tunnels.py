@@ -22,7 +22,7 @@ from tests.events import ToolConfirmationRequested
 from tests.server.conftest import TOKEN_ALPHA, Harness, ServerFactory
 from tests.server.helpers import next_event, text_of, until
 
-CLIENT = str(Path(__file__).with_name("proxy_client.py"))
+CLIENT = str(Path(__file__).parent.parent / "proxy_client.py")
 LOOPBACK_OPEN = [n for n in DEFAULT_DENY_NETWORKS if n != "127.0.0.0/8"]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.server.test_serve_config_errors import REPO, serve
+from tests.server.config.test_serve_config_errors import REPO, serve
 
 MISTAKES: dict[str, Any] = {
     "timeouts": {"shel": 100},

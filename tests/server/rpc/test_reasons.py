@@ -133,7 +133,7 @@ async def test_confirmation_timeout(make_server: ServerFactory) -> None:
 def test_the_closed_list_is_what_the_proto_documents() -> None:
     from pathlib import Path
 
-    proto = (Path(__file__).parents[2] / "proto/dispatcher/v1/dispatcher.proto").read_text()
+    proto = (Path(__file__).parents[3] / "proto/dispatcher/v1/dispatcher.proto").read_text()
     documented = proto.split("string reason = 8;")[0].rsplit("// Why the call failed", 1)[1]
     for reason in FailureReason:
         assert reason.value in documented, reason

@@ -15,8 +15,8 @@ from dispatcher.core.types import ToolUseBlock
 from tests.events import ToolFailed, is_event
 from tests.polling import until, until_sync
 from tests.server.conftest import Harness
+from tests.server.persistence.test_shutdown import _agent_processes
 from tests.server.serve_process import start_serve
-from tests.server.test_shutdown import _agent_processes
 
 
 def records(home: Path) -> list[dict[str, Any]]:
