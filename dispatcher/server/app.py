@@ -19,6 +19,7 @@ from dispatcher.core.audit import AuditLog, AuditSink
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.sessions.expiry import LifecycleHooks
@@ -118,6 +119,9 @@ def build_server(config: Config, provider: ProviderFactory | None = None) -> Dis
         ConfigError: a custom tool or the sandbox section is invalid.
         StateError: another server holds the home, or its ``state.db`` is unusable.
     """
+    # The config's tools and the keys naming them are checked before the home is locked, so a bad
+    # config fails before anything is written there (the server registers them again, for real).
+    check_served_config(config, ToolRegistry())
     return DispatcherServer(config, provider or functools.partial(make_provider, config))
 
 

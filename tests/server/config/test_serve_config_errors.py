@@ -49,6 +49,9 @@ def test_a_custom_tool_that_cannot_register_exits_2_naming_it(
     assert done.returncode == 2, done.stderr
     assert "configuration error: tools[1]" in done.stderr and message in done.stderr
     assert "Traceback" not in done.stderr
+    # Refused before the home is locked: nothing of a server's state was written there.
+    home = tmp_path / "home"
+    assert not (home / "state.db").exists() and not (home / "uids.json").exists()
 
 
 def test_an_mcp_server_that_does_not_start_exits_2_naming_it(tmp_path: Path) -> None:
