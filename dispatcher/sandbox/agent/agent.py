@@ -326,6 +326,9 @@ class Agent:
         (restarted) and a new agent will take over the container, or the server is removing the
         container anyway.
         """
+        # Nothing still running answers now: a command killed here is not reported as having
+        # exited by a signal, so the server sees the agent go (its sandbox stopped), as it did.
+        self._channel += 1
         self.tunnels.shutdown()
         self.commands.shutdown(keep_background)
         self._pool.shutdown()
