@@ -216,6 +216,19 @@ class WorkspaceFileAPI(Protocol):
 
     async def delete(self, path: str) -> None: ...
 
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+        """Replace the one occurrence of ``old`` with ``new``, atomically (str_replace style).
+
+        Exactly ``patch_file``'s semantics (``core/patch.py``'s ``apply_patch``): ``old`` must occur
+        exactly once (spanning lines, it also matches the file's other line ending); the file is
+        written only over the bytes it was read as.
+
+        Raises:
+            FileOpError: ``no_match``, ``multiple_matches``, ``decode``, ``changed`` (written
+                meanwhile), or the read's and the write's errors; the file is then unchanged.
+        """
+        ...
+
     async def resolve(self, path: str) -> str:
         """Where ``path`` really is: normalised, relative to the workspace root ('.' for the root).
 

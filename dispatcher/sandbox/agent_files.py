@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from dispatcher.core.patch import apply_patch
 from dispatcher.core.sandbox_api import DirListing, FileStat
 from dispatcher.sandbox.channel import AgentChannel
 
@@ -73,6 +74,10 @@ class AgentFiles:
     async def delete(self, path: str) -> None:
         """See ``WorkspaceFileAPI.delete``."""
         await self._file_op("delete", lambda ch: ch.delete(path))
+
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+        """See ``WorkspaceFileAPI.patch``: a read and a write of the agent's, patched here."""
+        await apply_patch(self, path, old, new, approved=approved)
 
     async def resolve(self, path: str) -> str:
         """See ``WorkspaceFileAPI.resolve``."""

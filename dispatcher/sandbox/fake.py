@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.core.errors import WorkspaceEscapeError
+from dispatcher.core.patch import apply_patch
 from dispatcher.core.paths import resolve_workspace_path
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
@@ -250,6 +251,9 @@ class FakeSandbox:
             self.dirs.discard(full)
         else:
             raise FileOpError("ENOENT", f"No such file: {path!r}")
+
+    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+        await apply_patch(self, path, old, new, approved=approved)
 
     async def resolve(self, path: str) -> str:
         rel = self._walk(path)

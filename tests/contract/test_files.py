@@ -71,6 +71,17 @@ async def test_append_creates_then_extends(target: Target) -> None:
     assert await target.sandbox.read("log.txt") == "one\ntwo\n"
 
 
+async def test_patch_replaces_the_one_occurrence_or_changes_nothing(target: Target) -> None:
+    sb = target.sandbox
+    await sb.write_bytes("p.txt", b"a = 1\r\nb = 2\r\nb = 2\r\n")
+    await sb.patch("p.txt", "a = 1\nb = 2", "a = 0\nb = 2")  # plain newlines match the CRLF lines
+    assert await sb.read_bytes("p.txt") == b"a = 0\r\nb = 2\r\nb = 2\r\n"
+    assert await code_of(sb.patch("p.txt", "b = 2", "b = 3")) == "multiple_matches"
+    assert await code_of(sb.patch("p.txt", "c = 3", "c = 4")) == "no_match"
+    assert await code_of(sb.patch("missing.txt", "a", "b")) == "ENOENT"
+    assert await sb.read_bytes("p.txt") == b"a = 0\r\nb = 2\r\nb = 2\r\n"
+
+
 async def test_exists_for_files_directories_and_nothing(target: Target) -> None:
     await target.sandbox.write("d/f.txt", "x")
     assert await target.sandbox.exists("d/f.txt")

@@ -369,7 +369,8 @@ class SessionLifecycle(BaseSessionListener):
             return
         await self._closer.cancel_session_tools(sid)
         state.bus.publish(SessionExpired(reason.value), turn_id="", tool_use_id="")
-        self._registry.mark_expired(state, self.clock(), reason)
+        # Ended from here on for every reader, with when and why, while its sandbox stops.
+        self._registry.begin_close(sid, expired=(self.clock(), reason))
         await self._closer.close_session(sid)
 
 

@@ -15,9 +15,13 @@ sandbox, counting it) is done by listeners that subscribed, told in their subscr
 ``OPEN -> CLOSING -> CLOSED``, ``OPEN <-> PAUSED``, and ``-> CLOSING -> EXPIRED`` when a clock ran out
 (``SessionStatus``). The work of closing (cancelling calls, stopping the sandbox) is the
 dispatcher's, between ``begin_close`` and ``finish_close``; pausing and expiring are
-``core/sessions/expiry.py``'s, which sets the states here (``set_paused``, ``mark_expired``). An ended
-session is remembered (with its tenant, and when and why it expired) so that a late request is told
-what became of it.
+``core/sessions/expiry.py``'s, which sets the states here (``set_paused``, and ``begin_close`` with
+the expiry). An ended session is remembered (with its tenant, and when and why it expired) so that a
+late request is told what became of it.
+
+Leaving life is one step: ``begin_close`` takes the session out of the open ones and records how it
+ended, together. Stopping a sandbox takes a while (a container: tens of milliseconds); a reader in
+that time is told the session expired (or was closed), never that there is no such session.
 """
 
 from __future__ import annotations
@@ -121,7 +125,6 @@ class SessionRegistry:
         self._history_bytes = history_bytes
         self._live: dict[str, SessionState] = {}
         self._ended: OrderedDict[str, Ended] = OrderedDict()
-        self._expiring: dict[str, tuple[float, ExpiryReason]] = {}
         self._listeners: list[SessionListener] = []
 
     def subscribe(self, *listeners: SessionListener) -> None:
@@ -198,13 +201,12 @@ class SessionRegistry:
         """The open session.
 
         Raises:
-            UnknownSessionError: it is not open (never was, is closing, or has ended).
+            UnknownSessionError: it is not open (never was, or has ended: closing counts as ended),
+                saying how it ended.
         """
         state = self._live.get(session_id)
         if state is not None and state.status.alive:
             return state
-        if state is not None:
-            raise UnknownSessionError(f"session {session_id!r} is {state.status.value}")
         raise UnknownSessionError(self.why_gone(session_id))
 
     def why_gone(self, session_id: str) -> str:
@@ -216,7 +218,7 @@ class SessionRegistry:
         return ended.message(session_id)
 
     def ended(self, session_id: str) -> Ended | None:
-        """What is remembered of an ended session (None: not ended, or forgotten)."""
+        """How the session ended, from the moment it began closing (None: not ended, or forgotten)."""
         return self._ended.get(session_id)
 
     def is_open(self, session_id: str) -> bool:
@@ -259,25 +261,26 @@ class SessionRegistry:
             out[state.status] = out.get(state.status, 0) + 1
         return out
 
-    # -- pausing and expiring (core/sessions/expiry.py) ----------------------------------------------
+    # -- pausing (core/sessions/expiry.py) -----------------------------------------------------
 
     def set_paused(self, state: SessionState, paused: bool) -> None:
         """An alive session becomes paused (or open again); a closing one stays closing."""
         if state.status.alive:
             state.status = SessionStatus.PAUSED if paused else SessionStatus.OPEN
 
-    def mark_expired(self, state: SessionState, when: float, reason: ExpiryReason) -> None:
-        """Its coming close is an expiry: it is remembered as expired at ``when`` by ``reason``."""
-        self._expiring[state.session.session_id] = (when, reason)
-
     # -- closing ----------------------------------------------------------------------------
 
-    def begin_close(self, session_id: str) -> SessionState | None:
-        """Mark the session closing (new requests find it no more); the closing one if it already
-        was; None if it is not open."""
+    def begin_close(
+        self, session_id: str, *, expired: tuple[float, ExpiryReason] | None = None
+    ) -> SessionState | None:
+        """In one step, take the session out of the open ones and remember how it ended: closed,
+        or ``expired`` (when, by which clock). The closing one if it already was (its end stays
+        the first one given); None if it is not open."""
         state = self._live.get(session_id)
-        if state is not None:
+        if state is not None and state.status.alive:
             state.status = SessionStatus.CLOSING
+            ending = SessionStatus.CLOSED if expired is None else SessionStatus.EXPIRED
+            self._remember(session_id, Ended(ending, state.session.tenant_id, expired))
         return state
 
     def finish_close(self, state: SessionState) -> None:
@@ -292,14 +295,21 @@ class SessionRegistry:
         for state in states:
             state.bus.close()
 
-    def _end(self, state: SessionState, listeners: Iterator[SessionListener]) -> None:
-        sid = state.session.session_id
-        expired = self._expiring.pop(sid, None)
-        state.status = SessionStatus.CLOSED if expired is None else SessionStatus.EXPIRED
-        self._live.pop(sid, None)
-        self._ended[sid] = Ended(state.status, state.session.tenant_id, expired)
+    def _remember(self, session_id: str, ended: Ended) -> None:
+        self._ended[session_id] = ended
+        self._ended.move_to_end(session_id)
         while len(self._ended) > ENDED_IDS_KEPT:
             self._ended.popitem(last=False)
+
+    def _end(self, state: SessionState, listeners: Iterator[SessionListener]) -> None:
+        sid = state.session.session_id
+        # Recorded by begin_close; an open undone by its listeners (or a close never begun) is closed.
+        ended = self._ended.get(sid) if state.status is SessionStatus.CLOSING else None
+        if ended is None:
+            ended = Ended(SessionStatus.CLOSED, state.session.tenant_id)
+        state.status = ended.status
+        self._live.pop(sid, None)
+        self._remember(sid, ended)
         state.bus.close()
         for listener in listeners:
             try:

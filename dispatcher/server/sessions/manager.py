@@ -195,7 +195,8 @@ class SessionManager:
 
         Raises:
             UnknownSessionError: no such open session for this tenant (other tenants' look the same);
-                one that expired says when and why.
+                one of its own that ended says how (expired when and why, or closed), from the
+                moment it began to close.
             InvalidRequest: the id is longer than any session id.
         """
         check_id("session_id", session_id)
@@ -206,7 +207,7 @@ class SessionManager:
                     self.lifecycle.touch(state)
                 return state
         ended = self.registry.ended(session_id)
-        if ended is not None and ended.expired is not None and ended.tenant_id == tenant.tenant_id:
+        if ended is not None and ended.tenant_id == tenant.tenant_id:
             raise UnknownSessionError(ended.message(session_id))
         raise UnknownSessionError(f"no session {session_id!r}")
 
@@ -243,7 +244,7 @@ class SessionManager:
     async def close(self, tenant: Tenant, session_id: str) -> None:
         """Cancel the session's tools, stop its sandbox and forget it; the workspace stays."""
         state = self.get(tenant, session_id)
-        self.registry.begin_close(session_id)  # from here on it is not found
+        self.registry.begin_close(session_id)  # from here on it is found closed
         try:
             await self.dispatcher.close_session(session_id)
         finally:

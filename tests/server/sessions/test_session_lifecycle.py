@@ -16,7 +16,8 @@ from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.events import SessionExpired, SessionExpiring, SessionPaused, SessionResumed, ToolCalled
-from tests.server.conftest import TOKEN_TINY, Harness, ServerFactory, base_config
+from tests.polling import until
+from tests.server.conftest import TOKEN_BETA, TOKEN_TINY, Harness, ServerFactory, base_config
 from tests.server.helpers import next_event, text_of
 
 
@@ -149,3 +150,69 @@ async def test_a_dispatch_waits_for_a_slot_in_line_then_is_refused(
     await _rpc(client, "CancelSessionTools", pb.CancelSessionToolsRequest(session_id=a))
     assert isinstance(await holder, ToolResultBlock)
     assert not (await waiting).is_error
+
+
+async def test_polling_across_an_idle_expiry_never_hears_no_such_session(
+    make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = await make_server(sessions={"idle_timeout_seconds": 1, "expiring_notice_seconds": 0})
+    client = h.client()
+    sid = (await _create(client)).session_id
+    provider = h.server.provider
+    stop = provider.close_session
+    stopping, answers_while_stopping = asyncio.Event(), asyncio.Event()
+
+    async def slow_stop(session_id: str) -> None:
+        # A container takes a while to stop (Docker: about 50 ms): held until polled in that window.
+        stopping.set()
+        await answers_while_stopping.wait()
+        await stop(session_id)
+
+    monkeypatch.setattr(provider, "close_session", slow_stop)
+    answers: list[str] = []
+
+    async def poll() -> bool:
+        try:
+            await _rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid))
+            answers.append("live")
+        except grpc.aio.AioRpcError as exc:
+            answers.append(f"{exc.code().name}: {exc.details()}")
+        if stopping.is_set() and sum(1 for a in answers if a != "live") >= 3:
+            answers_while_stopping.set()
+        return h.server.dispatcher.sessions.find(sid) is None  # the sandbox stopped: it has ended
+
+    await until(poll, "the session to expire", timeout=10, interval=0.02)
+    await poll()
+    assert answers[0] == "live" and stopping.is_set()
+    ended = [a for a in answers if a != "live"]
+    assert len(ended) >= 4 and "live" not in answers[answers.index(ended[0]) :]
+    for answer in ended:
+        assert answer.startswith("NOT_FOUND: session 'ses_") and "expired at" in answer, answers
+        assert answer.endswith("(idle)"), answers
+
+
+async def test_a_session_being_closed_is_closed_to_its_tenant_and_unknown_to_others(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = harness.client()
+    sid = (await _create(client)).session_id
+    provider = harness.server.provider
+    stop = provider.close_session
+    stopping, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_stop(session_id: str) -> None:
+        stopping.set()
+        await release.wait()
+        await stop(session_id)
+
+    monkeypatch.setattr(provider, "close_session", slow_stop)
+    closing = asyncio.create_task(_rpc(client, "CloseSession", pb.CloseSessionRequest(session_id=sid)))
+    await asyncio.wait_for(stopping.wait(), 10)
+    get = pb.GetSessionRequest(session_id=sid)
+    seen = [await _code(_rpc(client, "GetSession", get))]  # its sandbox still stopping
+    release.set()
+    await closing
+    seen.append(await _code(_rpc(client, "GetSession", get)))
+    assert seen == [(grpc.StatusCode.NOT_FOUND, f"session {sid!r} is closed")] * 2
+    code, details = await _code(_rpc(harness.client(TOKEN_BETA), "GetSession", get))
+    assert (code, details) == (grpc.StatusCode.NOT_FOUND, f"no session {sid!r}")

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from dispatcher.core.errors import WorkspaceEscapeError
+from dispatcher.core.patch import patched
 from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.sandbox.local import LocalSandbox
-from dispatcher.tools.patch_file import PatchFileTool, patched
+from dispatcher.tools.patch_file import PatchFileTool
 from dispatcher.tools.write_file import WriteFileTool
 from tests.unit.tools.conftest import Harness, text_of
 

@@ -16,7 +16,7 @@ from dispatcher.core import ConfirmationPolicy, Decision, Session, ToolDispatche
 from dispatcher.core.call.approve import ApprovalMode, approve_plan
 from dispatcher.core.errors import ToolRegistrationError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolOutput, ToolResultBlock
-from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
+from dispatcher.sandbox.fake import FakeSandboxProvider
 from dispatcher.tools import PatchFileTool, WriteFileTool
 from tests.blocks import text_at
 from tests.events import ToolConfirmationRequested, is_event
@@ -48,8 +48,8 @@ async def _dispatch_allowing(d: ToolDispatcher, session: Session, use: ToolUseBl
 async def test_a_crlf_old_patches_an_lf_file_in_every_mode(
     provider: FakeSandboxProvider, session: Session, mode: ApprovalMode
 ) -> None:
-    # The sandbox API has no patch op any more: patch_file's preview() is the one semantics.
-    assert not hasattr(FakeSandbox, "patch")
+    # patch_file's preview() and the file API's patch are core/patch.py's: one semantics
+    # (tests/unit/tools/test_file_api_patch.py holds them to the same answers).
     d = ToolDispatcher(provider, policy=ConfirmationPolicy())
     d.register(WriteFileTool)
     d.register(PatchFileTool)

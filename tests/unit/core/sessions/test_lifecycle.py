@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from dispatcher.core import ToolDispatcher, UnknownSessionError
 from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
 from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, OnExpire, SessionClock, check_ttl
 from dispatcher.core.sessions.deadlines import DeadlineScheduler
-from dispatcher.core.sessions.registry import Restoration
+from dispatcher.core.sessions.registry import BaseSessionListener, Restoration
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.sandbox.fake import FakeSandboxProvider
@@ -202,3 +204,83 @@ async def test_a_restored_paused_session_stays_paused_and_an_overdue_one_expires
     await _tick(d, clock)
     assert d.sessions.status("p") is SessionStatus.PAUSED
     assert d.sessions.status("o") is SessionStatus.EXPIRED
+
+
+class Probe(Provider):
+    """Writes down what the registry answers for a session at each step the provider is part of."""
+
+    def __init__(self, d: Callable[[], ToolDispatcher]) -> None:
+        super().__init__()
+        self._d = d
+        self.seen: list[str] = []
+
+    async def working(self, session_id: str) -> bool:
+        self.seen.append(_seen(self._d(), session_id))
+        return await super().working(session_id)
+
+    async def close_session(self, session_id: str) -> None:
+        self.seen.append(_seen(self._d(), session_id))  # the sandbox stopping: the slow step
+        await super().close_session(session_id)
+
+
+class Closed(BaseSessionListener):
+    def __init__(self, d: ToolDispatcher, seen: list[str]) -> None:
+        self._d, self._seen = d, seen
+
+    def session_closed(self, state: SessionState) -> None:
+        self._seen.append(_seen(self._d, state.session.session_id))
+
+
+def _seen(d: ToolDispatcher, sid: str) -> str:
+    """'live', or the reason the session ended (what a server tells a client); never a shrug."""
+    try:
+        d.sessions.get(sid)
+        return "live"
+    except UnknownSessionError as exc:
+        ended = d.sessions.ended(sid)
+        assert ended is not None and ended.message(sid) == str(exc), f"{exc} (no reason kept)"
+        return str(exc)
+
+
+def _probed(tmp: Path) -> tuple[ToolDispatcher, Probe, Clock]:
+    d: ToolDispatcher | None = None
+    provider = Probe(lambda: d)  # type: ignore[arg-type,return-value]
+    d = ToolDispatcher(provider)
+    clock = Clock()
+    d.lifecycle.clock = clock
+    d.lifecycle._scheduler._clock = clock
+    d.lifecycle.warn_before = 0
+    d.sessions.subscribe(Closed(d, provider.seen))
+    return d, provider, clock
+
+
+@pytest.mark.parametrize("given_back", [False, True], ids=["new", "restored"])
+async def test_every_step_of_an_expiry_sees_the_session_or_that_it_expired(
+    tmp_path: Path, given_back: bool
+) -> None:
+    d, probe, clock = _probed(tmp_path)
+    session = Session(session_id="s1", workspace_path=str(tmp_path))
+    life = Lifetime(idle_timeout_seconds=60)
+    if given_back:  # a restart gives it back: the same step ends it
+        stored = SessionClock(life, None, clock.now - 30)
+        d.sessions.open(session, restored=Restoration(create_time=clock.now - 30, clock=stored))
+        clock.now += 30
+    else:
+        d.sessions.open(session, lifetime=life)
+        clock.now += 60
+    probe.seen.append(_seen(d, "s1"))
+    await _tick(d, clock)
+    probe.seen.append(_seen(d, "s1"))
+    # Asked whether it works (live), its sandbox stopping, its listeners told, and after.
+    assert len(probe.seen) == 5 and probe.seen[:2] == ["live", "live"]
+    for answer in probe.seen[2:]:
+        assert re.fullmatch(r"session 's1' expired at .*Z \(idle\)", answer), probe.seen
+
+
+async def test_every_step_of_a_close_sees_the_session_or_that_it_was_closed(tmp_path: Path) -> None:
+    d, probe, _ = _probed(tmp_path)
+    d.sessions.open(Session(session_id="s1", workspace_path=str(tmp_path)), lifetime=Lifetime())
+    probe.seen.append(_seen(d, "s1"))
+    await d.close_session("s1")
+    probe.seen.append(_seen(d, "s1"))
+    assert probe.seen == ["live"] + ["session 's1' is closed"] * 3

@@ -62,8 +62,10 @@ async def test_a_session_goes_open_closing_closed_and_only_open_is_open() -> Non
     assert registry.begin_close("s1") is state
     assert registry.status("s1") is SessionStatus.CLOSING
     assert not registry.is_open("s1")
-    with pytest.raises(UnknownSessionError, match="is closing"):
+    with pytest.raises(UnknownSessionError, match="is closed"):  # ended from its first step
         registry.get("s1")
+    ended = registry.ended("s1")
+    assert ended is not None and ended.status is SessionStatus.CLOSED
     assert registry.find("s1") is state  # closing work still reaches it
     assert registry.count("t") == 1  # it holds its sandbox until closed: still counts for the quota
     registry.finish_close(state)
