@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["ExpiryReason", "Lifetime", "OnExpire", "SessionClock"]
+__all__ = ["MAX_CLOCK_SECONDS", "ExpiryReason", "Lifetime", "OnExpire", "SessionClock"]
+
+MAX_CLOCK_SECONDS = 10 * 365 * 86_400
+"""The longest TTL or idle timeout any session may have (10 years, 315,360,000 s), whatever its
+tenant: far inside what a protobuf Timestamp (up to year 9999) and a float of epoch seconds hold,
+so no deadline a request sets can fail to convert once stored."""
 
 
 class ExpiryReason(StrEnum):
@@ -42,18 +47,30 @@ class Lifetime:
 
 
 def check_ttl(ttl_seconds: float, maximum: float | None, *, what: str = "ttl_seconds") -> None:
-    """A TTL a tenant may ask for: not negative, not above ``maximum`` (None or 0: no maximum;
-    with one, 0 ("none") is above it too).
+    """A TTL a tenant may ask for: not negative, at most ``MAX_CLOCK_SECONDS``, not above ``maximum``
+    (None or 0: no maximum; with one, 0 ("none") is above it too).
 
     Raises:
-        ValueError: naming the maximum.
+        ValueError: naming the field and the bound.
     """
-    if not math.isfinite(ttl_seconds) or ttl_seconds < 0:
-        raise ValueError(f"{what}: must be 0 (none) or a positive number of seconds, got {ttl_seconds:g}")
+    check_clock(ttl_seconds, what=what)
     if maximum and (ttl_seconds == 0 or ttl_seconds > maximum):
         asked = "none (0)" if ttl_seconds == 0 else f"{ttl_seconds:g} s"
         raise ValueError(
             f"{what}: {asked} is above the tenant's maximum of {maximum:g} s (max_session_ttl_seconds)"
+        )
+
+
+def check_clock(seconds: float, *, what: str) -> None:
+    """A clock's length (a TTL, an idle timeout): 0 (none) or positive, at most ``MAX_CLOCK_SECONDS``.
+
+    Raises:
+        ValueError: naming the field and the bound.
+    """
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_CLOCK_SECONDS:
+        raise ValueError(
+            f"{what}: must be 0 (none) or a positive number of seconds up to {MAX_CLOCK_SECONDS:,}"
+            f" (10 years), got {seconds:g}"
         )
 
 

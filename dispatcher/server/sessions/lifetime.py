@@ -4,7 +4,7 @@ run in the core (``session_clock.py``, ``lifecycle.py``)."""
 
 from __future__ import annotations
 
-from dispatcher.core.sessions.clock import Lifetime, OnExpire, check_ttl
+from dispatcher.core.sessions.clock import Lifetime, OnExpire, check_clock, check_ttl
 from dispatcher.server.requests.errors import InvalidRequest
 from dispatcher.server.tenancy.tenants import Tenant
 
@@ -24,8 +24,11 @@ def requested_lifetime(
         ttl = default.ttl_seconds
         if maximum and (ttl == 0 or ttl > maximum):
             ttl = maximum  # the server's default never exceeds the tenant's maximum
-    if idle is not None and idle < 0:
-        raise InvalidRequest(f"idle_timeout_seconds: must be 0 (none) or positive, got {idle:g}")
+    if idle is not None:
+        try:
+            check_clock(idle, what="idle_timeout_seconds")
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
     check_tenant_ttl(tenant, ttl)
     return Lifetime(
         ttl,

@@ -1,0 +1,69 @@
+"""Every number a session's request carries is bounded before anything is stored (issue 37, item 6),
+and a tenant's maximum TTL bounds a session's whole life, pause and renew included (item 9)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from dispatcher.client import AsyncDispatcherClient
+from dispatcher.core.sessions.clock import MAX_CLOCK_SECONDS
+from dispatcher.v1 import dispatcher_pb2 as pb
+from tests.server.conftest import Harness
+
+
+async def _rpc(client: AsyncDispatcherClient, name: str, request: Any) -> Any:
+    return await getattr(client._stub, name)(request, metadata=client._metadata, timeout=30)
+
+
+async def _code(coro: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await coro
+    return info.value.code(), info.value.details() or ""
+
+
+async def _listed(client: AsyncDispatcherClient) -> list[str]:
+    reply = await _rpc(client, "ListSessions", pb.ListSessionsRequest())
+    return [s.session_id for s in reply.sessions]
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"ttl_seconds": 10**13}, "ttl_seconds"),
+        ({"ttl_seconds": 2**63 - 1}, "ttl_seconds"),
+        ({"idle_timeout_seconds": 9 * 10**18}, "idle_timeout_seconds"),
+        ({"idle_timeout_seconds": MAX_CLOCK_SECONDS + 1}, "idle_timeout_seconds"),
+    ],
+)
+async def test_a_clock_past_the_bound_is_refused_and_nothing_is_stored(
+    harness: Harness, fields: dict[str, Any], named: str
+) -> None:
+    client = harness.client()
+    before = await _listed(client)
+    code, details = await _code(_rpc(client, "CreateSession", pb.CreateSessionRequest(**fields)))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT, details
+    assert named in details and f"{MAX_CLOCK_SECONDS:,}" in details, details
+    assert await _listed(client) == before  # nothing stored, the tenant still lists
+
+
+async def test_the_bound_itself_is_accepted_and_listed(harness: Harness) -> None:
+    client = harness.client()
+    request = pb.CreateSessionRequest(ttl_seconds=MAX_CLOCK_SECONDS, idle_timeout_seconds=MAX_CLOCK_SECONDS)
+    session = (await _rpc(client, "CreateSession", request)).session
+    assert session.expire_time.seconds >= time.time() + MAX_CLOCK_SECONDS - 60
+    assert session.session_id in await _listed(client)
+
+
+async def test_a_renew_past_the_bound_is_refused_and_the_session_keeps_its_expiry(harness: Harness) -> None:
+    client = harness.client()
+    session = (await _rpc(client, "CreateSession", pb.CreateSessionRequest(ttl_seconds=100))).session
+    request = pb.RenewSessionRequest(session_id=session.session_id, ttl_seconds=10**13)
+    code, details = await _code(_rpc(client, "RenewSession", request))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "ttl_seconds" in details, details
+    got = (await _rpc(client, "GetSession", pb.GetSessionRequest(session_id=session.session_id))).session
+    assert got.expire_time.seconds == session.expire_time.seconds
+    assert session.session_id in await _listed(client)
