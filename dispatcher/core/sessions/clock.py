@@ -108,6 +108,28 @@ class SessionClock:
         self.expire_time = now + ttl_seconds if ttl_seconds > 0 else None
         self.warned.discard(ExpiryReason.TTL.value)
 
+    def bound(self, now: float) -> bool:
+        """Bring clocks an older server stored without bounds within ``MAX_CLOCK_SECONDS`` (a TTL or
+        idle timeout at most that long, an expiry at most that far from ``now``), so that no stored
+        session fails to convert (a protobuf Timestamp ends at year 9999); True if any changed."""
+        life = self.lifetime
+        ttl = _at_most(life.ttl_seconds, MAX_CLOCK_SECONDS)
+        idle = _at_most(life.idle_timeout_seconds, MAX_CLOCK_SECONDS)
+        expire = self.expire_time
+        if expire is not None:
+            expire = _at_most(expire, now + MAX_CLOCK_SECONDS)
+        last = _at_most(self.last_activity, now)
+        changed = (ttl, idle, expire, last) != (
+            life.ttl_seconds,
+            life.idle_timeout_seconds,
+            self.expire_time,
+            self.last_activity,
+        )
+        if changed:
+            self.lifetime = Lifetime(ttl, idle, life.on_expire)
+            self.expire_time, self.last_activity = expire, last
+        return changed
+
     def to_json(self) -> dict[str, Any]:
         """The stored form."""
         life = self.lifetime
@@ -143,3 +165,8 @@ class SessionClock:
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"lifecycle: {exc}") from None
+
+
+def _at_most(value: float, bound: float) -> float:
+    """``value``, or ``bound`` when it is larger or not a number at all."""
+    return value if math.isfinite(value) and value <= bound else bound

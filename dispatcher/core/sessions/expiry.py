@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
-from dispatcher.core.sessions.clock import ExpiryReason, OnExpire, SessionClock
+from dispatcher.core.sessions.clock import MAX_CLOCK_SECONDS, ExpiryReason, OnExpire, SessionClock
 from dispatcher.core.sessions.deadlines import DeadlineScheduler
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionRegistry
 from dispatcher.core.sessions.session import SessionStatus
@@ -149,6 +149,15 @@ class SessionLifecycle(BaseSessionListener):
         if restored.clock is None:
             # Stored before sessions had clocks: its clocks start now, and are stored.
             state.clock = SessionClock.start(state.clock.lifetime, self.clock())
+            self._changed(state)
+        elif state.clock.bound(self.clock()):
+            # Stored by a server that took any number: kept within the bound, and stored so.
+            log.warning(
+                "session %s: its stored clocks were past %d s, cut to it",
+                state.session.session_id,
+                MAX_CLOCK_SECONDS,
+                extra={"session_id": state.session.session_id},
+            )
             self._changed(state)
         self._stored_activity[state.session.session_id] = state.clock.last_activity
         self._schedule(state)

@@ -9,7 +9,14 @@ import pytest
 
 from dispatcher.core import ToolDispatcher, UnknownSessionError
 from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
-from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, OnExpire, SessionClock, check_ttl
+from dispatcher.core.sessions.clock import (
+    MAX_CLOCK_SECONDS,
+    ExpiryReason,
+    Lifetime,
+    OnExpire,
+    SessionClock,
+    check_ttl,
+)
 from dispatcher.core.sessions.deadlines import DeadlineScheduler
 from dispatcher.core.sessions.registry import Restoration
 from dispatcher.core.sessions.session import Session, SessionStatus
@@ -202,3 +209,21 @@ async def test_a_restored_paused_session_stays_paused_and_an_overdue_one_expires
     await _tick(d, clock)
     assert d.sessions.status("p") is SessionStatus.PAUSED
     assert d.sessions.status("o") is SessionStatus.EXPIRED
+
+
+async def test_clocks_stored_past_the_bound_are_cut_to_it_at_restore_and_stored(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    stored: list[str] = []
+    d.lifecycle.on_change = lambda state: stored.append(state.session.session_id)
+    huge = SessionClock(Lifetime(1e13, float("inf")), clock.now + 1e13, clock.now + 9e18)
+    state = d.sessions.open(
+        Session(session_id="s1", workspace_path=str(tmp_path)),
+        restored=Restoration(create_time=clock.now - 10, clock=huge),
+    )
+    assert state.clock.lifetime.ttl_seconds == state.clock.lifetime.idle_timeout_seconds == MAX_CLOCK_SECONDS
+    assert state.clock.expire_time == clock.now + MAX_CLOCK_SECONDS
+    assert state.clock.last_activity == clock.now
+    assert state.clock.idle_expire_time == clock.now + MAX_CLOCK_SECONDS
+    assert stored == ["s1"]
+    sane = SessionClock(Lifetime(100, 10), clock.now + 50, clock.now - 1)
+    assert not sane.bound(clock.now) and sane.expire_time == clock.now + 50
