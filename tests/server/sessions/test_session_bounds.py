@@ -1,4 +1,4 @@
-"""Every number a session's request carries is bounded before anything is stored (issue 37, item 6),
+"""Every number a request carries is bounded before anything is stored or runs (issue 37, item 6),
 and a tenant's maximum TTL bounds a session's whole life, pause and renew included (item 9)."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import grpc
 import pytest
 
 from dispatcher.client import AsyncDispatcherClient
+from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.sessions.clock import MAX_CLOCK_SECONDS
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.server.conftest import Harness
+from tests.server.helpers import text_of
 
 
 async def _rpc(client: AsyncDispatcherClient, name: str, request: Any) -> Any:
@@ -67,3 +69,13 @@ async def test_a_renew_past_the_bound_is_refused_and_the_session_keeps_its_expir
     got = (await _rpc(client, "GetSession", pb.GetSessionRequest(session_id=session.session_id))).session
     assert got.expire_time.seconds == session.expire_time.seconds
     assert session.session_id in await _listed(client)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+async def test_a_tool_input_number_no_json_can_carry_is_invalid(harness: Harness, bad: float) -> None:
+    # NaN passes a schema's "maximum" (every comparison with it is false): a shell timeout of NaN ran.
+    client = harness.client()
+    sid = (await client.create_session()).session_id
+    result = await client.call(sid, "shell", {"command": "echo ran", "timeout_seconds": bad})
+    assert result.is_error and result.error_class is ToolErrorClass.VALIDATION_ERROR, text_of(result)
+    assert "not a finite number" in text_of(result)
