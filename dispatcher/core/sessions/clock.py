@@ -9,6 +9,7 @@ epoch seconds: they must mean the same after a restart.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -44,6 +45,10 @@ class Lifetime:
     ttl_seconds: float = 0.0
     idle_timeout_seconds: float = 0.0
     on_expire: OnExpire = OnExpire.CLOSE
+    max_life_seconds: float = 0.0
+    """The longest the session may live from its start, renewals, pauses and resumes included
+    (its tenant's ``max_session_ttl_seconds``); past it the session closes, whatever ``on_expire``
+    says. 0: no maximum."""
 
 
 def check_ttl(ttl_seconds: float, maximum: float | None, *, what: str = "ttl_seconds") -> None:
@@ -87,13 +92,22 @@ class SessionClock:
     """Why the session is paused; None while it runs."""
     warned: set[str] = field(default_factory=set)
     """Which coming expiries (``ttl``, ``idle``) were announced (``session.expiring``), once each."""
+    end_time: float | None = None
+    """The latest the session may live (epoch s): its start plus ``lifetime.max_life_seconds``; no
+    expiry is ever set past it. None: no maximum."""
 
     @classmethod
     def start(cls, lifetime: Lifetime | None, now: float) -> SessionClock:
         """The clock of a session created at ``now``."""
         life = lifetime or Lifetime()
-        expire = now + life.ttl_seconds if life.ttl_seconds > 0 else None
-        return cls(life, expire, now)
+        end = now + life.max_life_seconds if life.max_life_seconds > 0 else None
+        clock = cls(life, None, now, end_time=end)
+        clock.renew(life.ttl_seconds, now)
+        return clock
+
+    def past_end(self, now: float) -> bool:
+        """The session has lived as long as its maximum allows: it closes, it does not pause."""
+        return self.end_time is not None and now >= self.end_time
 
     @property
     def idle_expire_time(self) -> float | None:
@@ -104,9 +118,24 @@ class SessionClock:
         return self.last_activity + idle
 
     def renew(self, ttl_seconds: float, now: float) -> None:
-        """A new absolute expiry ``ttl_seconds`` from now (0: none)."""
-        self.expire_time = now + ttl_seconds if ttl_seconds > 0 else None
+        """A new absolute expiry ``ttl_seconds`` from now (0: none), never past ``end_time``."""
+        expire = now + ttl_seconds if ttl_seconds > 0 else None
+        if self.end_time is not None:
+            expire = self.end_time if expire is None else min(expire, self.end_time)
+        self.expire_time = expire
         self.warned.discard(ExpiryReason.TTL.value)
+
+    def limit_life(self, max_life_seconds: float, created: float) -> None:
+        """Put a restored session under its tenant's maximum as configured now (0: none), counted
+        from ``created``. A session stored without an end (by an older server, or while its tenant
+        had no maximum) keeps the expiry it was given, if that is later."""
+        end = created + max_life_seconds if max_life_seconds > 0 else None
+        if end is not None and self.end_time is None and self.expire_time is not None:
+            end = max(end, self.expire_time)
+        self.lifetime = dataclasses.replace(self.lifetime, max_life_seconds=max_life_seconds)
+        self.end_time = end
+        if end is not None and self.expire_time is not None:
+            self.expire_time = min(self.expire_time, end)
 
     def bound(self, now: float) -> bool:
         """Bring clocks an older server stored without bounds within ``MAX_CLOCK_SECONDS`` (a TTL or
@@ -126,7 +155,7 @@ class SessionClock:
             self.last_activity,
         )
         if changed:
-            self.lifetime = Lifetime(ttl, idle, life.on_expire)
+            self.lifetime = dataclasses.replace(life, ttl_seconds=ttl, idle_timeout_seconds=idle)
             self.expire_time, self.last_activity = expire, last
         return changed
 
@@ -137,7 +166,9 @@ class SessionClock:
             "ttl_seconds": life.ttl_seconds,
             "idle_timeout_seconds": life.idle_timeout_seconds,
             "on_expire": life.on_expire.value,
+            "max_life_seconds": life.max_life_seconds,
             "expire_time": self.expire_time,
+            "end_time": self.end_time,
             "last_activity": self.last_activity,
             "paused": self.paused.value if self.paused is not None else None,
         }
@@ -154,14 +185,17 @@ class SessionClock:
                 float(data.get("ttl_seconds") or 0.0),
                 float(data.get("idle_timeout_seconds") or 0.0),
                 OnExpire(data.get("on_expire") or OnExpire.CLOSE.value),
+                float(data.get("max_life_seconds") or 0.0),
             )
             expire = data.get("expire_time")
+            end = data.get("end_time")
             paused = data.get("paused")
             return cls(
                 life,
                 float(expire) if expire is not None else None,
                 float(data.get("last_activity") or 0.0),
                 ExpiryReason(paused) if paused else None,
+                end_time=float(end) if end is not None else None,
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"lifecycle: {exc}") from None

@@ -1,5 +1,7 @@
 """A session's clocks as a tenant may ask for them: the server's defaults filled in, never past the
-tenant's maximum TTL (``max_session_ttl_seconds``), at create and on renew. The clocks themselves
+tenant's maximum TTL (``max_session_ttl_seconds``), at create and on renew; that maximum also
+bounds the session's whole life (``Lifetime.max_life_seconds``): renewed or paused and resumed,
+it never lives longer. The clocks themselves
 run in the core (``session_clock.py``, ``lifecycle.py``)."""
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def requested_lifetime(
         ttl,
         default.idle_timeout_seconds if idle is None else idle,
         on_expire or default.on_expire,
+        maximum or 0.0,  # the maximum bounds the session's whole life, pauses and renewals included
     )
 
 
