@@ -144,19 +144,21 @@ class SessionClock:
         life = self.lifetime
         ttl = _at_most(life.ttl_seconds, MAX_CLOCK_SECONDS)
         idle = _at_most(life.idle_timeout_seconds, MAX_CLOCK_SECONDS)
-        expire = self.expire_time
-        if expire is not None:
-            expire = _at_most(expire, now + MAX_CLOCK_SECONDS)
+        latest = now + MAX_CLOCK_SECONDS
+        expire = None if self.expire_time is None else _at_most(self.expire_time, latest)
+        end = None if self.end_time is None else _at_most(self.end_time, latest)
         last = _at_most(self.last_activity, now)
-        changed = (ttl, idle, expire, last) != (
+        before = (
             life.ttl_seconds,
             life.idle_timeout_seconds,
             self.expire_time,
+            self.end_time,
             self.last_activity,
         )
+        changed = (ttl, idle, expire, end, last) != before
         if changed:
             self.lifetime = dataclasses.replace(life, ttl_seconds=ttl, idle_timeout_seconds=idle)
-            self.expire_time, self.last_activity = expire, last
+            self.expire_time, self.end_time, self.last_activity = expire, end, last
         return changed
 
     def to_json(self) -> dict[str, Any]:

@@ -227,6 +227,8 @@ async def test_clocks_stored_past_the_bound_are_cut_to_it_at_restore_and_stored(
     assert stored == ["s1"]
     sane = SessionClock(Lifetime(100, 10), clock.now + 50, clock.now - 1)
     assert not sane.bound(clock.now) and sane.expire_time == clock.now + 50
+    far = SessionClock(Lifetime(100), clock.now + 50, clock.now, end_time=clock.now + 1e13)
+    assert far.bound(clock.now) and far.end_time == clock.now + MAX_CLOCK_SECONDS
 
 
 async def test_the_maximum_life_closes_a_session_that_pauses_at_each_expiry(tmp_path: Path) -> None:
