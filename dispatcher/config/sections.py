@@ -21,6 +21,7 @@ from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Te
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import MAX_TIMEOUT_SECONDS
+from dispatcher.core.sessions.clock import MAX_CLOCK_SECONDS
 from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 
@@ -80,14 +81,16 @@ class TlsFiles(Section):
 
 NonNegativeSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 """Seconds, where 0 means "none" (or "at once")."""
+ClockSeconds = Annotated[float, Field(strict=True, ge=0, le=MAX_CLOCK_SECONDS, allow_inf_nan=False)]
+"""A session clock's length (0: none), at most the 10 years a request may ask for too."""
 
 
 class SessionsSection(Section):
     """``sessions:``: the clocks a session runs under unless its CreateSession asks otherwise."""
 
-    ttl_seconds: NonNegativeSeconds = 86_400.0
+    ttl_seconds: ClockSeconds = 86_400.0
     """Absolute lifetime from creation (renewable); 0: none."""
-    idle_timeout_seconds: NonNegativeSeconds = 3_600.0
+    idle_timeout_seconds: ClockSeconds = 3_600.0
     """Time without activity (a request, a call in flight, a process running in the sandbox)
     before the session expires; 0: none."""
     on_expire: Literal["close", "pause"] = "close"
@@ -272,8 +275,9 @@ class TenantSection(CapabilitiesSection):
     (omit: the top-level ``approval_modes``)."""
     egress: EgressSection | None = None
     """What its sandboxes reach through the egress proxy: keys laid over the top-level ``egress:``."""
-    max_session_ttl_seconds: Seconds | None = None
-    """The longest TTL its sessions may ask for or renew to (omit: no maximum)."""
+    max_session_ttl_seconds: Annotated[Seconds, Field(le=MAX_CLOCK_SECONDS)] | None = None
+    """The longest its sessions may live, counted from creation, renewals and pauses included
+    (omit: no maximum but the 10 years any session clock may have)."""
 
     @model_validator(mode="after")
     def _gid_needs_uid(self) -> TenantSection:

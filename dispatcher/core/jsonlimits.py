@@ -5,11 +5,16 @@ protobuf all recurse on nesting, and each costs per value: 900 levels parse but 
 walks the result next, and 4 MB of ``[[],[],...]`` costs half a second to parse alone. So the
 shape is measured on the raw text first, at C speed (bytes methods only, no per-character Python
 loop), and an input outside the bounds is refused before anything recursive or per-value runs.
+
+Numbers JSON cannot carry (``NaN``, ``Infinity``, a literal past a float's range such as ``1e400``),
+which Python's parser accepts, are refused too: NaN passes every ``maximum`` of a schema (every
+comparison with it is false), so a tool's bounded ``timeout_seconds`` would run unbounded.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Final
 
 MAX_DEPTH: Final = 64
@@ -65,7 +70,23 @@ def loads(raw: str) -> Any:
         depth += 1 if byte == 0x5B else -1
         if depth > MAX_DEPTH:
             raise InputShapeError(f"it is nested deeper than {MAX_DEPTH} levels")
-    return json.loads(raw)
+    return _DECODER.decode(raw)
+
+
+def _not_finite(literal: str) -> float:
+    raise ValueError(f"{literal} is not a finite number (JSON has none)")
+
+
+def _finite_float(literal: str) -> float:
+    """A float literal's value (called only for literals with a fraction or an exponent)."""
+    value = float(literal)
+    if not math.isfinite(value):
+        _not_finite(literal)
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_finite, parse_float=_finite_float)
+"""Made once: ``json.loads`` with hooks would build a decoder per call."""
 
 
 def shape_problem(value: Any) -> str | None:

@@ -1518,11 +1518,13 @@ class CreateSessionRequest(_message.Message):
     """
     ttl_seconds: _builtins.int
     """Absolute lifetime in seconds (unset: the server's sessions.ttl_seconds; 0: none). Above the
-    tenant's max_session_ttl_seconds, or negative: INVALID_ARGUMENT naming the maximum.
+    tenant's max_session_ttl_seconds, above 315360000 (10 years), or negative: INVALID_ARGUMENT
+    naming the bound. The tenant's maximum also bounds the session's whole life, from creation.
     """
     idle_timeout_seconds: _builtins.int
     """Seconds without activity before the session expires (unset: sessions.idle_timeout_seconds;
-    0: none). Activity: any request on it, a call in flight, a process still running in its sandbox.
+    0: none; above 315360000 (10 years) or negative: INVALID_ARGUMENT). Activity: any request on
+    it, a call in flight, a process still running in its sandbox.
     """
     request_id: _builtins.str
     """Client-chosen id making the create retry-safe, unique per tenant for 10 minutes: the same id
@@ -2567,7 +2569,10 @@ class RenewSessionRequest(_message.Message):
     session_id: _builtins.str
     """The session."""
     ttl_seconds: _builtins.int
-    """Its new lifetime, counted from now (0: none, if the tenant has no maximum)."""
+    """Its new lifetime, counted from now (0: none, if the tenant has no maximum), at most 315360000
+    (10 years); the expiry never moves past the end of the session's life under its tenant's
+    max_session_ttl_seconds (counted from its creation).
+    """
     def __init__(
         self,
         *,

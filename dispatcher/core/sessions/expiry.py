@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
-from dispatcher.core.sessions.clock import ExpiryReason, OnExpire, SessionClock
+from dispatcher.core.sessions.clock import MAX_CLOCK_SECONDS, ExpiryReason, OnExpire, SessionClock
 from dispatcher.core.sessions.deadlines import DeadlineScheduler
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, SessionRegistry
 from dispatcher.core.sessions.session import SessionStatus
@@ -149,6 +149,15 @@ class SessionLifecycle(BaseSessionListener):
         if restored.clock is None:
             # Stored before sessions had clocks: its clocks start now, and are stored.
             state.clock = SessionClock.start(state.clock.lifetime, self.clock())
+            self._changed(state)
+        elif state.clock.bound(self.clock()):
+            # Stored by a server that took any number: kept within the bound, and stored so.
+            log.warning(
+                "session %s: its stored clocks were past %d s, cut to it",
+                state.session.session_id,
+                MAX_CLOCK_SECONDS,
+                extra={"session_id": state.session.session_id},
+            )
             self._changed(state)
         self._stored_activity[state.session.session_id] = state.clock.last_activity
         self._schedule(state)
@@ -279,7 +288,8 @@ class SessionLifecycle(BaseSessionListener):
     def _next(self, state: SessionState) -> float | None:
         """When the session must next be looked at: a warning or an expiry, whichever is first."""
         clock = state.clock
-        times: list[float] = []
+        # The end of its life: also when paused by its TTL (no expiry then), it must not outlive it.
+        times: list[float] = [] if clock.end_time is None else [clock.end_time]
         for reason, at in (
             (ExpiryReason.TTL, clock.expire_time),
             (ExpiryReason.IDLE, clock.idle_expire_time),
@@ -319,7 +329,7 @@ class SessionLifecycle(BaseSessionListener):
     async def _look_at(self, state: SessionState) -> None:
         now = self.clock()
         clock = state.clock
-        if clock.expire_time is not None and now >= clock.expire_time:
+        if clock.past_end(now) or (clock.expire_time is not None and now >= clock.expire_time):
             await self.expire(state, ExpiryReason.TTL)
             return
         idle_at = clock.idle_expire_time
@@ -354,11 +364,12 @@ class SessionLifecycle(BaseSessionListener):
             state.bus.publish(payload, turn_id="", tool_use_id="")
 
     async def expire(self, state: SessionState, reason: ExpiryReason) -> None:
-        """A clock ran out: cancel the calls, then close (remembered as expired) or pause."""
+        """A clock ran out: cancel the calls, then close (remembered as expired) or pause; a session
+        past the end of its life (its tenant's maximum) closes whatever ``on_expire`` says."""
         sid = state.session.session_id
         log.info("session expired", extra={"session_id": sid, "reason": reason.value})
         self.observer.session_expired(reason)
-        if state.clock.lifetime.on_expire is OnExpire.PAUSE:
+        if state.clock.lifetime.on_expire is OnExpire.PAUSE and not state.clock.past_end(self.clock()):
             state.bus.publish(SessionExpired(reason.value), turn_id="", tool_use_id="")
             if state.status is SessionStatus.PAUSED:
                 state.clock.expire_time = None  # its TTL ran out while paused: it stays paused

@@ -168,10 +168,13 @@ class SessionManager:
         """Give back a session a restarted server had (no quota: it was admitted before).
 
         One stored before sessions had clocks gets the server's default ones (within its tenant's
-        maximum), starting now: otherwise it would never expire."""
+        maximum), starting now: otherwise it would never expire. One with clocks lives under its
+        tenant's maximum as configured now, counted from its creation."""
         lifetime = None
         if restored.clock is None:
             lifetime = requested_lifetime(self.lifetime, tenant, None, None, None)
+        else:
+            restored.clock.limit_life(tenant.max_session_ttl_seconds or 0.0, restored.create_time)
         return self._open(tenant, session, restored, lifetime)
 
     def _open(

@@ -45,7 +45,8 @@ class Tenant:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     """What its sandboxes reach through the egress proxy; ``capabilities.egress_allow`` is its list."""
     max_session_ttl_seconds: float | None = None
-    """The longest TTL its sessions may have (``tenants[].max_session_ttl_seconds``)."""
+    """The longest TTL its sessions may have, and the longest they may live from creation, renewals
+    and pauses included (``tenants[].max_session_ttl_seconds``)."""
 
 
 def allowed_mode(tenant: Tenant, name: str | None) -> ApprovalMode:

@@ -3,12 +3,15 @@ paused, a renewed expiry is kept, the overdue expire at once after the start."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from dispatcher.client import DispatcherClient, RequestFailed
+from dispatcher.config import hash_token
+from dispatcher.core.sessions.clock import MAX_CLOCK_SECONDS
 from dispatcher.v1 import dispatcher_pb2 as pb
 from tests.polling import until_sync
 from tests.server.persistence.test_restart import kill9, local_config, wait_stored
@@ -89,5 +92,80 @@ def test_a_session_stored_before_sessions_had_clocks_gets_the_default_ones_at_re
         assert before + 7200 - 5 <= got.expire_time.seconds <= time.time() + 7200 + 1, got
         assert before + 600 - 5 <= got.idle_expire_time.seconds <= time.time() + 600 + 1, got
         _stored(server.home, sid, '"expire_time"')
+    finally:
+        server.close()
+
+
+def test_a_session_stored_with_clocks_past_the_bound_is_given_back_within_it(tmp_path: Path) -> None:
+    data = local_config()
+    server = start_serve(tmp_path, data=data)
+    try:
+        with server.client() as client:
+            sid = _rpc(client, "CreateSession", pb.CreateSessionRequest()).session.session_id
+        _stored(server.home, sid, '"expire_time"')
+    finally:
+        kill9(server)
+    # As an older server, which took any number, left it: clocks no Timestamp can hold.
+    conn = sqlite3.connect(server.home / "state.db")
+    with conn:
+        huge = json.dumps(
+            {
+                "ttl_seconds": 1e13,
+                "idle_timeout_seconds": 9e18,
+                "expire_time": 1e13,
+                "last_activity": time.time(),
+            }
+        )
+        conn.execute("UPDATE sessions SET lifecycle = ? WHERE session_id = ?", (huge, sid))
+    conn.close()
+    server = start_serve(tmp_path, data=data)
+    try:
+        with server.client() as client:
+            listed = _rpc(client, "ListSessions", pb.ListSessionsRequest()).sessions
+            assert [s.session_id for s in listed] == [sid]
+            bound = time.time() + MAX_CLOCK_SECONDS + 5
+            assert listed[0].expire_time.seconds <= bound and listed[0].idle_expire_time.seconds <= bound
+            result = client.call(sid, "shell", {"command": "echo still here"})
+            assert "still here" in str(result.content)
+    finally:
+        server.close()
+
+
+def test_a_restored_session_lives_under_its_tenant_maximum_as_configured_now(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "token").write_text("restart-token\n")
+
+    def config(maximum: float) -> dict[str, Any]:
+        tenant = {
+            "id": "default",
+            "token_sha256": [hash_token("restart-token")],
+            "workspace_root": str(home / "workspaces"),
+            "max_session_ttl_seconds": maximum,
+        }
+        return local_config(sessions={"expiring_notice_seconds": 0}, tenants=[tenant])
+
+    server = start_serve(tmp_path, data=config(600))
+    try:
+        with server.client() as client:
+            request = pb.CreateSessionRequest(ttl_seconds=600, on_expire=pb.ON_EXPIRE_PAUSE)
+            sid = _rpc(client, "CreateSession", request).session.session_id
+        _stored(server.home, sid, '"end_time"')
+    finally:
+        kill9(server)
+    server = start_serve(tmp_path, data=config(2))  # the operator lowered the maximum
+    try:
+        with server.client() as client:
+
+            def closed() -> bool:
+                try:
+                    _rpc(client, "GetSession", pb.GetSessionRequest(session_id=sid))
+                except RequestFailed as exc:
+                    assert exc.code == "NOT_FOUND", exc
+                    return "(ttl)" in exc.details
+                return False
+
+            # Two seconds from its creation, paused or not: it closes, it does not pause.
+            until_sync(closed, "the session to close at its tenant's new maximum", timeout=10)
     finally:
         server.close()

@@ -149,3 +149,22 @@ def test_custom_tool_entries() -> None:
         load_tool_factory("tests.server.tools:nope")
     with pytest.raises(ConfigError, match="tools: cannot load"):
         load_tool_factory("no.such.module:x")
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"sessions": {"ttl_seconds": 1e13}}, "sessions.ttl_seconds"),
+        ({"sessions": {"idle_timeout_seconds": 9e18}}, "sessions.idle_timeout_seconds"),
+        (
+            {"tenants": [{"id": "a", "token_sha256": "0" * 64, "max_session_ttl_seconds": 1e13}]},
+            "tenants[0].max_session_ttl_seconds",
+        ),
+    ],
+)
+def test_a_session_clock_past_ten_years_is_refused_at_load(
+    tmp_path: Path, data: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ConfigError, match="315360000") as err:
+        _load(tmp_path, data)
+    assert key in str(err.value), str(err.value)

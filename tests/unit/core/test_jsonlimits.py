@@ -54,6 +54,16 @@ def test_invalid_json_is_still_a_value_error(raw: str) -> None:
         loads(raw)
 
 
+@pytest.mark.parametrize(
+    "raw", ['{"t": NaN}', '{"t": Infinity}', '{"t": -Infinity}', '{"t": 1e400}', "[-1e999]"]
+)
+def test_a_number_no_json_can_carry_is_refused(raw: str) -> None:
+    # NaN passes every "maximum" of a schema (every comparison with it is false).
+    with pytest.raises(ValueError, match="not a finite number"):
+        loads(raw)
+    assert loads('{"t": 1e308, "u": -2.5, "v": 10}') == {"t": 1e308, "u": -2.5, "v": 10}
+
+
 def test_a_4_mib_hostile_document_is_refused_in_the_time_of_a_harmless_one() -> None:
     size = 4 << 20
     hostile = ["[" + "[]," * (size // 3) + "[]]", json.dumps(["a"] * (size // 4)), nested(size // 2)]

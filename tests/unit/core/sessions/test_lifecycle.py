@@ -11,7 +11,14 @@ import pytest
 
 from dispatcher.core import ToolDispatcher, UnknownSessionError
 from dispatcher.core.events.payloads import SessionExpired, SessionExpiring, SessionPaused, SessionResumed
-from dispatcher.core.sessions.clock import ExpiryReason, Lifetime, OnExpire, SessionClock, check_ttl
+from dispatcher.core.sessions.clock import (
+    MAX_CLOCK_SECONDS,
+    ExpiryReason,
+    Lifetime,
+    OnExpire,
+    SessionClock,
+    check_ttl,
+)
 from dispatcher.core.sessions.deadlines import DeadlineScheduler
 from dispatcher.core.sessions.registry import BaseSessionListener, Restoration
 from dispatcher.core.sessions.session import Session, SessionStatus
@@ -284,3 +291,68 @@ async def test_every_step_of_a_close_sees_the_session_or_that_it_was_closed(tmp_
     await d.close_session("s1")
     probe.seen.append(_seen(d, "s1"))
     assert probe.seen == ["live"] + ["session 's1' is closed"] * 3
+
+
+async def test_clocks_stored_past_the_bound_are_cut_to_it_at_restore_and_stored(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    stored: list[str] = []
+    d.lifecycle.on_change = lambda state: stored.append(state.session.session_id)
+    huge = SessionClock(Lifetime(1e13, float("inf")), clock.now + 1e13, clock.now + 9e18)
+    state = d.sessions.open(
+        Session(session_id="s1", workspace_path=str(tmp_path)),
+        restored=Restoration(create_time=clock.now - 10, clock=huge),
+    )
+    assert state.clock.lifetime.ttl_seconds == state.clock.lifetime.idle_timeout_seconds == MAX_CLOCK_SECONDS
+    assert state.clock.expire_time == clock.now + MAX_CLOCK_SECONDS
+    assert state.clock.last_activity == clock.now
+    assert state.clock.idle_expire_time == clock.now + MAX_CLOCK_SECONDS
+    assert stored == ["s1"]
+    sane = SessionClock(Lifetime(100, 10), clock.now + 50, clock.now - 1)
+    assert not sane.bound(clock.now) and sane.expire_time == clock.now + 50
+    far = SessionClock(Lifetime(100), clock.now + 50, clock.now, end_time=clock.now + 1e13)
+    assert far.bound(clock.now) and far.end_time == clock.now + MAX_CLOCK_SECONDS
+
+
+async def test_the_maximum_life_closes_a_session_that_pauses_at_each_expiry(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    born = clock.now
+    life = Lifetime(ttl_seconds=10, on_expire=OnExpire.PAUSE, max_life_seconds=25)
+    state = _open(d, "s1", tmp_path, life)
+    assert state.clock.end_time == born + 25
+    clock.now += 10
+    await _tick(d, clock)
+    assert state.clock.paused is ExpiryReason.TTL  # before the end: it pauses as asked
+    clock.now += 10
+    async with d.lifecycle.hold(state):  # resumed with a fresh TTL, cut at the end of its life
+        assert state.clock.expire_time == born + 25
+    d.lifecycle.renew(state, 100)
+    assert state.clock.expire_time == born + 25
+    clock.now = born + 25
+    await _tick(d, clock)
+    assert d.sessions.status("s1") is SessionStatus.EXPIRED and "(ttl)" in d.sessions.why_gone("s1")
+
+
+async def test_a_session_paused_at_its_ttl_still_closes_at_the_end_of_its_life(tmp_path: Path) -> None:
+    d, _, clock = _setup(tmp_path, warn=0)
+    born = clock.now
+    state = _open(d, "s1", tmp_path, Lifetime(10, on_expire=OnExpire.PAUSE, max_life_seconds=30))
+    clock.now += 10
+    await _tick(d, clock)
+    assert state.status is SessionStatus.PAUSED and state.clock.expire_time is None
+    assert d.lifecycle.scheduled("s1") == born + 30
+    clock.now = born + 30
+    await _tick(d, clock)
+    assert d.sessions.status("s1") is SessionStatus.EXPIRED
+
+
+def test_the_end_of_life_is_stored_and_restored_under_the_tenant_maximum_now() -> None:
+    clock = SessionClock.start(Lifetime(100, 0, OnExpire.PAUSE, 300), 1000.0)
+    again = SessionClock.from_json(clock.to_json())
+    assert (again.lifetime, again.end_time, again.expire_time) == (clock.lifetime, 1300.0, 1100.0)
+    again.limit_life(150, created=1000.0)  # the tenant's maximum was lowered since
+    assert (again.end_time, again.expire_time, again.lifetime.max_life_seconds) == (1150.0, 1100.0, 150)
+    older = SessionClock(Lifetime(5000), expire_time=6000.0, last_activity=1000.0)  # stored without an end
+    older.limit_life(300, created=1000.0)
+    assert (older.end_time, older.expire_time) == (6000.0, 6000.0)  # not cut short of what it was given
+    older.limit_life(0, created=1000.0)
+    assert older.end_time is None
