@@ -27,12 +27,24 @@ _PAX, _PAX_GLOBAL, _SOLARIS_PAX = b"x", b"g", b"X"
 _MAGIC = b"ustar\x00"
 _SIGNED = struct.Struct("148b8x356b")
 _ZEROS = bytes(BLOCK)
+MAX_MODE = 0o7777777  # what the ustar field holds (type bits included, as some writers put them)
+MAX_ID = (1 << 32) - 1  # uid_t and gid_t
+MAX_SIZE = (1 << 63) - 1  # off_t
+MAX_MTIME = 1 << 40  # seconds either side of 1970 (about year 36,800): os.utime overflows far past it
 _NO_CONTENTS = frozenset({DIRECTORY, SYMLINK, b"1", b"3", b"4", b"6", _GNU_SPARSE})
 """Types whose size is not followed by contents (as tarfile reads them; unknown types have it)."""
 
 
 class TarFormatError(Exception):
     """The stream is not a tar archive (or breaks one)."""
+
+
+class BadMember(TarFormatError):
+    """A member's header holds a number that is not one, or is out of range; ``member`` names it."""
+
+    def __init__(self, member: str, why: str) -> None:
+        super().__init__(why)
+        self.member = member
 
 
 class Truncated(TarFormatError):
@@ -238,23 +250,51 @@ class TarReader:
             name = longname
         if longlink is not None:
             linkname = longlink
-        mtime: float = _number(block[136:148])
-        try:
-            name = pax.get("path", name)
-            linkname = pax.get("linkpath", linkname)
-            size = int(pax["size"]) if "size" in pax else size
-            mtime = float(pax["mtime"]) if "mtime" in pax else mtime
-        except ValueError:
-            raise TarFormatError("invalid PAX header") from None
-        if size < 0 or mtime != mtime or mtime in (float("inf"), float("-inf")):
-            raise TarFormatError("invalid header")
-        sparse = kind == _GNU_SPARSE or any(key.startswith("GNU.sparse.") for key in pax)
+        name = pax.get("path", name)
+        linkname = pax.get("linkpath", linkname)
         if kind == DIRECTORY:
             name = name.rstrip("/")
-        member = Member(name, kind, _number(block[100:108]), size, mtime, linkname, sparse)
+        mode = _bounded(name, "mode", _number(block[100:108]), MAX_MODE)
+        for key, field in (("uid", block[108:116]), ("gid", block[116:124])):
+            _bounded(name, key, _pax_int(name, pax, key) if key in pax else _number(field), MAX_ID)
+        size = _bounded(name, "size", _pax_int(name, pax, "size") if "size" in pax else size, MAX_SIZE)
+        mtime = _mtime(name, pax["mtime"]) if "mtime" in pax else float(_number(block[136:148]))
+        if not -MAX_MTIME <= mtime <= MAX_MTIME:
+            raise BadMember(name, f"mtime {mtime:g} is out of range (at most {MAX_MTIME} seconds from 1970)")
+        sparse = kind == _GNU_SPARSE or any(key.startswith("GNU.sparse.") for key in pax)
+        member = Member(name, kind, mode, size, mtime, linkname, sparse)
         self._left = size if kind in REGULAR or kind not in _NO_CONTENTS else 0
         self._pad = -self._left % BLOCK
         return member
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 40 else f"{value[:40]}...")
+
+
+def _pax_int(name: str, pax: dict[str, str], key: str) -> int:
+    value = pax[key]
+    if not (value.isascii() and value.isdigit()):  # int() would take "+1", " 1", "1_0"
+        raise BadMember(name, f"PAX {key} {_shown(value)} is not a whole number")
+    if len(value) > 30:  # past every bound below, and int() of many digits is slow or refused
+        raise BadMember(name, f"PAX {key} {_shown(value)} is out of range")
+    return int(value)
+
+
+def _mtime(name: str, value: str) -> float:
+    try:
+        mtime = float(value)
+    except ValueError:
+        raise BadMember(name, f"PAX mtime {_shown(value)} is not a number") from None
+    if mtime != mtime:
+        raise BadMember(name, "PAX mtime is not a number (nan)")
+    return mtime
+
+
+def _bounded(name: str, key: str, value: int, most: int) -> int:
+    if not 0 <= value <= most:
+        raise BadMember(name, f"{key} {value} is out of range (0 to {most})")
+    return value
 
 
 # -- writing ---------------------------------------------------------------------------------------

@@ -15,7 +15,16 @@ import threading
 from collections.abc import Mapping
 
 from .protocol import Done, Send, UntarResult
-from .tarformat import DIRECTORY, REGULAR, SYMLINK, Member, TarFormatError, TarReader, Truncated
+from .tarformat import (
+    DIRECTORY,
+    REGULAR,
+    SYMLINK,
+    BadMember,
+    Member,
+    TarFormatError,
+    TarReader,
+    Truncated,
+)
 from .workspace import DIR_FLAGS, MAX_DEPTH, OpError, Workspace, clean, os_error
 
 WALKER_FDS = 512  # directory descriptors one upload keeps open at most (per tree it walks)
@@ -221,6 +230,8 @@ class Upload:
                 staged.close()
         except OpError as exc:
             self.error = exc
+        except BadMember as exc:
+            self.error = OpError("bad_archive", f"{clean(exc.member)}: {exc}")
         except TarFormatError as exc:
             self.error = OpError("bad_archive", f"not a valid tar archive at {member}: {exc}")
         except OSError as exc:

@@ -98,14 +98,17 @@ async def apply_staged(
     sessions: SessionManager, tenant: Tenant, session_id: str, ids: Sequence[str]
 ) -> ApplyOutcome:
     """ApplyStagedChanges: write the listed changes (none listed: all); see ``core/staging/apply.py``.
+    The writes go through the sandbox, so the session is held and resumed first if paused, as for
+    a Dispatch or a transfer: a frozen agent would not answer, and the sandbox would be recreated.
 
     Raises:
         UnknownSessionError: no such session for this tenant.
         UnknownStagedChangeError: an id names no staged change (nothing is written).
     """
-    sessions.get(tenant, session_id)
+    state = sessions.get(tenant, session_id)
     _check_ids(ids)
-    outcome = await sessions.dispatcher.apply_staged(session_id, ids)
+    async with sessions.lifecycle.hold(state):
+        outcome = await sessions.dispatcher.apply_staged(session_id, ids)
     log.info(
         "staged changes applied",
         extra={
@@ -121,7 +124,8 @@ async def apply_staged(
 async def discard_staged(
     sessions: SessionManager, tenant: Tenant, session_id: str, ids: Sequence[str]
 ) -> list[StagedChange]:
-    """DiscardStagedChanges: drop the listed changes (none listed: all).
+    """DiscardStagedChanges: drop the listed changes (none listed: all). Nothing reaches the
+    sandbox, so a paused session stays paused.
 
     Raises:
         UnknownSessionError: no such session for this tenant.

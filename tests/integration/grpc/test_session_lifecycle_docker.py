@@ -5,6 +5,7 @@ activity, pause freezes the container (CPU 0) and resume finds /tmp and the job 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -94,3 +95,42 @@ async def test_a_paused_container_removed_behind_the_servers_back_is_recreated(
     result = await client.call(sid, "shell", {"command": "echo fresh"})
     text = text_of(result)
     assert "fresh" in text and "recreated" in text and not result.is_error
+
+
+async def test_staged_changes_on_a_paused_session_resume_it_and_keep_tmp_and_processes(
+    start: Start, docker_client: docker.DockerClient
+) -> None:
+    """Issue 37 item 7: ApplyStagedChanges on a paused session waited on the frozen agent, refused
+    the change and had the container recreated (its /tmp and processes gone); it resumes first,
+    as Dispatch and the transfers do."""
+    h = await start()
+    client = h.client()
+    session = await client.create_session(mode="review")
+    sid = session.session_id
+    setup = "echo kept > /tmp/mark; sleep 600 >/dev/null 2>&1 & echo $! > /tmp/pid; echo started"
+    assert "started" in text_of(await client.call(sid, "shell", {"command": setup}))
+    staged = []
+    for path in ("a.txt", "b.txt"):
+        written = await client.call(sid, "write_file", {"path": path, "content": "new\n"})
+        assert not written.is_error, text_of(written)
+        staged.append(written.metadata["staged"])
+    await _rpc(client, "PauseSession", pb.PauseSessionRequest(session_id=sid))
+    (container,) = _containers(docker_client, sid)
+
+    discard = pb.DiscardStagedChangesRequest(session_id=sid, ids=[staged[1]])
+    assert list((await _rpc(client, "DiscardStagedChanges", discard)).discarded_ids) == [staged[1]]
+    container.reload()
+    assert container.status == "paused"  # a discard reaches no sandbox: nothing to resume for
+    apply = pb.ApplyStagedChangesRequest(session_id=sid, ids=[staged[0]])
+    applied = await _rpc(client, "ApplyStagedChanges", apply)
+    assert list(applied.applied_ids) == [staged[0]] and not applied.refused, applied
+    workspace = Path(session.workspace_path)
+    assert (workspace / "a.txt").read_text() == "new\n" and not (workspace / "b.txt").exists()
+
+    assert [c.id for c in _containers(docker_client, sid)] == [container.id]  # not recreated
+    container.reload()
+    assert container.status == "running"
+    text = text_of(
+        await client.call(sid, "shell", {"command": "cat /tmp/mark; kill -0 $(cat /tmp/pid) && echo alive"})
+    )
+    assert "kept" in text and "alive" in text

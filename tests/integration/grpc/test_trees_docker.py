@@ -72,6 +72,26 @@ async def test_hostile_member_is_refused_and_nothing_is_written(
     assert "x" not in text_of(listing).split() and "suid" not in text_of(listing)
 
 
+@pytest.mark.parametrize(("key", "value"), [("mtime", "1e300"), ("mtime", "-1e300"), ("size", "9" * 40)])
+async def test_a_number_out_of_range_is_the_clients_error_naming_its_member(
+    start: Start, key: str, value: str
+) -> None:
+    """Issue 37 item 10: an out-of-range number in a member's header is INVALID_ARGUMENT naming
+    the member, not UNAVAILABLE (an agent fault, which invites a retry that cannot help)."""
+    harness = await start()
+    client = harness.client()
+    session = await client.create_session("n")
+    info, data = member("d/far.txt", b"x")
+    info.pax_headers = {key: value}
+    with pytest.raises(RequestFailed) as caught:
+        await client.upload_tar(session.session_id, [tar_of(member("ok.txt"), (info, data))], ".")
+    assert caught.value.code == "INVALID_ARGUMENT", caught.value
+    assert "d/far.txt" in caught.value.details and key in caught.value.details, caught.value.details
+    assert list(Path(session.workspace_path).iterdir()) == []
+    # The sandbox is the same one: nothing was blamed on it.
+    assert not (await client.call(session.session_id, "shell", {"command": "true"})).is_error
+
+
 async def test_round_trip_keeps_bytes_modes_mtimes_and_runs(
     start: Start, tmp_path: Path, runtime: str
 ) -> None:

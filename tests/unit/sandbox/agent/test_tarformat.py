@@ -14,6 +14,7 @@ from dispatcher.sandbox.agent.tarformat import (
     MAX_EXTENDED,
     RECORD,
     REGULAR,
+    BadMember,
     TarFormatError,
     TarReader,
     header,
@@ -140,3 +141,47 @@ def test_numbers_past_their_fields_go_in_the_pax_header() -> None:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
         (m,) = list(tar)
         assert (m.uid, m.mtime) == (2**40, -5)
+
+
+def _pax_member(pax: dict[str, str]) -> bytes:
+    info = tarfile.TarInfo("d/f.txt")
+    info.pax_headers = pax
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(b""))
+    return buf.getvalue()
+
+
+def _ustar_member(offset: int, field: bytes) -> bytes:
+    """One member whose numeric field at ``offset`` is ``field`` (e.g. base-256), checksum mended."""
+    block = bytearray(header("d/f.txt", b"0", 0o644, 0, 0, 0, 0))
+    block[offset : offset + len(field)] = field
+    block[148:156] = b" " * 8
+    block[148:155] = b"%06o\x00" % sum(block)
+    return bytes(block) + trailer(len(block))
+
+
+CASES: dict[str, tuple[bytes, str]] = {
+    "pax-mtime-huge": (_pax_member({"mtime": "1e300"}), "mtime 1e\\+300 is out of range"),
+    "pax-mtime-inf": (_pax_member({"mtime": "-inf"}), "mtime -inf is out of range"),
+    "pax-mtime-nan": (_pax_member({"mtime": "nan"}), "PAX mtime is not a number"),
+    "pax-mtime-text": (_pax_member({"mtime": "soon"}), "PAX mtime 'soon' is not a number"),
+    "pax-size-huge": (_pax_member({"size": "9" * 40}), "PAX size '9{40}' is out of range"),
+    "pax-size-spaced": (_pax_member({"size": " 1"}), "PAX size ' 1' is not a whole number"),
+    "pax-uid-huge": (_pax_member({"uid": "4294967296"}), "uid 4294967296 is out of range"),
+    "pax-gid-negative": (_pax_member({"gid": "-1"}), "PAX gid '-1' is not a whole number"),
+    "mode-negative": (_ustar_member(100, b"\xff" * 8), "mode -1 is out of range"),
+    "uid-negative": (_ustar_member(108, b"\xff" * 8), "uid -1 is out of range"),
+    "gid-huge": (_ustar_member(116, b"\x80" + b"\xff" * 7), "gid 72057594037927935 is out of range"),
+    "size-huge": (_ustar_member(124, b"\x80" + b"\xff" * 11), "size 309485009821345068724781055 is out"),
+    "mtime-huge": (_ustar_member(136, b"\x80\x01" + bytes(10)), "mtime 1.20893e\\+24 is out of range"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_number_out_of_range_names_its_member(case: str) -> None:
+    """Issue 37 item 10: each numeric field of a header has a bound, and the error says which."""
+    data, why = CASES[case]
+    with pytest.raises(BadMember, match=why) as caught:
+        via_reader_raising(data)
+    assert caught.value.member == "d/f.txt"

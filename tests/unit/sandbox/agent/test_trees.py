@@ -83,6 +83,53 @@ async def test_refused_upload_writes_nothing_not_even_the_destination(
     assert names(workspace) == ["keep.txt"] and (workspace / "keep.txt").read_text() == "old"
 
 
+def _with(
+    info_and_data: tuple[tarfile.TarInfo, bytes | None], **pax: str
+) -> tuple[tarfile.TarInfo, bytes | None]:
+    info, data = info_and_data
+    info.pax_headers = pax
+    return info, data
+
+
+def _gnu_tar_of(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
+    """GNU format: a number past its octal field is written in base-256, with no PAX header."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (_with(member("d/f.txt"), mtime="1e300"), "mtime"),
+        (_with(member("d/f.txt"), mtime="-1e300"), "mtime"),
+        (_with(member("d/f.txt", None), mtime="1e300"), "mtime"),  # a directory: set at the commit
+        (_with(member("d/f.txt"), uid="-1"), "uid"),
+        (_with(member("d/f.txt"), size="9" * 40), "size"),
+    ],
+    ids=["pax-mtime", "pax-mtime-negative", "pax-mtime-of-a-directory", "pax-uid", "pax-size"],
+)
+async def test_a_number_out_of_range_is_refused_naming_its_member(
+    sandbox: LocalSandbox, workspace: Path, bad: tuple[tarfile.TarInfo, bytes | None], why: str
+) -> None:
+    """Issue 37 item 10: the client's bad input, not an agent fault (which the host retries)."""
+    with pytest.raises(TransferRefused, match=rf"d/f\.txt: (PAX )?{why}"):
+        await upload(sandbox, ".", member("ok.txt"), bad)
+    assert names(workspace) == []
+
+
+async def test_a_base256_mtime_out_of_range_is_refused_naming_its_member(
+    sandbox: LocalSandbox, workspace: Path
+) -> None:
+    info, data = member("far.txt")
+    info.mtime = 2**80
+    with pytest.raises(TransferRefused, match=r"far\.txt: mtime"):
+        await AgentTreeTransport().upload(sandbox, ".", chunks(_gnu_tar_of((info, data))), LIMITS)
+    assert names(workspace) == []
+
+
 async def test_existing_links_and_files_in_the_way(
     sandbox: LocalSandbox, workspace: Path, outside: Path
 ) -> None:
