@@ -1,6 +1,11 @@
 """Who may be reached: host patterns, ports, a session's narrowing of its tenant's list, and the
 decision for one destination with the reason it was taken (a closed set of slugs).
 
+A session's narrowing (``egress_allow``) is a hard bound: an allow-list that nothing widens. A session
+whose list is narrower than its tenant's refuses every other host at once, whatever the tenant's
+``unknown`` says: nobody is asked, so neither an approval mode that runs the network class unasked
+(autonomous, ``NETWORK: auto``) nor a human's yes reaches a host outside it (``session_policy``).
+
 A pattern is an exact host (``pkgs.example.com``, or an IP literal) or ``*.`` and a domain
 (``*.mirror.example.org``: any subdomain, not the domain itself), matched case-insensitively with a
 trailing dot ignored, as OpenSandbox's egress policy does. ``*`` alone is refused: "everything" is
@@ -9,6 +14,7 @@ not a list an operator can read, and ``deny_networks`` is the only other fence.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import ipaddress
 import re
@@ -36,6 +42,7 @@ __all__ = [
     "narrow",
     "normalize_host",
     "parse_pattern",
+    "session_policy",
 ]
 
 DEFAULT_PORTS = (80, 443)
@@ -194,6 +201,18 @@ def effective(tenant: Sequence[str], session: Sequence[str] | None) -> tuple[str
     return tuple(tenant) if session is None else meet(tenant, session)
 
 
+def session_policy(tenant: EgressPolicy, session: Sequence[str] | None) -> EgressPolicy:
+    """The policy a session's proxy applies: its tenant's, with ``allow`` its effective list.
+
+    A session narrower than its tenant (``session`` leaves out a host its tenant's list names) gets
+    ``unknown: deny``: its list is a bound no approval mode and no answer widens. A session whose list
+    is its tenant's whole list is not narrowed and keeps the tenant's ``unknown``.
+    """
+    allow = effective(tenant.allow, session)
+    narrowed = not all(any(covers(p, t) for p in allow) for t in tenant.allow)
+    return dataclasses.replace(tenant, allow=allow, unknown=Unknown.DENY if narrowed else tenant.unknown)
+
+
 def narrow(
     tenant: Sequence[str], requested: Iterable[str], *, where: str = "egress_allow"
 ) -> tuple[str, ...]:
@@ -222,18 +241,20 @@ def decide(
 ) -> PolicyDecision:
     """The decision for normalised ``host``:``port`` before any name is resolved.
 
-    ``allow`` is the session's effective list; ``remembered`` the hosts a human allowed for the rest
-    of the session. The port is checked first: no answer from a human opens a port the tenant closed.
+    ``policy`` is the session's (``session_policy``) and ``allow`` its effective list; ``remembered``
+    the hosts a human allowed for the rest of the session, which count only where a human may be asked
+    (``unknown: prompt``). The port is checked first: no answer from a human opens a port the tenant
+    closed.
     """
     if port not in policy.ports:
         return PolicyDecision(Verdict.REFUSE, Reason.PORT_NOT_ALLOWED)
     if any(matches(p, host) for p in allow):
         return PolicyDecision(Verdict.ALLOW, Reason.LISTED)
+    if policy.unknown is not Unknown.PROMPT:
+        return PolicyDecision(Verdict.REFUSE, Reason.NOT_LISTED)
     if host in remembered:
         return PolicyDecision(Verdict.ALLOW, Reason.REMEMBERED)
-    if policy.unknown is Unknown.PROMPT:
-        return PolicyDecision(Verdict.ASK, Reason.NOT_LISTED)
-    return PolicyDecision(Verdict.REFUSE, Reason.NOT_LISTED)
+    return PolicyDecision(Verdict.ASK, Reason.NOT_LISTED)
 
 
 def explain(

@@ -5,7 +5,8 @@ The proxy calls an ``Ask`` the server wires to its confirmation stream (a
 ``input_summary: "connect HOST:PORT"``); the approval mode's say (autonomous allows, manual and
 cautious ask) belongs to that callback. Neither the callback nor a human can override the port list,
 ``deny_networks`` or the server's own ports: those are checked before anyone is asked (ports,
-IP literals) or after the answer, before connecting (resolved addresses).
+IP literals) or after the answer, before connecting (resolved addresses). A session narrowed by its
+``egress_allow`` is never asked: its policy's ``unknown`` is deny (``policy.session_policy``).
 
 ``pip`` opens several connections to the same host at once; they share one question. An answer with
 ``remember`` holds for the rest of the session: an allow lets the host through without asking, a

@@ -12,7 +12,9 @@ opened the connection (else the session's only running call, else the session al
 ``ResolveConfirmation`` answers it. The approval mode applies as to a tool of the network class:
 autonomous lets the host through unasked, cautious and manual ask, and the tenant's policy
 denying the network class (or ``egress`` by name) refuses. Neither ever opens a port the tenant
-closed, a refused address range or the server's own ports: the proxy checks those first.
+closed, a refused address range or the server's own ports: the proxy checks those first. Nor a
+host outside a narrowed session's ``egress_allow``: such a session is never asked about one
+(``policy.session_policy``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dispatcher.core.sessions.registry import BaseSessionListener, Restoration
 from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.core.types import SideEffect
 from dispatcher.egress.networks import OwnEndpoints
-from dispatcher.egress.policy import EgressPolicy, effective
+from dispatcher.egress.policy import EgressPolicy, session_policy
 from dispatcher.egress.prompt import PromptAnswer, PromptVerdict
 from dispatcher.egress.proxy import EgressContext, TunnelStream, serve_tunnel
 from dispatcher.egress.record import NO_OBSERVER, AuditRecorder, EgressObserver
@@ -77,13 +79,14 @@ class EgressGateway(BaseSessionListener):
 
     def session_opened(self, state: SessionState) -> None:
         session = state.session
-        policy, _ = self._tenants(session.tenant_id)
+        tenant, _ = self._tenants(session.tenant_id)
         caps = session.capabilities
+        policy = session_policy(tenant, caps.egress_allow if caps is not None else None)
         ctx = EgressContext(
             tenant_id=session.tenant_id,
             session_id=session.session_id,
             policy=policy,
-            allow=effective(policy.allow, caps.egress_allow if caps is not None else None),
+            allow=policy.allow,
             resolver=self._resolver,
             connector=self._connector,
             audit=self._audit,

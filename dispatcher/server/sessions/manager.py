@@ -31,7 +31,7 @@ from dispatcher.core.sessions.registry import Restoration, SessionListener
 from dispatcher.core.sessions.session import Session, SessionStatus, new_session_id
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.types import Role, ToolDefinition, ToolUseBlock
-from dispatcher.egress.policy import effective
+from dispatcher.egress.policy import session_policy
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence
 from dispatcher.server.requests.checks import check_id, check_labels
 from dispatcher.server.requests.errors import InvalidRequest, QuotaExceeded
@@ -279,9 +279,9 @@ class SessionManager:
     def tools(self, tenant: Tenant, session_id: str) -> list[ToolDefinition]:
         state = self.get(tenant, session_id)
         caps = state.session.capabilities
-        allow = effective(tenant.egress.allow, caps.egress_allow if caps is not None else None)
+        egress = session_policy(tenant.egress, caps.egress_allow if caps is not None else None)
         defs = self.dispatcher.get_definitions_for_session(state.session)
-        return sorted((describe_network(d, allow, tenant.egress) for d in defs), key=lambda d: d.name)
+        return sorted((describe_network(d, egress.allow, egress) for d in defs), key=lambda d: d.name)
 
     @asynccontextmanager
     async def transfer_slot(self, tenant: Tenant, state: SessionState) -> AsyncIterator[None]:

@@ -20,6 +20,7 @@ from dispatcher.egress.policy import (
     narrow,
     normalize_host,
     parse_pattern,
+    session_policy,
 )
 
 
@@ -124,3 +125,18 @@ def test_the_servers_own_ports_are_refused_on_its_own_addresses() -> None:
     assert not own.refuses(ipaddress.ip_address("203.0.113.5"), 50051)
     anywhere = OwnEndpoints.of(["0.0.0.0:50051"])
     assert anywhere.refuses(ipaddress.ip_address("203.0.113.5"), 50051)
+
+
+@pytest.mark.parametrize("unknown", list(Unknown))
+def test_a_narrowed_session_never_asks_and_remembers_nothing(unknown: Unknown) -> None:
+    tenant = EgressPolicy(allow=("a.example.org", "*.b.example.org"), unknown=unknown)
+    narrowed = session_policy(tenant, ("x.b.example.org",))
+    assert (narrowed.allow, narrowed.unknown) == (("x.b.example.org",), Unknown.DENY)
+    for host in ("x.b.example.org", "a.example.org", "y.b.example.org", "other.org"):
+        decision = decide(narrowed, narrowed.allow, host, 443, {host})  # even a remembered yes
+        expected = Verdict.ALLOW if host == "x.b.example.org" else Verdict.REFUSE
+        assert decision.verdict is expected, host
+    # Not narrowed: no list, or the tenant's whole list (in any order or spelling).
+    assert session_policy(tenant, None) == tenant
+    whole = session_policy(tenant, ("*.b.example.org", "a.example.org"))
+    assert (set(whole.allow), whole.unknown) == (set(tenant.allow), unknown)
