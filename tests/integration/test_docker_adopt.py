@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
+from pathlib import Path
 
 import docker
 import pytest
 
+from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.sandbox_api import collect_notices
 from dispatcher.sandbox.container.config import SandboxConfig
-from tests.integration.conftest import ProviderFactory
+from tests.integration.conftest import SANDBOX_IDS, ProviderFactory
 from tests.integration.helpers import run, runsc_available
 from tests.polling import until
 
@@ -97,3 +101,46 @@ async def test_a_container_whose_id_was_never_stored_is_readopted_by_its_labels(
     again = second.sandbox_for(session)
     ran = await run(again, "cat /tmp/kept")
     assert again.container_id == container and ran.out == "kept\n"
+
+
+@pytest.mark.parametrize("runtime", [None, "runsc"])
+async def test_a_readopted_container_whose_workspace_was_replaced_is_recreated(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient, runtime: str | None
+) -> None:
+    if runtime == "runsc" and not runsc_available(docker_client):
+        pytest.skip("runsc is not registered with dockerd")
+    first = make_provider(SandboxConfig(runtime=runtime))
+    made = make_provider.session()
+    workspace = Path(made.workspace_path)
+    # With grants, so launched for it rather than taken from the warm pool; reached by walking
+    # from the tenant's root, as the server reaches it.
+    session = dataclasses.replace(
+        made,
+        capabilities=Capabilities.of(fs=[(".", "rw")]),
+        workspace_root=str(workspace.parent),
+        workspace_name=workspace.name,
+    )
+    sandbox = first.sandbox_for(session)
+    assert (await run(sandbox, "echo old > /workspace/f")).result.exit_code == 0
+    container = sandbox.container_id
+    assert container is not None
+    await first.detach_all()
+    await first.pool.aclose()
+
+    # While no server runs, the directory is renamed and another put at its path.
+    moved = workspace.with_name(workspace.name + "-moved")
+    workspace.rename(moved)
+    workspace.mkdir()
+    os.chown(workspace, SANDBOX_IDS[0], SANDBOX_IDS[1])
+
+    second = make_provider(SandboxConfig(runtime=runtime), instance=first.instance)
+    second.expect_container(session, container)
+    assert await second.remove_orphans() == 0  # kept by its labels, then checked as it is re-adopted
+    again = second.sandbox_for(session)
+    with collect_notices() as notices:
+        ran = await run(again, "echo new > /workspace/g")
+    assert ran.result.exit_code == 0
+    assert again.container_id != container
+    assert any("recreated" in n and "no longer saw the session's workspace" in n for n in notices), notices
+    assert sorted(p.name for p in workspace.iterdir()) == ["g"] and (workspace / "g").read_text() == "new\n"
+    assert sorted(p.name for p in moved.iterdir()) == ["f"]  # the renamed one is untouched

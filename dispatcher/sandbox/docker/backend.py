@@ -283,6 +283,8 @@ class DockerSandboxProvider(ContainerProvider):
         try:
             if self.pool.readopting(container_id):
                 return await self._restart_pooled(container_id, session, listener)
+            # Checked as the pool's are (``pool/adopt.py``), before any agent serves it.
+            await self.launcher.confirm_view(container_id, session)
             return await self.launcher.start_agent(container_id, session, listener=listener)
         finally:
             if listener is not None:

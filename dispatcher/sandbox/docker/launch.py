@@ -300,8 +300,37 @@ class ContainerLauncher:
             )
         return mounts
 
-    async def _verify_mounts(self, container_id: str, stage: Stage) -> None:
-        """Without mount(2): the container must see exactly the pinned directories.
+    async def confirm_view(self, container_id: str, session: Session) -> None:
+        """A container kept across a restart sees the session's mounts as they are pinned now: a
+        bind mount holds the directory it was made from, so one renamed, and another put at the
+        session's path, while no server ran would be served under the wrong name (re-adoption).
+
+        Raises:
+            SandboxError: it does not, or the mounts cannot be pinned.
+        """
+        loop = asyncio.get_running_loop()
+        pins, tmpfs = await loop.run_in_executor(None, self.pin_mounts, session)
+        stage = Stage(self._run_dir, pins, empty_root=tmpfs)
+        try:
+            await loop.run_in_executor(None, lambda: stage.use_paths(markers=self.config.runtime == "runsc"))
+            await self._verify_mounts(
+                container_id,
+                stage,
+                "its container no longer saw the session's workspace (moved or replaced while the"
+                " server was down)",
+            )
+        finally:
+            await loop.run_in_executor(None, stage.release)
+
+    async def _verify_mounts(
+        self,
+        container_id: str,
+        stage: Stage,
+        why: str = "the workspace changed while its container was created (a symlink was swapped in);"
+        " refusing to use it",
+    ) -> None:
+        """The container must see exactly the pinned directories (without mount(2), after a
+        launch; at every re-adoption); ``why`` is the error's message.
 
         runc shows the host's device and inode numbers; gVisor shows its own, so there a marker
         file made through each pinned fd must be visible at the mount's target.
@@ -323,10 +352,7 @@ class ContainerLauncher:
             seen = [line.split() for line in out.decode(errors="replace").splitlines()]
             ok = code == 0 and seen == [[str(dev), str(ino)] for _, dev, ino in expected]
         if not ok:
-            raise SandboxError(
-                "the workspace changed while its container was created (a symlink was swapped in);"
-                " refusing to use it"
-            )
+            raise SandboxError(why)
 
     async def start_agent(
         self,

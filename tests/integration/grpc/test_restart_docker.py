@@ -1,12 +1,13 @@
 """A real ``dispatcher serve`` on Docker, restarted: the same container, /tmp and processes after it.
 
 kill -9 and SIGTERM; a container removed meanwhile; a command running at kill -9; orphans still
-reaped; ``shutdown: {remove_sessions: true}``.
+reaped; a workspace renamed and replaced while it was down; ``shutdown: {remove_sessions: true}``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -227,3 +228,33 @@ def test_a_container_made_from_another_config_is_not_readopted(serve: Callable[.
         result = client.call(info.session_id, "shell", {"command": "ls /tmp/x"})
         text = text_of(result)
         assert "recreated" in text and "configuration" in text and "No such file" in text
+
+
+def test_a_workspace_renamed_and_replaced_at_kill_9_gets_a_fresh_container_on_the_new_one(
+    serve: Callable[..., ServeProcess], docker_client: docker.DockerClient
+) -> None:
+    server = serve()
+    with server.client() as client:
+        info = client.create_session("proj", fs=[(".", "rw")])  # grants: launched, never pooled
+        assert not shell(client, info.session_id, "echo old > old.txt")[0]
+    container = stored_container(server, info.session_id)
+    kill9(server)
+    # While no server runs, another process of the tenant renames the directory and puts a new
+    # one at the session's path.
+    [workspace] = [p.parent for p in (server.home / "workspaces").rglob("old.txt")]
+    moved = workspace.with_name("proj-moved")
+    owner = workspace.stat()
+    workspace.rename(moved)
+    workspace.mkdir()
+    os.chown(workspace, owner.st_uid, owner.st_gid)
+
+    server = serve()
+    with server.client() as client:
+        result = client.call(info.session_id, "shell", {"command": "echo new > new.txt"})
+        text = text_of(result)
+        assert not result.is_error, text
+        assert "recreated" in text and "no longer saw the session's workspace" in text, text
+    assert (workspace / "new.txt").read_text() == "new\n"
+    assert sorted(p.name for p in moved.iterdir()) == ["old.txt"]  # the renamed one is untouched
+    instance = serve.instance  # type: ignore[attr-defined]
+    assert container not in [c.id for c in containers_of(docker_client, instance)]

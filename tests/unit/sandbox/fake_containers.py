@@ -101,12 +101,15 @@ class FakeContainer:
     """The ``env`` of every ``tunnel_listen`` its agents were sent, in order."""
     slot_mounts: dict[str, str] = field(default_factory=dict)
     """Host directory -> what is mounted on it (the client's table: a warm pool's slots)."""
+    moved: dict[str, str] = field(default_factory=dict)
+    """A bind source renamed on the host since this container was made -> its new path: a bind
+    mount follows its directory, not the path it was made from."""
 
     def workspace(self) -> str | None:
         """The host directory the container sees at /workspace, mounts on it followed."""
         for mount in (self.spec.get("host_config") or {}).get("mounts") or ():
             if mount.get("Target") == "/workspace":
-                source = str(mount["Source"])
+                source = self.moved.get(str(mount["Source"]), str(mount["Source"]))
                 return self.slot_mounts.get(source, source)
         return None
 

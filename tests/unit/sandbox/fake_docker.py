@@ -336,7 +336,11 @@ class FakeDockerClient:
     def _short_command(self, ex: FakeExec) -> tuple[int, bytes]:
         cmd = ex.cmd
         if cmd[:1] == ["stat"]:  # _verify_mounts: what the container sees at each target
-            mounts = {m["Target"]: m["Source"] for m in ex.container.spec["host_config"]["mounts"]}
+            moved = ex.container.moved
+            mounts = {
+                m["Target"]: moved.get(m["Source"], m["Source"])
+                for m in ex.container.spec["host_config"]["mounts"]
+            }
             lines = []
             for target in cmd[3:]:
                 st = os.stat(mounts[target.removesuffix("/.")])
