@@ -37,8 +37,9 @@ if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test kee
         WorkspaceEscapeError,
     )
     from dispatcher.core.events.bus import Event, EventBus
+    from dispatcher.core.provider_api import SandboxProvider
     from dispatcher.core.registry import ToolRegistry, to_anthropic, to_mcp, to_openai
-    from dispatcher.core.sandbox_api import Sandbox, SandboxError, SandboxProvider, WorkspaceFileAPI
+    from dispatcher.core.sandbox_api import Sandbox, SandboxError, WorkspaceFileAPI
     from dispatcher.core.sessions.session import Session
     from dispatcher.core.types import (
         ContentBlock,
@@ -91,7 +92,7 @@ _LAZY: dict[str, str] = {
     "to_openai": "dispatcher.core.registry",
     "Sandbox": "dispatcher.core.sandbox_api",
     "SandboxError": "dispatcher.core.sandbox_api",
-    "SandboxProvider": "dispatcher.core.sandbox_api",
+    "SandboxProvider": "dispatcher.core.provider_api",
     "WorkspaceFileAPI": "dispatcher.core.sandbox_api",
     "Session": "dispatcher.core.sessions.session",
     "ContentBlock": "dispatcher.core.types",

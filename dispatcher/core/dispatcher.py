@@ -23,8 +23,9 @@ from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events.bus import EventBus
 from dispatcher.core.events.payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.registry import ToolRegistry
-from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
+from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.sessions.expiry import LifecycleHooks, SessionLifecycle
 from dispatcher.core.sessions.registry import SessionRegistry
 from dispatcher.core.sessions.session import Session, SessionStatus

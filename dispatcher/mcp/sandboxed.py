@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 
 from dispatcher.core.errors import DispatcherError
-from dispatcher.core.sandbox_api import Sandbox, SandboxProvider
+from dispatcher.core.provider_api import SandboxProvider
+from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import ToolContext
 from dispatcher.mcp.config import McpServerConfig

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
 from dispatcher.core.jsonlimits import shape_problem
-from dispatcher.core.sandbox_api import SandboxProvider
+from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.schema import check_schema
 from dispatcher.core.sessions.registry import BaseSessionListener
 from dispatcher.core.sessions.state import SessionState

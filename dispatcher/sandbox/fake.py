@@ -25,6 +25,7 @@ from typing import Any
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.patch import apply_patch
 from dispatcher.core.paths import resolve_workspace_path
+from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
     DirEntry,
@@ -36,7 +37,6 @@ from dispatcher.core.sandbox_api import (
     FileStat,
     OutputCallback,
     SandboxError,
-    SandboxProvider,
 )
 from dispatcher.core.sessions.session import Session
 

@@ -14,15 +14,13 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.sandbox_api import (
-    NO_HOOKS,
     AttachedProcess,
     ExecRequest,
     ExecResult,
     OutputCallback,
-    ProviderHooks,
     SandboxError,
-    SandboxProvider,
     report_notice,
 )
 from dispatcher.sandbox.agent_files import AgentFiles

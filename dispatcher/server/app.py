@@ -19,8 +19,8 @@ from dispatcher.core.audit import AuditLog, AuditSink
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.registry import ToolRegistry
-from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.sessions.expiry import LifecycleHooks
 from dispatcher.core.transfer import TransferLimits, TreeTransfers

@@ -18,7 +18,8 @@ from typing import Any, Protocol
 from dispatcher.config.load import Config
 from dispatcher.core.approval.confirmation_policy import Mode
 from dispatcher.core.errors import ConfigError, ToolRegistrationError
-from dispatcher.core.sandbox_api import SandboxError, SandboxProvider
+from dispatcher.core.provider_api import SandboxProvider
+from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.types import ToolFactory
 from dispatcher.server.sessions.egress import EGRESS_TOOL  # a policy may name the egress questions
 

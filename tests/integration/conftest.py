@@ -22,7 +22,8 @@ import docker
 import docker.errors
 import pytest
 
-from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, Sandbox
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks
+from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.container.config import DEFAULT_IMAGE, SandboxConfig, WarmPoolConfig
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE

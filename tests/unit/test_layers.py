@@ -176,11 +176,11 @@ CORE_FACE = "dispatcher.core"
 """The package's ``__init__``: it names the public types of every rank (loaded lazily), so it stands
 above them all and is not checked here."""
 
-CORE_ALLOWED_UPWARD = {("dispatcher.core.sandbox_api", "dispatcher.core.sessions")}
-"""(module, package) pairs that may import above their rank, each with its reason. The sandbox
-interface's provider hooks are typed with a session, its state and its restoration (under
-``TYPE_CHECKING``): the one arrow from the foundation up, until the provider surface is declared
-apart from the registry's types."""
+CORE_ALLOWED_UPWARD = {("dispatcher.core.provider_api", "dispatcher.core.sessions")}
+"""(module, package) pairs that may import above their rank, each with its reason. The provider
+surface's session-registry hooks are typed with a session, its state and its restoration (under
+``TYPE_CHECKING``): the one arrow from the foundation up, until those hooks are declared apart from
+the registry's types. The sandbox interface itself (``sandbox_api``) imports nothing above it."""
 
 
 def _core_layer(module: str) -> tuple[str, int] | None:

@@ -14,8 +14,8 @@ from dispatcher.core.call.ordering import MessageOrder
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.events.payloads import EventPayload
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.registry import ToolRegistry
-from dispatcher.core.sandbox_api import SandboxProvider
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.sessions.state import Call, SessionState
 from dispatcher.core.text.display import summarize

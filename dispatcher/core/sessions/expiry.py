@@ -35,7 +35,7 @@ from dispatcher.core.sessions.registry import BaseSessionListener, Restoration, 
 from dispatcher.core.sessions.session import SessionStatus
 
 if TYPE_CHECKING:
-    from dispatcher.core.sandbox_api import SandboxProvider
+    from dispatcher.core.provider_api import SandboxProvider
     from dispatcher.core.sessions.state import SessionState
 
 __all__ = ["LifecycleHooks", "LifecycleObserver", "SessionLifecycle"]

@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from dispatcher.core.observe import SandboxFailure
-from dispatcher.core.sandbox_api import NO_HOOKS, ProviderHooks, SandboxError, SandboxProvider
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SandboxProvider
+from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.container.host import ContainerHost

@@ -21,15 +21,8 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.sandbox_api import (
-    NO_HOOKS,
-    AttachedProcess,
-    ExecRequest,
-    ExecResult,
-    OutputCallback,
-    ProviderHooks,
-    SandboxError,
-)
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks
+from dispatcher.core.sandbox_api import AttachedProcess, ExecRequest, ExecResult, OutputCallback, SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.container.config import SandboxConfig, format_size
 from dispatcher.sandbox.container.host import AgentLink, LiveContainer

@@ -30,14 +30,13 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks
 from dispatcher.core.sandbox_api import (
-    NO_HOOKS,
     AttachedProcess,
     ExecRequest,
     ExecResult,
     FileOpError,
     OutputCallback,
-    ProviderHooks,
     SandboxError,
 )
 from dispatcher.core.sessions.session import Session

@@ -25,7 +25,7 @@ from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.dispatcher import Decision, ToolDispatcher
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events.bus import Subscription
-from dispatcher.core.sandbox_api import SandboxProvider
+from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.sessions.registry import Restoration, SessionListener
 from dispatcher.core.sessions.session import Session, SessionStatus, new_session_id

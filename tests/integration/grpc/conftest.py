@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from dispatcher.config.load import ensure_default_tenant, load_config
-from dispatcher.core.sandbox_api import ProviderHooks
+from dispatcher.core.provider_api import ProviderHooks
 from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.docker.backend import DockerSandboxProvider
 from dispatcher.server.app import build_server

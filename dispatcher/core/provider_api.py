@@ -1,0 +1,155 @@
+"""What a sandbox backend offers a server, declared once (``SandboxProvider``), and what the server
+hands it when it makes it (``ProviderHooks``). What one session's sandbox offers is
+``sandbox_api.py``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
+from dispatcher.core.sandbox_api import Sandbox
+from dispatcher.egress.gate import EgressGate
+
+if TYPE_CHECKING:
+    from dispatcher.core.sessions.registry import Restoration
+    from dispatcher.core.sessions.session import Session
+    from dispatcher.core.sessions.state import SessionState
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderHooks:
+    """What a server hands its sandbox backend when it makes it: nothing is set on a provider
+    after it was made."""
+
+    observer: SandboxObserver = NO_SANDBOX_OBSERVER
+    """Told of sandbox launches, launch failures and removals (metrics)."""
+    on_container: Callable[[str, str | None], None] | None = None
+    """Called with (session id, container id or None) when a session's container changes (stored)."""
+    egress: EgressGate | None = None
+    """The server's egress proxy: set, each sandbox's agent listens for proxy connections and hands
+    them to it; None, sandboxes have no proxy (their network stays ``none`` either way)."""
+
+
+NO_HOOKS = ProviderHooks()
+"""A backend nobody watches, stores or proxies for (tools run alone, unit tests)."""
+
+
+class SandboxProvider(Protocol):
+    """What a sandbox backend offers a server, declared once: a sandbox per session (created
+    lazily, on first use), and its part in each session's life and in the server's.
+
+    ``sandbox_for``, ``close_session`` and ``aclose`` every backend implements. Every other member
+    is optional and declared here with what a backend without it does (nothing); a backend
+    subclasses this class to inherit those defaults and overrides what it offers (the container
+    backends: all of it). Nothing is probed: a caller calls what is declared.
+
+    A provider is a listener of the session registry (``core/sessions/registry.py``): a session
+    opened is ``session_created``, one given back is ``expect_container`` of its stored container.
+    """
+
+    observer: SandboxObserver = NO_SANDBOX_OBSERVER
+    """Told of sandbox launches, launch failures and removals (metrics); from ``ProviderHooks``."""
+    on_container: Callable[[str, str | None], None] | None = None
+    """Told when a session's container changes; from ``ProviderHooks``."""
+    egress: EgressGate | None = None
+    """The server's egress proxy; from ``ProviderHooks``."""
+
+    def take_hooks(self, hooks: ProviderHooks) -> None:
+        """Keep what the server hands this backend; a backend's constructor calls it, once."""
+        self.observer = hooks.observer
+        self.on_container = hooks.on_container
+        self.egress = hooks.egress
+
+    def sandbox_for(self, session: Session) -> Sandbox:
+        """The session's sandbox (nothing runs until its first use)."""
+        ...
+
+    async def close_session(self, session_id: str) -> None:
+        """Stop and remove the session's sandbox; its workspace stays."""
+        ...
+
+    async def aclose(self) -> None:
+        """Remove every sandbox this provider made and release what it holds."""
+        ...
+
+    # -- optional: a server's start and stop ----------------------------------------------------
+    # (each default returns explicitly, so that a subclass need not override it)
+
+    async def check_ready(self) -> None:
+        """Fail at start, clearly, rather than on the first tool call (e.g. no daemon, no image).
+
+        Raises:
+            SandboxError: the backend cannot run sandboxes.
+        """
+        return None
+
+    async def prepare_tenants(self, roots: Mapping[str, str]) -> None:
+        """Before any workspace is made: per-tenant storage (tenant id -> workspace root)."""
+        return None
+
+    def expect_tenants(self, tenants: Mapping[str, tuple[int | None, int | None]]) -> None:
+        """The configured tenants (id -> the uid, gid their sandboxes run as; None: the backend's
+        user), in the config's order, for work a backend does ahead of their sessions."""
+        return None
+
+    async def remove_orphans(self) -> int:
+        """Remove sandboxes a previous run left that no session owns or expects; returns how many."""
+        return 0
+
+    def expect_container(self, session: Session, container_id: str) -> None:
+        """A restarted server gives ``session`` back: keep and re-adopt its stored container."""
+        return None
+
+    async def adopt_all(self) -> None:
+        """Re-attach every expected container (in the background after a start)."""
+        return None
+
+    async def detach_all(self) -> None:
+        """Let go of every sandbox without removing it (a stop that keeps the sessions)."""
+        return None
+
+    # -- optional: a session's life ------------------------------------------------------------
+
+    def reserve_session_id(self, session: Session) -> str | None:
+        """The id a new session (not yet open; its id a placeholder) should take instead, so that
+        it gets a sandbox made ahead for that id (a warm pool's); None: keep its own."""
+        return None
+
+    def release_session_id(self, session_id: str) -> None:
+        """A reserved id's session was never opened: let what was kept for it go."""
+        return None
+
+    def session_created(self, session: Session) -> None:
+        """A new session was opened: a backend may start its sandbox now, in the background, so
+        it is ready by the first call (it must not block or raise)."""
+        return None
+
+    async def pause(self, session_id: str) -> None:
+        """Freeze the session's sandbox (its processes and /tmp kept, no CPU used); nothing if it
+        has none running (here: nothing to freeze)."""
+        return None
+
+    async def resume(self, session_id: str, *, notice: str | None = None) -> None:
+        """Thaw it; ``notice``: what the next call's result reports (``report_notice``). A sandbox
+        that vanished meanwhile is handled as any vanished one: the next call starts a fresh one."""
+        return None
+
+    async def working(self, session_id: str) -> bool:
+        """True while processes that commands started still run in the session's sandbox (a
+        background job is activity: its session does not expire by idleness); here: never."""
+        return False
+
+    # -- SessionListener ----------------------------------------------------------------------
+
+    def session_opened(self, state: SessionState) -> None:
+        self.session_created(state.session)
+
+    def session_restored(self, state: SessionState, restored: Restoration) -> None:
+        if restored.container_id:
+            self.expect_container(state.session, restored.container_id)
+
+    def session_closed(self, state: SessionState) -> None:
+        """Nothing: the dispatcher removed the sandbox (``close_session``) before it was closed."""
+        return None
