@@ -52,12 +52,14 @@ class ToolDispatcher:
         audit: AuditSink | None = None,
         observer: CallObserver = NO_OBSERVER,
         lifecycle: LifecycleHooks | None = None,
+        registry: ToolRegistry | None = None,
     ) -> None:
         """``observer``: told of each finished call (metrics, traces); ``lifecycle``: what the
-        sessions' clocks tell, and whom (``core/sessions/expiry.py``)."""
+        sessions' clocks tell, and whom (``core/sessions/expiry.py``); ``registry``: tools
+        registered already (still open: ``seal`` closes it)."""
         self.config = config or DispatcherConfig()
         self.policy = policy or ConfirmationPolicy()
-        self.registry = ToolRegistry()
+        self.registry = registry if registry is not None else ToolRegistry()
         self._provider = sandbox_provider
         self._audit = audit
         self._deps = PipelineDeps(self.config, self.registry, sandbox_provider, self.policy, audit, observer)

@@ -90,6 +90,7 @@ def build_dispatcher(
     audit: AuditSink | None = None,
     observer: CallObserver = NO_OBSERVER,
     lifecycle: LifecycleHooks | None = None,
+    registry: ToolRegistry | None = None,
 ) -> ToolDispatcher:
     """The core dispatcher with the built-in tools and the config's custom tools registered, the
     config checked against them as ``config-check`` does (``config_check.check_served_config``).
@@ -97,16 +98,18 @@ def build_dispatcher(
     Raises:
         ConfigError: every problem, one per line.
     """
-    dispatcher = ToolDispatcher(
+    if registry is None:
+        registry = ToolRegistry()
+        check_served_config(config, registry)
+    return ToolDispatcher(
         provider,
         config=config.dispatcher,
         policy=config.policy,
         audit=audit,
         observer=observer,
         lifecycle=lifecycle,
+        registry=registry,
     )
-    check_served_config(config, dispatcher.registry)
-    return dispatcher
 
 
 def build_server(config: Config, provider: ProviderFactory | None = None) -> DispatcherServer:
@@ -119,16 +122,18 @@ def build_server(config: Config, provider: ProviderFactory | None = None) -> Dis
         ConfigError: a custom tool or the sandbox section is invalid.
         StateError: another server holds the home, or its ``state.db`` is unusable.
     """
-    # The config's tools and the keys naming them are checked before the home is locked, so a bad
-    # config fails before anything is written there (the server registers them again, for real).
-    check_served_config(config, ToolRegistry())
-    return DispatcherServer(config, provider or functools.partial(make_provider, config))
+    # The config's tools are registered, and the keys naming them checked, before the home is
+    # locked: a bad config fails before anything is written there.
+    registry = ToolRegistry()
+    check_served_config(config, registry)
+    return DispatcherServer(config, provider or functools.partial(make_provider, config), registry)
 
 
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
-    def __init__(self, config: Config, provider_factory: ProviderFactory) -> None:
+    def __init__(self, config: Config, provider_factory: ProviderFactory, registry: ToolRegistry) -> None:
+        """``registry``: the config's tools, registered and checked (``check_served_config``)."""
         self.config = config
         self.observability = Observability(config)
         # The home first: a second server on it must fail before it writes anything there
@@ -137,12 +142,12 @@ class DispatcherServer:
         self._home_lock.acquire()
         self.persistence: Persistence = IN_MEMORY
         try:
-            self._build(config, provider_factory)
+            self._build(config, provider_factory, registry)
         except BaseException:
             self._close_state()
             raise
 
-    def _build(self, config: Config, provider_factory: ProviderFactory) -> None:
+    def _build(self, config: Config, provider_factory: ProviderFactory, registry: ToolRegistry) -> None:
         """Each part made with what it needs, in the order they need each other: nothing is
         handed to a part after it was made."""
         self.tenants = TenantDirectory(
@@ -177,6 +182,7 @@ class DispatcherServer:
                 observer=metrics,
                 on_change=self.persistence.clock_changed,
             ),
+            registry=registry,
         )
         self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
         # Told of each session in this order (closed in the reverse): stored, its egress state,
