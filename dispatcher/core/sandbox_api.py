@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from dispatcher.core.errors import DispatcherError, FailureReason, ToolExecutionError
+from dispatcher.core.process_api import ProcessControl, ShellState
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
 
@@ -133,6 +134,13 @@ class ExecRequest:
     tool_use_id: str | None = None
     """The call running it: the egress proxy's questions about connections its processes open
     land on that call, and its cancel closes their tunnels."""
+    leave_as: str | None = None
+    """The process id to give what the command leaves running while holding its output (``cmd &``):
+    the sandbox keeps reading it as a process of the session (``ExecResult.left``). None: the
+    sandbox picks one (``p_…``)."""
+    capture_state: bool = False
+    """Report where the command's shell ended (``ExecResult.shell_state``): its directory and
+    exported variables, captured apart from its output."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,11 @@ class ExecResult:
     cancelled: bool = False
     killed: bool = False  # SIGKILL (or container stop) was needed
     duration_ms: float = 0.0
+    left: tuple[str, ...] = ()
+    """Ids of the processes the command left running, now the session's (``ProcessControl``)."""
+    shell_state: ShellState | None = None
+    """With ``capture_state``: where its shell ended; None when it could not tell (``exec prog``,
+    a fatal signal, the command's own ``EXIT`` trap): keep what was known."""
 
 
 OutputCallback = Callable[[Literal["stdout", "stderr"], bytes], None]
@@ -282,4 +295,12 @@ class Sandbox(WorkspaceFileAPI, Protocol):
 
     def quota_note(self) -> str | None:
         """What to add when the workspace's disk is full (the tenant's quota), if anything."""
+        ...
+
+    def processes(self) -> ProcessControl:
+        """The session's process table (background processes, issue 32).
+
+        Raises:
+            ProcessError: ``unsupported``, this sandbox has none (the message says why).
+        """
         ...

@@ -25,6 +25,7 @@ from typing import Any
 from dispatcher.core.errors import WorkspaceEscapeError
 from dispatcher.core.patch import apply_patch
 from dispatcher.core.paths import resolve_workspace_path
+from dispatcher.core.process_api import ProcessControl, ProcessError
 from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
@@ -288,6 +289,10 @@ class FakeSandbox:
 
     def quota_note(self) -> str | None:
         return None
+
+    def processes(self) -> ProcessControl:
+        """Not yet: issue 32's host side gives this sandbox its agent's process table."""
+        raise ProcessError("unsupported", "this sandbox has no process table yet")
 
 
 class FakeSandboxProvider(SandboxProvider):

@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from dispatcher.core.process_api import ProcessControl, ProcessError
 from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
@@ -150,6 +151,10 @@ class LocalSandbox(AgentFiles):
     def quota_note(self) -> str | None:
         """No quota here."""
         return None
+
+    def processes(self) -> ProcessControl:
+        """Not yet: issue 32's host side gives this sandbox its agent's process table."""
+        raise ProcessError("unsupported", "this sandbox has no process table yet")
 
     async def start_process(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int

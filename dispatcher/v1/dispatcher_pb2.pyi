@@ -1339,6 +1339,88 @@ class SessionResumed(_message.Message):
 Global___SessionResumed: _TypeAlias = SessionResumed  # noqa: Y015
 
 @_typing.final
+class ProcessStarted(_message.Message):
+    """Payload of `process.started`: a background process of the session started (`shell` with
+    `background: true`), or a foreground command left one running (`cmd &`). No output in events:
+    read it with WatchProcess or the `process_output` tool.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    process_id: _builtins.str
+    """The process's id in the session (`p_…`)."""
+    command: _builtins.str
+    """Its command line, as events show inputs (bounded, secrets redacted)."""
+    pid: _builtins.int
+    """Its process group as the sandbox sees it."""
+    origin: _builtins.str
+    """"background" or "left"."""
+    def __init__(
+        self,
+        *,
+        process_id: _builtins.str = ...,
+        command: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        origin: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "origin", b"origin", "pid", b"pid", "process_id", b"process_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessStarted: _TypeAlias = ProcessStarted  # noqa: Y015
+
+@_typing.final
+class ProcessExited(_message.Message):
+    """Payload of `process.exited`: a process of the session ended (its whole process group)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    process_id: _builtins.str
+    """The process's id in the session."""
+    state: _builtins.str
+    """"exited" or "killed" (ended after a stop or a signal sent through the dispatcher)."""
+    exit_code: _builtins.int
+    """Its exit status, when it exited."""
+    signal: _builtins.int
+    """The signal that ended it, when one did."""
+    output_bytes: _builtins.int
+    """Bytes of output in all (stdout and stderr)."""
+    def __init__(
+        self,
+        *,
+        process_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        exit_code: _builtins.int | None = ...,
+        signal: _builtins.int | None = ...,
+        output_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_signal", b"_signal", "exit_code", b"exit_code", "signal", b"signal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_signal", b"_signal", "exit_code", b"exit_code", "output_bytes", b"output_bytes", "process_id", b"process_id", "signal", b"signal", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__signal: _TypeAlias = _typing.Literal["signal"]  # noqa: Y015
+    _WhichOneofArgType__signal: _TypeAlias = _typing.Literal["_signal", b"_signal"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__signal) -> _WhichOneofReturnType__signal | None: ...
+
+Global___ProcessExited: _TypeAlias = ProcessExited  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
     """One step of one tool call, as published on the session's event bus."""
 
@@ -1364,6 +1446,8 @@ class Event(_message.Message):
     SESSION_EXPIRED_FIELD_NUMBER: _builtins.int
     SESSION_PAUSED_FIELD_NUMBER: _builtins.int
     SESSION_RESUMED_FIELD_NUMBER: _builtins.int
+    PROCESS_STARTED_FIELD_NUMBER: _builtins.int
+    PROCESS_EXITED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Per-session sequence number, strictly increasing."""
     session_id: _builtins.str
@@ -1436,6 +1520,14 @@ class Event(_message.Message):
     def session_resumed(self) -> Global___SessionResumed:
         """Set for session.resumed."""
 
+    @_builtins.property
+    def process_started(self) -> Global___ProcessStarted:
+        """Set for process.started (tool_use_id: the call that started it; turn_id empty)."""
+
+    @_builtins.property
+    def process_exited(self) -> Global___ProcessExited:
+        """Set for process.exited (tool_use_id: the call that started it; turn_id empty)."""
+
     def __init__(
         self,
         *,
@@ -1459,12 +1551,14 @@ class Event(_message.Message):
         session_expired: Global___SessionExpired | None = ...,
         session_paused: Global___SessionPaused | None = ...,
         session_resumed: Global___SessionResumed | None = ...,
+        process_started: Global___ProcessStarted | None = ...,
+        process_exited: Global___ProcessExited | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "session_expired", b"session_expired", "session_expiring", b"session_expiring", "session_paused", b"session_paused", "session_resumed", b"session_resumed", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "process_exited", b"process_exited", "process_started", b"process_started", "session_expired", b"session_expired", "session_expiring", b"session_expiring", "session_paused", b"session_paused", "session_resumed", b"session_resumed", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "seq", b"seq", "session_expired", b"session_expired", "session_expiring", b"session_expiring", "session_id", b"session_id", "session_paused", b"session_paused", "session_resumed", b"session_resumed", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["called", b"called", "completed", b"completed", "confirmation_requested", b"confirmation_requested", "confirmation_resolved", b"confirmation_resolved", "failed", b"failed", "input_invalid", b"input_invalid", "output_delta", b"output_delta", "payload", b"payload", "process_exited", b"process_exited", "process_started", b"process_started", "seq", b"seq", "session_expired", b"session_expired", "session_expiring", b"session_expiring", "session_id", b"session_id", "session_paused", b"session_paused", "session_resumed", b"session_resumed", "staged_applied", b"staged_applied", "staged_discarded", b"staged_discarded", "step_proposed", b"step_proposed", "time", b"time", "tool_use_id", b"tool_use_id", "turn_id", b"turn_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved", "step_proposed", "staged_applied", "staged_discarded", "session_expiring", "session_expired", "session_paused", "session_resumed"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["called", "output_delta", "completed", "failed", "input_invalid", "confirmation_requested", "confirmation_resolved", "step_proposed", "staged_applied", "staged_discarded", "session_expiring", "session_expired", "session_paused", "session_resumed", "process_started", "process_exited"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

@@ -110,6 +110,20 @@ def event_to_pb(event: Event) -> pb.Event:
             )
         case ep.SessionExpiring() | ep.SessionExpired() | ep.SessionPaused() | ep.SessionResumed() as p:
             cl.session_event_to_pb(msg, p)
+        case ep.ProcessStarted() as p:
+            msg.process_started.CopyFrom(
+                pb.ProcessStarted(process_id=p.process_id, command=p.command, pid=p.pid, origin=p.origin)
+            )
+        case ep.ProcessExited() as p:
+            msg.process_exited.CopyFrom(
+                pb.ProcessExited(
+                    process_id=p.process_id,
+                    state=p.state,
+                    exit_code=p.exit_code,
+                    signal=p.signal,
+                    output_bytes=p.output_bytes,
+                )
+            )
         case unknown:  # a new payload type: mypy names this line until it has its case
             assert_never(unknown)
     return msg
@@ -187,4 +201,16 @@ def _payload_from_pb(msg: pb.Event) -> ep.EventPayload | None:
         )
     if kind in ("staged_applied", "staged_discarded"):
         return convert_staged.payload_from_pb(msg)
+    if kind == "process_started":
+        ps = msg.process_started
+        return ep.ProcessStarted(process_id=ps.process_id, command=ps.command, pid=ps.pid, origin=ps.origin)
+    if kind == "process_exited":
+        px = msg.process_exited
+        return ep.ProcessExited(
+            process_id=px.process_id,
+            state=px.state,
+            exit_code=px.exit_code if px.HasField("exit_code") else None,
+            signal=px.signal if px.HasField("signal") else None,
+            output_bytes=px.output_bytes,
+        )
     return cl.session_event_from_pb(msg)

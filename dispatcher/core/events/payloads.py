@@ -33,6 +33,11 @@ SESSION_PAUSED: Final = "session.paused"
 SESSION_RESUMED: Final = "session.resumed"
 """The session events (``core/sessions/expiry.py``): no call, so their turn and tool_use ids are empty;
 ``reason`` is ``ttl``, ``idle`` or ``request``."""
+PROCESS_STARTED: Final = "process.started"
+PROCESS_EXITED: Final = "process.exited"
+"""A background process of the session started or ended (issue 32); their tool_use_id is the call
+that started it ("" when none did). No output in events: read it with ``process_output`` or
+``WatchProcess``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +172,29 @@ class SessionResumed:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessStarted:
+    TYPE: ClassVar[str] = PROCESS_STARTED
+    process_id: str
+    command: str
+    """As events show inputs: bounded, secrets redacted."""
+    pid: int
+    origin: str
+    """``background`` (``shell`` with ``background: true``) or ``left`` (a foreground command left it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExited:
+    TYPE: ClassVar[str] = PROCESS_EXITED
+    process_id: str
+    state: str
+    """``exited`` or ``killed``."""
+    exit_code: int | None = None
+    signal: int | None = None
+    output_bytes: int = 0
+    """Its output in all (the cursor after its last byte)."""
+
+
 EventPayload = (
     ToolCalled
     | ToolOutputDelta
@@ -182,6 +210,8 @@ EventPayload = (
     | SessionExpired
     | SessionPaused
     | SessionResumed
+    | ProcessStarted
+    | ProcessExited
 )
 
 PAYLOAD_TYPES: Final[Mapping[str, type[EventPayload]]] = {
@@ -201,6 +231,8 @@ PAYLOAD_TYPES: Final[Mapping[str, type[EventPayload]]] = {
         SessionExpired,
         SessionPaused,
         SessionResumed,
+        ProcessStarted,
+        ProcessExited,
     )
 }
 EVENT_TYPES: Final = frozenset(PAYLOAD_TYPES)

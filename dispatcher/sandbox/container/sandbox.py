@@ -26,6 +26,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
 from dispatcher.core.observe import SandboxRemoval
+from dispatcher.core.process_api import ProcessControl, ProcessError
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
     ExecRequest,
@@ -397,6 +398,10 @@ class ContainerSandbox(AgentFiles):
     def quota_note(self) -> str | None:
         """What to say when the workspace's disk is full (the tenant's quota), if anything."""
         return self._provider.quota_note(self.session.tenant_id)
+
+    def processes(self) -> ProcessControl:
+        """Not yet: issue 32's host side gives this sandbox its agent's process table."""
+        raise ProcessError("unsupported", "this sandbox has no process table yet")
 
     async def start_process(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int

@@ -23,6 +23,9 @@ SAMPLES: tuple[ep.EventPayload, ...] = (
     ep.SessionExpired("idle"),
     ep.SessionPaused("request"),
     ep.SessionResumed("request"),
+    ep.ProcessStarted("p_1", "python3 app.py", 42, "background"),
+    ep.ProcessExited("p_1", "exited", 0, None, 1234),
+    ep.ProcessExited("p_2", "killed", None, 9, 0),
 )
 
 

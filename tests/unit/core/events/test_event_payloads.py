@@ -23,6 +23,8 @@ FULL: tuple[ep.EventPayload, ...] = (  # every type, every field set (optional o
     ep.SessionExpired("idle"),
     ep.SessionPaused("request"),
     ep.SessionResumed("request"),
+    ep.ProcessStarted("p_1", "python3 app.py", 42, "background"),
+    ep.ProcessExited("p_1", "killed", None, 15, 1234),
 )
 
 

@@ -157,4 +157,5 @@ def test_an_events_type_comes_from_its_payload_class_and_payloads_are_frozen() -
         "tool.confirmation_requested", "tool.confirmation_resolved", "tool.step_proposed",
         "staged.applied", "staged.discarded",
         "session.expiring", "session.expired", "session.paused", "session.resumed",
+        "process.started", "process.exited",
     }  # fmt: skip
