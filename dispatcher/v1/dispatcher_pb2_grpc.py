@@ -259,7 +259,8 @@ class ToolDispatcherServicer:
         or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
         nothing is written (if a write still fails after the check, the response names exactly what was
         written). Not a tool call: the caller is the approver; audited and published as
-        `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+        `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written). A
+        paused session is resumed first, as a Dispatch resumes it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -284,7 +285,8 @@ class ToolDispatcherServicer:
     def PauseSession(self, request, context):
         """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
         used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
-        CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+        CancelSessionTools does. A Dispatch, upload, download or ApplyStagedChanges resumes it
+        transparently (applying writes through the sandbox).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

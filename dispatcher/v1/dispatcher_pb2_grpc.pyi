@@ -109,7 +109,8 @@ class ToolDispatcherStub:
     or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
     nothing is written (if a write still fails after the check, the response names exactly what was
     written). Not a tool call: the caller is the approver; audited and published as
-    `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+    `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written). A
+    paused session is resumed first, as a Dispatch resumes it.
     """
     DiscardStagedChanges: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.DiscardStagedChangesRequest, _dispatcher_pb2.DiscardStagedChangesResponse]
     """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
@@ -122,7 +123,8 @@ class ToolDispatcherStub:
     PauseSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.PauseSessionRequest, _dispatcher_pb2.PauseSessionResponse]
     """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
     used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
-    CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+    CancelSessionTools does. A Dispatch, upload, download or ApplyStagedChanges resumes it
+    transparently (applying writes through the sandbox).
     """
     ResumeSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResumeSessionRequest, _dispatcher_pb2.ResumeSessionResponse]
     """Thaws a paused session (nothing if it runs)."""
@@ -192,7 +194,8 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
     nothing is written (if a write still fails after the check, the response names exactly what was
     written). Not a tool call: the caller is the approver; audited and published as
-    `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+    `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written). A
+    paused session is resumed first, as a Dispatch resumes it.
     """
     DiscardStagedChanges: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.DiscardStagedChangesRequest, _dispatcher_pb2.DiscardStagedChangesResponse]  # type: ignore[assignment]
     """Drops staged changes (ids empty: all); nothing of them is written. Audited and published as
@@ -205,7 +208,8 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     PauseSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.PauseSessionRequest, _dispatcher_pb2.PauseSessionResponse]  # type: ignore[assignment]
     """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
     used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
-    CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+    CancelSessionTools does. A Dispatch, upload, download or ApplyStagedChanges resumes it
+    transparently (applying writes through the sandbox).
     """
     ResumeSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResumeSessionRequest, _dispatcher_pb2.ResumeSessionResponse]  # type: ignore[assignment]
     """Thaws a paused session (nothing if it runs)."""
@@ -362,7 +366,8 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         or refused on its own. Audit mode: all or nothing, every file checked first, and if one changed
         nothing is written (if a write still fails after the check, the response names exactly what was
         written). Not a tool call: the caller is the approver; audited and published as
-        `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written).
+        `staged.applied`. NOT_FOUND for an id that names no staged change (nothing is written). A
+        paused session is resumed first, as a Dispatch resumes it.
         """
 
     @_abc_1.abstractmethod
@@ -393,7 +398,8 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_dispatcher_pb2.PauseSessionResponse, _abc.Awaitable[_dispatcher_pb2.PauseSessionResponse]]:
         """Freezes the session's sandbox: its processes and /tmp are kept (and its memory held), no CPU is
         used, the idle clock stops (the TTL runs on). Running calls are cancelled first, as
-        CancelSessionTools does. A Dispatch, upload or download resumes it transparently.
+        CancelSessionTools does. A Dispatch, upload, download or ApplyStagedChanges resumes it
+        transparently (applying writes through the sandbox).
         """
 
     @_abc_1.abstractmethod
