@@ -7,7 +7,7 @@ ApplyStagedChanges does: a frozen agent would not answer. A watch holds the sess
 starts (checking the process exists); after that, watching is not activity, as WatchSession's.
 
 A watch is one of the tenant's ``max_watch_streams`` (with WatchSession's) and ends when the server
-drains. It asks its sandbox for the next item only once the previous one went out to the client,
+drains or the session ends. It asks its sandbox for the next item only once the previous one went out to the client,
 so a client that does not read makes the server hold one item, never a queue: the rest waits in
 the process's bounded ring, and a reader that falls behind it is told how much it lost.
 """
@@ -18,8 +18,11 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
 
+from dispatcher.core.errors import UnknownSessionError
+from dispatcher.core.events.bus import Event
 from dispatcher.core.process_api import (
     PROCESS_SIGNALS,
     OutputChunk,
@@ -151,28 +154,48 @@ async def watch(
         SandboxUnavailable: the sandbox ended the watch before the process ended (the message
             names the cursor to watch again from).
         ShuttingDown: the server is draining (likewise).
+        UnknownSessionError: also when the session closed or expired during the watch.
     """
     sessions.admission.check_open()
     state = sessions.get(tenant, session_id, touch=False)  # watching is not activity
     _check_process_id(process_id)
     control = sessions.dispatcher.processes(session_id)
-    async with sessions.admission.watch_slot(tenant) as stop:
+    bus = sessions.dispatcher.events(session_id)
+    async with (
+        sessions.admission.watch_slot(tenant) as stop,
+        bus.subscribe(event_filter=_no_event) as session_events,  # ends when the session does
+    ):
         async with sessions.lifecycle.hold(state), _sandbox_errors():
             info = _find(await control.list(), process_id)
         cursor = info.end if from_end else after
-        async with contextlib.aclosing(_follow(control, process_id, cursor, stop)) as items:
-            async for item in items:
-                if isinstance(item, ProcessInfo):
+        draining = asyncio.ensure_future(stop.wait())
+        closing = asyncio.ensure_future(anext(session_events, None))
+        try:
+            async with contextlib.aclosing(
+                _follow(control, process_id, cursor, (draining, closing))
+            ) as items:
+                async for item in items:
+                    if isinstance(item, ProcessInfo):
+                        yield item
+                        return
+                    cursor = item.cursor + len(item.data)
                     yield item
-                    return
-                cursor = item.cursor + len(item.data)
-                yield item
+        finally:
+            draining.cancel()
+            closing.cancel()
         if stop.is_set():
             raise ShuttingDown(f"the server is shutting down; watch {process_id} again from cursor {cursor}")
+        if closing.done():
+            raise UnknownSessionError(f"session {session_id!r} closed; its processes ended with it")
         raise SandboxUnavailable(
             f"the watch of {process_id} ended before the process did (its sandbox stopped or was "
             f"paused); watch again from cursor {cursor}"
         )
+
+
+def _no_event(event: Event) -> bool:
+    """A subscription that only waits for its bus to close takes no event (holds no memory)."""
+    return False
 
 
 def _find(processes: tuple[ProcessInfo, ...], process_id: str) -> ProcessInfo:
@@ -183,18 +206,17 @@ def _find(processes: tuple[ProcessInfo, ...], process_id: str) -> ProcessInfo:
 
 
 async def _follow(
-    control: ProcessControl, process_id: str, after: int, stop: asyncio.Event
+    control: ProcessControl, process_id: str, after: int, ends: Sequence[asyncio.Future[Any]]
 ) -> AsyncGenerator[OutputChunk | ProcessInfo, None]:
     """``control.watch`` item by item, each asked for once the one before was taken; ends early
-    when ``stop`` is set, on a record of a process still running (the sandbox ended the watch),
-    and closes the watch however it ends (the client left: its cancellation lands here)."""
+    when one of ``ends`` is done, on a record of a process still running (the sandbox ended the
+    watch), and closes the watch however it ends (the client left: its cancellation lands here)."""
     items = control.watch(process_id, after=after)
-    stopped = asyncio.ensure_future(stop.wait())
     try:
         while True:
             step: asyncio.Future[OutputChunk | ProcessInfo | None] = asyncio.ensure_future(anext(items, None))
             try:
-                await asyncio.wait((step, stopped), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((step, *ends), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 if not step.done():
                     step.cancel()
@@ -212,7 +234,6 @@ async def _follow(
             if isinstance(item, ProcessInfo):
                 return
     finally:
-        stopped.cancel()
         if isinstance(items, AsyncGenerator):  # the contract's watch: closing it stops it
             await items.aclose()
 

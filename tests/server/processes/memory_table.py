@@ -54,6 +54,8 @@ class MemoryProcessTable:
         self.running_limit = running_limit
         self.ring_bytes = ring_bytes
         self.watching = 0
+        self.taken = 0
+        """Items every watch handed out: what a reader took from the sandbox."""
         self.closed = False
 
     # -- what a running command would do -------------------------------------------------------
@@ -166,11 +168,13 @@ class MemoryProcessTable:
                     for c in list(p.ring):
                         if c.cursor + len(c.data) > start:
                             piece = _from(c, start)
+                            self.taken += 1
                             yield OutputChunk(piece.stream, piece.cursor, piece.data, lost)
                             lost = 0
                             start = piece.cursor + len(piece.data)
                     cursor = start
                     continue
+                self.taken += 1
                 yield p.info  # ended with every byte out, or the sandbox ended the watch (running)
                 return
         finally:
@@ -243,6 +247,6 @@ class TableSandboxProvider(FakeSandboxProvider):
         return self.sandboxes.setdefault(session.session_id, TableSandbox())
 
     def table(self, session_id: str) -> MemoryProcessTable:
-        sandbox = self.sandboxes[session_id]
+        sandbox = self.sandboxes.setdefault(session_id, TableSandbox())
         assert isinstance(sandbox, TableSandbox)
         return sandbox.table

@@ -15,6 +15,7 @@ import pytest
 
 from dispatcher.client import AsyncDispatcherClient, OutputChunk, ProcessInfo, ProcessTruncated, RequestFailed
 from dispatcher.config import hash_token
+from dispatcher.server.sessions import processes as session_processes
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 from dispatcher.wire.convert_processes import WatchItem
@@ -278,3 +279,36 @@ async def test_a_server_that_drains_ends_its_process_watches(procs: ProcHarness)
         await asyncio.wait_for(task, 10)
     assert err.value.code == "UNAVAILABLE" and "shutting down" in err.value.details
     await until(lambda: table.watching == 0, "the watch to close")
+
+
+async def test_a_watch_ends_when_its_session_closes(procs: ProcHarness) -> None:
+    client, sid = await _session(procs, "p_1")
+    table = procs.table(sid)
+    task = asyncio.create_task(_collect(client, sid, "p_1"))
+    await until(lambda: table.watching == 1, "the watch to start")
+    await client.close_session(sid)
+    with pytest.raises(RequestFailed) as err:
+        await asyncio.wait_for(task, 10)
+    assert err.value.code == "NOT_FOUND" and "closed" in err.value.details
+    await until(lambda: table.watching == 0, "the watch to close")
+
+
+async def test_a_watch_asks_its_sandbox_for_output_only_as_it_is_sent(procs: ProcHarness) -> None:
+    """A client that stops reading makes the server hold one item, not a queue: the next is asked
+    of the sandbox (whose ring bounds the rest) only once the previous one went out."""
+    _, sid = await _session(procs)
+    table = procs.table(sid)
+    table.ring_bytes = 1 << 20
+    await procs.start(sid, "p_1")
+    for i in range(100):
+        await table.emit("p_1", "stdout", b"%05d" % i + b"." * 995)
+    sessions = procs.harness.server.sessions
+    tenant = procs.harness.server.tenants.get("alpha")
+    items = session_processes.watch(sessions, tenant, sid, "p_1", 0)
+    first = await anext(items)
+    assert isinstance(first, OutputChunk) and first.data.startswith(b"00000")
+    assert table.taken == 1  # nothing more was taken from the sandbox while nobody reads
+    second = await anext(items)
+    assert isinstance(second, OutputChunk) and second.cursor == 1000 and table.taken == 2
+    await items.aclose()  # type: ignore[attr-defined]
+    assert table.watching == 0
