@@ -13,12 +13,12 @@ gRPC status codes are only for the request itself:
   INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value,
                      session capabilities wider than the tenant's
   RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches after queue_timeout_seconds,
-                     transfers) or a message size limit
+                     transfers, watch streams) or a message size limit; a process's stdin bound
   FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode; a process operation on a
                      sandbox without a process table, or stdin of a process that ended
   NOT_FOUND          also: a process id the session does not know (or has forgotten)
   NOT_FOUND          also: ApplyStagedChanges / DiscardStagedChanges naming an unknown change id
-  UNAVAILABLE        the server is shutting down
+  UNAVAILABLE        the server is shutting down; the sandbox failed during a process RPC
 """
 
 from collections import abc as _abc
