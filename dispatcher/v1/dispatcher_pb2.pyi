@@ -3028,7 +3028,8 @@ class WatchProcessRequest(_message.Message):
     """The process."""
     after: _builtins.int
     """Send output from this cursor on (0: from its first byte; what the ring no longer holds is
-    reported as `truncated`). Resuming a watch: the cursor after the last chunk received.
+    reported as `truncated`). Resuming a watch: the cursor after the last chunk received. Past
+    the process's output so far (Process.output_end): INVALID_ARGUMENT.
     """
     from_end: _builtins.bool
     """Ignore `after` and start at the process's newest output: only what it writes from now on."""

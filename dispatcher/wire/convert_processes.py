@@ -94,9 +94,9 @@ def process_to_pb(info: ProcessInfo) -> pb.Process:
         msg.exit_code = info.exit_code
     if info.signal is not None:
         msg.signal = info.signal
-    msg.start_time.FromNanoseconds(int(info.started * 1e9))
+    msg.start_time.FromNanoseconds(round(info.started * 1e9))
     if info.ended is not None:
-        msg.end_time.FromNanoseconds(int(info.ended * 1e9))
+        msg.end_time.FromNanoseconds(round(info.ended * 1e9))
     return msg
 
 

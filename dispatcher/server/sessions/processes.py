@@ -149,6 +149,7 @@ async def watch(
     byte), chunks as they come, then its record once it ended and every byte went out.
 
     Raises:
+        InvalidRequest: ``after`` past the process's output so far.
         QuotaExceeded: the tenant already has ``max_watch_streams`` open.
         UnknownSessionError, ProcessError (``no_process``, ``unsupported``).
         SandboxUnavailable: the sandbox ended the watch before the process ended (the message
@@ -167,6 +168,10 @@ async def watch(
     ):
         async with sessions.lifecycle.hold(state), _sandbox_errors():
             info = _find(await control.list(), process_id)
+        if after > info.end and not from_end:
+            raise InvalidRequest(
+                f"after: {after} is past {process_id}'s output, which ends at cursor {info.end} so far"
+            )
         cursor = info.end if from_end else after
         draining = asyncio.ensure_future(stop.wait())
         closing = asyncio.ensure_future(anext(session_events, None))

@@ -83,6 +83,9 @@ async def test_an_unknown_process_is_not_found_and_a_missing_id_invalid(procs: P
         assert message.startswith("NOT_FOUND") and "p_nope" in message
     assert (await _code(client.signal_process(sid, ""))).startswith("INVALID_ARGUMENT: process_id")
     assert (await _code(_collect(client, sid, "p" * 300))).startswith("INVALID_ARGUMENT: process_id")
+    await procs.table(sid).emit("p_1", "stdout", b"12345")
+    message = await _code(_collect(client, sid, "p_1", after=6))
+    assert message.startswith("INVALID_ARGUMENT: after: 6") and "ends at cursor 5" in message
 
 
 async def test_a_watch_from_a_cursor_reports_what_the_ring_lost_then_the_exit(procs: ProcHarness) -> None:
