@@ -7,9 +7,13 @@ ApplyStagedChanges does: a frozen agent would not answer. A watch holds the sess
 starts (checking the process exists); after that, watching is not activity, as WatchSession's.
 
 A watch is one of the tenant's ``max_watch_streams`` (with WatchSession's) and ends when the server
-drains or the session ends. It asks its sandbox for the next item only once the previous one went out to the client,
-so a client that does not read makes the server hold one item, never a queue: the rest waits in
-the process's bounded ring, and a reader that falls behind it is told how much it lost.
+drains or the session ends. It asks its sandbox for the next item only once the previous one went
+out to the client, so a client that does not read makes the server hold one item, never a queue:
+the rest waits in the process's bounded ring, and a reader that falls behind it is told how much
+it lost.
+
+Reading the list and starting a watch count as activity, as ListStagedChanges does; a client's
+signal and stdin writes are audited (the caller is the approver, as for staged changes).
 """
 
 from __future__ import annotations
