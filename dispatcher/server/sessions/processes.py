@@ -50,6 +50,16 @@ AUDIT_INPUT = "process.input"
 """Audit record of a client's WriteProcessInput: how many bytes, never the bytes."""
 
 
+async def _control(sessions: SessionManager, session_id: str) -> ProcessControl:
+    """The session's process table: the one way these RPCs reach it (through the core, which
+    knows the session's sandbox).
+
+    Raises:
+        ProcessError: ``unsupported``: its sandbox has none.
+    """
+    return sessions.dispatcher.processes(session_id)
+
+
 def _check_process_id(process_id: str) -> None:
     if not process_id:
         raise InvalidRequest("process_id: required (ListProcesses gives the session's)")
@@ -67,7 +77,7 @@ async def list_processes(
         SandboxUnavailable: the sandbox failed.
     """
     state = sessions.get(tenant, session_id)
-    control = sessions.dispatcher.processes(session_id)
+    control = await _control(sessions, session_id)
     async with sessions.lifecycle.hold(state), _sandbox_errors():
         return await control.list()
 
@@ -84,7 +94,7 @@ async def write_input(
     """
     state = sessions.get(tenant, session_id)
     _check_process_id(process_id)
-    control = sessions.dispatcher.processes(session_id)
+    control = await _control(sessions, session_id)
     async with sessions.lifecycle.hold(state), _sandbox_errors():
         info = await control.write_input(process_id, data, close=close)
     sessions.dispatcher.audit_record(
@@ -121,7 +131,7 @@ async def signal(
         math.isfinite(grace_seconds) and 0 <= grace_seconds <= MAX_GRACE_SECONDS
     ):
         raise InvalidRequest(f"grace_seconds: from 0 to {MAX_GRACE_SECONDS:g}, got {grace_seconds!r}")
-    control = sessions.dispatcher.processes(session_id)
+    control = await _control(sessions, session_id)
     async with sessions.lifecycle.hold(state), _sandbox_errors():
         info = await control.signal(process_id, signal_name, grace_seconds=grace_seconds)
     sessions.dispatcher.audit_record(
@@ -164,7 +174,7 @@ async def watch(
     sessions.admission.check_open()
     state = sessions.get(tenant, session_id, touch=False)  # watching is not activity
     _check_process_id(process_id)
-    control = sessions.dispatcher.processes(session_id)
+    control = await _control(sessions, session_id)
     bus = sessions.dispatcher.events(session_id)
     async with (
         sessions.admission.watch_slot(tenant) as stop,

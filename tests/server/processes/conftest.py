@@ -31,8 +31,7 @@ class ProcHarness:
 
     async def start(self, session_id: str, process_id: str, command: str = "serve") -> None:
         """Start a process as a tool would (``shell`` with ``background: true``)."""
-        control = self.harness.server.dispatcher.processes(session_id)
-        await control.start(ProcessStart(process_id, command, tool_use_id=f"tu_{process_id}"))
+        await self.table(session_id).start(ProcessStart(process_id, command, tool_use_id=f"tu_{process_id}"))
 
 
 async def start_proc_server(tmp: Path, **overrides: Any) -> tuple[ProcHarness, Harness]:

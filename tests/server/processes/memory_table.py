@@ -225,12 +225,13 @@ def _with(info: ProcessInfo, **changes: object) -> ProcessInfo:
 
 @dataclass
 class TableSandbox(FakeSandbox):
-    """The fake sandbox with a process table."""
+    """The fake sandbox with this module's process table (``memory``: kept apart from any table
+    the fake sandbox has of its own)."""
 
-    table: MemoryProcessTable = field(default_factory=MemoryProcessTable)
+    memory: MemoryProcessTable = field(default_factory=MemoryProcessTable)
 
     def processes(self) -> MemoryProcessTable:
-        return self.table
+        return self.memory
 
 
 class TableSandboxProvider(FakeSandboxProvider):
@@ -249,4 +250,4 @@ class TableSandboxProvider(FakeSandboxProvider):
     def table(self, session_id: str) -> MemoryProcessTable:
         sandbox = self.sandboxes.setdefault(session_id, TableSandbox())
         assert isinstance(sandbox, TableSandbox)
-        return sandbox.table
+        return sandbox.memory
