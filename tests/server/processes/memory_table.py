@@ -234,6 +234,14 @@ class TableSandbox(FakeSandbox):
         return self.memory
 
 
+@dataclass
+class TablelessSandbox(FakeSandbox):
+    """The fake sandbox of a backend that keeps no processes."""
+
+    def processes(self) -> MemoryProcessTable:
+        raise ProcessError("unsupported", "this sandbox has no process table (a test's backend without one)")
+
+
 class TableSandboxProvider(FakeSandboxProvider):
     """The fake backend whose sandboxes have a process table; ``without`` names sessions whose
     sandbox has none (a backend that cannot)."""
@@ -244,7 +252,7 @@ class TableSandboxProvider(FakeSandboxProvider):
 
     def sandbox_for(self, session: Session) -> FakeSandbox:
         if session.session_id in self.without:
-            return self.sandboxes.setdefault(session.session_id, FakeSandbox())
+            return self.sandboxes.setdefault(session.session_id, TablelessSandbox())
         return self.sandboxes.setdefault(session.session_id, TableSandbox())
 
     def table(self, session_id: str) -> MemoryProcessTable:
