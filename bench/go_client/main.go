@@ -5,7 +5,9 @@
 // call costs when the client is not Python. It creates a session (or uses -session), makes -warmup
 // unmeasured calls, then -n calls, each a Dispatch with one tool_use whose stream is read to its
 // end, closes the session it created, and prints {"session_id": ..., "samples_ms": [...]} on stdout. A result with is_error, or a stream without
-// exactly one result, ends the run with a non-zero exit.
+// exactly one result, ends the run with a non-zero exit. With -processes it checks the background
+// process RPCs instead: ListProcesses of the session, and NOT_FOUND for an unknown process and an
+// unknown session; it prints what it saw as {"processes": ...} (see processReport).
 //
 // The stubs are generated at build time (scripts/build_go_client.sh), into the package below.
 package main
@@ -21,7 +23,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	pb "dispatcher/bench/go_client/dispatcherv1"
 )
@@ -42,6 +46,7 @@ func main() {
 	n := flag.Int("n", 100, "measured calls")
 	warmup := flag.Int("warmup", 5, "unmeasured calls first")
 	timeout := flag.Duration("timeout", 30*time.Second, "limit of each call")
+	processes := flag.Bool("processes", false, "check the background process RPCs instead of timing calls")
 	flag.Parse()
 	if *token == "" {
 		*token = os.Getenv("DISPATCHER_TOKEN")
@@ -49,7 +54,13 @@ func main() {
 	if !json.Valid([]byte(*input)) {
 		fail(fmt.Errorf("-input is not JSON: %s", *input))
 	}
-	out, err := run(*target, *token, *session, *workspace, *tool, *input, *n, *warmup, *timeout)
+	var out interface{}
+	var err error
+	if *processes {
+		out, err = checkProcesses(*target, *token, *workspace, *timeout)
+	} else {
+		out, err = run(*target, *token, *session, *workspace, *tool, *input, *n, *warmup, *timeout)
+	}
 	if err != nil {
 		fail(err)
 	}
@@ -150,4 +161,52 @@ func dispatchOne(
 		return fmt.Errorf("result for %q, expected %q", result.GetToolUseId(), id)
 	}
 	return nil
+}
+
+// processReport is what -processes saw. Processes is the number ListProcesses listed in a new
+// session (none started there), or -1 when its backend has no process table (FAILED_PRECONDITION,
+// Unsupported says why); UnknownProcess and UnknownSession are the status codes of a
+// SignalProcess naming no process and a ListProcesses naming no session.
+type processReport struct {
+	SessionID      string `json:"session_id"`
+	Processes      int    `json:"processes"`
+	Unsupported    string `json:"unsupported,omitempty"`
+	UnknownProcess string `json:"unknown_process"`
+	UnknownSession string `json:"unknown_session"`
+}
+
+func checkProcesses(target, token, workspace string, timeout time.Duration) (*processReport, error) {
+	conn, err := grpc.Dial(target, grpc.WithInsecure(), grpc.WithBlock(), grpc.WithTimeout(timeout))
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", target, err)
+	}
+	defer conn.Close()
+	client := pb.NewToolDispatcherClient(conn)
+	ctx, cancel := context.WithTimeout(
+		metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token), timeout)
+	defer cancel()
+	created, err := client.CreateSession(ctx, &pb.CreateSessionRequest{Workspace: workspace})
+	if err != nil {
+		return nil, fmt.Errorf("CreateSession: %w", err)
+	}
+	sid := created.GetSession().GetSessionId()
+	defer func() { _, _ = client.CloseSession(ctx, &pb.CloseSessionRequest{SessionId: sid}) }()
+
+	out := &processReport{SessionID: sid}
+	listed, err := client.ListProcesses(ctx, &pb.ListProcessesRequest{SessionId: sid})
+	switch {
+	case err == nil:
+		out.Processes = len(listed.GetProcesses())
+	case status.Code(err) == codes.FailedPrecondition:
+		out.Processes, out.Unsupported = -1, status.Convert(err).Message()
+	default:
+		return nil, fmt.Errorf("ListProcesses: %w", err)
+	}
+	_, err = client.SignalProcess(ctx, &pb.SignalProcessRequest{
+		SessionId: sid, ProcessId: "p_not_started", Signal: pb.ProcessSignal_PROCESS_SIGNAL_TERM,
+	})
+	out.UnknownProcess = status.Code(err).String()
+	_, err = client.ListProcesses(ctx, &pb.ListProcessesRequest{SessionId: "ses_not_a_session"})
+	out.UnknownSession = status.Code(err).String()
+	return out, nil
 }

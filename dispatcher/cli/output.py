@@ -47,6 +47,14 @@ def describe(event: Event, prefix: str) -> str:
         return f"staged changes applied: {', '.join(p.change_ids) or 'none'}{refused}"
     if isinstance(p, ep.StagedDiscarded):
         return f"staged changes discarded: {', '.join(p.change_ids) or 'none'}"
+    if isinstance(p, ep.ProcessStarted):
+        how = "left running by a foreground command" if p.origin == "left" else "started in the background"
+        return f"process {p.process_id} {how} (pid {p.pid}): {visible(p.command, escape_backslash=True)}"
+    if isinstance(p, ep.ProcessExited):
+        status = f"signal {p.signal}" if p.signal is not None else f"exit code {p.exit_code}"
+        if p.signal is None and p.exit_code is None:
+            status = "its group is empty"
+        return f"process {p.process_id} {p.state} ({status}), {p.output_bytes:,} bytes of output"
     return event.type
 
 

@@ -23,10 +23,12 @@ from dispatcher.client.base import Answer, RequestFailed
 from dispatcher.client.sync import DispatcherClient
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
+from dispatcher.core.process_api import OutputChunk, ProcessInfo
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, LocalTreeError
 from dispatcher.wire.convert import SessionInfo, ToolInfo
+from dispatcher.wire.convert_processes import ProcessTruncated, WatchItem
 from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo, StagedRefusal
 
 __all__ = [
@@ -37,6 +39,9 @@ __all__ = [
     "Event",
     "Extracted",
     "LocalTreeError",
+    "OutputChunk",
+    "ProcessInfo",
+    "ProcessTruncated",
     "RequestFailed",
     "Role",
     "SessionInfo",
@@ -47,4 +52,5 @@ __all__ = [
     "ToolResultBlock",
     "ToolUseBlock",
     "UploadSummary",
+    "WatchItem",
 ]

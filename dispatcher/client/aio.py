@@ -13,14 +13,16 @@ from dispatcher.client import base
 from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
+from dispatcher.core.process_api import ProcessInfo
 from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, extract_chunks, tar_chunks
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_staged
+from dispatcher.wire import convert, convert_processes, convert_staged
 from dispatcher.wire.convert import SessionInfo, ToolInfo
+from dispatcher.wire.convert_processes import WatchItem
 from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo
 
 _T = TypeVar("_T")
@@ -290,6 +292,60 @@ class AsyncDispatcherClient(ClientBase):
             raise
         await asyncio.to_thread(offer, None)
         return await work
+
+    async def list_processes(self, session_id: str) -> list[ProcessInfo]:
+        """The session's background processes, running and the finished ones kept, oldest first."""
+        resp = await self._unary(self._stub.ListProcesses, pb.ListProcessesRequest(session_id=session_id))
+        return [convert_processes.process_from_pb(p) for p in resp.processes]
+
+    def watch_process(
+        self, session_id: str, process_id: str, *, after: int = 0, from_end: bool = False
+    ) -> AsyncIterator[WatchItem]:
+        """A process's output from cursor ``after`` (``from_end``: only what comes from now), as
+        ``OutputChunk``s tagged stdout/stderr, a ``ProcessTruncated`` where bytes were lost, and
+        last its ``ProcessInfo`` once it ended; follows live until then.
+
+        Raises:
+            RequestFailed: e.g. NOT_FOUND (unknown process), UNAVAILABLE (watch again from the
+                last cursor received), RESOURCE_EXHAUSTED (``max_watch_streams``).
+        """
+        call = self._stub.WatchProcess(
+            pb.WatchProcessRequest(
+                session_id=session_id, process_id=process_id, after=after, from_end=from_end
+            ),
+            metadata=self._metadata,
+        )
+        return self._stream(call, convert_processes.watch_item_from_pb)
+
+    async def write_process_input(
+        self, session_id: str, process_id: str, data: bytes | str, *, close_stdin: bool = False
+    ) -> ProcessInfo:
+        """Bytes (a str: its UTF-8) for the process's stdin, then its stdin closed if ``close_stdin``."""
+        raw = data.encode() if isinstance(data, str) else data
+        req = pb.WriteProcessInputRequest(
+            session_id=session_id, process_id=process_id, data=raw, close_stdin=close_stdin
+        )
+        return convert_processes.process_from_pb(
+            (await self._unary(self._stub.WriteProcessInput, req)).process
+        )
+
+    async def signal_process(
+        self, session_id: str, process_id: str, signal: str = "TERM", *, grace_seconds: float | None = None
+    ) -> ProcessInfo:
+        """``signal`` (``TERM KILL INT HUP QUIT USR1 USR2``) to the process's whole group; with
+        ``grace_seconds``, KILL follows if the group outlives it and the answer waits for its end.
+
+        Raises:
+            ValueError: an unknown signal name (nothing is sent).
+        """
+        req = base.signal_request(session_id, process_id, signal, grace_seconds)
+        try:
+            resp = await self._stub.SignalProcess(
+                req, metadata=self._metadata, timeout=base.signal_timeout(self._timeout, grace_seconds)
+            )
+        except grpc.RpcError as err:
+            raise RequestFailed.from_rpc_error(err) from None
+        return convert_processes.process_from_pb(resp.process)
 
     @staticmethod
     async def _stream(call: Any, conv: Callable[[Any], _T | None]) -> AsyncIterator[_T]:

@@ -22,7 +22,7 @@ from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.v1 import dispatcher_pb2 as pb
-from dispatcher.wire import convert, convert_policy
+from dispatcher.wire import convert, convert_policy, convert_processes
 
 DispatchItem = Event | ToolResultBlock
 _CHANNEL_OPTIONS = (
@@ -139,6 +139,29 @@ def create_request(
     if on_expire is not None:
         req.on_expire = pb.OnExpire.Value(f"ON_EXPIRE_{OnExpire(on_expire).name}")
     return req
+
+
+def signal_request(
+    session_id: str, process_id: str, signal: str, grace_seconds: float | None
+) -> pb.SignalProcessRequest:
+    """A SignalProcess request; ``signal`` by name (``TERM``, ``SIGTERM``, any case).
+
+    Raises:
+        ValueError: not a signal the service sends, naming those it does.
+    """
+    req = pb.SignalProcessRequest(
+        session_id=session_id, process_id=process_id, signal=convert_processes.signal_to_pb(signal)
+    )
+    if grace_seconds is not None:
+        req.grace_seconds = grace_seconds
+    return req
+
+
+def signal_timeout(timeout: float | None, grace_seconds: float | None) -> float | None:
+    """A SignalProcess with a grace answers once the group is empty: wait that long, and more."""
+    if timeout is None or grace_seconds is None:
+        return timeout
+    return max(timeout, grace_seconds + timeout)
 
 
 def plan(resp: pb.ApprovePlanResponse) -> tuple[list[PlanStep], str]:

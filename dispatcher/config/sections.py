@@ -110,7 +110,7 @@ class Quotas(Section):
     """Dispatch streams running at once. Each holds at most 16 MiB of results its client has not
     read (plus one result in flight), so that memory is bounded per tenant too."""
     max_watch_streams: PositiveInt = 32
-    """WatchSession streams open at once."""
+    """WatchSession and WatchProcess streams open at once (together)."""
     queue_timeout_seconds: NonNegativeSeconds = 30.0
     """With every dispatch slot taken, how long a Dispatch waits for one (first come, first
     served) before RESOURCE_EXHAUSTED; 0: refused at once."""

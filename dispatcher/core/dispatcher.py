@@ -23,6 +23,7 @@ from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.events.bus import EventBus
 from dispatcher.core.events.payloads import StagedApplied, StagedDiscarded
 from dispatcher.core.observe import NO_OBSERVER, CallObserver
+from dispatcher.core.process_api import ProcessControl
 from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox
@@ -184,6 +185,15 @@ class ToolDispatcher:
         """
         self.sessions.get(session.session_id)
         return self._provider.sandbox_for(session)
+
+    def processes(self, session_id: str) -> ProcessControl:
+        """The open session's process table (its background processes, issue 32), for clients.
+
+        Raises:
+            UnknownSessionError: the session is not open.
+            ProcessError: ``unsupported``, its sandbox has none (the message says why).
+        """
+        return self._provider.sandbox_for(self.sessions.get(session_id).session).processes()
 
     def audit_record(self, kind: str, **fields: Any) -> None:
         """Append to the audit log, if there is one (``fields`` already redacted)."""

@@ -13,10 +13,12 @@ gRPC status codes are only for the request itself:
   INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value,
                      session capabilities wider than the tenant's
   RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches after queue_timeout_seconds,
-                     transfers) or a message size limit
-  FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
+                     transfers, watch streams) or a message size limit; a process's stdin bound
+  FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode; a process operation on a
+                     sandbox without a process table, or stdin of a process that ended
+  NOT_FOUND          also: a process id the session does not know (or has forgotten)
   NOT_FOUND          also: ApplyStagedChanges / DiscardStagedChanges naming an unknown change id
-  UNAVAILABLE        the server is shutting down
+  UNAVAILABLE        the server is shutting down; the sandbox failed during a process RPC
 """
 
 from collections import abc as _abc
@@ -454,6 +456,78 @@ STAGED_CHANGE_KIND_CREATE: StagedChangeKind.ValueType  # 1
 STAGED_CHANGE_KIND_MODIFY: StagedChangeKind.ValueType  # 2
 """Applying replaces the file's content."""
 Global___StagedChangeKind: _TypeAlias = StagedChangeKind  # noqa: Y015
+
+class _ProcessState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProcessStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProcessState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROCESS_STATE_UNSPECIFIED: _ProcessState.ValueType  # 0
+    """Not set; never sent by the server."""
+    PROCESS_STATE_RUNNING: _ProcessState.ValueType  # 1
+    """Its process group still has a live process."""
+    PROCESS_STATE_EXITED: _ProcessState.ValueType  # 2
+    """It ended on its own (its group is empty)."""
+    PROCESS_STATE_KILLED: _ProcessState.ValueType  # 3
+    """It ended after a stop or a signal sent through the dispatcher (SignalProcess, `process_stop`)."""
+
+class ProcessState(_ProcessState, metaclass=_ProcessStateEnumTypeWrapper):
+    """Where a background process is in its life."""
+
+PROCESS_STATE_UNSPECIFIED: ProcessState.ValueType  # 0
+"""Not set; never sent by the server."""
+PROCESS_STATE_RUNNING: ProcessState.ValueType  # 1
+"""Its process group still has a live process."""
+PROCESS_STATE_EXITED: ProcessState.ValueType  # 2
+"""It ended on its own (its group is empty)."""
+PROCESS_STATE_KILLED: ProcessState.ValueType  # 3
+"""It ended after a stop or a signal sent through the dispatcher (SignalProcess, `process_stop`)."""
+Global___ProcessState: _TypeAlias = ProcessState  # noqa: Y015
+
+class _ProcessSignal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProcessSignalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProcessSignal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROCESS_SIGNAL_UNSPECIFIED: _ProcessSignal.ValueType  # 0
+    """Not set: TERM."""
+    PROCESS_SIGNAL_TERM: _ProcessSignal.ValueType  # 1
+    """SIGTERM: ask it to end."""
+    PROCESS_SIGNAL_KILL: _ProcessSignal.ValueType  # 2
+    """SIGKILL: end it now."""
+    PROCESS_SIGNAL_INT: _ProcessSignal.ValueType  # 3
+    """SIGINT, as Ctrl-C."""
+    PROCESS_SIGNAL_HUP: _ProcessSignal.ValueType  # 4
+    """SIGHUP."""
+    PROCESS_SIGNAL_QUIT: _ProcessSignal.ValueType  # 5
+    """SIGQUIT."""
+    PROCESS_SIGNAL_USR1: _ProcessSignal.ValueType  # 6
+    """SIGUSR1."""
+    PROCESS_SIGNAL_USR2: _ProcessSignal.ValueType  # 7
+    """SIGUSR2."""
+
+class ProcessSignal(_ProcessSignal, metaclass=_ProcessSignalEnumTypeWrapper):
+    """A signal SignalProcess may send (to the process's whole group)."""
+
+PROCESS_SIGNAL_UNSPECIFIED: ProcessSignal.ValueType  # 0
+"""Not set: TERM."""
+PROCESS_SIGNAL_TERM: ProcessSignal.ValueType  # 1
+"""SIGTERM: ask it to end."""
+PROCESS_SIGNAL_KILL: ProcessSignal.ValueType  # 2
+"""SIGKILL: end it now."""
+PROCESS_SIGNAL_INT: ProcessSignal.ValueType  # 3
+"""SIGINT, as Ctrl-C."""
+PROCESS_SIGNAL_HUP: ProcessSignal.ValueType  # 4
+"""SIGHUP."""
+PROCESS_SIGNAL_QUIT: ProcessSignal.ValueType  # 5
+"""SIGQUIT."""
+PROCESS_SIGNAL_USR1: ProcessSignal.ValueType  # 6
+"""SIGUSR1."""
+PROCESS_SIGNAL_USR2: ProcessSignal.ValueType  # 7
+"""SIGUSR2."""
+Global___ProcessSignal: _TypeAlias = ProcessSignal  # noqa: Y015
 
 @_typing.final
 class FsGrant(_message.Message):
@@ -2796,3 +2870,395 @@ class ResumeSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResumeSessionResponse: _TypeAlias = ResumeSessionResponse  # noqa: Y015
+
+@_typing.final
+class Process(_message.Message):
+    """A background process of a session. Its output (stdout and stderr) is counted on one cursor: the
+    byte offset of a byte among every byte the process wrote to either stream.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    TOOL_USE_ID_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    OUTPUT_END_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIRST_FIELD_NUMBER: _builtins.int
+    RING_BYTES_FIELD_NUMBER: _builtins.int
+    STDIN_OPEN_FIELD_NUMBER: _builtins.int
+    process_id: _builtins.str
+    """Its id in the session (`p_…`, or the caller's)."""
+    command: _builtins.str
+    """The command line it runs (`sh -c`)."""
+    cwd: _builtins.str
+    """Its working directory, workspace-relative."""
+    pid: _builtins.int
+    """Its process group, as the sandbox sees it."""
+    state: Global___ProcessState.ValueType
+    """Running, exited or killed."""
+    exit_code: _builtins.int
+    """Its exit status, once it exited."""
+    signal: _builtins.int
+    """The signal that ended it, when one did. A group a foreground command left running ends with
+    neither exit_code nor signal (its leader was that command's shell).
+    """
+    tool_use_id: _builtins.str
+    """The ToolUse.id of the call that started it, or left it running ("" when none did)."""
+    origin: _builtins.str
+    """"background" (`shell` with `background: true`) or "left" (a foreground command left it)."""
+    output_end: _builtins.int
+    """The cursor after its newest output byte (its output in all, in bytes): pass it as
+    WatchProcessRequest.after to follow only what comes next.
+    """
+    output_first: _builtins.int
+    """The oldest cursor its output ring still holds; bytes before it were dropped."""
+    ring_bytes: _builtins.int
+    """The size of its output ring, in bytes."""
+    stdin_open: _builtins.bool
+    """Whether its stdin still takes input (WriteProcessInput)."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When it started."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """When it ended (unset while it runs)."""
+
+    def __init__(
+        self,
+        *,
+        process_id: _builtins.str = ...,
+        command: _builtins.str = ...,
+        cwd: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        state: Global___ProcessState.ValueType = ...,
+        exit_code: _builtins.int | None = ...,
+        signal: _builtins.int | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        tool_use_id: _builtins.str = ...,
+        origin: _builtins.str = ...,
+        output_end: _builtins.int = ...,
+        output_first: _builtins.int = ...,
+        ring_bytes: _builtins.int = ...,
+        stdin_open: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_signal", b"_signal", "end_time", b"end_time", "exit_code", b"exit_code", "signal", b"signal", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_signal", b"_signal", "command", b"command", "cwd", b"cwd", "end_time", b"end_time", "exit_code", b"exit_code", "origin", b"origin", "output_end", b"output_end", "output_first", b"output_first", "pid", b"pid", "process_id", b"process_id", "ring_bytes", b"ring_bytes", "signal", b"signal", "start_time", b"start_time", "state", b"state", "stdin_open", b"stdin_open", "tool_use_id", b"tool_use_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__signal: _TypeAlias = _typing.Literal["signal"]  # noqa: Y015
+    _WhichOneofArgType__signal: _TypeAlias = _typing.Literal["_signal", b"_signal"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__signal) -> _WhichOneofReturnType__signal | None: ...
+
+Global___Process: _TypeAlias = Process  # noqa: Y015
+
+@_typing.final
+class ListProcessesRequest(_message.Message):
+    """Request of ListProcesses."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProcessesRequest: _TypeAlias = ListProcessesRequest  # noqa: Y015
+
+@_typing.final
+class ListProcessesResponse(_message.Message):
+    """Response of ListProcesses."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Process]:
+        """Its processes: the running ones and the finished ones it still keeps, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        processes: _abc.Iterable[Global___Process] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["processes", b"processes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProcessesResponse: _TypeAlias = ListProcessesResponse  # noqa: Y015
+
+@_typing.final
+class WatchProcessRequest(_message.Message):
+    """Request of WatchProcess."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    FROM_END_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    process_id: _builtins.str
+    """The process."""
+    after: _builtins.int
+    """Send output from this cursor on (0: from its first byte; what the ring no longer holds is
+    reported as `truncated`). Resuming a watch: the cursor after the last chunk received. Past
+    the process's output so far (Process.output_end): INVALID_ARGUMENT.
+    """
+    from_end: _builtins.bool
+    """Ignore `after` and start at the process's newest output: only what it writes from now on."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+        after: _builtins.int = ...,
+        from_end: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "from_end", b"from_end", "process_id", b"process_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchProcessRequest: _TypeAlias = WatchProcessRequest  # noqa: Y015
+
+@_typing.final
+class ProcessOutputChunk(_message.Message):
+    """Output of one stream of a process, from `cursor` on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    stream: Global___OutputStream.ValueType
+    """Standard output or standard error."""
+    cursor: _builtins.int
+    """The cursor of its first byte; the next chunk starts at cursor + len(data)."""
+    data: _builtins.bytes
+    """The bytes, as the process wrote them (at most 64 KiB per chunk)."""
+    def __init__(
+        self,
+        *,
+        stream: Global___OutputStream.ValueType = ...,
+        cursor: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "data", b"data", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessOutputChunk: _TypeAlias = ProcessOutputChunk  # noqa: Y015
+
+@_typing.final
+class ProcessTruncated(_message.Message):
+    """Output the ring dropped before it could be sent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOST_BYTES_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
+    lost_bytes: _builtins.int
+    """How many bytes were lost."""
+    cursor: _builtins.int
+    """The cursor where the output resumes (the next chunk's)."""
+    def __init__(
+        self,
+        *,
+        lost_bytes: _builtins.int = ...,
+        cursor: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "lost_bytes", b"lost_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessTruncated: _TypeAlias = ProcessTruncated  # noqa: Y015
+
+@_typing.final
+class WatchProcessResponse(_message.Message):
+    """One message of the WatchProcess stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    EXITED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def output(self) -> Global___ProcessOutputChunk:
+        """The next piece of output."""
+
+    @_builtins.property
+    def truncated(self) -> Global___ProcessTruncated:
+        """Bytes lost before the next chunk."""
+
+    @_builtins.property
+    def exited(self) -> Global___Process:
+        """The process ended and all its output went out: the last message of the stream."""
+
+    def __init__(
+        self,
+        *,
+        output: Global___ProcessOutputChunk | None = ...,
+        truncated: Global___ProcessTruncated | None = ...,
+        exited: Global___Process | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exited", b"exited", "item", b"item", "output", b"output", "truncated", b"truncated"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exited", b"exited", "item", b"item", "output", b"output", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["output", "truncated", "exited"]  # noqa: Y015
+    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+
+Global___WatchProcessResponse: _TypeAlias = WatchProcessResponse  # noqa: Y015
+
+@_typing.final
+class WriteProcessInputRequest(_message.Message):
+    """Request of WriteProcessInput."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CLOSE_STDIN_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    process_id: _builtins.str
+    """The process."""
+    data: _builtins.bytes
+    """Bytes for its stdin (may be empty, to only close it)."""
+    close_stdin: _builtins.bool
+    """Close its stdin after these bytes (the process then reads end of file)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        close_stdin: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_stdin", b"close_stdin", "data", b"data", "process_id", b"process_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteProcessInputRequest: _TypeAlias = WriteProcessInputRequest  # noqa: Y015
+
+@_typing.final
+class WriteProcessInputResponse(_message.Message):
+    """Response of WriteProcessInput."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def process(self) -> Global___Process:
+        """The process after the write."""
+
+    def __init__(
+        self,
+        *,
+        process: Global___Process | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteProcessInputResponse: _TypeAlias = WriteProcessInputResponse  # noqa: Y015
+
+@_typing.final
+class SignalProcessRequest(_message.Message):
+    """Request of SignalProcess."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROCESS_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    process_id: _builtins.str
+    """The process."""
+    signal: Global___ProcessSignal.ValueType
+    """Which signal (default TERM)."""
+    grace_seconds: _builtins.float
+    """If set: KILL follows when the group outlives this many seconds (at most 600), and the answer
+    waits until the group is empty. Unset: the answer comes once the signal is sent.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        process_id: _builtins.str = ...,
+        signal: Global___ProcessSignal.ValueType = ...,
+        grace_seconds: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_grace_seconds", b"_grace_seconds", "grace_seconds", b"grace_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grace_seconds", b"_grace_seconds", "grace_seconds", b"grace_seconds", "process_id", b"process_id", "session_id", b"session_id", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__grace_seconds: _TypeAlias = _typing.Literal["grace_seconds"]  # noqa: Y015
+    _WhichOneofArgType__grace_seconds: _TypeAlias = _typing.Literal["_grace_seconds", b"_grace_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__grace_seconds) -> _WhichOneofReturnType__grace_seconds | None: ...
+
+Global___SignalProcessRequest: _TypeAlias = SignalProcessRequest  # noqa: Y015
+
+@_typing.final
+class SignalProcessResponse(_message.Message):
+    """Response of SignalProcess."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def process(self) -> Global___Process:
+        """The process after the signal (still running, unless it ended already or a grace was given)."""
+
+    def __init__(
+        self,
+        *,
+        process: Global___Process | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalProcessResponse: _TypeAlias = SignalProcessResponse  # noqa: Y015

@@ -130,6 +130,26 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionResponse.FromString,
                 _registered_method=True)
+        self.ListProcesses = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ListProcesses',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListProcessesRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListProcessesResponse.FromString,
+                _registered_method=True)
+        self.WatchProcess = channel.unary_stream(
+                '/dispatcher.v1.ToolDispatcher/WatchProcess',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchProcessRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchProcessResponse.FromString,
+                _registered_method=True)
+        self.WriteProcessInput = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/WriteProcessInput',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.WriteProcessInputRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.WriteProcessInputResponse.FromString,
+                _registered_method=True)
+        self.SignalProcess = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/SignalProcess',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -299,6 +319,48 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListProcesses(self, request, context):
+        """The session's background processes (`shell` with `background: true`, or left running by a
+        foreground command), running and the most recent finished ones, oldest first. Like every
+        process RPC it asks the sandbox, so a paused session is resumed first, as for a Dispatch.
+        FAILED_PRECONDITION when the session's sandbox has no process table (the message says why).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchProcess(self, request, context):
+        """Streams one process's output from a cursor: chunks tagged stdout or stderr with their cursor,
+        a `truncated` marker where the ring dropped bytes before they could be sent (never a silent
+        gap), then `exited` with its record once it ended and every byte went out. Follows live until
+        then or until the client goes away. Counts as one of the tenant's `max_watch_streams` (with
+        WatchSession); NOT_FOUND for an unknown process; UNAVAILABLE when the sandbox ended the watch
+        first (watch again from the last cursor received). A paused session is resumed as the watch
+        starts; after that, watching is not activity (it keeps no session from idle expiry).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteProcessInput(self, request, context):
+        """Writes bytes to a running process's stdin (buffered in the sandbox up to its bound:
+        RESOURCE_EXHAUSTED past it, nothing of that write taken), and/or closes it.
+        FAILED_PRECONDITION when the process ended or its stdin was closed. Resumes a paused session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignalProcess(self, request, context):
+        """Sends a signal to the process's whole process group; with `grace_seconds`, KILL follows if the
+        group outlives it, and the answer comes once the group is empty. A process that already ended
+        is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
+        session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -396,6 +458,26 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.ResumeSession,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionResponse.SerializeToString,
+            ),
+            'ListProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProcesses,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListProcessesRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListProcessesResponse.SerializeToString,
+            ),
+            'WatchProcess': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchProcess,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchProcessRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.WatchProcessResponse.SerializeToString,
+            ),
+            'WriteProcessInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteProcessInput,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.WriteProcessInputRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.WriteProcessInputResponse.SerializeToString,
+            ),
+            'SignalProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalProcess,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -912,6 +994,114 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/ResumeSession',
             dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.ResumeSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ListProcesses',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListProcessesRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/WatchProcess',
+            dispatcher_dot_v1_dot_dispatcher__pb2.WatchProcessRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.WatchProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteProcessInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/WriteProcessInput',
+            dispatcher_dot_v1_dot_dispatcher__pb2.WriteProcessInputRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.WriteProcessInputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/SignalProcess',
+            dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,10 +13,12 @@ gRPC status codes are only for the request itself:
   INVALID_ARGUMENT   no tool_uses, duplicate tool_use ids, bad workspace name, bad enum value,
                      session capabilities wider than the tenant's
   RESOURCE_EXHAUSTED a tenant quota (sessions, concurrent dispatches after queue_timeout_seconds,
-                     transfers) or a message size limit
-  FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode
+                     transfers, watch streams) or a message size limit; a process's stdin bound
+  FAILED_PRECONDITION ApprovePlan on a session that is not in plan mode; a process operation on a
+                     sandbox without a process table, or stdin of a process that ended
+  NOT_FOUND          also: a process id the session does not know (or has forgotten)
   NOT_FOUND          also: ApplyStagedChanges / DiscardStagedChanges naming an unknown change id
-  UNAVAILABLE        the server is shutting down
+  UNAVAILABLE        the server is shutting down; the sandbox failed during a process RPC
 """
 
 from collections import abc as _abc
@@ -128,6 +130,32 @@ class ToolDispatcherStub:
     """
     ResumeSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResumeSessionRequest, _dispatcher_pb2.ResumeSessionResponse]
     """Thaws a paused session (nothing if it runs)."""
+    ListProcesses: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ListProcessesRequest, _dispatcher_pb2.ListProcessesResponse]
+    """The session's background processes (`shell` with `background: true`, or left running by a
+    foreground command), running and the most recent finished ones, oldest first. Like every
+    process RPC it asks the sandbox, so a paused session is resumed first, as for a Dispatch.
+    FAILED_PRECONDITION when the session's sandbox has no process table (the message says why).
+    """
+    WatchProcess: _grpc.UnaryStreamMultiCallable[_dispatcher_pb2.WatchProcessRequest, _dispatcher_pb2.WatchProcessResponse]
+    """Streams one process's output from a cursor: chunks tagged stdout or stderr with their cursor,
+    a `truncated` marker where the ring dropped bytes before they could be sent (never a silent
+    gap), then `exited` with its record once it ended and every byte went out. Follows live until
+    then or until the client goes away. Counts as one of the tenant's `max_watch_streams` (with
+    WatchSession); NOT_FOUND for an unknown process; UNAVAILABLE when the sandbox ended the watch
+    first (watch again from the last cursor received). A paused session is resumed as the watch
+    starts; after that, watching is not activity (it keeps no session from idle expiry).
+    """
+    WriteProcessInput: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.WriteProcessInputRequest, _dispatcher_pb2.WriteProcessInputResponse]
+    """Writes bytes to a running process's stdin (buffered in the sandbox up to its bound:
+    RESOURCE_EXHAUSTED past it, nothing of that write taken), and/or closes it.
+    FAILED_PRECONDITION when the process ended or its stdin was closed. Resumes a paused session.
+    """
+    SignalProcess: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.SignalProcessRequest, _dispatcher_pb2.SignalProcessResponse]
+    """Sends a signal to the process's whole process group; with `grace_seconds`, KILL follows if the
+    group outlives it, and the answer comes once the group is empty. A process that already ended
+    is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
+    session.
+    """
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -213,6 +241,32 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     """
     ResumeSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResumeSessionRequest, _dispatcher_pb2.ResumeSessionResponse]  # type: ignore[assignment]
     """Thaws a paused session (nothing if it runs)."""
+    ListProcesses: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ListProcessesRequest, _dispatcher_pb2.ListProcessesResponse]  # type: ignore[assignment]
+    """The session's background processes (`shell` with `background: true`, or left running by a
+    foreground command), running and the most recent finished ones, oldest first. Like every
+    process RPC it asks the sandbox, so a paused session is resumed first, as for a Dispatch.
+    FAILED_PRECONDITION when the session's sandbox has no process table (the message says why).
+    """
+    WatchProcess: _aio.UnaryStreamMultiCallable[_dispatcher_pb2.WatchProcessRequest, _dispatcher_pb2.WatchProcessResponse]  # type: ignore[assignment]
+    """Streams one process's output from a cursor: chunks tagged stdout or stderr with their cursor,
+    a `truncated` marker where the ring dropped bytes before they could be sent (never a silent
+    gap), then `exited` with its record once it ended and every byte went out. Follows live until
+    then or until the client goes away. Counts as one of the tenant's `max_watch_streams` (with
+    WatchSession); NOT_FOUND for an unknown process; UNAVAILABLE when the sandbox ended the watch
+    first (watch again from the last cursor received). A paused session is resumed as the watch
+    starts; after that, watching is not activity (it keeps no session from idle expiry).
+    """
+    WriteProcessInput: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.WriteProcessInputRequest, _dispatcher_pb2.WriteProcessInputResponse]  # type: ignore[assignment]
+    """Writes bytes to a running process's stdin (buffered in the sandbox up to its bound:
+    RESOURCE_EXHAUSTED past it, nothing of that write taken), and/or closes it.
+    FAILED_PRECONDITION when the process ended or its stdin was closed. Resumes a paused session.
+    """
+    SignalProcess: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.SignalProcessRequest, _dispatcher_pb2.SignalProcessResponse]  # type: ignore[assignment]
+    """Sends a signal to the process's whole process group; with `grace_seconds`, KILL follows if the
+    group outlives it, and the answer comes once the group is empty. A process that already ended
+    is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
+    session.
+    """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
     """Registers, validates, confirms and runs tools for LLM agents, each session in its own sandbox."""
@@ -409,5 +463,55 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_pb2.ResumeSessionResponse, _abc.Awaitable[_dispatcher_pb2.ResumeSessionResponse]]:
         """Thaws a paused session (nothing if it runs)."""
+
+    @_abc_1.abstractmethod
+    def ListProcesses(
+        self,
+        request: _dispatcher_pb2.ListProcessesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ListProcessesResponse, _abc.Awaitable[_dispatcher_pb2.ListProcessesResponse]]:
+        """The session's background processes (`shell` with `background: true`, or left running by a
+        foreground command), running and the most recent finished ones, oldest first. Like every
+        process RPC it asks the sandbox, so a paused session is resumed first, as for a Dispatch.
+        FAILED_PRECONDITION when the session's sandbox has no process table (the message says why).
+        """
+
+    @_abc_1.abstractmethod
+    def WatchProcess(
+        self,
+        request: _dispatcher_pb2.WatchProcessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dispatcher_pb2.WatchProcessResponse], _abc.AsyncIterator[_dispatcher_pb2.WatchProcessResponse]]:
+        """Streams one process's output from a cursor: chunks tagged stdout or stderr with their cursor,
+        a `truncated` marker where the ring dropped bytes before they could be sent (never a silent
+        gap), then `exited` with its record once it ended and every byte went out. Follows live until
+        then or until the client goes away. Counts as one of the tenant's `max_watch_streams` (with
+        WatchSession); NOT_FOUND for an unknown process; UNAVAILABLE when the sandbox ended the watch
+        first (watch again from the last cursor received). A paused session is resumed as the watch
+        starts; after that, watching is not activity (it keeps no session from idle expiry).
+        """
+
+    @_abc_1.abstractmethod
+    def WriteProcessInput(
+        self,
+        request: _dispatcher_pb2.WriteProcessInputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.WriteProcessInputResponse, _abc.Awaitable[_dispatcher_pb2.WriteProcessInputResponse]]:
+        """Writes bytes to a running process's stdin (buffered in the sandbox up to its bound:
+        RESOURCE_EXHAUSTED past it, nothing of that write taken), and/or closes it.
+        FAILED_PRECONDITION when the process ended or its stdin was closed. Resumes a paused session.
+        """
+
+    @_abc_1.abstractmethod
+    def SignalProcess(
+        self,
+        request: _dispatcher_pb2.SignalProcessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.SignalProcessResponse, _abc.Awaitable[_dispatcher_pb2.SignalProcessResponse]]:
+        """Sends a signal to the process's whole process group; with `grace_seconds`, KILL follows if the
+        group outlives it, and the answer comes once the group is empty. A process that already ended
+        is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
+        session.
+        """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -6,8 +6,8 @@
 //
 // It creates a session, runs `shell` (approving the confirmation the default policy asks for, as a
 // human's terminal would), reads the file back with `read_file`, sends a small tree in with
-// UploadFiles and gets it back with DownloadFiles, prints every event and result, and exits
-// non-zero when anything differs from what it expects.
+// UploadFiles and gets it back with DownloadFiles, lists the session's background processes,
+// prints every event and result, and exits non-zero when anything differs from what it expects.
 "use strict";
 
 const fs = require("node:fs");
@@ -206,6 +206,27 @@ async function main() {
     (err) => err,
   );
   expect(refused && refused.code === grpc.status.INVALID_ARGUMENT && refused.details.includes("../escape.txt"), "hostile member refused");
+
+  // Background processes: none started here, so ListProcesses lists none (a backend without a
+  // process table says so instead); an unknown process or session is NOT_FOUND.
+  const listed = await unary("ListProcesses", { session_id: session.session_id }).catch((err) => err);
+  const unsupported = listed.code === grpc.status.FAILED_PRECONDITION && listed.details.includes("process table");
+  if (unsupported) {
+    console.log(`processes: unsupported here (${listed.details})`);
+  } else {
+    expect(Array.isArray(listed.processes), `ListProcesses answered: ${listed.details || "?"}`);
+    console.log(`processes: ${(listed.processes || []).length}`);
+    expect(listed.processes && listed.processes.length === 0, "no background process yet");
+  }
+  const unknownProcess = await unary("SignalProcess", {
+    session_id: session.session_id,
+    process_id: "p_not_started",
+    signal: "PROCESS_SIGNAL_TERM",
+  }).then(() => null, (err) => err);
+  const expected = unsupported ? grpc.status.FAILED_PRECONDITION : grpc.status.NOT_FOUND;
+  expect(unknownProcess && unknownProcess.code === expected, "an unknown process is NOT_FOUND");
+  const unknownSession = await unary("ListProcesses", { session_id: "ses_not_a_session" }).then(() => null, (err) => err);
+  expect(unknownSession && unknownSession.code === grpc.status.NOT_FOUND, "an unknown session is NOT_FOUND");
 
   await unary("CloseSession", { session_id: session.session_id });
 

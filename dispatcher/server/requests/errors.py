@@ -17,6 +17,7 @@ from dispatcher.core.errors import (
     UnknownSessionError,
     UnknownStagedChangeError,
 )
+from dispatcher.core.process_api import ProcessError
 
 log = logging.getLogger("dispatcher.server")
 
@@ -49,6 +50,11 @@ class ShuttingDown(RequestError):
     """The server is draining; new calls are refused."""
 
 
+class SandboxUnavailable(RequestError):
+    """The session's sandbox failed while serving a request that is not a tool call (a process
+    operation); the message says what to do (retry, watch again from a cursor)."""
+
+
 _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (UnknownSessionError, grpc.StatusCode.NOT_FOUND),
@@ -60,7 +66,18 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+    (SandboxUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
+
+_PROCESS_STATUS: dict[str, grpc.StatusCode] = {
+    "no_process": grpc.StatusCode.NOT_FOUND,
+    "conflict": grpc.StatusCode.ALREADY_EXISTS,
+    "too_many": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "not_running": grpc.StatusCode.FAILED_PRECONDITION,
+    "unsupported": grpc.StatusCode.FAILED_PRECONDITION,
+}
+"""A refused process operation (``ProcessError.code``) asked by a client rather than a tool."""
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -68,6 +85,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
     Anything unexpected is INTERNAL with a generic message; the traceback goes to the log only.
     """
+    if isinstance(exc, ProcessError) and exc.code in _PROCESS_STATUS:
+        return _PROCESS_STATUS[exc.code], str(exc)
     for cls, code in _STATUS:
         if isinstance(exc, cls):
             log.debug("request refused", extra={"code": code.name, "reason": str(exc)})

@@ -17,11 +17,12 @@ from dispatcher.server.requests.errors import InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
 from dispatcher.server.rpc.transfer import TransferHandlers
 from dispatcher.server.sessions import policy as session_policy
+from dispatcher.server.sessions import processes as session_processes
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.tenancy.auth import current_tenant
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_lifecycle, convert_policy, convert_staged
+from dispatcher.wire import convert, convert_lifecycle, convert_policy, convert_processes, convert_staged
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -264,3 +265,50 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     async def ResumeSession(self, request: pb.ResumeSessionRequest, context: Ctx) -> pb.ResumeSessionResponse:
         entry = await self._sessions.resume(current_tenant(), request.session_id)
         return pb.ResumeSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+
+    @_unary
+    async def ListProcesses(self, request: pb.ListProcessesRequest, context: Ctx) -> pb.ListProcessesResponse:
+        infos = await session_processes.list_processes(self._sessions, current_tenant(), request.session_id)
+        return pb.ListProcessesResponse(processes=[convert_processes.process_to_pb(i) for i in infos])
+
+    @_stream
+    async def WatchProcess(
+        self, request: pb.WatchProcessRequest, context: Ctx
+    ) -> AsyncIterator[pb.WatchProcessResponse]:
+        items = session_processes.watch(
+            self._sessions,
+            current_tenant(),
+            request.session_id,
+            request.process_id,
+            request.after,
+            from_end=request.from_end,
+        )
+        async for item in items:
+            for message in convert_processes.watch_items_to_pb(item):
+                yield message
+
+    @_unary
+    async def WriteProcessInput(
+        self, request: pb.WriteProcessInputRequest, context: Ctx
+    ) -> pb.WriteProcessInputResponse:
+        info = await session_processes.write_input(
+            self._sessions,
+            current_tenant(),
+            request.session_id,
+            request.process_id,
+            request.data,
+            request.close_stdin,
+        )
+        return pb.WriteProcessInputResponse(process=convert_processes.process_to_pb(info))
+
+    @_unary
+    async def SignalProcess(self, request: pb.SignalProcessRequest, context: Ctx) -> pb.SignalProcessResponse:
+        info = await session_processes.signal(
+            self._sessions,
+            current_tenant(),
+            request.session_id,
+            request.process_id,
+            convert_processes.signal_from_pb(request.signal),
+            request.grace_seconds if request.HasField("grace_seconds") else None,
+        )
+        return pb.SignalProcessResponse(process=convert_processes.process_to_pb(info))

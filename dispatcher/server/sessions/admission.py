@@ -1,12 +1,12 @@
 """What the server lets in now: each tenant's dispatch and transfer slots (queued, FIFO) and watch
-streams, the work in flight (which a graceful shutdown waits for), and whether it still takes
+streams (WatchSession and WatchProcess), the work in flight (which a graceful shutdown waits for), and whether it still takes
 work at all (draining: refused, and every watch stream ended)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from dispatcher.core.events.bus import EventBus, Subscription
@@ -32,6 +32,7 @@ class Admission:
         self._queue_observer = queue_observer
         self._tenants: dict[str, _TenantState] = {}
         self._watchers: set[Subscription] = set()
+        self._stops: set[asyncio.Event] = set()
         self._draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -51,6 +52,8 @@ class Admission:
         self._draining = True
         for sub in tuple(self._watchers):
             sub.close()
+        for stop in tuple(self._stops):
+            stop.set()
 
     def dispatch_slot(self, tenant: Tenant) -> Admitted:
         """Hold one of the tenant's concurrent-dispatch slots (``async with``), waiting for one in
@@ -82,20 +85,46 @@ class Admission:
         Raises:
             QuotaExceeded: the tenant already has ``max_watch_streams`` open.
         """
-        state = self._state(tenant)
-        limit = tenant.quotas.max_watch_streams
-        if limit is not None and state.watch_streams >= limit:
-            raise QuotaExceeded(
-                f"tenant {tenant.tenant_id!r} already has {limit} open watch streams (max_watch_streams)"
-            )
-        state.watch_streams += 1
-        try:
+        with self._watch_stream(tenant):
             async with bus.subscribe(after_seq=after_seq) as sub:
                 self._watchers.add(sub)
                 try:
                     yield sub
                 finally:
                     self._watchers.discard(sub)
+
+    @asynccontextmanager
+    async def watch_slot(self, tenant: Tenant) -> AsyncIterator[asyncio.Event]:
+        """One of the tenant's watch streams for a stream that is not a bus subscription
+        (WatchProcess): the event given is set when the server starts draining, for the stream to
+        end.
+
+        Raises:
+            ShuttingDown: the server is draining.
+            QuotaExceeded: the tenant already has ``max_watch_streams`` open.
+        """
+        self.check_open()
+        stop = asyncio.Event()
+        with self._watch_stream(tenant):
+            self._stops.add(stop)
+            try:
+                yield stop
+            finally:
+                self._stops.discard(stop)
+
+    @contextmanager
+    def _watch_stream(self, tenant: Tenant) -> Iterator[None]:
+        """Count one watch stream of the tenant (WatchSession and WatchProcess alike) while held."""
+        state = self._state(tenant)
+        limit = tenant.quotas.max_watch_streams
+        if limit is not None and state.watch_streams >= limit:
+            raise QuotaExceeded(
+                f"tenant {tenant.tenant_id!r} already has {limit} open watch streams (max_watch_streams, "
+                "WatchSession and WatchProcess together)"
+            )
+        state.watch_streams += 1
+        try:
+            yield
         finally:
             state.watch_streams -= 1
 

@@ -86,3 +86,18 @@ def test_go_client_fails_on_an_error_result_or_a_bad_token(go_client: Path, serv
     assert "ERROR_CLASS_EXECUTION_ERROR (tool_failed)" in failed.stderr
     refused = _run(go_client, server.target, "-n=1", token="not-the-token-0123456789")
     assert refused.returncode == 1 and "Unauthenticated" in refused.stderr
+
+
+def test_go_client_lists_processes_and_gets_not_found_for_unknown_ones(
+    go_client: Path, server: ServeProcess
+) -> None:
+    run = _run(go_client, server.target, "-processes")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["unknown_session"] == "NotFound"
+    if report["processes"] == -1:  # a backend without a process table says so, for every process RPC
+        assert "process table" in report["unsupported"] and report["unknown_process"] == "FailedPrecondition"
+    else:
+        assert report["processes"] == 0 and report["unknown_process"] == "NotFound"
+    with DispatcherClient(server.target, token=TOKEN) as client:
+        assert client.list_sessions() == []

@@ -50,6 +50,7 @@ def test_node_client(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "tool.confirmation_requested" in run.stdout
     assert "uploaded 2 files" in run.stdout and "tree/run.sh" in run.stdout  # UploadFiles / DownloadFiles
+    assert "processes: " in run.stdout  # ListProcesses (and NOT_FOUND for an unknown process)
     # per-session mode; cautious: the default approval_modes does not let a caller choose autonomous
     assert "plan approved: 1 step(s), now APPROVAL_MODE_CAUTIOUS" in run.stdout
     assert "OK" in run.stdout.splitlines()[-1]
