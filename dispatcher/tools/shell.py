@@ -202,7 +202,7 @@ class ShellTool:
     """Between SIGTERM and SIGKILL on timeout or cancel (design §5)."""
 
     def __init__(self, persist: bool = True) -> None:
-        self._persist = persist
+        self.persist = persist
         self._cancel = asyncio.Event()
         self._running = False
 
@@ -225,7 +225,7 @@ class ShellTool:
             memory.shell_reset()
         remembered: str | None = None
         env: dict[str, str] = {}
-        if memory is not None and self._persist:
+        if memory is not None and self.persist:
             remembered, kept = memory.shell_start()
             env.update(kept)
         env.update(input.get("env", {}))
@@ -278,7 +278,7 @@ class ShellTool:
                     grace_seconds=self.grace_seconds,
                     tool_use_id=context.tool_use_id,
                     leave_as=process_id_for(context.tool_use_id, salt="left:") if memory else None,
-                    capture_state=memory is not None and self._persist,
+                    capture_state=memory is not None and self.persist,
                 ),
                 on_output,
                 self._cancel,
@@ -290,7 +290,7 @@ class ShellTool:
             relay.cancel()
             await asyncio.gather(relay, return_exceptions=True)
             deltas.close()
-        if memory is not None and self._persist:
+        if memory is not None and self.persist:
             note = memory.shell_ended(result.shell_state)
             if note is not None:
                 notes.append(note)
