@@ -205,7 +205,8 @@ class SessionProcesses(Protocol):
         """The model has read the process's output up to ``cursor``."""
         ...
 
-    def started(self, info: ProcessInfo, control: ProcessControl) -> None:
+    def started(self, info: ProcessInfo, control: ProcessControl, tool_use_id: str | None = None) -> None:
         """A call of this session started the process (or a command left it running): announce
-        it (``process.started``) and announce its end when it comes (``process.exited``)."""
+        it (``process.started``) and announce its end when it comes (``process.exited``), both
+        with ``tool_use_id`` (None: the one the record names)."""
         ...

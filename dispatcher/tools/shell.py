@@ -47,6 +47,16 @@ MAX_ENV_BYTES = 64 * 1024  # names + values together, UTF-8
 ID_ATTEMPTS = 3
 """Process ids tried for one background start when another call's process holds the shorter one."""
 GONE_CWD = ("ENOENT", "ENOTDIR")
+PERSISTS = (
+    "Each command starts in the directory and with the exported variables the previous shell "
+    "command of the session ended with (cd and export persist; functions, aliases, unexported "
+    "variables and jobs do not); reset: true starts from the workspace root and the image's "
+    "environment again."
+)
+FORGETS = (
+    "Each command starts at the workspace root with the image's environment: cd and export do "
+    "not carry over to the next command (chain them with &&)."
+)
 
 
 def check_env(input_: Mapping[str, Any]) -> list[str]:
@@ -124,10 +134,7 @@ class ShellTool:
             "LANG, PYTHONUNBUFFERED); cwd runs it in a subdirectory of the workspace instead of "
             "its root (it must exist and stay inside the workspace); env adds or overrides "
             "variables for this command only. "
-            "Each command starts in the directory and with the exported variables the previous "
-            "shell command of the session ended with (cd and export persist; functions, aliases, "
-            "unexported variables and jobs do not); reset: true starts from the workspace root "
-            "and the image's environment again. "
+            f"{PERSISTS} "
             "For a dev server, a watcher or anything long, use background: true: the result comes "
             "at once with the process's id (metadata.process_id); read its output with "
             "process_output, write to its stdin with process_input, stop it with process_stop, "
@@ -203,6 +210,10 @@ class ShellTool:
 
     def __init__(self, persist: bool = True) -> None:
         self.persist = persist
+        if not persist:  # the description says what the model can count on
+            self.definition = dataclasses.replace(
+                ShellTool.definition, description=ShellTool.definition.description.replace(PERSISTS, FORGETS)
+            )
         self._cancel = asyncio.Event()
         self._running = False
 
@@ -380,7 +391,7 @@ async def _announce_left(left: tuple[str, ...], context: ToolContext) -> str:
     if context.processes is not None and control is not None:
         for process_id in left:
             if process_id in infos:
-                context.processes.started(infos[process_id], control)
+                context.processes.started(infos[process_id], control, context.tool_use_id)
     ids = ", ".join(left)
     if len(left) == 1:
         return f"[left 1 process running: {ids}; read it with process_output]"

@@ -120,9 +120,10 @@ class ProcessMemory:
 
     # -- announcing processes ------------------------------------------------------------------
 
-    def started(self, info: ProcessInfo, control: ProcessControl) -> None:
+    def started(self, info: ProcessInfo, control: ProcessControl, tool_use_id: str | None = None) -> None:
         if info.process_id in self.monitors:
             return  # announced already (a retried start answers the same process)
+        caller = tool_use_id or info.tool_use_id or ""
         self._publish(
             ProcessStarted(
                 process_id=info.process_id,
@@ -130,9 +131,9 @@ class ProcessMemory:
                 pid=info.pid,
                 origin=info.origin,
             ),
-            info.tool_use_id or "",
+            caller,
         )
-        self._monitor(info, control)
+        self._monitor(info, control, caller)
 
     @property
     def needs_resume(self) -> bool:
@@ -153,20 +154,19 @@ class ProcessMemory:
             return
         for info in infos:
             if info.running:
-                self._monitor(info, table)
+                self._monitor(info, table, info.tool_use_id or "")
 
-    def _monitor(self, info: ProcessInfo, control: ProcessControl) -> None:
+    def _monitor(self, info: ProcessInfo, control: ProcessControl, caller: str) -> None:
         pid = info.process_id
         if self._closed or pid in self.monitors:
             return
         if len(self.monitors) >= MAX_MONITORS:
             log.warning("process %s: %d exit monitors already; its end is not announced", pid, MAX_MONITORS)
             return
-        task = asyncio.get_running_loop().create_task(self._wait_end(info, control))
+        task = asyncio.get_running_loop().create_task(self._wait_end(pid, control, caller))
         self.monitors[pid] = task
 
-    async def _wait_end(self, info: ProcessInfo, control: ProcessControl) -> None:
-        pid = info.process_id
+    async def _wait_end(self, pid: str, control: ProcessControl, caller: str) -> None:
         try:
             ended = await control.wait(pid)
         except (ProcessError, SandboxError) as exc:
@@ -183,7 +183,7 @@ class ProcessMemory:
                 signal=ended.signal,
                 output_bytes=ended.end,
             ),
-            info.tool_use_id or "",
+            caller,
         )
 
     def close(self) -> None:

@@ -47,10 +47,15 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def make_rig(
-    tmp_path: Any, limits: Limits | None = None, *, shell_persist: bool = True, **sandbox: Any
+    tmp_path: Any,
+    limits: Limits | None = None,
+    *,
+    shell_persist: bool = True,
+    policy: ConfirmationPolicy | None = None,
+    **sandbox: Any,
 ) -> AsyncIterator[Rig]:
     provider = FakeSandboxProvider()
-    dispatcher = ToolDispatcher(provider, policy=ConfirmationPolicy.preset("autonomous"))
+    dispatcher = ToolDispatcher(provider, policy=policy or ConfirmationPolicy.preset("autonomous"))
     for factory in builtin_factories(shell_persist=shell_persist):
         dispatcher.register(factory, builtin=True)
     dispatcher.seal()

@@ -10,14 +10,16 @@ from typing import Any
 
 import pytest
 
-from dispatcher.core import ToolErrorClass
-from dispatcher.core.events.payloads import ProcessExited, ProcessStarted
+from dispatcher.core import ConfirmationPolicy, ToolErrorClass
+from dispatcher.core.approval.broker import Decision
+from dispatcher.core.events.payloads import ProcessExited, ProcessStarted, ToolConfirmationRequested
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, OutputCallback
 from dispatcher.sandbox.fake.processes import Limits
 from dispatcher.tools.processes import MAX_READ_BYTES, MAX_WAIT_SECONDS, process_id_for
 from tests.blocks import text_at
 from tests.events import events_of
 from tests.polling import until
+from tests.unit.core.toolkit import next_event
 from tests.unit.tools.process_rig import Rig, make_rig
 
 
@@ -225,3 +227,21 @@ async def test_closing_the_session_kills_its_processes_and_stops_their_monitors(
     assert rig.state.processes.monitors == {}
     await asyncio.gather(*monitors.values(), return_exceptions=True)
     assert all(task.done() for task in monitors.values())
+
+
+async def test_a_background_start_is_asked_about_as_execute_showing_the_command(tmp_path: Any) -> None:
+    async with make_rig(tmp_path, policy=ConfirmationPolicy()) as rig:
+        async with rig.state.bus.subscribe() as sub:
+            denied = asyncio.ensure_future(rig.call("shell", command="python3 app.py", background=True))
+            asked = (await next_event(sub, ToolConfirmationRequested)).payload
+            assert asked.side_effect == "execute" and "python3 app.py" in asked.input_summary
+            assert "background" in asked.input_summary
+            rig.dispatcher.resolve_confirmation("s1", asked.request_id, Decision.DENY)
+            assert (await denied).error_class is ToolErrorClass.USER_DENIED
+            assert await rig.table.list() == ()
+            allowed = asyncio.ensure_future(rig.call("shell", command="python3 app.py", background=True))
+            again = (await next_event(sub, ToolConfirmationRequested)).payload
+            rig.dispatcher.resolve_confirmation("s1", again.request_id, Decision.ALLOW)
+            assert not (await allowed).is_error and len(await rig.table.list()) == 1
+        reading = await rig.call("process_list")
+        assert not reading.is_error  # READ: not asked

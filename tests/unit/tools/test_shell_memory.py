@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 
-from dispatcher.core.events.payloads import ProcessStarted
+from dispatcher.core.events.payloads import ProcessExited, ProcessStarted
 from dispatcher.core.process_api import ShellState
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, OutputCallback
 from dispatcher.core.sessions.processes import MAX_SHELL_ENV_BYTES
 from dispatcher.sandbox.fake.processes import Limits
 from dispatcher.tools.processes import process_id_for
+from dispatcher.tools.shell import ShellTool
 from tests.blocks import text_at
 from tests.events import events_of
+from tests.polling import until
 from tests.unit.tools.process_rig import Rig, make_rig
 
 STATES: dict[str, ShellState | None] = {
@@ -118,7 +120,8 @@ async def test_what_a_foreground_command_leaves_running_is_named_and_announced(t
 
         async def leaves(request: ExecRequest, on_output: OutputCallback, cancel: Any) -> ExecResult:
             assert request.leave_as is not None
-            taken = rig.table.adopt(request.leave_as, request.command, request.cwd, request.tool_use_id)
+            # As the agent does: the record of what a command left names no call.
+            taken = rig.table.adopt(request.leave_as, request.command, request.cwd, None)
             return ExecResult(exit_code=0, left=(request.leave_as,) if taken else ())
 
         rig.sandbox.exec_handler = leaves
@@ -135,3 +138,16 @@ async def test_what_a_foreground_command_leaves_running_is_named_and_announced(t
         assert pid in rig.state.processes.monitors
         full = await rig.call("shell", "tu-2", command="python3 other.py &")
         assert "left" not in text_at(full)  # the table was full: nothing was taken
+        await rig.table.exit(pid, None)
+        await until(lambda: bool(events_of(rig.events, ProcessExited)), "process.exited")
+        assert events_of(rig.events, ProcessExited)[0].tool_use_id == "tu-fg"
+
+
+def test_the_description_says_what_persists_and_what_does_not() -> None:
+    remembering, forgetting = (
+        ShellTool().definition.description,
+        ShellTool(persist=False).definition.description,
+    )
+    assert "cd and export persist; functions, aliases" in remembering and "jobs do not" in remembering
+    assert "do not carry over" in forgetting and "cd and export persist" not in forgetting
+    assert "pkill -f" in remembering and "background: true" in remembering

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
-from dispatcher.core import Session, ToolDispatcher
+from dispatcher.core import Session, ToolDispatcher, ToolUseBlock
 from dispatcher.core.events.bus import Event
 from dispatcher.core.events.payloads import EventPayload, ProcessExited
 from dispatcher.core.process_api import ProcessStart, ShellState
 from dispatcher.core.sessions.processes import MAX_CURSORS, ProcessMemory
 from dispatcher.core.sessions.registry import Restoration
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
+from dispatcher.tools.processes import ProcessListTool
 from tests.events import events_of
 from tests.polling import until
 
@@ -102,5 +103,20 @@ async def test_a_session_without_a_process_table_resumes_to_nothing(tmp_path: An
         )
         await state.processes.resume(provider.sandboxes["s1"].processes)
         assert not state.processes.needs_resume and not state.processes.monitors
+    finally:
+        await dispatcher.aclose()
+
+
+async def test_the_first_call_after_a_restart_follows_the_running_processes(tmp_path: Any) -> None:
+    provider = FakeSandboxProvider()
+    sandbox = provider.sandboxes["s1"] = FakeSandbox()
+    await sandbox.table.start(ProcessStart("p_run", "serve", tool_use_id="tu-old"))
+    dispatcher = ToolDispatcher(provider)
+    dispatcher.register(ProcessListTool, builtin=True)
+    try:
+        session = Session("s1", str(tmp_path))
+        state = dispatcher.sessions.open(session, restored=Restoration(create_time=time.time(), processes={}))
+        result = await dispatcher.dispatch(ToolUseBlock("tu-new", "process_list", {}), session)
+        assert not result.is_error and set(state.processes.monitors) == {"p_run"}
     finally:
         await dispatcher.aclose()
