@@ -84,7 +84,7 @@ def control_of(context: ToolContext) -> ProcessControl:
 
 
 def how_it_ended(state: str, exit_code: int | None, signal: int | None) -> str:
-    """``running``, ``exited with code 0``, ``killed by signal 15 (SIGTERM)``..."""
+    """``running``, ``exited (exit code 0)``, ``killed by signal 15 (SIGTERM)``..."""
     if state == "running":
         return "running"
     if signal is not None:
@@ -92,7 +92,7 @@ def how_it_ended(state: str, exit_code: int | None, signal: int | None) -> str:
             name = f" ({signals.Signals(signal).name})"
         except ValueError:
             name = ""
-        return f"{state} (signal {signal}{name})"
+        return f"{state} by signal {signal}{name}"
     if exit_code is not None:
         return f"{state} (exit code {exit_code})"
     return state
