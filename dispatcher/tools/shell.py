@@ -23,11 +23,11 @@ from dispatcher.core.errors import (
     ToolTimeout,
     WorkspaceEscapeError,
 )
-from dispatcher.core.process_api import ProcessError, ProcessStart
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, FileOpError, SandboxError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.egress.policy import EgressPolicy, Unknown
-from dispatcher.tools.processes import PKILL_WARNING, control_of, explained, process_id_for
+from dispatcher.tools.background import announce_left, cwd_gone, start_background
+from dispatcher.tools.processes import PKILL_WARNING, process_id_for
 from dispatcher.tools.text import DeltaEmitter, HeadTailBuffer
 
 DEFAULT_TIMEOUT = 600.0
@@ -44,9 +44,6 @@ KILL_SEQUENCE_SLACK = 15.0
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_ENV_VARS = 64
 MAX_ENV_BYTES = 64 * 1024  # names + values together, UTF-8
-ID_ATTEMPTS = 3
-"""Process ids tried for one background start when another call's process holds the shorter one."""
-GONE_CWD = ("ENOENT", "ENOTDIR")
 PERSISTS = (
     "Each command starts in the directory and with the exported variables the previous shell "
     "command of the session ended with (cd and export persist; functions, aliases, unexported "
@@ -242,12 +239,12 @@ class ShellTool:
         env.update(input.get("env", {}))
         cwd: str = input.get("cwd") or remembered or "."
         if input.get("background"):
-            return await self._background(command, cwd, env, context, remembered="cwd" not in input)
+            return await start_background(command, cwd, env, context, remembered="cwd" not in input)
         notes: list[str] = []
         try:
             return await self._run(command, cwd, env, timeout, context, notes)
         except (FileOpError, WorkspaceEscapeError) as exc:
-            if "cwd" in input or remembered is None or not _gone(exc):
+            if "cwd" in input or remembered is None or not cwd_gone(exc):
                 raise
         # The directory the previous command ended in is gone (or a link now leads out of the
         # workspace): forget it, and run at the root.
@@ -307,57 +304,8 @@ class ShellTool:
                 notes.append(note)
         lines = [f"[{note}]" for note in notes]
         if result.left:
-            lines.append(await _announce_left(result.left, context))
+            lines.append(await announce_left(result.left, context))
         return _outcome(command, result, buffer, timeout, lines)
-
-    async def _background(
-        self, command: str, cwd: str, env: dict[str, str], context: ToolContext, *, remembered: bool
-    ) -> ToolOutput:
-        """Start the command as a process of the session; its id comes from the call's, so a
-        retried call starts it once."""
-        control = control_of(context)
-        note = ""
-        for attempt in range(ID_ATTEMPTS):
-            process_id = process_id_for(context.tool_use_id, attempt)
-            start = ProcessStart(
-                process_id=process_id,
-                command=command,
-                cwd=cwd,
-                approved_cwd=context.resolved.get("cwd"),
-                env=env,
-                tool_use_id=context.tool_use_id,
-            )
-            try:
-                info = await control.start(start)
-            except ProcessError as exc:
-                if exc.code == "conflict":
-                    continue  # another call's process holds this id
-                raise explained(exc) from None
-            except (FileOpError, WorkspaceEscapeError) as exc:
-                if not remembered or cwd == "." or not _gone(exc) or context.processes is None:
-                    raise
-                context.processes.shell_reset(cwd_only=True)
-                note = f"\n[the directory {cwd} the previous command ended in is gone: started at the workspace root]"
-                cwd = "."
-                info = await control.start(dataclasses.replace(start, cwd="."))
-            if info.tool_use_id not in (None, context.tool_use_id):
-                continue  # the same command, started by another call under this id
-            break
-        else:
-            raise ProcessError("conflict", f"no free process id for call {context.tool_use_id}")
-        if context.processes is not None:
-            context.processes.started(info, control)
-        text = (
-            f"started in the background as {info.process_id} (pid {info.pid}, in {info.cwd}); "
-            f'read its output with process_output {{"process_id": "{info.process_id}"}} '
-            "(wait_seconds waits for more), write to its stdin with process_input, stop it with "
-            "process_stop" + note
-        )
-        return ToolOutput(
-            content=[TextBlock(text)],
-            metadata={"process_id": info.process_id, "pid": info.pid, "background": True},
-            command_executed=command,
-        )
 
     async def _relay(self, outer: asyncio.Event) -> None:
         await outer.wait()
@@ -373,29 +321,6 @@ class ShellTool:
         if elapsed >= timeout:
             return ToolTimeout(f"command timed out after {timeout:g} s; " + note, output=output)
         return ToolExecutionError(note, underlying=exc, output=output, reason=FailureReason.SANDBOX_FAILED)
-
-
-def _gone(exc: Exception) -> bool:
-    """The command's directory is not there (any more), or a link now leads out of the workspace."""
-    return isinstance(exc, WorkspaceEscapeError) or (isinstance(exc, FileOpError) and exc.code in GONE_CWD)
-
-
-async def _announce_left(left: tuple[str, ...], context: ToolContext) -> str:
-    """The processes a foreground command left running: announced as the session's, and the
-    line that tells the model how to read them."""
-    try:
-        control = context.sandbox.processes()
-        infos = {info.process_id: info for info in await control.list()}
-    except (ProcessError, SandboxError):
-        infos, control = {}, None
-    if context.processes is not None and control is not None:
-        for process_id in left:
-            if process_id in infos:
-                context.processes.started(infos[process_id], control, context.tool_use_id)
-    ids = ", ".join(left)
-    if len(left) == 1:
-        return f"[left 1 process running: {ids}; read it with process_output]"
-    return f"[left {len(left)} processes running: {ids}; read them with process_output]"
 
 
 def _output(

@@ -79,9 +79,20 @@ class FakeSandbox:
     execs: list[ExecRequest] = field(default_factory=list)
     """Every exec request, in order (cwd, env, ``leave_as``, ``capture_state`` as sent)."""
 
+    def __post_init__(self) -> None:
+        self.table.check_cwd = self._check_cwd
+
     @property
     def workspace_root(self) -> str:
         return self.root
+
+    def _check_cwd(self, cwd: str) -> None:
+        """A command's directory, as the agent checks it: inside the workspace, and there."""
+        full = self._full(self._walk(cwd))
+        if full in self.files:
+            raise FileOpError("ENOTDIR", f"{cwd}: not a directory")
+        if not self._is_dir(full):
+            raise FileOpError("ENOENT", f"{cwd}: no such directory")
 
     # -- paths ----------------------------------------------------------------------------
 
@@ -281,11 +292,7 @@ class FakeSandbox:
         if request.approved_cwd is not None:
             self._unchanged(request.cwd, request.approved_cwd)
         else:
-            full = self._full(self._walk(request.cwd))
-            if full in self.files:
-                raise FileOpError("ENOTDIR", f"{request.cwd}: not a directory")
-            if not self._is_dir(full):
-                raise FileOpError("ENOENT", f"{request.cwd}: no such directory")
+            self._check_cwd(request.cwd)
         if cancel_event.is_set():
             return ExecResult(exit_code=None, cancelled=True)
         return await self.exec_handler(request, on_output, cancel_event)

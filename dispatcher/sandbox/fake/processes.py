@@ -18,7 +18,7 @@ import itertools
 import signal as signals
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from dispatcher.core.process_api import (
@@ -149,6 +149,8 @@ class FakeProcesses:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
+        self.check_cwd: Callable[[str], None] = lambda cwd: None
+        """Refuses a start's cwd as the sandbox would (``FakeSandbox`` sets its own check)."""
         self.procs: dict[str, FakeProcess] = {}  # in start order
         self.starts: list[ProcessStart] = []
         """Every start asked, retried ones included."""
@@ -210,6 +212,8 @@ class FakeProcesses:
                     "conflict", f"process {request.process_id} exists and runs another command"
                 )
             return known.info()
+        if request.approved_cwd is None:
+            self.check_cwd(request.cwd)
         proc = self._reserve(
             request.process_id,
             request.command,

@@ -95,6 +95,20 @@ async def test_background_starts_where_the_shell_is_with_its_variables(rig: Rig)
     assert (start.cwd, dict(start.env), start.process_id) == ("sub", {"A": "1", "B": "2"}, pid)
 
 
+async def test_a_background_start_in_a_remembered_directory_that_is_gone_starts_at_the_root(
+    rig: Rig,
+) -> None:
+    await rig.call("shell", command="cd sub")
+    rig.sandbox.dirs.discard("/workspace/sub")
+    result = await rig.call("shell", command="serve", background=True)
+    assert not result.is_error and "the directory sub the previous command ended in is gone" in text_at(
+        result
+    )
+    assert rig.table.get(result.metadata["process_id"]).cwd == "."
+    missing = await rig.call("shell", command="serve", background=True, cwd="nowhere")
+    assert missing.is_error and "no such directory" in text_at(missing)
+
+
 async def test_an_environment_too_large_to_remember_is_not_and_the_model_is_told(rig: Rig) -> None:
     big = "x" * (MAX_SHELL_ENV_BYTES // 2)
     STATES["export BIG"] = ShellState(cwd=None, env={"BIG1": big, "BIG2": big})
