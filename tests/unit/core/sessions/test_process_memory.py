@@ -12,9 +12,10 @@ from dispatcher.core import Session, ToolDispatcher, ToolUseBlock
 from dispatcher.core.events.bus import Event
 from dispatcher.core.events.payloads import EventPayload, ProcessExited
 from dispatcher.core.process_api import ProcessStart, ShellState
-from dispatcher.core.sessions.processes import MAX_CURSORS, ProcessMemory
+from dispatcher.core.sessions.processes import MAX_CURSORS, MAX_MONITORS, ProcessMemory
 from dispatcher.core.sessions.registry import Restoration
 from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
+from dispatcher.sandbox.fake.processes import FakeProcesses, Limits
 from dispatcher.tools.processes import ProcessListTool
 from tests.events import events_of
 from tests.polling import until
@@ -120,3 +121,17 @@ async def test_the_first_call_after_a_restart_follows_the_running_processes(tmp_
         assert not result.is_error and set(state.processes.monitors) == {"p_run"}
     finally:
         await dispatcher.aclose()
+
+
+async def test_exit_monitors_stop_at_their_bound_even_past_the_sandboxs() -> None:
+    table = FakeProcesses(Limits(running=MAX_MONITORS + 1, total_ring_bytes=1 << 40))
+    mem, published = memory()
+    infos = [
+        await table.start(ProcessStart(f"p_{n}", "serve", ring_bytes=1024)) for n in range(MAX_MONITORS + 1)
+    ]
+    for info in infos:
+        mem.started(info, table)
+    assert len(mem.monitors) == MAX_MONITORS and f"p_{MAX_MONITORS}" not in mem.monitors
+    assert len(published) == MAX_MONITORS + 1  # every start is announced; only its end is not followed
+    mem.close()
+    assert mem.monitors == {}
