@@ -93,9 +93,10 @@ class Section(BaseModel):
 
 
 class KeyProblem(ValueError):
-    """Raised by a model validator about one of its keys: the error names ``<section>.<key>``."""
+    """Raised by a model validator about one of its keys: the error names ``<section>.<key>``
+    (an int: ``<section>[<key>]``, an item of a list)."""
 
-    def __init__(self, key: str, message: str) -> None:
+    def __init__(self, key: str | int, message: str) -> None:
         super().__init__(message)
         self.key = key
 

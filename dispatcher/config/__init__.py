@@ -32,6 +32,7 @@ Example::
       per_tool: {git_status: auto}
     sandbox: {backend: docker, image: dispatcher-sandbox:latest}
     tools: ["mypkg.tools:make_grep_tool"]          # custom tool factories, module:callable
+    # tools: {custom: [...], shell: {persist: false}}  # the mapping form: built-in tools' settings
     mcp_servers:                                   # stdio MCP servers: tools mcp_<server>_<tool>
       notes: {command: notes-mcp, run: host, side_effect: read}   # see dispatcher/mcp/config.py
     approval_modes: [cautious, manual, review, plan]  # the default; autonomous, audit: only if listed

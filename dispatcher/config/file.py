@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, Strict
 
 from dispatcher.config import DEFAULT_HOME, DEFAULT_LISTEN
 from dispatcher.config.egress import EgressSection
@@ -22,7 +22,7 @@ from dispatcher.config.sections import (
     TlsFiles,
     UidRange,
 )
-from dispatcher.config_base import HostPort, Section, Text
+from dispatcher.config_base import HostPort, KeyProblem, Section, Text
 from dispatcher.mcp.config import McpServers
 from dispatcher.observe_config import MetricsSection, TracingSection
 
@@ -44,6 +44,44 @@ def _null_is(empty: Any) -> BeforeValidator:
 FactoryRef = Annotated[str, Field(strict=True), AfterValidator(_factory_ref)]
 
 
+class ShellToolSection(Section):
+    """``tools.shell``: the built-in ``shell`` tool."""
+
+    persist: Annotated[bool, Strict()] = True
+    """Each shell command of a session starts in the directory and with the exported variables
+    the previous one ended with (false: at the workspace root with the image's environment)."""
+
+
+class ToolsSection(Section):
+    """``tools:``: custom tool factories, and settings of the built-in tools. A plain list is
+    ``custom`` (the form before the built-in tools had settings)."""
+
+    custom: Annotated[tuple[FactoryRef, ...], _null_is(())] = ()
+    """Custom tool factories, ``module:callable`` (each call makes one fresh tool)."""
+    shell: ShellToolSection = Field(default_factory=ShellToolSection)
+
+
+def _tools_mapping(value: Any) -> Any:
+    """A plain list is the custom factories; its bad items are named as the file has them
+    (``tools[0]``, not ``tools.custom[0]``)."""
+    if not isinstance(value, list | tuple):
+        return value
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise KeyProblem(i, f"must be a string, got {item!r}")
+        try:
+            _factory_ref(item)
+        except ValueError as exc:
+            raise KeyProblem(i, str(exc)) from None
+    return {"custom": value}
+
+
+Tools = Annotated[
+    ToolsSection,
+    BeforeValidator(_tools_mapping, json_schema_input_type=ToolsSection | tuple[FactoryRef, ...] | None),
+]
+
+
 class ConfigFile(Section):
     """The server's YAML configuration file. Every key is optional; a section set to null keeps its
     defaults. Flags (--listen, --home) and the environment (DISPATCHER_LISTEN, DISPATCHER_HOME) win."""
@@ -63,8 +101,9 @@ class ConfigFile(Section):
     tool_confirmation: ToolConfirmation | None = None
     """What is asked before a call runs, by side-effect class and tool (README: Policy)."""
     sandbox: SandboxSection = Field(default_factory=SandboxSection)
-    tools: Annotated[tuple[FactoryRef, ...], _null_is(())] = ()
-    """Custom tool factories, ``module:callable`` (each call makes one fresh tool)."""
+    tools: Tools = Field(default_factory=ToolsSection)
+    """Custom tool factories (``custom``, or a plain list of them) and the built-in tools'
+    settings (``shell: {persist: true}``)."""
     mcp_servers: Annotated[McpServers, _null_is({})] = Field(default_factory=dict)
     """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>``."""
     egress: EgressSection = Field(default_factory=EgressSection)

@@ -82,6 +82,8 @@ class Config:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """``sandbox.kubernetes``: what the kubernetes backend adds."""
     custom_tools: tuple[str, ...] = ()
+    shell_persist: bool = True
+    """``tools.shell.persist``: a session's shell remembers its directory and exported variables."""
     mcp_servers: tuple[McpServerConfig, ...] = ()
     """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>`` (see dispatcher.mcp.config)."""
     tenants: tuple[TenantConfig, ...] = ()
@@ -204,7 +206,8 @@ def _from_file(
         sandbox_backend=file.sandbox.backend,
         sandbox=_embedded_pool(file.sandbox.container(), source),
         kubernetes=file.sandbox.cluster(),
-        custom_tools=file.tools,
+        custom_tools=file.tools.custom,
+        shell_persist=file.tools.shell.persist,
         mcp_servers=mcp_config.named(file.mcp_servers),
         tenants=tenants,
         tenant_uids=file.tenant_uids if tenants else None,

@@ -28,6 +28,7 @@ from dispatcher.core.provider_api import SandboxProvider
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sandbox_api import Sandbox
 from dispatcher.core.sessions.expiry import LifecycleHooks, SessionLifecycle
+from dispatcher.core.sessions.processes import ProcessMemory
 from dispatcher.core.sessions.registry import SessionRegistry
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.sessions.state import Call, SessionState
@@ -186,14 +187,22 @@ class ToolDispatcher:
         self.sessions.get(session.session_id)
         return self._provider.sandbox_for(session)
 
-    def processes(self, session_id: str) -> ProcessControl:
-        """The open session's process table (its background processes, issue 32), for clients.
+    async def processes(self, session_id: str) -> tuple[ProcessMemory, ProcessControl]:
+        """The session's process table, and what the session remembers of it (its model's
+        last-read cursors: ``ProcessMemory.last_read``), for the process RPCs. A paused session is
+        resumed first (its processes are frozen while it is paused); after a restart, the ends of
+        its running processes are followed from now on (``process.exited``).
 
         Raises:
             UnknownSessionError: the session is not open.
-            ProcessError: ``unsupported``, its sandbox has none (the message says why).
+            ProcessError: ``unsupported``: its sandbox has no process table.
         """
-        return self._provider.sandbox_for(self.sessions.get(session_id).session).processes()
+        state = self.sessions.get(session_id)
+        if state.status is SessionStatus.PAUSED:
+            await self.lifecycle.ensure_running(state)
+        control = self._provider.sandbox_for(state.session).processes()
+        await state.processes.resume(lambda: control)
+        return state.processes, control
 
     def audit_record(self, kind: str, **fields: Any) -> None:
         """Append to the audit log, if there is one (``fields`` already redacted)."""

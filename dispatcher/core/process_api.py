@@ -175,3 +175,38 @@ class ProcessControl(Protocol):
         ``grace_seconds``, ``KILL`` follows if the group outlives it, and the answer comes once
         the group is empty."""
         ...
+
+
+class SessionProcesses(Protocol):
+    """What a session remembers between its calls of its processes and of its shell
+    (``ToolContext.processes``; kept with the session in ``core/sessions/processes.py``, stored so
+    that a server restart keeps it). Tools read and change it; nothing here runs anything."""
+
+    def shell_start(self) -> tuple[str | None, Mapping[str, str]]:
+        """Where the session's next ``shell`` command starts: the directory the last one ended in
+        (workspace-relative; None: the root) and the exported variables it left."""
+        ...
+
+    def shell_ended(self, state: ShellState | None) -> str | None:
+        """Remember where a command's shell ended (None: it could not tell; what was known stays).
+        Returns a note for the model when something could not be remembered."""
+        ...
+
+    def shell_reset(self, *, cwd_only: bool = False) -> None:
+        """Forget the directory and the variables: the next command starts at the root with the
+        image's environment. ``cwd_only``: forget the directory alone (it is gone)."""
+        ...
+
+    def last_read(self, process_id: str) -> int:
+        """The cursor after what this session's model last read of the process (0: nothing yet)."""
+        ...
+
+    def read_to(self, process_id: str, cursor: int) -> None:
+        """The model has read the process's output up to ``cursor``."""
+        ...
+
+    def started(self, info: ProcessInfo, control: ProcessControl, tool_use_id: str | None = None) -> None:
+        """A call of this session started the process (or a command left it running): announce
+        it (``process.started``) and announce its end when it comes (``process.exited``), both
+        with ``tool_use_id`` (None: the one the record names)."""
+        ...

@@ -16,6 +16,7 @@ from dispatcher.core.blocks import SideEffect as SideEffect
 from dispatcher.core.blocks import TextBlock as TextBlock
 from dispatcher.core.blocks import ToolOutput as ToolOutput
 from dispatcher.core.errors import FailureReason, ToolErrorClass
+from dispatcher.core.process_api import SessionProcesses
 from dispatcher.core.sandbox_api import Sandbox, WorkspaceFileAPI
 
 
@@ -107,6 +108,9 @@ class ToolContext:
     nothing was resolved (no question, no grants: the sandbox checks the path at use alone)."""
     timeout_seconds: float | None = None
     """The limit this call runs under (see ``core/call/timeouts.py``); None outside the dispatcher."""
+    processes: SessionProcesses | None = None
+    """What the session remembers between calls of its shell and its background processes
+    (``core/sessions/processes.py``); None outside the dispatcher: nothing is remembered."""
 
 
 @runtime_checkable

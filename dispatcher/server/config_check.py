@@ -64,7 +64,10 @@ def register_tools(config: Config, registry: Registry) -> list[str]:
     loaded or registered are returned as problems, each naming its ``tools[i]``."""
     from dispatcher.tools import builtin_factories
 
-    for factory in builtin_factories(max_write_bytes=config.dispatcher.max_write_bytes):
+    built_in = builtin_factories(
+        max_write_bytes=config.dispatcher.max_write_bytes, shell_persist=config.shell_persist
+    )
+    for factory in built_in:
         registry.register(factory, builtin=True)
     problems = []
     for i, spec in enumerate(config.custom_tools):

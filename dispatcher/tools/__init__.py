@@ -1,4 +1,5 @@
-"""The five built-in tools (design §4), written against the core sandbox API only."""
+"""The built-in tools (design §4; the process tools of issue 32), written against the core
+sandbox API only."""
 
 from __future__ import annotations
 
@@ -7,19 +8,40 @@ import functools
 from dispatcher.core.types import ToolFactory
 from dispatcher.tools.list_dir import ListDirTool
 from dispatcher.tools.patch_file import PatchFileTool
+from dispatcher.tools.processes import (
+    ProcessInputTool,
+    ProcessListTool,
+    ProcessOutputTool,
+    ProcessStopTool,
+)
 from dispatcher.tools.read_file import ReadFileTool
 from dispatcher.tools.shell import ShellTool
 from dispatcher.tools.write_file import DEFAULT_MAX_WRITE_BYTES, WriteFileTool
 
-BUILTIN_TOOLS: list[ToolFactory] = [ReadFileTool, WriteFileTool, PatchFileTool, ListDirTool, ShellTool]
+BUILTIN_TOOLS: list[ToolFactory] = [
+    ReadFileTool,
+    WriteFileTool,
+    PatchFileTool,
+    ListDirTool,
+    ShellTool,
+    ProcessListTool,
+    ProcessOutputTool,
+    ProcessInputTool,
+    ProcessStopTool,
+]
 """Each class is a zero-argument factory producing a fresh tool per call."""
 
 
-def builtin_factories(*, max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES) -> list[ToolFactory]:
-    """A fresh list of the built-in tool factories, for registration, with the configured limits."""
+def builtin_factories(
+    *, max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES, shell_persist: bool = True
+) -> list[ToolFactory]:
+    """A fresh list of the built-in tool factories, for registration, with the configured limits
+    (``shell_persist``: ``tools.shell.persist``)."""
     factories = list(BUILTIN_TOOLS)
     if max_write_bytes != DEFAULT_MAX_WRITE_BYTES:
         factories[factories.index(WriteFileTool)] = functools.partial(WriteFileTool, max_write_bytes)
+    if not shell_persist:
+        factories[factories.index(ShellTool)] = functools.partial(ShellTool, persist=False)
     return factories
 
 
@@ -27,6 +49,10 @@ __all__ = [
     "BUILTIN_TOOLS",
     "ListDirTool",
     "PatchFileTool",
+    "ProcessInputTool",
+    "ProcessListTool",
+    "ProcessOutputTool",
+    "ProcessStopTool",
     "ReadFileTool",
     "ShellTool",
     "WriteFileTool",

@@ -1,4 +1,11 @@
-"""``shell {command, timeout_seconds?, cwd?, env?}``: run ``sh -c`` in the workspace, streaming its output."""
+"""``shell {command, timeout_seconds?, cwd?, env?, background?, reset?}``: run ``sh -c`` in the
+workspace, streaming its output; or start it in the background as a process of the session.
+
+A session's shell remembers (``tools.shell.persist``, on by default): each command starts in the
+directory and with the exported variables the previous one ended with (``ToolContext.processes``,
+``core/sessions/processes.py``); ``cwd`` and ``env`` of the input win for that command, ``reset``
+forgets. What a foreground command leaves running while holding its output (``cmd &``) becomes a
+process of the session (``ExecRequest.leave_as``), and its result says how to read it."""
 
 from __future__ import annotations
 
@@ -9,10 +16,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dispatcher.core.errors import FailureReason, ToolCancelled, ToolExecutionError, ToolTimeout
-from dispatcher.core.sandbox_api import ExecRequest, ExecResult, SandboxError
+from dispatcher.core.errors import (
+    FailureReason,
+    ToolCancelled,
+    ToolExecutionError,
+    ToolTimeout,
+    WorkspaceEscapeError,
+)
+from dispatcher.core.sandbox_api import ExecRequest, ExecResult, FileOpError, SandboxError
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.egress.policy import EgressPolicy, Unknown
+from dispatcher.tools.background import announce_left, cwd_gone, start_background
+from dispatcher.tools.processes import PKILL_WARNING, process_id_for
 from dispatcher.tools.text import DeltaEmitter, HeadTailBuffer
 
 DEFAULT_TIMEOUT = 600.0
@@ -29,6 +44,16 @@ KILL_SEQUENCE_SLACK = 15.0
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_ENV_VARS = 64
 MAX_ENV_BYTES = 64 * 1024  # names + values together, UTF-8
+PERSISTS = (
+    "Each command starts in the directory and with the exported variables the previous shell "
+    "command of the session ended with (cd and export persist; functions, aliases, unexported "
+    "variables and jobs do not); reset: true starts from the workspace root and the image's "
+    "environment again."
+)
+FORGETS = (
+    "Each command starts at the workspace root with the image's environment: cd and export do "
+    "not carry over to the next command (chain them with &&)."
+)
 
 
 def check_env(input_: Mapping[str, Any]) -> list[str]:
@@ -92,7 +117,8 @@ def describe_network(
 
 
 class ShellTool:
-    """Runs one shell command; a fresh instance per call."""
+    """Runs one shell command; a fresh instance per call. ``persist``: the session's shell
+    remembers its directory and exported variables between calls (``tools.shell.persist``)."""
 
     definition = ToolDefinition(
         name="shell",
@@ -105,8 +131,16 @@ class ShellTool:
             "LANG, PYTHONUNBUFFERED); cwd runs it in a subdirectory of the workspace instead of "
             "its root (it must exist and stay inside the workspace); env adds or overrides "
             "variables for this command only. "
-            "Background processes (`cmd &`, a dev server, a long test run) keep running after the "
-            "command returns, until the session ends or its sandbox is recreated; a timeout or "
+            f"{PERSISTS} "
+            "For a dev server, a watcher or anything long, use background: true: the result comes "
+            "at once with the process's id (metadata.process_id); read its output with "
+            "process_output, write to its stdin with process_input, stop it with process_stop, "
+            "list them with process_list. A foreground command that leaves processes running "
+            "while they hold its output (`cmd &`) no longer loses them: they become processes of "
+            "the session and the result names them. "
+            f"{PKILL_WARNING} "
+            "Background processes keep running after the command returns, until the session ends "
+            "or its sandbox is recreated; a timeout or "
             "cancel kills only the command's own process group. The sandbox has a process limit "
             "(sandbox.pids_limit, 256 processes and threads by default) shared by everything in it: "
             "when leftover processes fill it, they are all killed (background ones included) and "
@@ -129,7 +163,10 @@ class ShellTool:
                 "cwd": {
                     "type": "string",
                     "minLength": 1,
-                    "description": "Working directory, relative to the workspace root (default: the root).",
+                    "description": (
+                        "Working directory, relative to the workspace root (default: where the "
+                        "previous command ended, or the root)."
+                    ),
                 },
                 "env": {
                     "type": "object",
@@ -138,6 +175,21 @@ class ShellTool:
                         "Extra environment variables for this command: a map of name to string value. "
                         f"Names match {ENV_NAME.pattern}; at most {MAX_ENV_VARS} variables and "
                         f"{MAX_ENV_BYTES // 1024} KiB in all."
+                    ),
+                },
+                "background": {
+                    "type": "boolean",
+                    "description": (
+                        "Start the command as a background process of the session and answer at "
+                        "once with its id; its output is kept for process_output (timeout_seconds "
+                        "does not apply)."
+                    ),
+                },
+                "reset": {
+                    "type": "boolean",
+                    "description": (
+                        "Forget the directory and variables earlier commands left: start from the "
+                        "workspace root and the image's environment."
                     ),
                 },
             },
@@ -153,7 +205,12 @@ class ShellTool:
     grace_seconds = 3.0
     """Between SIGTERM and SIGKILL on timeout or cancel (design §5)."""
 
-    def __init__(self) -> None:
+    def __init__(self, persist: bool = True) -> None:
+        self.persist = persist
+        if not persist:  # the description says what the model can count on
+            self.definition = dataclasses.replace(
+                ShellTool.definition, description=ShellTool.definition.description.replace(PERSISTS, FORGETS)
+            )
         self._cancel = asyncio.Event()
         self._running = False
 
@@ -171,8 +228,45 @@ class ShellTool:
         timeout = min(float(input.get("timeout_seconds", limit)), limit)
         if context.cancel_event.is_set() or self._cancel.is_set():
             raise ToolCancelled("cancelled before the command started")
+        memory = context.processes
+        if memory is not None and input.get("reset"):
+            memory.shell_reset()
+        remembered: str | None = None
+        env: dict[str, str] = {}
+        if memory is not None and self.persist:
+            remembered, kept = memory.shell_start()
+            env.update(kept)
+        env.update(input.get("env", {}))
+        cwd: str = input.get("cwd") or remembered or "."
+        if input.get("background"):
+            return await start_background(command, cwd, env, context, remembered="cwd" not in input)
+        notes: list[str] = []
+        try:
+            return await self._run(command, cwd, env, timeout, context, notes)
+        except (FileOpError, WorkspaceEscapeError) as exc:
+            if "cwd" in input or remembered is None or not cwd_gone(exc):
+                raise
+        # The directory the previous command ended in is gone (or a link now leads out of the
+        # workspace): forget it, and run at the root.
+        assert memory is not None
+        memory.shell_reset(cwd_only=True)
+        notes.append(
+            f"the directory {remembered} the previous command ended in is gone: ran at the workspace root"
+        )
+        return await self._run(command, ".", env, timeout, context, notes)
+
+    async def _run(
+        self,
+        command: str,
+        cwd: str,
+        env: dict[str, str],
+        timeout: float,
+        context: ToolContext,
+        notes: list[str],
+    ) -> ToolOutput:
         buffer = HeadTailBuffer(HEAD_BYTES, TAIL_BYTES)
         deltas = DeltaEmitter(context.emit_output)
+        memory = context.processes
 
         def on_output(stream: str, data: bytes) -> None:
             buffer.feed(data)
@@ -186,11 +280,13 @@ class ShellTool:
                 ExecRequest(
                     command=command,
                     timeout=timeout,
-                    cwd=input.get("cwd", "."),
+                    cwd=cwd,
                     approved_cwd=context.resolved.get("cwd"),  # as confirmed: used exactly
-                    env=input.get("env", {}),
+                    env=env,
                     grace_seconds=self.grace_seconds,
                     tool_use_id=context.tool_use_id,
+                    leave_as=process_id_for(context.tool_use_id, salt="left:") if memory else None,
+                    capture_state=memory is not None and self.persist,
                 ),
                 on_output,
                 self._cancel,
@@ -202,7 +298,14 @@ class ShellTool:
             relay.cancel()
             await asyncio.gather(relay, return_exceptions=True)
             deltas.close()
-        return _outcome(command, result, buffer, timeout)
+        if memory is not None and self.persist:
+            note = memory.shell_ended(result.shell_state)
+            if note is not None:
+                notes.append(note)
+        lines = [f"[{note}]" for note in notes]
+        if result.left:
+            lines.append(await announce_left(result.left, context))
+        return _outcome(command, result, buffer, timeout, lines)
 
     async def _relay(self, outer: asyncio.Event) -> None:
         await outer.wait()
@@ -220,8 +323,17 @@ class ShellTool:
         return ToolExecutionError(note, underlying=exc, output=output, reason=FailureReason.SANDBOX_FAILED)
 
 
-def _output(command: str, buffer: HeadTailBuffer, metadata: dict[str, Any], note: str | None) -> ToolOutput:
+def _output(
+    command: str,
+    buffer: HeadTailBuffer,
+    metadata: dict[str, Any],
+    note: str | None,
+    lines: list[str] | None = None,
+) -> ToolOutput:
     text = buffer.text()
+    if lines:
+        separator = "" if not text or text.endswith("\n") else "\n"
+        text = f"{text}{separator}" + "\n".join(lines)
     if note is not None:
         separator = "" if not text or text.endswith("\n") else "\n"
         text = f"{text}{separator}[{note}]"
@@ -236,8 +348,12 @@ def _output(command: str, buffer: HeadTailBuffer, metadata: dict[str, Any], note
     )
 
 
-def _outcome(command: str, result: ExecResult, buffer: HeadTailBuffer, timeout: float) -> ToolOutput:
+def _outcome(
+    command: str, result: ExecResult, buffer: HeadTailBuffer, timeout: float, lines: list[str]
+) -> ToolOutput:
     metadata: dict[str, Any] = {"exit_code": result.exit_code, "duration_ms": round(result.duration_ms, 1)}
+    if result.left:
+        metadata["left_processes"] = list(result.left)
     if result.signal is not None:
         metadata["signal"] = result.signal
     if result.timed_out:
@@ -247,17 +363,19 @@ def _outcome(command: str, result: ExecResult, buffer: HeadTailBuffer, timeout: 
     how = "killed with SIGKILL" if result.killed else "terminated"
     if result.cancelled:
         note = f"cancelled; the command was {how}"
-        raise ToolCancelled("command cancelled", output=_output(command, buffer, metadata, note))
+        raise ToolCancelled("command cancelled", output=_output(command, buffer, metadata, note, lines))
     if result.timed_out:
         note = f"timed out after {timeout:g} s; the command was {how}"
         raise ToolTimeout(
-            f"command timed out after {timeout:g} s", output=_output(command, buffer, metadata, note)
+            f"command timed out after {timeout:g} s", output=_output(command, buffer, metadata, note, lines)
         )
     if result.exit_code == 0:
-        return _output(command, buffer, metadata, None)
+        return _output(command, buffer, metadata, None, lines)
     status = (
         f"exit code {result.exit_code}"
         if result.exit_code is not None
         else f"killed by signal {result.signal}"
     )
-    raise ToolExecutionError(f"command failed ({status})", output=_output(command, buffer, metadata, status))
+    raise ToolExecutionError(
+        f"command failed ({status})", output=_output(command, buffer, metadata, status, lines)
+    )

@@ -266,7 +266,10 @@ class CallRun(RunState):
             emit_output=self._emit_output,
             timeout_seconds=limit,
             resolved=dict(self.resolved),  # the tool uses exactly what was checked and approved
+            processes=self.state.processes,
         )
+        if self.state.processes.needs_resume:  # the first call after a restart
+            await self.state.processes.resume(sandbox.processes)
         # Started now: a tool that finishes without waiting (a NONE tool, a refusal) is answered
         # without a loop turn, a waiter or a timer; one that waits is supervised as its task.
         started = eager.start(tool.execute(input_, context))

@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import UnknownSessionError
@@ -71,6 +71,8 @@ class Restoration:
     """The changes it had staged and nobody applied or discarded yet (``core/staging/area.py``)."""
     clock: SessionClock | None = None
     """Its clocks as stored (None: a row written before sessions had clocks: none run)."""
+    processes: Mapping[str, Any] | None = None
+    """Its shell's state and last-read cursors (``ProcessMemory.to_json``; None: none stored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,8 @@ class SessionRegistry:
             state.staging.restore(restored.staged)
             if restored.mode is not None:
                 state.mode = restored.mode
+            if restored.processes is not None:
+                state.processes.restore(restored.processes)
         return state
 
     # -- the one answer to "is it open?" -----------------------------------------------------
@@ -293,6 +297,7 @@ class SessionRegistry:
         the sessions stored for the next start); their event streams end."""
         states, self._live = list(self._live.values()), {}
         for state in states:
+            state.processes.close()
             state.bus.close()
 
     def _remember(self, session_id: str, ended: Ended) -> None:
@@ -310,6 +315,7 @@ class SessionRegistry:
         state.status = ended.status
         self._live.pop(sid, None)
         self._remember(sid, ended)
+        state.processes.close()
         state.bus.close()
         for listener in listeners:
             try:

@@ -11,7 +11,9 @@ from typing import Any
 from dispatcher.core.approval.broker import ConfirmationBroker
 from dispatcher.core.errors import ToolErrorClass
 from dispatcher.core.events.bus import EventBus
+from dispatcher.core.events.payloads import EventPayload
 from dispatcher.core.sessions.clock import SessionClock
+from dispatcher.core.sessions.processes import ProcessMemory
 from dispatcher.core.sessions.session import Session, SessionStatus
 from dispatcher.core.staging.area import StagingArea
 
@@ -100,8 +102,15 @@ class SessionState:
     """Review and audit sessions: writes kept off the disk until a human applies them."""
     clock: SessionClock = field(default_factory=SessionClock)
     """Its TTL and idle clocks (``core/sessions/expiry.py``)."""
+    processes: ProcessMemory = field(init=False)
+    """Its shell's directory and variables, what its model last read of each process, and who
+    announces their ends (``core/sessions/processes.py``)."""
 
     def __post_init__(self) -> None:
         self.staging = StagingArea(self.session.session_id)
+        self.processes = ProcessMemory(self._publish_process_event)
         if not self.mode:
             self.mode = self.session.approval_mode
+
+    def _publish_process_event(self, payload: EventPayload, tool_use_id: str) -> None:
+        self.bus.publish(payload, turn_id="", tool_use_id=tool_use_id)

@@ -65,6 +65,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sessions ADD COLUMN lifecycle TEXT NOT NULL DEFAULT '{}';
     """,
+    # 4: each session's shell state and its model's last-read cursors (core/sessions/processes.py).
+    """
+    ALTER TABLE sessions ADD COLUMN processes TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 """Schema version N is ``MIGRATIONS[:N]`` applied in order; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)

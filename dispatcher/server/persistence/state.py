@@ -2,8 +2,9 @@
 
 ``SessionPersistence`` is the first listener of the session registry: a new session's row is
 committed when it opens (before CreateSession answers) and deleted when it closes; every event of
-a session goes to the background writer through its bus's sink; a remembered confirmation answer
-and a change of container are queued the same way. Staged changes (review and audit modes) are
+a session goes to the background writer through its bus's sink; a remembered confirmation answer,
+a change of container and a change of its process memory (shell state, last-read cursors) are
+queued the same way. Staged changes (review and audit modes) are
 committed before the call that staged them answers (the session's staging sink). At start, ``restore`` gives back every stored
 session whose tenant and workspace still exist, through the one path that opens sessions, with its
 event history and seq, its remembered answers, its staged changes and its container (which the sandbox provider, a
@@ -25,9 +26,15 @@ from dispatcher.core.call.approve import parse_mode
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.errors import FailureReason, ToolErrorClass
 from dispatcher.core.events.bus import Event
-from dispatcher.core.events.payloads import TOOL_CONFIRMATION_RESOLVED, TOOL_STEP_PROPOSED, ToolFailed
+from dispatcher.core.events.payloads import (
+    TOOL_CONFIRMATION_RESOLVED,
+    TOOL_STEP_PROPOSED,
+    EventPayload,
+    ToolFailed,
+)
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.clock import SessionClock
+from dispatcher.core.sessions.processes import ProcessMemory
 from dispatcher.core.sessions.registry import (
     BaseSessionListener,
     Restoration,
@@ -164,6 +171,7 @@ class SessionPersistence(BaseSessionListener):
                 create_time=state.create_time,
                 policy=policy_to_json({}, s),
                 lifecycle=state.clock.to_json(),
+                processes=state.processes.to_json(),
             )
         )
         self._attach(state, ())
@@ -181,6 +189,7 @@ class SessionPersistence(BaseSessionListener):
         self.writer.track(sid, stored_events)
         state.bus.sink = self._sink(state)
         state.staging.sink = self
+        state.processes.on_change = lambda: self.processes_changed(state)
 
     # -- staged changes (a StagingSink): committed before the call or the RPC answers -----------
 
@@ -195,6 +204,11 @@ class SessionPersistence(BaseSessionListener):
 
     def clock_changed(self, state: SessionState) -> None:
         self.writer.update(state.session.session_id, "lifecycle", state.clock.to_json())
+
+    def processes_changed(self, state: SessionState) -> None:
+        """Keep the session's shell state and last-read cursors as they are now."""
+        if state.status.alive:
+            self.writer.update(state.session.session_id, "processes", state.processes.to_json())
 
     def _sink(self, state: SessionState) -> Callable[[Event], None]:
         on_event = self.writer.on_event
@@ -225,6 +239,7 @@ class SessionPersistence(BaseSessionListener):
             if state is not None:
                 self.save_policy(state)
                 self.clock_changed(state)
+                self.processes_changed(state)
 
     # -- at start -------------------------------------------------------------------------
 
@@ -303,6 +318,7 @@ class SessionPersistence(BaseSessionListener):
             in_force = mode_in_force_from_json(row.policy)
             mode = parse_mode(in_force) if in_force is not None else None
             clock = SessionClock.from_json(row.lifecycle) if row.lifecycle else None
+            ProcessMemory(_unpublished).restore(row.processes)  # checked here: a damaged one stops the start
         except ValueError as exc:
             raise StateError(f"{self.store.path}: session {row.session_id!r} is damaged: {exc}") from None
         session = build_session(tenant, row.session_id, row.workspace, path, role, row.labels, **fields)
@@ -317,7 +333,12 @@ class SessionPersistence(BaseSessionListener):
             container_id=row.container_id,
             staged=tuple(row.staged),
             clock=clock,
+            processes=row.processes,
         )
+
+
+def _unpublished(payload: EventPayload, tool_use_id: str) -> None:
+    """Where a process memory built only to check a stored one would publish: nowhere."""
 
 
 def _mode_problem(tenant: Tenant, policy: Mapping[str, Any]) -> str | None:

@@ -3,14 +3,16 @@ by ``migrations.py``.
 
 What one row keeps is what a restarted server needs to give a session back: identity, tenant,
 workspace, role, labels, create time, the per-session policy state (remembered confirmation
-answers, the mode in force, the proposed plan; see ``stored_policy.py``), the container it owns, its last event seq, its bounded event
+answers, the mode in force, the proposed plan; see ``stored_policy.py``), the container it owns,
+its shell's directory and variables and what its model last read of each process
+(``core/sessions/processes.py``), its last event seq, its bounded event
 history, the tool calls that were running, and its staged changes (review and audit modes). The file is the server's own, but it may be stale
 or damaged: anything unreadable refuses the start (``StateError``, exit 2) rather than dropping
 state silently.
 
 Writes: session rows are written before CreateSession answers (``put_session``), staged changes
 before the staging call answers (``put_staged``); events, running
-calls and container ids go through ``StateWriter`` (``writer.py``), a background thread that
+calls, container ids and the processes' state go through ``StateWriter`` (``writer.py``), a background thread that
 commits in batches.
 """
 
@@ -63,6 +65,8 @@ class StoredSession:
     last_seq: int = 0
     lifecycle: dict[str, Any] = field(default_factory=dict)
     """Its clocks (``SessionClock.to_json``); empty: a row from before sessions had clocks."""
+    processes: dict[str, Any] = field(default_factory=dict)
+    """Its shell state and last-read cursors (``ProcessMemory.to_json``); empty: none yet."""
     events: list[Event] = field(default_factory=list)
     running: list[RunningCall] = field(default_factory=list)
     staged: list[StagedChange] = field(default_factory=list)
@@ -127,8 +131,8 @@ class SessionStore:
         with self.lock:
             self._conn.execute(
                 "INSERT OR REPLACE INTO sessions (session_id, tenant_id, workspace, workspace_path, role,"
-                " labels, create_time, policy, container_id, last_seq, lifecycle)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " labels, create_time, policy, container_id, last_seq, lifecycle, processes)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     row.session_id,
                     row.tenant_id,
@@ -141,6 +145,7 @@ class SessionStore:
                     row.container_id,
                     row.last_seq,
                     json.dumps(row.lifecycle),
+                    json.dumps(row.processes),
                 ),
             )
 
@@ -169,7 +174,8 @@ class SessionStore:
             with self.lock:
                 rows = self._conn.execute(
                     "SELECT session_id, tenant_id, workspace, workspace_path, role, labels, create_time,"
-                    " policy, container_id, last_seq, lifecycle FROM sessions ORDER BY create_time"
+                    " policy, container_id, last_seq, lifecycle, processes FROM sessions"
+                    " ORDER BY create_time"
                 ).fetchall()
                 sessions = {r[0]: _session_from_row(r) for r in rows}
                 for r in self._conn.execute(
@@ -282,7 +288,7 @@ class SessionStore:
                     [(seq, sid) for sid, seq in last_seqs.items()],
                 )
             for sid, column, value in updates:
-                if column not in ("container_id", "policy", "lifecycle"):
+                if column not in ("container_id", "policy", "lifecycle", "processes"):
                     raise ValueError(f"not an updatable column: {column}")
                 conn.execute(f"UPDATE sessions SET {column} = ? WHERE session_id = ?", (value, sid))
             conn.execute("COMMIT")
@@ -295,8 +301,9 @@ def _session_from_row(r: Sequence[Any]) -> StoredSession:
     labels = json.loads(r[5])
     policy = json.loads(r[7])
     lifecycle = json.loads(r[10])
-    if not isinstance(labels, dict) or not isinstance(policy, dict) or not isinstance(lifecycle, dict):
-        raise ValueError(f"session {r[0]!r}: labels, policy and lifecycle must be objects")
+    processes = json.loads(r[11])
+    if not all(isinstance(v, dict) for v in (labels, policy, lifecycle, processes)):
+        raise ValueError(f"session {r[0]!r}: labels, policy, lifecycle and processes must be objects")
     return StoredSession(
         session_id=str(r[0]),
         tenant_id=str(r[1]),
@@ -309,6 +316,7 @@ def _session_from_row(r: Sequence[Any]) -> StoredSession:
         container_id=str(r[8]) if r[8] else None,
         last_seq=int(r[9]),
         lifecycle=lifecycle,
+        processes=processes,
     )
 
 

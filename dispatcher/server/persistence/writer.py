@@ -119,7 +119,7 @@ class StateWriter:
 
     def update(self, session_id: str, column: str, value: Any) -> None:
         """Queue a change of the session's ``container_id`` or ``policy`` (a JSON-able dict)."""
-        if column in ("policy", "lifecycle"):
+        if column in ("policy", "lifecycle", "processes"):
             value = json.dumps(value)
         self._queue.append(("update", session_id, column, value))
         self._wake.set()

@@ -57,7 +57,8 @@ async def _control(sessions: SessionManager, session_id: str) -> ProcessControl:
     Raises:
         ProcessError: ``unsupported``: its sandbox has none.
     """
-    return sessions.dispatcher.processes(session_id)
+    _, control = await sessions.dispatcher.processes(session_id)
+    return control
 
 
 def _check_process_id(process_id: str) -> None:

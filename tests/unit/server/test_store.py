@@ -206,6 +206,33 @@ def test_a_symlink_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
         SessionStore.open(tmp_path / "state.db")
 
 
+def test_a_sessions_process_memory_is_stored_updated_and_read_back(tmp_path: Path) -> None:
+    store = SessionStore.open(tmp_path / "state.db")
+    store.put_session(_row("ses_1", processes={"cwd": "src", "env": {}, "cursors": {}}))
+    writer = StateWriter(store, history=3, history_bytes=1 << 20)
+    writer.track("ses_1")
+    writer.update("ses_1", "processes", {"cwd": None, "env": {"A": "1"}, "cursors": {"p_1": 9}})
+    writer.close()
+    [stored] = SessionStore.open(tmp_path / "state.db").load()
+    assert stored.processes == {"cwd": None, "env": {"A": "1"}, "cursors": {"p_1": 9}}
+
+
+def test_a_version_3_file_gains_an_empty_process_memory_per_session(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in ";".join(MIGRATIONS[:3]).split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version = 3")
+    conn.execute(
+        "INSERT INTO sessions (session_id, tenant_id, workspace, workspace_path, role, labels, create_time)"
+        " VALUES ('ses_old', 'alpha', 'a', '/srv/a', 'main', '{}', 1.0)"
+    )
+    conn.close()
+    [stored] = SessionStore.open(path).load()
+    assert stored.session_id == "ses_old" and stored.processes == {}
+
+
 def test_an_older_schema_is_migrated_keeping_its_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

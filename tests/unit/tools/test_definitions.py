@@ -9,7 +9,7 @@ from dispatcher.core.types import SideEffect, Tool
 from dispatcher.tools import BUILTIN_TOOLS, builtin_factories
 
 
-def test_five_tools_with_fixed_names_and_classes() -> None:
+def test_the_built_in_tools_with_fixed_names_and_classes() -> None:
     effects = {factory().definition.name: factory().definition.side_effect for factory in BUILTIN_TOOLS}
     assert effects == {
         "read_file": SideEffect.READ,
@@ -17,6 +17,10 @@ def test_five_tools_with_fixed_names_and_classes() -> None:
         "patch_file": SideEffect.WRITE,
         "list_dir": SideEffect.READ,
         "shell": SideEffect.EXECUTE,
+        "process_list": SideEffect.READ,
+        "process_output": SideEffect.READ,
+        "process_input": SideEffect.EXECUTE,
+        "process_stop": SideEffect.EXECUTE,
     }
     assert builtin_factories() == BUILTIN_TOOLS and builtin_factories() is not BUILTIN_TOOLS
 

@@ -2,7 +2,9 @@
 
 Files live in a dict keyed by absolute path under ``/workspace``; directories are those a file
 or link lies under, plus those a write made (``dirs``); ``exec`` runs a Python callable the test
-supplies. Symbolic links are the ones a test declares in ``links`` (workspace-relative link ->
+supplies (it may report ``left`` and ``shell_state``; ``table.adopt`` makes what it "left" a
+process). Background processes live in ``table`` (``processes.py``), driven by the test; closing
+the session kills them. Symbolic links are the ones a test declares in ``links`` (workspace-relative link ->
 target, as ``ln -s`` stores it); every operation follows them as the agent does, and a path that
 lands outside the workspace is ``WorkspaceEscapeError``. Given an ``approved`` path (what
 ``resolve`` said at confirmation), an operation uses it instead of the path as written, records it
@@ -40,6 +42,7 @@ from dispatcher.core.sandbox_api import (
     SandboxError,
 )
 from dispatcher.core.sessions.session import Session
+from dispatcher.sandbox.fake.processes import FakeProcesses
 
 ExecHandler = Callable[[ExecRequest, OutputCallback, asyncio.Event], Awaitable[ExecResult]]
 MAX_LINK_HOPS = 40  # as the kernel's ELOOP
@@ -69,10 +72,27 @@ class FakeSandbox:
     approved: list[tuple[str, str]] = field(default_factory=list)  # (op, approved path) per use
     dirs: set[str] = field(default_factory=set)
     """Absolute paths of directories made by writes (they outlive the files deleted from them)."""
+    table: FakeProcesses = field(default_factory=FakeProcesses)
+    """Its background processes (``processes()``)."""
+    has_processes: bool = True
+    """False: ``processes()`` says ``unsupported``, as a backend without a table does."""
+    execs: list[ExecRequest] = field(default_factory=list)
+    """Every exec request, in order (cwd, env, ``leave_as``, ``capture_state`` as sent)."""
+
+    def __post_init__(self) -> None:
+        self.table.check_cwd = self._check_cwd
 
     @property
     def workspace_root(self) -> str:
         return self.root
+
+    def _check_cwd(self, cwd: str) -> None:
+        """A command's directory, as the agent checks it: inside the workspace, and there."""
+        full = self._full(self._walk(cwd))
+        if full in self.files:
+            raise FileOpError("ENOTDIR", f"{cwd}: not a directory")
+        if not self._is_dir(full):
+            raise FileOpError("ENOENT", f"{cwd}: no such directory")
 
     # -- paths ----------------------------------------------------------------------------
 
@@ -264,13 +284,15 @@ class FakeSandbox:
     async def exec(
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
     ) -> ExecResult:
-        """The test's handler, after the checks the agent makes first: the cwd stays inside the
-        workspace (an approved one has no link on it), and a call cancelled already runs nothing."""
+        """The test's handler, after the checks the agent makes first: the cwd is a directory
+        inside the workspace (an approved one has no link on it), and a call cancelled already
+        runs nothing."""
         self.calls.append(("exec", request.command))
+        self.execs.append(request)
         if request.approved_cwd is not None:
             self._unchanged(request.cwd, request.approved_cwd)
         else:
-            self._walk(request.cwd)
+            self._check_cwd(request.cwd)
         if cancel_event.is_set():
             return ExecResult(exit_code=None, cancelled=True)
         return await self.exec_handler(request, on_output, cancel_event)
@@ -291,8 +313,9 @@ class FakeSandbox:
         return None
 
     def processes(self) -> ProcessControl:
-        """Not yet: issue 32's host side gives this sandbox its agent's process table."""
-        raise ProcessError("unsupported", "this sandbox has no process table yet")
+        if not self.has_processes:
+            raise ProcessError("unsupported", "this sandbox has no process table")
+        return self.table
 
 
 class FakeSandboxProvider(SandboxProvider):
@@ -307,8 +330,11 @@ class FakeSandboxProvider(SandboxProvider):
         return self.sandboxes.setdefault(session.session_id, FakeSandbox())
 
     async def close_session(self, session_id: str) -> None:
+        """Its processes are killed (the container goes with them) and its sandbox forgotten."""
         self.closed.append(session_id)
-        self.sandboxes.pop(session_id, None)
+        sandbox = self.sandboxes.pop(session_id, None)
+        if sandbox is not None:
+            await sandbox.table.kill_all()
 
     async def aclose(self) -> None:
         self.aclosed = True
