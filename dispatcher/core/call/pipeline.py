@@ -207,7 +207,7 @@ class CallRun(RunState):
             try:
                 real = await sandbox.resolve(value)
             except WorkspaceEscapeError:
-                self.decision = AuditDecision.FS_DENIED
+                self.decision = AuditDecision.WORKSPACE_ESCAPE
                 raise
             except SandboxError as exc:
                 raise ToolExecutionError(
