@@ -122,7 +122,7 @@ def rss(pid: int) -> int:
 
 
 async def measure(env: BenchEnv) -> list[Row]:
-    """3 MB (a fast and a slow reader) and 100 MB through Dispatch, one call each."""
+    """3 MB and 100 MB through Dispatch, each to a fast and to a small-window reader, one call each."""
     if not _docker_answers():
         return [Row(GROUP, "(skipped)", None, note="needs Docker and the sandbox image")]
     token = secrets.token_urlsafe(24)
@@ -143,6 +143,7 @@ async def measure(env: BenchEnv) -> list[Row]:
                 ("3 MB shell output through Dispatch", 300_000, client, 0.0),
                 (f"3 MB, 64 KiB window, reader stops {SLOW_PAUSE_S:g} s", 300_000, slow, SLOW_PAUSE_S),
                 ("100 MB shell output through Dispatch", 10_000_000, client, 0.0),
+                ("100 MB, 64 KiB window", 10_000_000, slow, 0.0),
             ):
                 size, want = expected_digest(lines)
                 before = rss(proc.pid)
