@@ -134,6 +134,8 @@ class AgentLink:
             if isinstance(call, TunnelMux):
                 call.broken(self._failure)
                 continue
+            if isinstance(call, ExecCall):
+                call.draining.set()  # nothing more of its output is waited for
             waiter = call.future if isinstance(call, _Call) else call.done
             if not waiter.done():
                 waiter.set_exception(self._failure)
