@@ -4,6 +4,7 @@ a call that ran unasked is a denial, not a completion."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from dispatcher.config.load import parse_policy
 from dispatcher.core import (
     Capabilities,
+    Decision,
+    DispatcherConfig,
     FsGrant,
     MemoryAuditLog,
     Session,
@@ -22,7 +25,8 @@ from dispatcher.core.audit import AuditDecision
 from dispatcher.core.errors import FailureReason
 from dispatcher.core.types import UnparsedInput
 from dispatcher.sandbox.fake import FakeSandboxProvider
-from tests.unit.core.toolkit import ALL_TOOLS
+from tests.events import ToolConfirmationRequested
+from tests.unit.core.toolkit import ALL_TOOLS, WriteTool, next_event
 
 
 async def run(d: ToolDispatcher, session: Session, name: str, input_: Any, tid: str = "tu_1") -> Any:
@@ -141,3 +145,28 @@ def test_every_failure_reason_of_a_refusal_is_a_decision() -> None:
         FailureReason.SANDBOX_FAILED,
     }
     assert {r.value for r in refusals} <= {d.value for d in AuditDecision}
+
+
+async def test_a_humans_answers_and_silence_are_on_record_with_their_reason(
+    provider: FakeSandboxProvider, tmp_path: Any, audit: MemoryAuditLog
+) -> None:
+    d = ToolDispatcher(provider, config=DispatcherConfig(confirmation_timeout=0.05), audit=audit)
+    d.register(WriteTool)
+    asked = Session("s_asked", str(tmp_path), tenant_id="t1")
+    silent = Session("s_silent", str(tmp_path), tenant_id="t1")
+    bus = d.open_session(asked)
+    d.open_session(silent)
+    write = {"path": "a.txt", "content": "x"}
+    async with bus.subscribe() as sub:
+        denied = asyncio.create_task(run(d, asked, "write", write, "tu_deny"))
+        rid = (await next_event(sub, ToolConfirmationRequested)).payload.request_id
+        d.resolve_confirmation(asked.session_id, rid, Decision.DENY, remember=True)
+        await denied
+    await run(d, asked, "write", write, "tu_remembered")  # the remembered deny answers at once
+    await run(d, silent, "write", write, "tu_silence")  # nobody answers in time
+    assert trail(audit, "tu_deny") == [("tool.call.denied", "deny", "user_denied")]
+    assert trail(audit, "tu_remembered") == [("tool.call.denied", "remembered_deny", "remembered_deny")]
+    assert trail(audit, "tu_silence") == [
+        ("tool.call.denied", "confirmation_timeout", "confirmation_timeout")
+    ]
+    await d.aclose()
