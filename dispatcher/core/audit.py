@@ -3,7 +3,10 @@
 A call the policy lets through gets ``tool.call.dispatched`` (with its redacted input) before the
 tool starts, so a call still running when the server dies has left its trace, and
 ``tool.call.completed`` (same fields plus outcome and duration) when it ends, however it ends. A
-call refused before it runs gets one ``tool.call.denied``. A human's apply or discard of staged
+call refused before it runs gets one ``tool.call.denied``, and so does one the sandbox refused while
+it ran (a path escaping the workspace or outside the grants, found only where the files are). Every
+final record carries the call's ``reason`` slug (``FailureReason``; empty when it succeeded), and a
+refusal's ``decision`` names what refused it. A human's apply or discard of staged
 changes (review and audit modes) is not a call: it gets one ``staged.applied`` or
 ``staged.discarded`` record, with the change ids and paths.
 """
@@ -47,7 +50,14 @@ class AuditDecision(StrEnum):
     PLAN_FULL = "plan_full"  # plan mode: the plan is full, neither run nor recorded
     POLICY_DENIED = "policy_denied"  # the confirmation policy denies the tool
     CAPABILITY_DENIED = "capability_denied"  # not among the session's tools
-    FS_DENIED = "fs_denied"  # a path outside the session's grants, or escaping the workspace
+    FS_DENIED = "fs_denied"  # a path outside the session's grants
+    WORKSPACE_ESCAPE = "workspace_escape"  # a path leading out of the workspace (lexically, by a
+    # link, or refused inside the sandbox while the call ran)
+    TOOL_NOT_FOUND = "tool_not_found"  # no such tool, or hidden from the session's role
+    INVALID_ARGS = "invalid_args"  # the input is not JSON, or not the tool's schema
+    INPUT_TOO_LARGE = "input_too_large"  # the input is over ``dispatcher.max_input_bytes``
+    CANCELLED = "cancelled"  # its dispatch was cancelled before it ran
+    SANDBOX_FAILED = "sandbox_failed"  # the sandbox broke while checking its paths
     TOO_LONG_TO_CONFIRM = "too_long_to_confirm"  # its input is too long to show a human whole
     CONFIRMATION_TIMEOUT = "confirmation_timeout"  # nobody answered in time
     CLIENT = "client"  # a tree transfer the client asked for: nobody is asked

@@ -158,7 +158,10 @@ class ExecResult:
     a fatal signal, the command's own ``EXIT`` trap): keep what was known."""
 
 
-OutputCallback = Callable[[Literal["stdout", "stderr"], bytes], None]
+OutputCallback = Callable[[Literal["stdout", "stderr"], bytes], "asyncio.Future[None] | None"]
+"""A command's output as it comes. A future back: whoever reads it is full; the sandbox reads no
+more of the command's output until it is done (or the command is being stopped), so the command
+slows down instead of its output being lost (``OutputSink``)."""
 
 
 class AttachedProcess(Protocol):

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.core.audit import COMPLETED, DENIED, DISPATCHED, AuditDecision
 from dispatcher.core.capabilities import Capabilities
-from dispatcher.core.errors import DispatcherError, ToolError, ToolPermissionDenied
+from dispatcher.core.errors import (
+    DispatcherError,
+    FailureReason,
+    ToolError,
+    ToolPermissionDenied,
+    WorkspaceEscapeError,
+)
 from dispatcher.core.sandbox_api import FileOpError, Sandbox, SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.types import FsMode
@@ -153,6 +159,9 @@ class TreeTransfers:
             return
         try:
             real = await sandbox.resolve(path or ".")
+        except WorkspaceEscapeError:
+            audit["decision"] = AuditDecision.WORKSPACE_ESCAPE
+            raise
         except ToolPermissionDenied:
             audit["decision"] = AuditDecision.FS_DENIED
             raise
@@ -184,6 +193,7 @@ class TreeTransfers:
             session=session.session_id,
             tool=tool,
             outcome=_outcome(exc),
+            reason=_reason(exc),
             duration_ms=round((time.monotonic() - started) * 1000, 3),
             **fields,
         )
@@ -197,6 +207,15 @@ async def _counted(chunks: AsyncIterator[bytes], audit: dict[str, Any]) -> Async
     async for chunk in chunks:
         audit["bytes"] += len(chunk)
         yield chunk
+
+
+def _reason(exc: BaseException | None) -> str:
+    """The final record's reason slug, as a call's (``FailureReason``; empty: it succeeded)."""
+    if exc is None:
+        return ""
+    if isinstance(exc, ToolError):
+        return exc.reason.value
+    return FailureReason.TOOL_FAILED.value if isinstance(exc, Exception) else FailureReason.CANCELLED.value
 
 
 def _outcome(exc: BaseException | None) -> str:

@@ -85,8 +85,10 @@ class ToolResultBlock:
     client may receive values a newer server added)."""
 
 
-OutputSink = Callable[[str, str], None]
-"""``emit_output(stream, text)``: publish a ``tool.output_delta`` event for this call."""
+OutputSink = Callable[[str, str], "asyncio.Future[None] | None"]
+"""``emit_output(stream, text)``: publish a ``tool.output_delta`` event for this call. A future
+back: the caller's stream is full (``EventBus.room``); a producer that can wait (a command's output
+stream) produces nothing more until it is done. Ignoring it is safe, not lossless."""
 
 
 @dataclass(slots=True)

@@ -1,6 +1,12 @@
 """The agent protocol's link: one framed byte stream to one agent, its calls in flight, and what
 breaks it.
 
+Output is read no faster than its reader takes it: when a command's ``on_output`` hands back a
+future (the Dispatch's caller is behind), the link reads nothing more until it is done or the
+command is being stopped (``ExecCall.draining``). The agent then blocks writing, its pipe fills
+and the command waits, as in a terminal; meanwhile the other answers of this sandbox wait too
+(the protocol has one stream, no window per command), for as long as the command may run at most.
+
 Everything the agent sends is untrusted. Frames are size-bounded and every message is decoded
 and checked through ``agent.protocol``, the schema both ends share; any violation, or the stream ending, breaks the link: pending and future calls
 fail with ``SandboxError`` and the owner (the Docker or local backend) replaces the agent.
@@ -74,6 +80,9 @@ class ExecCall:
     done: asyncio.Future[Exit | Error]
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     callback_error: BaseException | None = None
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the command is being stopped (timeout, cancel): its output no longer waits for its
+    reader, so its end is read within the kill sequence."""
     tool_use_id: str | None = None
     """The call it runs for: connections its processes open to the proxy are that call's."""
 
@@ -125,6 +134,8 @@ class AgentLink:
             if isinstance(call, TunnelMux):
                 call.broken(self._failure)
                 continue
+            if isinstance(call, ExecCall):
+                call.draining.set()  # nothing more of its output is waited for
             waiter = call.future if isinstance(call, _Call) else call.done
             if not waiter.done():
                 waiter.set_exception(self._failure)
@@ -171,7 +182,9 @@ class AgentLink:
                 )
                 header = decode_header(await self._reader.readexactly(header_len))
                 payload = await self._reader.readexactly(payload_len) if payload_len else b""
-                self._deliver(header, payload)
+                paced = self._deliver(header, payload)
+                if paced is not None:
+                    await _until_room(*paced)
         except asyncio.IncompleteReadError:
             self._fail(SandboxError("the agent closed the channel"))
         except ProtocolError as exc:
@@ -182,18 +195,21 @@ class AgentLink:
         except Exception as exc:  # a failed read must never leave callers waiting forever
             self._fail(SandboxError(f"reading from the agent failed: {exc!r}"))
 
-    def _deliver(self, header: dict[str, Any], payload: bytes) -> None:
+    def _deliver(
+        self, header: dict[str, Any], payload: bytes
+    ) -> tuple[asyncio.Future[None], ExecCall] | None:
         """Hand a response to its caller, decoded through the protocol (``ProtocolError`` if it
-        breaks it: the read loop then breaks the link)."""
+        breaks it: the read loop then breaks the link); for output whose reader is behind, what
+        to wait for before reading on."""
         rid, kind = response_head(header)
         call = self._pending.get(rid)
         if call is None:
             if 0 < rid < self._next_id:
-                return  # a late answer to a call nobody waits for any more
+                return None  # a late answer to a call nobody waits for any more
             raise ProtocolError(f"response to request {rid}, which was never sent")
         if isinstance(call, TunnelMux):
             call.deliver(kind, header, payload)
-            return
+            return None
         if isinstance(call, _Call):
             if kind == "result":
                 reply: Message = call.request.decode_reply(header, payload)
@@ -204,10 +220,10 @@ class AgentLink:
             del self._pending[rid]
             if not call.future.done():  # a cancelled caller's future may already be done
                 call.future.set_result(reply)
-            return
+            return None
         if kind == "output":
-            self._deliver_output(call, Output.decode(header, payload))
-            return
+            room = self._deliver_output(call, Output.decode(header, payload))
+            return None if room is None else (room, call)
         if kind == "exit":
             end: Exit | Error = Exit.decode(header)
         elif kind == "error":
@@ -217,15 +233,18 @@ class AgentLink:
         del self._pending[rid]
         if not call.done.done():
             call.done.set_result(end)
+        return None
 
-    def _deliver_output(self, call: ExecCall, output: Output) -> None:
+    def _deliver_output(self, call: ExecCall, output: Output) -> asyncio.Future[None] | None:
         if call.callback_error is not None:
-            return
+            return None
         try:
-            call.on_output("stdout" if output.stream == "stdout" else "stderr", output.data)
+            room = call.on_output("stdout" if output.stream == "stdout" else "stderr", output.data)
         except Exception as exc:  # the consumer's bug: stop the command, report after it is gone
             call.callback_error = exc
             call.interrupted.set()
+            return None
+        return None if room is None or room.done() or call.draining.is_set() else room
 
     async def call(self, request: Request[_R]) -> _R:
         """One request and the reply that ends it, checked against the request.
@@ -322,6 +341,16 @@ class AgentLink:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def _until_room(room: asyncio.Future[None], call: ExecCall) -> None:
+    """Until ``room`` is done (the reader caught up) or ``call`` is being stopped. ``room`` is the
+    reader's, shared by whoever waits on it: never cancelled here."""
+    stopping = asyncio.ensure_future(call.draining.wait())
+    try:
+        await asyncio.wait((room, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
 
 
 async def settled(future: asyncio.Future[Any], timeout: float) -> bool:

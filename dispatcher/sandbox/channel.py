@@ -150,6 +150,7 @@ class AgentChannel(AgentLink):
             outcome = await self._wait_first(call, cancel_event, request.timeout)
             if outcome != "done":
                 timed_out, cancelled = outcome == "timeout", outcome == "cancel"
+                call.draining.set()  # its output no longer waits for its reader: its end is read
                 self._post(SendSignal(rid, "TERM"))
                 if not await settled(call.done, request.grace_seconds):
                     self._post(SendSignal(rid, "KILL"))
@@ -159,6 +160,7 @@ class AgentChannel(AgentLink):
                         raise self._fail(AgentUnresponsive("the command's process group survived SIGKILL"))
             reply = call.done.result()
         finally:
+            call.draining.set()
             if self._pending.pop(rid, None) is not None:
                 self._post(SendSignal(rid, "KILL"))  # abandoned: leave nothing
             if call.done.done() and not call.done.cancelled():

@@ -268,9 +268,9 @@ class ShellTool:
         deltas = DeltaEmitter(context.emit_output)
         memory = context.processes
 
-        def on_output(stream: str, data: bytes) -> None:
+        def on_output(stream: str, data: bytes) -> asyncio.Future[None] | None:
             buffer.feed(data)
-            deltas.feed(stream, data)
+            return deltas.feed(stream, data)  # a future: the caller is behind; the sandbox waits
 
         relay = asyncio.ensure_future(self._relay(context.cancel_event))
         started = time.monotonic()

@@ -70,13 +70,14 @@ class DeltaEmitter:
 
     Output is held until ``min_bytes`` are pending or ``interval`` seconds passed, so a chatty
     command produces at most a few events per interval, each of at most ``max_bytes``. Deltas flow
-    for the whole run, however long: what a slow reader cannot take is skipped for that reader
-    alone (``core/backlog.py``), and the result keeps its own head and tail.
+    for the whole run, however long: a watcher that cannot keep up misses some (marked), the
+    Dispatch's caller does not: ``feed`` then hands back a future to wait on before feeding more
+    (``core/events/bus.py``), and the result keeps its own head and tail.
     """
 
     def __init__(
         self,
-        emit: Callable[[str, str], None],
+        emit: Callable[[str, str], asyncio.Future[None] | None],
         *,
         min_bytes: int = 4096,
         interval: float = 0.05,
@@ -91,20 +92,23 @@ class DeltaEmitter:
         self._timer: asyncio.TimerHandle | None = None
         self.sent = 0
 
-    def feed(self, stream: str, data: bytes) -> None:
-        """Queue a chunk; flushes when enough is pending, else arms the timer."""
+    def feed(self, stream: str, data: bytes) -> asyncio.Future[None] | None:
+        """Queue a chunk; flushes when enough is pending, else arms the timer. A future back: wait
+        for it before feeding more (the reader of the deltas is full; see ``OutputSink``)."""
         pending = self._pending.setdefault(stream, bytearray())
         pending += data
         if sum(len(p) for p in self._pending.values()) >= self._min_bytes:
-            self.flush()
-        elif self._timer is None:
+            return self.flush()
+        if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._interval, self.flush)
+        return None
 
-    def flush(self) -> None:
-        """Emit everything pending, in deltas of at most ``max_bytes``."""
+    def flush(self) -> asyncio.Future[None] | None:
+        """Emit everything pending, in deltas of at most ``max_bytes``; what the last emit said."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        room = None
         for stream, pending in self._pending.items():
             decoder = self._decoder(stream)
             for start in range(0, len(pending), self._max_bytes):
@@ -112,8 +116,9 @@ class DeltaEmitter:
                 self.sent += len(chunk)
                 text = decoder.decode(chunk)
                 if text:
-                    self._emit(stream, text)
+                    room = self._emit(stream, text)
             pending.clear()
+        return room
 
     def close(self) -> None:
         """Flush what is left, including a character cut at the very end."""

@@ -207,7 +207,7 @@ class CallRun(RunState):
             try:
                 real = await sandbox.resolve(value)
             except WorkspaceEscapeError:
-                self.decision = AuditDecision.FS_DENIED
+                self.decision = AuditDecision.WORKSPACE_ESCAPE
                 raise
             except SandboxError as exc:
                 raise ToolExecutionError(
@@ -286,8 +286,9 @@ class CallRun(RunState):
             stopper.add_done_callback(self.state.cleanups.discard)
             raise
 
-    def _emit_output(self, stream: str, text: str) -> None:
+    def _emit_output(self, stream: str, text: str) -> asyncio.Future[None] | None:
         self.emit(ToolOutputDelta(stream=stream, text=text))
+        return self.state.bus.room(self.turn_id, self.tool_use.id)  # the caller's stream is full
 
     async def _supervise(self, tool: Tool, task: asyncio.Future[ToolOutput], timeout: float) -> ToolOutput:
         if await self.call.wait(cast("asyncio.Future[Any]", task), timeout):

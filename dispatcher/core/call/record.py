@@ -1,27 +1,50 @@
 """How one call goes on record: its audit records (spec 003) and what the observer is told.
 
 A call the policy lets through gets ``tool.call.dispatched`` before its tool starts and
-``tool.call.completed`` when it ends; one refused before it runs gets ``tool.call.denied``. Exactly
-one final record per call, written even when the task running it is cancelled under it.
+``tool.call.completed`` when it ends; one refused before it runs, or refused by the sandbox while it
+ran, gets ``tool.call.denied``. Exactly one final record per call, written even when the task running
+it is cancelled under it, with the call's ``reason`` slug; a refusal's ``decision`` is what refused
+it (``refused``), never the ``auto`` a call starts with.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.audit import COMPLETED, DENIED
-from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.audit import COMPLETED, DENIED, AuditDecision
+from dispatcher.core.errors import FailureReason, ToolErrorClass
 from dispatcher.core.events.payloads import ToolFailed
 from dispatcher.core.observe import UNKNOWN_TOOL, FinishedCall
 
 if TYPE_CHECKING:
     from dispatcher.core.call.run_state import RunState
 
-__all__ = ["abandoned", "record"]
+__all__ = ["abandoned", "record", "refused"]
+
+_DECISIONS = frozenset(AuditDecision)
+_LET_THROUGH = frozenset(
+    {
+        AuditDecision.AUTO,
+        AuditDecision.AUDIT,
+        AuditDecision.ALLOW,
+        AuditDecision.REMEMBERED_ALLOW,
+        AuditDecision.STAGED,
+    }
+)
+"""Decisions that let a call through: a refusal after them was decided by something else."""
 
 
-def record(run: RunState, kind: str, outcome: str | None) -> None:
-    """One audit record of ``run``; with an ``outcome``, its final one (written at most once)."""
+def refused(run: RunState, reason: FailureReason) -> None:
+    """``run`` is refused for ``reason``: unless a step already decided the refusal (a policy, a
+    human, a plan), the reason is the decision (``tool_not_found``, ``invalid_args``,
+    ``workspace_escape``, ...), so no refused call is on record as let through."""
+    if run.decision in _LET_THROUGH and reason.value in _DECISIONS:
+        run.decision = AuditDecision(reason.value)
+
+
+def record(run: RunState, kind: str, outcome: str | None, reason: FailureReason | None = None) -> None:
+    """One audit record of ``run``; with an ``outcome``, its final one (written at most once),
+    carrying ``reason`` (none: the call succeeded)."""
     if outcome is not None:
         if run.ended:
             return
@@ -32,7 +55,7 @@ def record(run: RunState, kind: str, outcome: str | None) -> None:
         return
     fields: dict[str, Any] = {"decision": run.decision}
     if outcome is not None:
-        fields.update(outcome=outcome, duration_ms=round(run.elapsed_ms(), 3))
+        fields.update(outcome=outcome, reason=reason or "", duration_ms=round(run.elapsed_ms(), 3))
     audit.record(
         kind,
         tenant=run.session.tenant_id,
@@ -58,7 +81,10 @@ def abandoned(run: RunState) -> None:
             duration_ms=round(run.run_ms(), 3),
         )
     )
-    record(run, DENIED if run.run_started is None else COMPLETED, ToolErrorClass.CANCELLED.value)
+    if run.run_started is None:
+        refused(run, FailureReason.CANCELLED)
+    kind = DENIED if run.run_started is None else COMPLETED
+    record(run, kind, ToolErrorClass.CANCELLED.value, FailureReason.CANCELLED)
 
 
 def _observe_end(run: RunState, outcome: str) -> None:

@@ -12,6 +12,7 @@ from dispatcher.core.errors import (
     ToolError,
     ToolErrorClass,
     ToolExecutionError,
+    ToolPermissionDenied,
     ToolValidationError,
 )
 from dispatcher.core.events.payloads import ToolCompleted, ToolFailed, ToolInputInvalid
@@ -37,8 +38,12 @@ def complete(run: RunState, output: ToolOutput) -> ToolResultBlock:
 
 def fail(run: RunState, exc: ToolError, *, denied: bool = False) -> ToolResultBlock:
     """The error result of a call: its event, its final audit record (``denied``: refused before
-    it ran), the message first in what the model reads."""
+    it ran; a permission refusal while it ran, the sandbox's, is one too), the message first in
+    what the model reads."""
     error_class = exc.error_class
+    denied = denied or isinstance(exc, ToolPermissionDenied)
+    if denied:
+        call_record.refused(run, exc.reason)
     message = exc.message
     if isinstance(exc, ToolValidationError):
         run.emit(ToolInputInvalid(tool_name=run.tool_name, errors=tuple(exc.validation_errors)))
@@ -54,7 +59,7 @@ def fail(run: RunState, exc: ToolError, *, denied: bool = False) -> ToolResultBl
                 reason=exc.reason,
             )
         )
-    call_record.record(run, DENIED if denied else COMPLETED, error_class.value)
+    call_record.record(run, DENIED if denied else COMPLETED, error_class.value, exc.reason)
     output = exc.output
     if output is None:
         output = ToolOutput([TextBlock(message)], success=False)

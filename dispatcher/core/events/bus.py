@@ -43,6 +43,7 @@ __all__ = [
     "Event",
     "EventBus",
     "EventPayload",
+    "Pacer",
     "Subscription",
     "estimate_bytes",
     "gap_text",
@@ -71,13 +72,21 @@ class Event:
 # Backlogs ------------------------------------------------------------------------------------
 #
 # What one reader of events has not read yet. Every stream that follows a session (a Dispatch, each
-# WatchSession) queues events for its client. A client that reads more slowly than a tool prints
+# WatchSession) queues events for its client. A watcher that reads more slowly than a tool prints
 # must neither slow the tool down nor grow the server's memory, and it must know it missed
 # something. So past ``max_bytes`` (or ``max_items``) queued, a ``tool.output_delta`` is skipped
 # and counted per call; before that call's next event reaches the queue, one delta saying
 # ``[... N bytes of output skipped ...]`` takes the skipped ones' place, with the seq of the last of
 # them (so the seqs a reader sees still only increase). Every other event, and anything queued with
 # ``put`` (a Dispatch's results), is never skipped: those are bounded where they are made.
+#
+# The caller of a Dispatch is not a watcher: its own output must reach it whole, so its backlog is
+# *paced* (``paced_bytes``). Past ``max_bytes`` it skips nothing; ``room()`` gives the producer a
+# future to wait on instead (done once the reader has taken the backlog down to half), and the
+# producer (a command's output, through the bus's ``room``) stops reading until then, which slows
+# the command as a terminal would. Only past ``paced_bytes``, a producer that could not wait (a
+# command being stopped, a tool that does not pace) has its deltas skipped and marked as above:
+# memory stays bounded per reader whatever a producer does.
 
 DEFAULT_MAX_BYTES = 1 << 20
 """Per reader: (estimated) bytes of events queued before output deltas are skipped."""
@@ -98,11 +107,19 @@ class _Gap:
 class Backlog(Generic[T]):
     """A FIFO of events and other items (``T``) for one reader; see the module docstring."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_items: int = 4096) -> None:
+    def __init__(
+        self, max_bytes: int = DEFAULT_MAX_BYTES, max_items: int = 4096, *, paced_bytes: int = 0
+    ) -> None:
+        """``paced_bytes``: 0 for a watcher's backlog; else the caller's, paced past ``max_bytes``
+        (``room``) and skipping output deltas only past ``paced_bytes`` (or twice ``max_items``)."""
         self._items: deque[tuple[Event | T, int]] = deque()
         self._gaps: dict[tuple[str, str], _Gap] = {}
         self._max_bytes = max_bytes
         self._max_items = max_items
+        self._skip_bytes = max(paced_bytes, max_bytes)
+        self._skip_items = 2 * max_items if paced_bytes else max_items
+        self._room: asyncio.Future[None] | None = None
+        self._released = not paced_bytes  # a watcher's backlog never asks anyone to wait
         self._wakeup = asyncio.Event()
         self.bytes = 0
         """Estimated bytes queued now."""
@@ -121,6 +138,7 @@ class Backlog(Generic[T]):
         events that live in the bus's history anyway, a replay: they cost this reader no bytes)."""
         key = (event.turn_id, event.tool_use_id)
         if event.type == TOOL_OUTPUT_DELTA and bounded and not self._fits(event.size):
+            # A watcher's past max_bytes; a paced backlog's only past paced_bytes.
             gap = self._gaps.get(key)
             if gap is None:
                 gap = self._gaps[key] = _Gap(event)
@@ -143,17 +161,43 @@ class Backlog(Generic[T]):
         while not self._items:
             self._wakeup.clear()
             await self._wakeup.wait()
-        item, size = self._items.popleft()
-        self.bytes -= size
-        return item
+        return self._take()
 
     def get_nowait(self) -> Event | T | None:
         """The oldest item, or None."""
         if not self._items:
             return None
+        return self._take()
+
+    def _take(self) -> Event | T:
         item, size = self._items.popleft()
         self.bytes -= size
+        room = self._room
+        if (
+            room is not None
+            and self.bytes <= self._max_bytes // 2
+            and len(self._items) <= self._max_items // 2
+        ):
+            self._room = None
+            if not room.done():
+                room.set_result(None)
         return item
+
+    def room(self) -> asyncio.Future[None] | None:
+        """A paced backlog past ``max_bytes`` (or ``max_items``): a future done when its reader
+        has taken it down to half, or it is released; None when a producer may go on now."""
+        if self._released or (self.bytes < self._max_bytes and len(self._items) < self._max_items):
+            return None
+        if self._room is None:
+            self._room = asyncio.get_running_loop().create_future()
+        return self._room
+
+    def release(self) -> None:
+        """Nobody reads any more (the call ended, its client went away): no producer waits."""
+        self._released = True
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            room.set_result(None)
 
     async def wait(self) -> None:
         """Until an item is queued or ``wake`` is called."""
@@ -166,7 +210,7 @@ class Backlog(Generic[T]):
         self._wakeup.set()
 
     def _fits(self, size: int) -> bool:
-        return self.bytes + size <= self._max_bytes and len(self._items) < self._max_items
+        return self.bytes + size <= self._skip_bytes and len(self._items) < self._skip_items
 
     def _append(self, item: Event | T, size: int) -> None:
         self._items.append((item, size))
@@ -183,6 +227,8 @@ def _marker(gap: _Gap) -> Event:
 
 
 EventFilter = Callable[[Event], bool]
+Pacer = Callable[[str, str], "asyncio.Future[None] | None"]
+"""``(turn_id, tool_use_id)`` -> a future while that call's output must wait (``EventBus.room``)."""
 _EVENT_OVERHEAD = 256  # the Event object, its seq and time, the deque slot
 
 
@@ -283,6 +329,7 @@ class EventBus:
         self._closed = False
         self.sink: Callable[[Event], None] | None = None
         """Called with every published event, inside ``publish`` (persistence); must be quick."""
+        self._pacers: list[Pacer] = []
 
     @property
     def last_seq(self) -> int:
@@ -299,6 +346,25 @@ class EventBus:
         for sub in tuple(self._subscribers):
             sub._offer(event)
         return event
+
+    def room(self, turn_id: str, tool_use_id: str) -> asyncio.Future[None] | None:
+        """Whether a call's producer may go on publishing output now (None), or a future to wait
+        on first: a reader that must get every delta of that call (its Dispatch's caller) is full.
+        Watchers never make anyone wait."""
+        for pacer in self._pacers:
+            room = pacer(turn_id, tool_use_id)
+            if room is not None:
+                return room
+        return None
+
+    def pace(self, pacer: Pacer) -> None:
+        """Have ``room`` ask ``pacer`` (a reader that must get every delta of its calls)."""
+        self._pacers.append(pacer)
+
+    def unpace(self, pacer: Pacer) -> None:
+        """Stop asking ``pacer``; idempotent."""
+        if pacer in self._pacers:
+            self._pacers.remove(pacer)
 
     def restore(self, events: Iterable[Event]) -> None:
         """Put a previous life's retained events back into the replay history (oldest first,

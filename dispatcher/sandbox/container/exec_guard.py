@@ -73,10 +73,10 @@ async def run_command(
     limit = config.pids_limit
     answered = False
 
-    def relay(stream: Literal["stdout", "stderr"], data: bytes) -> None:
+    def relay(stream: Literal["stdout", "stderr"], data: bytes) -> asyncio.Future[None] | None:
         nonlocal answered
         answered = True
-        on_output(stream, data)
+        return on_output(stream, data)
 
     for attempt in range(3):
         async with sandbox.using() as live:

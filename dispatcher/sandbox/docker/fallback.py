@@ -59,9 +59,11 @@ async def fallback_exec(
         workdir=WORKSPACE_ROOT,
     )
     sock, leftover = await api.exec_attach(exec_id)
-    stream = await open_attach_stream(
-        sock, leftover, exec_id, on_stderr=lambda chunk: on_output("stderr", chunk)
-    )
+
+    def on_stderr(chunk: bytes) -> None:
+        on_output("stderr", chunk)  # not paced: docker's attach stream has no way to wait
+
+    stream = await open_attach_stream(sock, leftover, exec_id, on_stderr=on_stderr)
     try:
         if request.stdin is not None:
             stream.writer.write(request.stdin)

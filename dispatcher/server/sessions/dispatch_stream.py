@@ -7,10 +7,15 @@ Ordering: a result is always sent after every event of its call. The bus calls t
 filter synchronously at publish time, in publish order; the filter here is used as a tap that puts
 matching events into this call's queue there and then. A call's result is queued when its dispatch
 returns, i.e. after its last event was published, so one FIFO queue gives the right order without
-any timing assumption. Like the bus's own subscriptions, the queue is a ``core/backlog.py``: when the
-client falls more than ``max_pending`` items or ``DEFAULT_MAX_BYTES`` behind, it skips
-``tool.output_delta`` events (never others, never results) and marks the gap, so that a slow client
-never slows a tool down.
+any timing assumption.
+
+Output: the caller gets every byte of its own calls' output. The queue is a paced ``Backlog``
+(``core/events/bus.py``): when the client falls ``DEFAULT_MAX_BYTES`` (or ``max_pending`` items)
+behind, the bus's ``room`` tells a producing command to wait until the client has read half of it,
+and the command's output stops being read meanwhile (``sandbox/agent_link.py``), so the command
+slows down, as in a terminal, instead of the caller losing the middle of it. Only past
+``PACED_BYTES`` — output that could not wait (a command being stopped) — are deltas skipped and the
+gap marked with the bytes it stands for. Watchers (``WatchSession``) are never waited for.
 
 Memory: results are never dropped, so what a client that does not read can make the server hold is
 bounded at the start instead. Each running tool_use reserves the most one result may weigh
@@ -33,7 +38,7 @@ from dispatcher.core import eager
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.dispatcher import ToolDispatcher
 from dispatcher.core.errors import ToolErrorClass
-from dispatcher.core.events.bus import Backlog, Event
+from dispatcher.core.events.bus import DEFAULT_MAX_BYTES, Backlog, Event
 from dispatcher.core.sessions.session import Session
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.text.result_size import result_bytes
@@ -44,6 +49,8 @@ log = logging.getLogger("dispatcher.server.dispatch")
 Item = Event | ToolResultBlock
 PENDING_RESULT_BYTES = 16 << 20
 """Default per Dispatch: bytes of results (and events) held for a client that has not read them."""
+PACED_BYTES = 4 * DEFAULT_MAX_BYTES
+"""Per Dispatch: bytes of events queued before output that did not wait for the client is skipped."""
 
 
 class DispatchCall:
@@ -67,7 +74,7 @@ class DispatchCall:
         self._tool_uses = tuple(tool_uses)
         self._order = dispatcher.message_order(self._tool_uses, ordering)  # None: the configured one
         self._ids = frozenset(tu.id for tu in tool_uses)
-        self._queue: Backlog[ToolResultBlock] = Backlog(max_items=max_pending)
+        self._queue: Backlog[ToolResultBlock] = Backlog(max_items=max_pending, paced_bytes=PACED_BYTES)
         self._tasks: dict[str, asyncio.Task[ToolResultBlock]] = {}  # every started one, done or not
         self._spawn = spawn
         self._pending_bytes = pending_bytes
@@ -134,11 +141,18 @@ class DispatchCall:
             self._queue.offer(event)
         return False  # nothing for the subscription itself: the queue already has it
 
+    def _pace(self, turn_id: str, tool_use_id: str) -> asyncio.Future[None] | None:
+        """The bus's question for a call producing output: wait for this client first?"""
+        if turn_id == self._turn_id and tool_use_id in self._ids:
+            return self._queue.room()
+        return None
+
     async def items(self) -> AsyncIterator[Item]:
         """Events of this call as they happen and each tool_use's result once it is ready."""
         bus = self._dispatcher.events(self._session.session_id)
         finished = False
         async with bus.subscribe(event_filter=self._tap):
+            bus.pace(self._pace)
             try:
                 self._start_more()
                 remaining = len(self._tool_uses)
@@ -161,6 +175,8 @@ class DispatchCall:
                 finished = True
             finally:
                 self._stopped = True
+                bus.unpace(self._pace)
+                self._queue.release()  # a command waiting for this client goes on
                 if not finished:
                     # The client went away (or the server is stopping): cancel what still runs, in a
                     # task of its own because this one is being cancelled.

@@ -1,16 +1,20 @@
-"""A Dispatch whose client does not read holds a bounded number of bytes (issue 7, point 5)."""
+"""A Dispatch whose client does not read holds a bounded number of bytes (issue 7, point 5), and
+its output waits for the client rather than being skipped (issue 37, item 1)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dispatcher.core import DispatcherConfig, Session, ToolDispatcher
+from dispatcher.core.events.bus import DEFAULT_MAX_BYTES, Event
+from dispatcher.core.events.payloads import ToolOutputDelta
 from dispatcher.core.types import (
     ImageBlock,
     SideEffect,
+    TextBlock,
     ToolContext,
     ToolDefinition,
     ToolOutput,
@@ -109,4 +113,69 @@ async def test_a_dispatch_that_raises_still_answers_its_tool_use_once(tmp_path: 
         assert isinstance(result, ToolResultBlock) and result.is_error
         assert result.error_class is not None and result.error_class.value == "execution_error"
         assert "internal error in the dispatcher" in text_at(result)
+    await dispatcher.aclose()
+
+
+CHUNK_TEXT = "0123456789abcdef" * 4096  # 64 KiB, as the agent sends a command's output
+CHUNKS = 48  # 3 MiB
+
+
+class PrinterTool:
+    """NONE: prints 3 MiB through ``emit_output``, waiting whenever the caller's stream is full,
+    as a command's output stream does (``sandbox/agent_link.py``)."""
+
+    definition = ToolDefinition("printer", "Prints.", {"type": "object"}, SideEffect.NONE)
+    printed = 0
+    waiting: asyncio.Future[None] | None = None
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
+        for _ in range(CHUNKS):
+            room = context.emit_output("stdout", CHUNK_TEXT)
+            PrinterTool.printed += 1
+            if room is not None:
+                PrinterTool.waiting = room
+                await room
+                PrinterTool.waiting = None
+        return ToolOutput([TextBlock("printed")])
+
+    async def cancel(self) -> bool:
+        return False
+
+
+def _printer_call(tmp_path: Path) -> tuple[ToolDispatcher, DispatchCall]:
+    PrinterTool.printed, PrinterTool.waiting = 0, None
+    dispatcher = ToolDispatcher(
+        FakeSandboxProvider(), config=DispatcherConfig(result_budget_bytes=RESULT_BUDGET)
+    )
+    dispatcher.register(PrinterTool)
+    session = Session("s1", str(tmp_path), "t1")
+    dispatcher.open_session(session)
+    uses = [ToolUseBlock("p", "printer", {})]
+    return dispatcher, DispatchCall(dispatcher, session, "t", uses, spawn=asyncio.ensure_future)
+
+
+async def test_a_caller_that_stops_reading_stops_the_output_and_then_gets_every_byte(tmp_path: Path) -> None:
+    dispatcher, call = _printer_call(tmp_path)
+    items = call.items()
+    await anext(items)  # tool.called; the client then stops reading
+    await until(lambda: PrinterTool.waiting is not None)
+    assert PrinterTool.printed < CHUNKS  # the output waits for the caller ...
+    assert call.held_bytes <= DEFAULT_MAX_BYTES + 2 * len(CHUNK_TEXT) + RESULT_BUDGET  # ... bounded
+    text: list[str] = []
+    async for item in items:  # the client reads again: everything, nothing skipped
+        if isinstance(item, Event) and isinstance(item.payload, ToolOutputDelta):
+            text.append(item.payload.text)
+    assert "".join(text) == CHUNK_TEXT * CHUNKS and PrinterTool.printed == CHUNKS
+    await dispatcher.aclose()
+
+
+async def test_a_caller_gone_lets_waiting_output_go_on(tmp_path: Path) -> None:
+    dispatcher, call = _printer_call(tmp_path)
+    items = call.items()
+    await anext(items)
+    await until(lambda: PrinterTool.waiting is not None)
+    room = PrinterTool.waiting
+    assert room is not None
+    await cast(AsyncGenerator[Any, None], items).aclose()  # the client went away
+    assert room.done()  # nothing waits for a reader that is gone (the call is cancelled too)
     await dispatcher.aclose()

@@ -67,6 +67,13 @@ DECISIONS_ON_RECORD = {
     "too_long_to_confirm",
     "confirmation_timeout",
     "client",
+    # issue 37: a refusal before the policy step names what refused it, not "auto"
+    "workspace_escape",
+    "tool_not_found",
+    "invalid_args",
+    "input_too_large",
+    "cancelled",
+    "sandbox_failed",
 }
 
 

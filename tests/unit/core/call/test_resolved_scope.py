@@ -39,7 +39,7 @@ async def test_a_symlink_escape_is_denied_before_anyone_is_asked(
     result = await run(dispatcher, session, "write", {"path": "out/passwd", "content": "x"})
     assert result.error_class is ToolErrorClass.PERMISSION_DENIED
     assert types_of(history(dispatcher, session)) == [ev.TOOL_FAILED]  # no question, no tool.called
-    assert [(r["kind"], r["decision"]) for r in audit.records] == [("tool.call.denied", "fs_denied")]
+    assert [(r["kind"], r["decision"]) for r in audit.records] == [("tool.call.denied", "workspace_escape")]
     assert not any(op == "write" for op, _ in provider.sandbox_for(session).calls)
 
 
