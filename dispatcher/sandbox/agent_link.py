@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
@@ -24,6 +25,10 @@ from dispatcher.sandbox.agent.protocol import (
     Message,
     Output,
     Ping,
+    ProcData,
+    ProcInfo,
+    ProcUnwatch,
+    ProcWatch,
     ProtocolError,
     Request,
     TunnelListen,
@@ -78,6 +83,49 @@ class ExecCall:
     """The call it runs for: connections its processes open to the proxy are that call's."""
 
 
+WATCH_BUFFER = 1 << 20
+"""The most output bytes one process watch holds for a consumer that has not taken them yet."""
+
+
+@dataclass(eq=False)
+class WatchCall:
+    """A ``proc_watch`` in flight: its frames wait here for the consumer, at most ``limit`` bytes.
+
+    Bounded by re-subscribing, not by dropping: a frame that would pass ``limit`` while others
+    wait ends the agent's watch (``proc_unwatch``; its later frames are ignored as late) and is
+    not kept. The consumer takes what is buffered, then ``AgentChannel.watch_process`` watches
+    again from the cursor after the last byte it took: what the process printed meanwhile is
+    read from its ring in the sandbox, and what fell out of the ring arrives as ``lost``, exact.
+    A slow consumer thus never grows the host's memory, and never slows the process either.
+    """
+
+    limit: int
+    position: int
+    """The cursor after the last byte taken into the buffer (where a new watch would start)."""
+    items: deque[ProcData | ProcInfo | Error | BaseException] = field(default_factory=deque)
+    buffered: int = 0
+    overflowed: bool = False
+    """The agent's watch was ended for want of room: once the buffer is taken, watch again."""
+    first: bool = True
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def deliver(self, item: ProcData | ProcInfo | Error | BaseException) -> None:
+        self.items.append(item)
+        self.ready.set()
+
+    async def next(self) -> ProcData | ProcInfo | Error | BaseException | None:
+        """The next item; None once the buffer is empty after an overflow (watch again)."""
+        while not self.items:
+            if self.overflowed:
+                return None
+            self.ready.clear()
+            await self.ready.wait()
+        item = self.items.popleft()
+        if isinstance(item, ProcData):
+            self.buffered -= len(item.data)
+        return item
+
+
 class AgentLink:
     """One agent process at the end of a framed stream: requests, replies, and the link's failure."""
 
@@ -98,7 +146,7 @@ class AgentLink:
         self._root = workspace_root.rstrip("/") or "/"
         self._max_frame = max_frame
         self._kill_wait = kill_wait
-        self._pending: dict[int, _Call | ExecCall | TunnelMux] = {}
+        self._pending: dict[int, _Call | ExecCall | TunnelMux | WatchCall] = {}
         self._next_id = first_id
         self._failure: SandboxError | None = None
         self._read_task: asyncio.Task[None] | None = None
@@ -125,6 +173,9 @@ class AgentLink:
             if isinstance(call, TunnelMux):
                 call.broken(self._failure)
                 continue
+            if isinstance(call, WatchCall):
+                call.deliver(self._failure)
+                continue
             waiter = call.future if isinstance(call, _Call) else call.done
             if not waiter.done():
                 waiter.set_exception(self._failure)
@@ -136,7 +187,7 @@ class AgentLink:
         if self._read_task is None:
             self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
 
-    def _register(self, call: _Call | ExecCall | TunnelMux) -> int:
+    def _register(self, call: _Call | ExecCall | TunnelMux | WatchCall) -> int:
         rid = self._next_id
         self._next_id += 1
         self._pending[rid] = call
@@ -194,6 +245,9 @@ class AgentLink:
         if isinstance(call, TunnelMux):
             call.deliver(kind, header, payload)
             return
+        if isinstance(call, WatchCall):
+            self._deliver_watch(rid, call, kind, header, payload)
+            return
         if isinstance(call, _Call):
             if kind == "result":
                 reply: Message = call.request.decode_reply(header, payload)
@@ -209,7 +263,7 @@ class AgentLink:
             self._deliver_output(call, Output.decode(header, payload))
             return
         if kind == "exit":
-            end: Exit | Error = Exit.decode(header)
+            end: Exit | Error = Exit.decode(header, payload)  # its payload: the shell's environment
         elif kind == "error":
             end = Error.decode(header)
         else:
@@ -217,6 +271,52 @@ class AgentLink:
         del self._pending[rid]
         if not call.done.done():
             call.done.set_result(end)
+
+    def _deliver_watch(
+        self, rid: int, call: WatchCall, kind: str, header: dict[str, Any], payload: bytes
+    ) -> None:
+        """A watch's frame: output into its bounded buffer (see ``WatchCall``), or its end."""
+        if kind == "proc_data":
+            frame = ProcData.decode(header, payload)
+            # Contiguous: each frame starts where the last ended, after the bytes it says were
+            # lost; the first may start before the cursor asked when that was past the end.
+            start = frame.cursor - frame.lost
+            if start != call.position and not (call.first and start <= call.position):
+                raise ProtocolError("process watch output is not contiguous")
+            if call.items and call.buffered + len(frame.data) > call.limit:
+                del self._pending[rid]
+                call.overflowed = True
+                call.ready.set()
+                self._post(ProcUnwatch(rid))
+                return
+            call.first = False
+            call.position = frame.cursor + len(frame.data)
+            call.buffered += len(frame.data)
+            call.deliver(frame)
+            return
+        if kind == "result":
+            end: ProcInfo | Error = ProcInfo.decode(header, payload)
+        elif kind == "error":
+            end = Error.decode(header)
+        else:
+            raise ProtocolError(f"unexpected {kind!r} frame for a process watch")
+        del self._pending[rid]
+        call.deliver(end)
+
+    def register_watch(self, request: ProcWatch, *, limit: int = WATCH_BUFFER) -> tuple[int, WatchCall]:
+        """Register a watch (``AgentChannel.watch_process`` sends it and consumes it)."""
+        self._usable()
+        call = WatchCall(limit=max(limit, 1), position=request.after)
+        return self._register(call), call
+
+    async def send_registered(self, rid: int, request: Request[Any]) -> None:
+        """Send the request of a call registered under ``rid`` (``watch``)."""
+        await self._send(rid, request)
+
+    def unwatch(self, rid: int) -> None:
+        """Stop watch ``rid`` if it still runs: its late frames are ignored from now on."""
+        if self._pending.pop(rid, None) is not None:
+            self._post(ProcUnwatch(rid))
 
     def _deliver_output(self, call: ExecCall, output: Output) -> None:
         if call.callback_error is not None:
