@@ -3,6 +3,11 @@
 NOT a security boundary. Commands run as the server's user with the server's access to the
 host; only file operations are confined to the workspace (by the agent). It exists for unit
 tests and for development on machines without Docker.
+
+Background processes (``processes()``) live in the agent's table as in a container, with one
+difference: nothing bounds a host process but its agent, so the agent kills its table when its
+channel ends. They do not survive a server restart (nor an agent that died and was restarted:
+``no_process`` then says so), and a paused session's processes are not frozen.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from dispatcher.core.process_api import ProcessControl, ProcessError
+from dispatcher.core.process_api import ProcessControl
 from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
@@ -26,8 +31,10 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
+from dispatcher.sandbox.container.config import ProcessLimits, process_limit_args
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.host_process import HostProcess
+from dispatcher.sandbox.processes.control import AgentProcesses
 from dispatcher.sandbox.tunnels import TunnelSetup, tunnel_setup
 
 if TYPE_CHECKING:
@@ -52,11 +59,13 @@ class LocalSandbox(AgentFiles):
         max_frame: int = DEFAULT_MAX_FRAME,
         kill_wait: float = 2.0,
         agent_args: Sequence[str] = (),
+        process_limits: ProcessLimits | None = None,
         tunnels: Callable[[], TunnelSetup | None] = lambda: None,
     ) -> None:
         self._tunnels = tunnels  # the egress proxy's listener, on any free port of the host's loopback
         self._workspace = os.path.abspath(workspace_path)
-        self._agent_args = tuple(agent_args)  # e.g. the session's --grants
+        # The session's --grants, and --process-limits when not the agent's defaults.
+        self._agent_args = (*agent_args, *process_limit_args(process_limits))
         self._python = python
         self._max_frame = max_frame
         self._kill_wait = kill_wait
@@ -68,6 +77,10 @@ class LocalSandbox(AgentFiles):
         """Where the agent's proxy listener is (on the host's loopback), once it listens."""
         self.notice: str | None = None
         """Said in the next call's result (the session was resumed): a process does not freeze."""
+        self.generation = 0
+        """Agents restarted after one ended (each took its background processes along)."""
+        self.last_removal: str | None = None
+        self._processes: AgentProcesses | None = None
 
     @property
     def workspace_root(self) -> str:
@@ -90,6 +103,9 @@ class LocalSandbox(AgentFiles):
                 raise SandboxError("the sandbox is closed")
             if self._channel is not None and not self._channel.broken:
                 return self._channel
+            if self._channel is not None:
+                self.generation += 1
+                self.last_removal = "its previous agent process had ended, and its processes with it"
             await self._stop()
             os.makedirs(self._workspace, exist_ok=True)
             # A bare environment: commands inherit the agent's, so nothing else of the server's leaks.
@@ -136,6 +152,8 @@ class LocalSandbox(AgentFiles):
 
     async def aclose(self) -> None:
         """Stop the agent; later calls raise ``SandboxError``."""
+        if self._processes is not None:
+            self._processes.close()
         async with self._lock:
             self._closed = True
             await self._stop()
@@ -153,8 +171,33 @@ class LocalSandbox(AgentFiles):
         return None
 
     def processes(self) -> ProcessControl:
-        """Not yet: issue 32's host side gives this sandbox its agent's process table."""
-        raise ProcessError("unsupported", "this sandbox has no process table yet")
+        """The session's process table, in its agent (see the module's note)."""
+        if self._processes is None:
+            self._processes = AgentProcesses(self)
+        return self._processes
+
+    # -- ``processes.control.ProcessHost`` ------------------------------------------------------
+
+    async def process_op(
+        self, what: str, op: Callable[[AgentChannel], Awaitable[T]], *, launch: bool, extra_seconds: float
+    ) -> T | None:
+        """``op`` on the agent's channel; None when no agent runs and ``launch`` is False."""
+        channel = await self.channel() if launch else await self.process_channel()
+        return None if channel is None else await op(channel)
+
+    async def process_channel(self) -> AgentChannel | None:
+        """The running agent's channel; None when none runs (none is started)."""
+        if self.notice is not None and report_notice(self.notice):
+            self.notice = None
+        current = self._channel
+        if self._closed or current is None:
+            return None
+        if current.broken:  # it died: restarted empty, the way the next call would find it
+            return await self.channel()
+        return current
+
+    async def thawed(self) -> None:
+        """Nothing is frozen here."""
 
     async def start_process(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
@@ -184,8 +227,10 @@ class LocalSandboxProvider(SandboxProvider):
         python: str = sys.executable,
         max_frame: int = DEFAULT_MAX_FRAME,
         hooks: ProviderHooks = NO_HOOKS,
+        process_limits: ProcessLimits | None = None,
     ) -> None:
         self.take_hooks(hooks)
+        self._process_limits = process_limits
         self._python = python
         self._max_frame = max_frame
         self._sandboxes: dict[str, LocalSandbox] = {}
@@ -201,6 +246,7 @@ class LocalSandboxProvider(SandboxProvider):
                 python=self._python,
                 max_frame=self._max_frame,
                 agent_args=agent_grant_args(session),
+                process_limits=self._process_limits,
                 tunnels=lambda: tunnel_setup(self.egress, session),
             )
             self._sandboxes[session.session_id] = sandbox
