@@ -15,6 +15,7 @@ import pytest
 from dispatcher.core.process_api import OutputChunk, ProcessControl, ProcessError, ProcessInfo, ProcessStart
 from tests.contract.helpers import run, sh
 from tests.contract.targets import Capability, Target
+from tests.polling import until
 
 
 @pytest.fixture
@@ -140,7 +141,11 @@ async def test_a_stop_kills_a_group_that_ignores_term_after_the_grace(
     command = "trap '' TERM; sh -c 'trap \"\" TERM; echo child; sleep 60' & sleep 60"
     info = await table.start(ProcessStart("p_stubborn", command))
     await _read_until(table, "p_stubborn", b"child\n")
-    assert await sh(target, _live_in_group(info.pid)) == b"4\n"  # two shells, each in a sleep
+
+    async def all_four() -> bool:  # two shells, each in a sleep (the last fork may still come)
+        return await sh(target, _live_in_group(info.pid)) == b"4\n"
+
+    await until(all_four, "the group's four processes")
     stopped = await table.signal("p_stubborn", "TERM", grace_seconds=0.5)
     assert (stopped.state, stopped.signal) == ("killed", 9)
     assert await sh(target, _live_in_group(info.pid)) == b"0\n"
