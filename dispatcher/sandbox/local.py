@@ -105,7 +105,7 @@ class LocalSandbox(AgentFiles):
                 return self._channel
             if self._channel is not None:
                 self.generation += 1
-                self.last_removal = "its previous agent process had ended, and its processes with it"
+                self.last_removal = "its agent process had ended"
             await self._stop()
             os.makedirs(self._workspace, exist_ok=True)
             # A bare environment: commands inherit the agent's, so nothing else of the server's leaks.

@@ -342,7 +342,7 @@ class ContainerSandbox(AgentFiles):
 
     def _replaced(self, reason: str) -> None:
         self.generation += 1
-        self.last_removal = f"its previous container was removed: {reason}"
+        self.last_removal = reason
 
     def container_died(self, container_id: str) -> None:
         """Its host says the container stopped by itself (gVisor's sandbox dies when a fork bomb takes

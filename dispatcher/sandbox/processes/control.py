@@ -112,14 +112,14 @@ class AgentProcesses:
         if seen is not None and seen < host.generation:
             return ProcessError(
                 "no_process",
-                f"process {process_id!r} is gone: the session's sandbox was recreated since it"
-                f" started{why}, and its processes ended with it (the workspace is intact);"
-                " start it again if it is still needed",
+                f"process {process_id!r} is gone: the session's sandbox was removed since it"
+                f" started{why}, and its processes ended with it; the next call gets a fresh"
+                " sandbox (the workspace is intact): start it again if it is still needed",
             )
         if host.generation:
             return no_process(
                 process_id,
-                f" (the session's sandbox was recreated{why}: processes started before that are gone)",
+                f" (the session's sandbox was removed{why}: processes started before that are gone)",
             )
         return no_process(process_id)
 
