@@ -244,3 +244,29 @@ async def test_processes_survive_a_restarted_server_through_process_control(
         second.sandbox_for(session), f"kill -0 -{started.pid} 2>/dev/null && echo alive || echo gone"
     )
     assert check.out == "gone\n"
+
+
+async def test_a_watch_of_a_flood_accounts_for_every_byte_whatever_its_consumer(
+    make_provider: ProviderFactory,
+) -> None:
+    """A consumer that stops to think after every few chunks falls behind a 50 MiB flood: its
+    watch is ended and begun again from where it is (the host holds at most its bound), and
+    every byte is either delivered or counted as lost, in order, exactly once."""
+    sandbox = make_provider().sandbox_for(make_provider.session())
+    table = sandbox.processes()
+    await table.start(ProcessStart("p_flood", "dd if=/dev/zero bs=1M count=50 2>/dev/null"))
+    position = delivered = lost = chunks = 0
+    end = None
+    async for item in table.watch("p_flood"):
+        if isinstance(item, OutputChunk):
+            assert item.cursor == position + item.lost  # contiguous, gaps said
+            position = item.cursor + len(item.data)
+            delivered += len(item.data)
+            lost += item.lost
+            chunks += 1
+            if chunks % 4 == 0:
+                await asyncio.sleep(0.01)  # a slow consumer, not a wait for anything
+        else:
+            end = item
+    assert end is not None and (end.state, end.end) == ("exited", FLOOD)
+    assert delivered + lost == FLOOD and lost > 0  # it did fall behind, and nothing went uncounted

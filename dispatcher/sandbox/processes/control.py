@@ -51,6 +51,8 @@ WAIT_POLL_MIN = 0.05
 """The first pause between two looks at the table of a sandbox with waiters, after one ended."""
 WAIT_POLL_MAX = 1.0
 """The longest pause between two looks: how late at most an end is noticed."""
+LOOK_TIMEOUT = 30.0
+"""How long one look may take (the agent answers it inline; a frozen one does not)."""
 
 
 class ProcessHost(Protocol):
@@ -234,20 +236,38 @@ class AgentProcesses:
     async def _poll(self) -> None:
         """Look at the table until no waiter is left, backing off while nothing ends."""
         delay = WAIT_POLL_MIN
-        while self._waiters:
-            await self._host.thawed()
-            ended = await self._look()
-            delay = WAIT_POLL_MIN if ended else min(delay * 2, WAIT_POLL_MAX)
-            if self._waiters:
-                await asyncio.sleep(delay)
+        try:
+            while self._waiters:
+                await self._host.thawed()
+                ended = await self._look()
+                delay = WAIT_POLL_MIN if ended else min(delay * 2, WAIT_POLL_MAX)
+                if self._waiters:
+                    await asyncio.sleep(delay)
+        except Exception as exc:  # no waiter may be left waiting on a poller that is gone
+            log.exception("the process waiter failed")
+            self._fail_all(exc if isinstance(exc, ProcessError) else SandboxError(f"waiting failed: {exc!r}"))
+
+    def _fail_all(self, error: Exception) -> None:
+        for futures in self._waiters.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
 
     async def _look(self) -> bool:
         """One look; True when a waiter was answered."""
         channel: AgentChannel | None = None
         try:
             channel = await self._host.process_channel()
-            records = None if channel is None else await channel.list_processes()
-        except (SandboxError, ProcessError) as exc:
+            records = (
+                None if channel is None else await asyncio.wait_for(channel.list_processes(), LOOK_TIMEOUT)
+            )
+        except TimeoutError:  # paused meanwhile, or a busy agent: the next look asks again
+            return False
+        except ProcessError as exc:
+            if exc.code == "unsupported":
+                raise
+            records = None
+        except SandboxError as exc:
             if channel is not None and not channel.broken:
                 log.warning("cannot look at the process table: %s", exc)
                 return False
@@ -275,7 +295,4 @@ class AgentProcesses:
         poller, self._poller = self._poller, None
         if poller is not None:
             poller.cancel()
-        for futures in self._waiters.values():
-            for future in futures:
-                if not future.done():
-                    future.set_exception(SandboxError("the session's sandbox was closed"))
+        self._fail_all(SandboxError("the session's sandbox was closed"))
