@@ -6,7 +6,8 @@ tests and for development on machines without Docker.
 
 Background processes (``processes()``) live in the agent's table as in a container, with one
 difference: nothing bounds a host process but its agent, so the agent kills its table when its
-channel ends. They do not survive a server restart (nor an agent that died and was restarted:
+channel ends, and an agent that died without doing so (``SIGKILL``) has the groups it was last
+seen running killed here. They do not survive a server restart (nor an agent that died:
 ``no_process`` then says so), and a paused session's processes are not frozen.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
@@ -81,6 +83,7 @@ class LocalSandbox(AgentFiles):
         """Agents restarted after one ended (each took its background processes along)."""
         self.last_removal: str | None = None
         self._processes: AgentProcesses | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     @property
     def workspace_root(self) -> str:
@@ -104,8 +107,7 @@ class LocalSandbox(AgentFiles):
             if self._channel is not None and not self._channel.broken:
                 return self._channel
             if self._channel is not None:
-                self.generation += 1
-                self.last_removal = "its agent process had ended"
+                self._agent_ended()
             await self._stop()
             os.makedirs(self._workspace, exist_ok=True)
             # A bare environment: commands inherit the agent's, so nothing else of the server's leaks.
@@ -123,6 +125,7 @@ class LocalSandbox(AgentFiles):
             )
             assert proc.stdout is not None and proc.stdin is not None
             self._proc = proc
+            self._reaper = asyncio.get_running_loop().create_task(self._when_gone(proc))
             channel = AgentChannel(
                 proc.stdout,
                 proc.stdin,
@@ -135,6 +138,18 @@ class LocalSandbox(AgentFiles):
                 self.proxy_port = await channel.open_tunnels(setup.serve, port=0, env=setup.env)
             self._channel = channel
             return channel
+
+    async def _when_gone(self, proc: asyncio.subprocess.Process) -> None:
+        """Once the agent exited: if it did not end cleanly (killed), the process groups of its
+        table it could not kill itself are killed (a pgid is only reused once its group is empty)."""
+        if await proc.wait() != 0 and self._processes is not None:
+            for pgid in self._processes.forget_groups():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+
+    def _agent_ended(self) -> None:
+        self.generation += 1
+        self.last_removal = "its agent process had ended"
 
     async def _stop(self) -> None:
         channel, self._channel = self._channel, None
@@ -149,6 +164,9 @@ class LocalSandbox(AgentFiles):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            await asyncio.gather(reaper, return_exceptions=True)
 
     async def aclose(self) -> None:
         """Stop the agent; later calls raise ``SandboxError``."""
@@ -192,8 +210,12 @@ class LocalSandbox(AgentFiles):
         current = self._channel
         if self._closed or current is None:
             return None
-        if current.broken:  # it died: restarted empty, the way the next call would find it
-            return await self.channel()
+        if current.broken:  # it died, its processes with it: nothing runs until a call starts one
+            async with self._lock:
+                if self._channel is current:
+                    self._agent_ended()
+                    await self._stop()
+            return None
         return current
 
     async def thawed(self) -> None:

@@ -93,6 +93,8 @@ class AgentProcesses:
         self._host = host
         self._seen: dict[str, int] = {}
         """Ids seen here, with the sandbox generation they were seen in (for ``no_process``)."""
+        self._groups: dict[str, int] = {}
+        """The process groups of the processes last seen running."""
         self._waiters: dict[str, list[asyncio.Future[ProcessInfo]]] = {}
         self._poller: asyncio.Task[None] | None = None
 
@@ -102,9 +104,19 @@ class AgentProcesses:
         generation = self._host.generation
         for record in records:
             self._seen[record.process_id] = generation
+            if record.running:
+                self._groups[record.process_id] = record.pid
+            else:
+                self._groups.pop(record.process_id, None)
         if len(self._seen) > 4096:  # ids of long-gone sandboxes first; bounded either way
             for key in sorted(self._seen, key=self._seen.__getitem__)[: len(self._seen) - 4096]:
                 del self._seen[key]
+
+    def forget_groups(self) -> tuple[int, ...]:
+        """The process groups last seen running, forgotten now (their agent is gone: a sandbox
+        with nothing else to bound them kills them, ``LocalSandbox``)."""
+        groups, self._groups = tuple(self._groups.values()), {}
+        return groups
 
     def gone(self, process_id: str) -> ProcessError:
         """``no_process`` for ``process_id``, saying whether the sandbox was replaced meanwhile."""
