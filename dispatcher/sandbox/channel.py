@@ -62,7 +62,6 @@ from dispatcher.sandbox.agent.protocol import (
 from dispatcher.sandbox.agent_link import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME
 from dispatcher.sandbox.agent_link import KILL_WAIT_SECONDS as KILL_WAIT_SECONDS
 from dispatcher.sandbox.agent_link import MAX_HEADER as MAX_HEADER
-from dispatcher.sandbox.agent_link import WATCH_BUFFER as WATCH_BUFFER
 from dispatcher.sandbox.agent_link import AgentLink, ExecCall, encodable, error_for, settled
 from dispatcher.sandbox.agent_link import AgentUnresponsive as AgentUnresponsive
 from dispatcher.sandbox.agent_link import FrameWriter as FrameWriter
@@ -76,6 +75,7 @@ from dispatcher.sandbox.processes.calls import (
     to_info,
     to_output,
 )
+from dispatcher.sandbox.processes.watch import WATCH_BUFFER as WATCH_BUFFER
 
 
 class AgentChannel(AgentLink):
