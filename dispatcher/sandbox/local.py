@@ -190,6 +190,9 @@ class LocalSandbox(AgentFiles):
 
     def processes(self) -> ProcessControl:
         """The session's process table, in its agent (see the module's note)."""
+        return self._agent_processes()
+
+    def _agent_processes(self) -> AgentProcesses:
         if self._processes is None:
             self._processes = AgentProcesses(self)
         return self._processes
@@ -233,11 +236,14 @@ class LocalSandbox(AgentFiles):
     ) -> ExecResult:
         """See ``Sandbox.exec``; an unresponsive agent is stopped now and restarted on the next call."""
         try:
-            return await (await self.channel()).exec(request, on_output, cancel_event)
+            result = await (await self.channel()).exec(request, on_output, cancel_event)
         except AgentUnresponsive:
             async with self._lock:
                 await self._stop()
             raise
+        if result.left:
+            self._agent_processes().saw_left(result.left)
+        return result
 
 
 class LocalSandboxProvider(SandboxProvider):

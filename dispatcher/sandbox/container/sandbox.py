@@ -437,7 +437,10 @@ class ContainerSandbox(AgentFiles):
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
     ) -> ExecResult:
         """See ``Sandbox.exec``: through the agent, guarded (``exec_guard.run_command``)."""
-        return await run_command(self, request, on_output, cancel_event)
+        result = await run_command(self, request, on_output, cancel_event)
+        if result.left:
+            self._agent_processes().saw_left(result.left)
+        return result
 
     # -- file operations (guarded: ``file_guard.py``) -----------------------------------------
 
@@ -456,6 +459,9 @@ class ContainerSandbox(AgentFiles):
 
     def processes(self) -> ProcessControl:
         """The session's process table, in its container's agent (``container/processes.py``)."""
+        return self._agent_processes()
+
+    def _agent_processes(self) -> AgentProcesses:
         if self._processes is None:
             self._processes = AgentProcesses(ContainerProcessHost(self))
         return self._processes

@@ -112,6 +112,11 @@ class AgentProcesses:
             for key in sorted(self._seen, key=self._seen.__getitem__)[: len(self._seen) - 4096]:
                 del self._seen[key]
 
+    def saw_left(self, process_ids: tuple[str, ...]) -> None:
+        """Ids a foreground command left running (``ExecResult.left``): known from now on."""
+        for process_id in process_ids:
+            self._seen[process_id] = self._host.generation
+
     def forget_groups(self) -> tuple[int, ...]:
         """The process groups last seen running, forgotten now (their agent is gone: a sandbox
         with nothing else to bound them kills them, ``LocalSandbox``)."""

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from dispatcher.core.process_api import ProcessError, ProcessStart
+from dispatcher.core.sandbox_api import ExecRequest
 from dispatcher.sandbox.container.processes import SessionPaused
 from tests.contract.real_agent import run_real_agent
 from tests.unit.sandbox.docker_rig import Rig
@@ -36,13 +37,16 @@ async def test_a_removed_container_took_its_processes_and_no_process_says_why(ri
     sandbox = rig.sandbox(agent_start_timeout=30.0, op_timeout_seconds=30.0)
     table = sandbox.processes()
     await table.start(ProcessStart("p_old", "sleep 60"))
+    request = ExecRequest("(sleep 60; echo late) & true", timeout=5, leave_as="p_left")
+    assert (await sandbox.exec(request, lambda *_: None, asyncio.Event())).left == ("p_left",)
     await sandbox.stop_for("the tenant's disk quota was exceeded")
-    with pytest.raises(ProcessError) as caught:
-        await table.read("p_old")
-    assert str(caught.value).startswith(
-        "process 'p_old' is gone: the session's sandbox was removed since it started (the tenant's"
-        " disk quota was exceeded), and its processes ended with it"
-    )
+    for process_id in ("p_old", "p_left"):  # started, or left running by a command
+        with pytest.raises(ProcessError) as caught:
+            await table.read(process_id)
+        assert str(caught.value).startswith(
+            f"process {process_id!r} is gone: the session's sandbox was removed since it started"
+            " (the tenant's disk quota was exceeded), and its processes ended with it"
+        )
     assert await table.list() == () and sandbox.container_id is None
     await table.start(ProcessStart("p_new", "true"))  # a start launches a fresh one
     with pytest.raises(ProcessError) as caught:
