@@ -299,8 +299,9 @@ class SandboxSection(SandboxConfig):
     @model_validator(mode="after")
     def _options_fit_the_backend(self) -> SandboxSection:
         others = sorted(self.model_fields_set - {"backend"})
-        if self.backend == "local" and others:
-            raise KeyProblem(others[0], "the local backend takes no options")
+        if self.backend == "local" and set(others) - {"processes"}:
+            key = sorted(set(others) - {"processes"})[0]
+            raise KeyProblem(key, "the local backend takes no options but processes")
         if self.backend == "docker" and "kubernetes" in others:
             raise KeyProblem("kubernetes", "only with backend: kubernetes")
         if self.backend == "kubernetes":

@@ -30,6 +30,10 @@ from dispatcher.sandbox.agent.protocol import (
     Message,
     Output,
     Ping,
+    ProcData,
+    ProcInfo,
+    ProcUnwatch,
+    ProcWatch,
     ProtocolError,
     Request,
     TunnelListen,
@@ -38,6 +42,7 @@ from dispatcher.sandbox.agent.protocol import (
     request_writes,
     response_head,
 )
+from dispatcher.sandbox.processes.watch import WATCH_BUFFER, WatchCall
 from dispatcher.sandbox.tunnels import Serve, TunnelMux
 
 log = logging.getLogger(__name__)
@@ -107,7 +112,7 @@ class AgentLink:
         self._root = workspace_root.rstrip("/") or "/"
         self._max_frame = max_frame
         self._kill_wait = kill_wait
-        self._pending: dict[int, _Call | ExecCall | TunnelMux] = {}
+        self._pending: dict[int, _Call | ExecCall | TunnelMux | WatchCall] = {}
         self._next_id = first_id
         self._failure: SandboxError | None = None
         self._read_task: asyncio.Task[None] | None = None
@@ -136,6 +141,9 @@ class AgentLink:
                 continue
             if isinstance(call, ExecCall):
                 call.draining.set()  # nothing more of its output is waited for
+            if isinstance(call, WatchCall):
+                call.deliver(self._failure)
+                continue
             waiter = call.future if isinstance(call, _Call) else call.done
             if not waiter.done():
                 waiter.set_exception(self._failure)
@@ -147,7 +155,7 @@ class AgentLink:
         if self._read_task is None:
             self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
 
-    def _register(self, call: _Call | ExecCall | TunnelMux) -> int:
+    def _register(self, call: _Call | ExecCall | TunnelMux | WatchCall) -> int:
         rid = self._next_id
         self._next_id += 1
         self._pending[rid] = call
@@ -210,6 +218,9 @@ class AgentLink:
         if isinstance(call, TunnelMux):
             call.deliver(kind, header, payload)
             return None
+        if isinstance(call, WatchCall):
+            self._deliver_watch(rid, call, kind, header, payload)
+            return None
         if isinstance(call, _Call):
             if kind == "result":
                 reply: Message = call.request.decode_reply(header, payload)
@@ -225,7 +236,7 @@ class AgentLink:
             room = self._deliver_output(call, Output.decode(header, payload))
             return None if room is None else (room, call)
         if kind == "exit":
-            end: Exit | Error = Exit.decode(header)
+            end: Exit | Error = Exit.decode(header, payload)  # its payload: the shell's environment
         elif kind == "error":
             end = Error.decode(header)
         else:
@@ -234,6 +245,52 @@ class AgentLink:
         if not call.done.done():
             call.done.set_result(end)
         return None
+
+    def _deliver_watch(
+        self, rid: int, call: WatchCall, kind: str, header: dict[str, Any], payload: bytes
+    ) -> None:
+        """A watch's frame: output into its bounded buffer (see ``WatchCall``), or its end."""
+        if kind == "proc_data":
+            frame = ProcData.decode(header, payload)
+            # Contiguous: each frame starts where the last ended, after the bytes it says were
+            # lost; the first may start before the cursor asked when that was past the end.
+            start = frame.cursor - frame.lost
+            if start != call.position and not (call.first and start <= call.position):
+                raise ProtocolError("process watch output is not contiguous")
+            if call.items and call.buffered + len(frame.data) > call.limit:
+                del self._pending[rid]
+                call.overflowed = True
+                call.ready.set()
+                self._post(ProcUnwatch(rid))
+                return
+            call.first = False
+            call.position = frame.cursor + len(frame.data)
+            call.buffered += len(frame.data)
+            call.deliver(frame)
+            return
+        if kind == "result":
+            end: ProcInfo | Error = ProcInfo.decode(header, payload)
+        elif kind == "error":
+            end = Error.decode(header)
+        else:
+            raise ProtocolError(f"unexpected {kind!r} frame for a process watch")
+        del self._pending[rid]
+        call.deliver(end)
+
+    def register_watch(self, request: ProcWatch, *, limit: int = WATCH_BUFFER) -> tuple[int, WatchCall]:
+        """Register a watch (``AgentChannel.watch_process`` sends it and consumes it)."""
+        self._usable()
+        call = WatchCall(limit=max(limit, 1), position=request.after)
+        return self._register(call), call
+
+    async def send_registered(self, rid: int, request: Request[Any]) -> None:
+        """Send the request of a call registered under ``rid`` (``watch``)."""
+        await self._send(rid, request)
+
+    def unwatch(self, rid: int) -> None:
+        """Stop watch ``rid`` if it still runs: its late frames are ignored from now on."""
+        if self._pending.pop(rid, None) is not None:
+            self._post(ProcUnwatch(rid))
 
     def _deliver_output(self, call: ExecCall, output: Output) -> asyncio.Future[None] | None:
         if call.callback_error is not None:

@@ -1,15 +1,27 @@
 """Host side of the agent protocol: the core ``Sandbox`` API over one agent link.
 
 ``AgentLink`` (agent_link.py) frames requests and replies and breaks on anything untrusted the
-agent sends; this adds the operations: workspace files, exec with its kill sequence, processes.
+agent sends; this adds the operations: workspace files, exec with its kill sequence, and the
+session's background processes (the agent's process table), mapped to ``core.process_api``'s
+types, with the agent's refusals as ``ProcessError``s whose text tells a model what to do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import posixpath
+from collections.abc import AsyncGenerator
 from typing import Any, Literal, cast
 
+from dispatcher.core.process_api import (
+    PROCESS_SIGNALS,
+    OutputChunk,
+    ProcessError,
+    ProcessInfo,
+    ProcessOutput,
+    ProcessStart,
+    ShellState,
+)
 from dispatcher.core.sandbox_api import (
     DirEntry,
     DirListing,
@@ -23,6 +35,8 @@ from dispatcher.core.sandbox_api import (
     SandboxError,
 )
 from dispatcher.sandbox.agent.protocol import (
+    CHUNK,
+    MAX_READ,
     Append,
     Delete,
     Error,
@@ -30,8 +44,16 @@ from dispatcher.sandbox.agent.protocol import (
     Exists,
     ListDir,
     Pause,
+    ProcInfo,
+    ProcInput,
+    ProcListRequest,
+    ProcRead,
     Procs,
+    ProcSignal,
+    ProcStart,
+    ProcWatch,
     Read,
+    Request,
     Resolve,
     SendSignal,
     Stat,
@@ -44,6 +66,16 @@ from dispatcher.sandbox.agent_link import AgentLink, ExecCall, encodable, error_
 from dispatcher.sandbox.agent_link import AgentUnresponsive as AgentUnresponsive
 from dispatcher.sandbox.agent_link import FrameWriter as FrameWriter
 from dispatcher.sandbox.agent_link import NotDelivered as NotDelivered
+from dispatcher.sandbox.processes.calls import (
+    MAX_WAIT_SECONDS,
+    PROCESS_CODES,
+    check_request,
+    process_error,
+    to_chunk,
+    to_info,
+    to_output,
+)
+from dispatcher.sandbox.processes.watch import WATCH_BUFFER as WATCH_BUFFER
 
 
 class AgentChannel(AgentLink):
@@ -143,7 +175,15 @@ class AgentChannel(AgentLink):
             raise SandboxError(f"stdin of {len(stdin)} bytes is more than {self._max_frame}")
         call = ExecCall(on_output, loop.create_future(), tool_use_id=request.tool_use_id)
         rid = self._register(call)
-        command = Exec(request.command, request.cwd, dict(request.env), stdin, request.approved_cwd)
+        command = Exec(
+            request.command,
+            request.cwd,
+            dict(request.env),
+            stdin,
+            request.approved_cwd,
+            request.leave_as,
+            request.capture_state,
+        )
         timed_out = cancelled = killed = False
         try:
             await self._send(rid, command)
@@ -179,6 +219,9 @@ class AgentChannel(AgentLink):
             cancelled=cancelled,
             killed=killed,
             duration_ms=(loop.time() - started) * 1000.0,
+            left=reply.left,
+            # No environment: the shell could not tell (``exec prog``, a signal, its own trap).
+            shell_state=None if reply.env is None else ShellState(reply.cwd, dict(reply.env), reply.unset),
         )
 
     async def _wait_first(
@@ -212,6 +255,126 @@ class AgentChannel(AgentLink):
         earlier pauses stopped; how many (see ``Pause``). For sandboxes that cannot be frozen."""
         reply = await self.call(Pause(paused))
         return reply.processes
+
+    # -- background processes (the agent's table; ``core.process_api``) -------------------------
+
+    async def start_process(self, request: ProcessStart) -> ProcessInfo:
+        """Start ``sh -c command`` in the background (or answer the record of the same id and
+        command: a retried start starts one process).
+
+        Raises:
+            ToolValidationError: a malformed id, command, environment or ring size.
+            ProcessError: ``conflict``, ``too_many``, ``too_large``.
+            FileOpError, WorkspaceEscapeError, ToolPermissionDenied: its ``cwd`` is unusable.
+        """
+        message = ProcStart(
+            request.process_id,
+            request.command,
+            request.cwd,
+            dict(request.env),
+            request.tool_use_id,
+            request.ring_bytes,
+            request.approved_cwd,
+        )
+        check_request(message, f"process {request.process_id!r}")
+        return to_info(await self._process_call(message, request.process_id, "start"))
+
+    async def list_processes(self) -> tuple[ProcessInfo, ...]:
+        """Every process of the table, running and the finished ones kept, oldest first."""
+        reply = await self.call(ProcListRequest())
+        return tuple(to_info(record) for record in reply.processes)
+
+    async def read_process(
+        self, process_id: str, *, after: int = 0, wait_seconds: float = 0.0, max_bytes: int = CHUNK
+    ) -> ProcessOutput:
+        """Output after cursor ``after`` (at most ``max_bytes``, held to ``MAX_READ``), waiting up
+        to ``wait_seconds`` (held to ``MAX_WAIT_SECONDS``) for some or for the end.
+
+        Raises:
+            ProcessError: ``no_process``.
+        """
+        message = ProcRead(
+            process_id,
+            max(after, 0),
+            min(max(wait_seconds, 0.0), MAX_WAIT_SECONDS),
+            min(max(max_bytes, 1), MAX_READ),
+        )
+        check_request(message, process_id)
+        reply = await self._process_call(message, process_id, "read")
+        return to_output(reply)
+
+    async def write_process_input(self, process_id: str, data: bytes, *, close: bool = False) -> ProcessInfo:
+        """Queue ``data`` for its stdin (all of it or nothing), then close it if ``close``.
+
+        Raises:
+            ProcessError: ``no_process``, ``not_running``, ``too_large``.
+        """
+        if len(data) > self._max_frame:
+            raise ProcessError(
+                "too_large",
+                f"{len(data)} bytes of input in one write is more than {self._max_frame}; send it in parts",
+            )
+        message = ProcInput(process_id, data, close)
+        check_request(message, process_id)
+        return to_info(await self._process_call(message, process_id, "input"))
+
+    async def signal_process(
+        self, process_id: str, signal: str, *, grace_seconds: float | None = None
+    ) -> ProcessInfo:
+        """``signal`` to its whole process group; with ``grace_seconds`` (held to
+        ``MAX_WAIT_SECONDS``), ``KILL`` once that passed, answered when the group is empty.
+
+        Raises:
+            ToolValidationError: an unknown signal.
+            ProcessError: ``no_process``.
+        """
+        grace = None if grace_seconds is None else min(max(grace_seconds, 0.0), MAX_WAIT_SECONDS)
+        message = ProcSignal(process_id, signal, grace)
+        check_request(message, f"signal {signal!r} (one of {', '.join(PROCESS_SIGNALS)})")
+        return to_info(await self._process_call(message, process_id, "signal"))
+
+    async def watch_process(
+        self, process_id: str, *, after: int = 0, buffer_bytes: int = WATCH_BUFFER
+    ) -> AsyncGenerator[OutputChunk | ProcessInfo, None]:
+        """Its output from cursor ``after`` as it comes (a chunk's ``lost``: bytes before it the
+        ring dropped), then its record once it ended and every byte went out. Closing the
+        iterator stops the agent's watch. At most ``buffer_bytes`` wait here for a slow consumer:
+        past that the watch is ended and begun again from where the consumer is (``WatchCall``).
+
+        Raises:
+            ProcessError: ``no_process``.
+            SandboxError: the channel broke.
+        """
+        position = max(after, 0)
+        while True:
+            message = ProcWatch(process_id, position)
+            check_request(message, process_id)
+            rid, call = self.register_watch(message, limit=buffer_bytes)
+            try:
+                await self.send_registered(rid, message)
+                while True:
+                    item = await call.next()
+                    if item is None:  # its buffer overflowed and is empty now: watch again
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    if isinstance(item, Error):
+                        raise process_error(item, process_id, "watch")
+                    if isinstance(item, ProcInfo):
+                        yield to_info(item)
+                        return
+                    yield to_chunk(item)
+            finally:
+                self.unwatch(rid)
+            position = call.position
+
+    async def _process_call(self, message: Request[Any], process_id: str, what: str) -> Any:
+        try:
+            return await self.call(message)
+        except FileOpError as exc:
+            if exc.code in PROCESS_CODES:
+                raise process_error(Error(exc.code, exc.message), process_id, what) from None
+            raise
 
 
 def _kind(kind: str) -> EntryKind:

@@ -3,6 +3,12 @@
 NOT a security boundary. Commands run as the server's user with the server's access to the
 host; only file operations are confined to the workspace (by the agent). It exists for unit
 tests and for development on machines without Docker.
+
+Background processes (``processes()``) live in the agent's table as in a container, with one
+difference: nothing bounds a host process but its agent, so the agent kills its table when its
+channel ends, and an agent that died without doing so (``SIGKILL``) has the groups it was last
+seen running killed here. They do not survive a server restart (nor an agent that died:
+``no_process`` then says so), and a paused session's processes are not frozen.
 """
 
 from __future__ import annotations
@@ -10,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from dispatcher.core.process_api import ProcessControl, ProcessError
+from dispatcher.core.process_api import ProcessControl
 from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SandboxProvider
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
@@ -26,8 +33,10 @@ from dispatcher.core.sandbox_api import (
 )
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import DEFAULT_MAX_FRAME, AgentChannel, AgentUnresponsive
+from dispatcher.sandbox.container.config import ProcessLimits, process_limit_args
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.host_process import HostProcess
+from dispatcher.sandbox.processes.control import AgentProcesses
 from dispatcher.sandbox.tunnels import TunnelSetup, tunnel_setup
 
 if TYPE_CHECKING:
@@ -52,11 +61,13 @@ class LocalSandbox(AgentFiles):
         max_frame: int = DEFAULT_MAX_FRAME,
         kill_wait: float = 2.0,
         agent_args: Sequence[str] = (),
+        process_limits: ProcessLimits | None = None,
         tunnels: Callable[[], TunnelSetup | None] = lambda: None,
     ) -> None:
         self._tunnels = tunnels  # the egress proxy's listener, on any free port of the host's loopback
         self._workspace = os.path.abspath(workspace_path)
-        self._agent_args = tuple(agent_args)  # e.g. the session's --grants
+        # The session's --grants, and --process-limits when not the agent's defaults.
+        self._agent_args = (*agent_args, *process_limit_args(process_limits))
         self._python = python
         self._max_frame = max_frame
         self._kill_wait = kill_wait
@@ -68,6 +79,11 @@ class LocalSandbox(AgentFiles):
         """Where the agent's proxy listener is (on the host's loopback), once it listens."""
         self.notice: str | None = None
         """Said in the next call's result (the session was resumed): a process does not freeze."""
+        self.generation = 0
+        """Agents restarted after one ended (each took its background processes along)."""
+        self.last_removal: str | None = None
+        self._processes: AgentProcesses | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     @property
     def workspace_root(self) -> str:
@@ -90,6 +106,8 @@ class LocalSandbox(AgentFiles):
                 raise SandboxError("the sandbox is closed")
             if self._channel is not None and not self._channel.broken:
                 return self._channel
+            if self._channel is not None:
+                self._agent_ended()
             await self._stop()
             os.makedirs(self._workspace, exist_ok=True)
             # A bare environment: commands inherit the agent's, so nothing else of the server's leaks.
@@ -107,6 +125,7 @@ class LocalSandbox(AgentFiles):
             )
             assert proc.stdout is not None and proc.stdin is not None
             self._proc = proc
+            self._reaper = asyncio.get_running_loop().create_task(self._when_gone(proc))
             channel = AgentChannel(
                 proc.stdout,
                 proc.stdin,
@@ -119,6 +138,18 @@ class LocalSandbox(AgentFiles):
                 self.proxy_port = await channel.open_tunnels(setup.serve, port=0, env=setup.env)
             self._channel = channel
             return channel
+
+    async def _when_gone(self, proc: asyncio.subprocess.Process) -> None:
+        """Once the agent exited: if it did not end cleanly (killed), the process groups of its
+        table it could not kill itself are killed (a pgid is only reused once its group is empty)."""
+        if await proc.wait() != 0 and self._processes is not None:
+            for pgid in self._processes.forget_groups():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+
+    def _agent_ended(self) -> None:
+        self.generation += 1
+        self.last_removal = "its agent process had ended"
 
     async def _stop(self) -> None:
         channel, self._channel = self._channel, None
@@ -133,9 +164,14 @@ class LocalSandbox(AgentFiles):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            await asyncio.gather(reaper, return_exceptions=True)
 
     async def aclose(self) -> None:
         """Stop the agent; later calls raise ``SandboxError``."""
+        if self._processes is not None:
+            self._processes.close()
         async with self._lock:
             self._closed = True
             await self._stop()
@@ -153,8 +189,40 @@ class LocalSandbox(AgentFiles):
         return None
 
     def processes(self) -> ProcessControl:
-        """Not yet: issue 32's host side gives this sandbox its agent's process table."""
-        raise ProcessError("unsupported", "this sandbox has no process table yet")
+        """The session's process table, in its agent (see the module's note)."""
+        return self._agent_processes()
+
+    def _agent_processes(self) -> AgentProcesses:
+        if self._processes is None:
+            self._processes = AgentProcesses(self)
+        return self._processes
+
+    # -- ``processes.control.ProcessHost`` ------------------------------------------------------
+
+    async def process_op(
+        self, what: str, op: Callable[[AgentChannel], Awaitable[T]], *, launch: bool, extra_seconds: float
+    ) -> T | None:
+        """``op`` on the agent's channel; None when no agent runs and ``launch`` is False."""
+        channel = await self.channel() if launch else await self.process_channel()
+        return None if channel is None else await op(channel)
+
+    async def process_channel(self) -> AgentChannel | None:
+        """The running agent's channel; None when none runs (none is started)."""
+        if self.notice is not None and report_notice(self.notice):
+            self.notice = None
+        current = self._channel
+        if self._closed or current is None:
+            return None
+        if current.broken:  # it died, its processes with it: nothing runs until a call starts one
+            async with self._lock:
+                if self._channel is current:
+                    self._agent_ended()
+                    await self._stop()
+            return None
+        return current
+
+    async def thawed(self) -> None:
+        """Nothing is frozen here."""
 
     async def start_process(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int
@@ -168,11 +236,14 @@ class LocalSandbox(AgentFiles):
     ) -> ExecResult:
         """See ``Sandbox.exec``; an unresponsive agent is stopped now and restarted on the next call."""
         try:
-            return await (await self.channel()).exec(request, on_output, cancel_event)
+            result = await (await self.channel()).exec(request, on_output, cancel_event)
         except AgentUnresponsive:
             async with self._lock:
                 await self._stop()
             raise
+        if result.left:
+            self._agent_processes().saw_left(result.left)
+        return result
 
 
 class LocalSandboxProvider(SandboxProvider):
@@ -184,8 +255,10 @@ class LocalSandboxProvider(SandboxProvider):
         python: str = sys.executable,
         max_frame: int = DEFAULT_MAX_FRAME,
         hooks: ProviderHooks = NO_HOOKS,
+        process_limits: ProcessLimits | None = None,
     ) -> None:
         self.take_hooks(hooks)
+        self._process_limits = process_limits
         self._python = python
         self._max_frame = max_frame
         self._sandboxes: dict[str, LocalSandbox] = {}
@@ -201,6 +274,7 @@ class LocalSandboxProvider(SandboxProvider):
                 python=self._python,
                 max_frame=self._max_frame,
                 agent_args=agent_grant_args(session),
+                process_limits=self._process_limits,
                 tunnels=lambda: tunnel_setup(self.egress, session),
             )
             self._sandboxes[session.session_id] = sandbox

@@ -64,7 +64,7 @@ def make_provider(config: Config, hooks: ProviderHooks = NO_HOOKS) -> SandboxPro
     if config.sandbox_backend == "local":
         from dispatcher.sandbox.local import LocalSandboxProvider
 
-        return LocalSandboxProvider(hooks=hooks)
+        return LocalSandboxProvider(hooks=hooks, process_limits=config.sandbox.processes)
     from dispatcher.sandbox.docker.backend import DockerSandboxProvider, instance_id_for
 
     if config.sandbox_backend == "kubernetes":

@@ -39,6 +39,8 @@ class Capability(StrEnum):
     """Commands see nothing of the host but the workspace."""
     ROOT_PATHS = "root_paths"
     """An absolute path under ``workspace_root`` reaches the workspace where commands run."""
+    PROCESSES = "processes"
+    """``processes()`` is a table of background processes (``core.process_api``)."""
 
 
 NAMES = ("fake", "local", "fake-docker", "docker", "kubernetes")
@@ -91,7 +93,10 @@ def fake() -> Target:
     async def make_link(link: str, target: str) -> None:
         sandbox.links[link] = target
 
-    lacks = {Capability.COMMANDS: "its exec runs the callable a test gives it (exec_handler), not a shell"}
+    lacks = {
+        Capability.COMMANDS: "its exec runs the callable a test gives it (exec_handler), not a shell",
+        Capability.PROCESSES: "its in-memory process table is not written yet (processes() is unsupported)",
+    }
     return Target("fake", sandbox, make_link, lacks)
 
 

@@ -7,6 +7,7 @@ name the offending key (``sandbox.pids_limit: ...``) so an operator can fix the 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -71,6 +72,15 @@ def _at_least(floor: int, shown: str) -> Any:
     return AfterValidator(check)
 
 
+def _at_most(ceiling: int, shown: str) -> Any:
+    def check(size: int) -> int:
+        if size > ceiling:
+            raise ValueError(f"must be at most {shown}, got {size} bytes")
+        return size
+
+    return AfterValidator(check)
+
+
 def _names(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
@@ -125,6 +135,46 @@ class WarmPoolConfig(Section):
     size: Annotated[int, Field(strict=True, ge=0, le=256)] = 0
     """Containers kept created, started and with their agent answering, across all sandbox users
     (0: no pool). Each holds about one idle session's memory (see the README's sizing note)."""
+
+
+class ProcessLimits(Section):
+    """``sandbox.processes``: the bounds of a session's background processes, kept by its agent
+    (the agent's ``--process-limits``, same names; given only when not these defaults)."""
+
+    running: Annotated[int, Field(strict=True, gt=0, le=1024)] = 32
+    """Processes running at once in one session; one more is refused (``too_many``)."""
+    ring_bytes: Annotated[Bytes, _at_least(1 << 10, "1k")] = 1 << 20
+    """Output (stdout and stderr) kept per process when its start does not say: the newest bytes;
+    a reader further behind is told how many it lost."""
+    max_ring_bytes: Annotated[Bytes, _at_least(1 << 10, "1k")] = 16 << 20
+    """The largest output ring a start may ask for (``too_large`` past it)."""
+    total_ring_bytes: Annotated[Bytes, _at_least(1 << 10, "1k")] = 64 << 20
+    """All rings of one session together, finished processes' included (the oldest finished are
+    forgotten first, then a start is refused ``too_large``). Held in the agent's memory, so
+    within ``sandbox.mem_limit``."""
+    finished: Annotated[int, Field(strict=True, gt=0, le=4096)] = 64
+    """Finished processes kept readable per session; the oldest is forgotten first."""
+    stdin_bytes: Annotated[Bytes, _at_least(1, "1"), _at_most(32 << 20, "32m")] = 1 << 20
+    """Input waiting for one process to read it; a write past it is refused whole (``too_large``)."""
+
+    @model_validator(mode="after")
+    def _rings_nest(self) -> ProcessLimits:
+        if self.ring_bytes > self.max_ring_bytes:
+            raise KeyProblem("ring_bytes", f"must not be more than max_ring_bytes ({self.max_ring_bytes})")
+        if self.max_ring_bytes > self.total_ring_bytes:
+            raise KeyProblem(
+                "max_ring_bytes", f"must not be more than total_ring_bytes ({self.total_ring_bytes})"
+            )
+        return self
+
+
+def process_limit_args(limits: ProcessLimits | None) -> list[str]:
+    """``["--process-limits", JSON]`` with the keys that differ from the agent's defaults; ``[]``
+    when none does (an agent of an older image need not know the option then)."""
+    changed = {} if limits is None else limits.model_dump(exclude_defaults=True)
+    if not changed:
+        return []
+    return ["--process-limits", json.dumps(changed, separators=(",", ":"), sort_keys=True)]
 
 
 class SandboxConfig(Section):
@@ -219,6 +269,8 @@ class SandboxConfig(Section):
     watching usage; ``watch``: always watch usage (no image)."""
     workspace_watch_interval_seconds: Seconds = 10.0
     """How often a watched tenant's usage is measured."""
+    processes: ProcessLimits = Field(default_factory=ProcessLimits)
+    """Bounds of a session's background processes (``process_list``, ``shell`` in the background)."""
     warm_pool: WarmPoolConfig = Field(default_factory=WarmPoolConfig)
     """A new session adopts a waiting container instead of launching one (runc, root, no fs grants)."""
     extra_labels: Annotated[
@@ -230,6 +282,12 @@ class SandboxConfig(Section):
     def _runsc_needs_room(self) -> SandboxConfig:
         if self.runtime == "runsc" and self.pids_limit < RUNSC_MIN_PIDS:
             raise KeyProblem("pids_limit", f"runtime runsc needs at least {RUNSC_MIN_PIDS}")
+        if self.processes.total_ring_bytes >= self.mem_limit:
+            raise KeyProblem(
+                "processes",
+                f"total_ring_bytes ({format_size(self.processes.total_ring_bytes)}) must be less than"
+                f" mem_limit ({format_size(self.mem_limit)}): the rings live in the sandbox's memory",
+            )
         return self
 
     @property

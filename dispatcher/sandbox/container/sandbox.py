@@ -23,10 +23,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from dispatcher.core.observe import SandboxRemoval
-from dispatcher.core.process_api import ProcessControl, ProcessError
+from dispatcher.core.process_api import ProcessControl
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
     ExecRequest,
@@ -44,9 +44,13 @@ from dispatcher.sandbox.container.config import WORKSPACE_ROOT
 from dispatcher.sandbox.container.exec_guard import run_command
 from dispatcher.sandbox.container.file_guard import guarded_file_op, held_channel
 from dispatcher.sandbox.container.host import ContainerHost, ContainerNotFound, LiveContainer
+from dispatcher.sandbox.container.processes import ContainerProcessHost
+from dispatcher.sandbox.processes.control import AgentProcesses
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_NOT_RUNNING: LiveContainer = cast(LiveContainer, object())
+"""``_usable``'s answer when no container runs and none was to be launched."""
 
 
 class ContainerSandbox(AgentFiles):
@@ -76,10 +80,31 @@ class ContainerSandbox(AgentFiles):
         """When that container started, on this process's monotonic clock."""
         self.unstored = False
         """Given back by a restart with no stored container (``expect_labelled``), until the sweep."""
-        self.paused = False
-        """Its session is paused: the container is frozen (idle and lifetime retirement skip it)."""
+        self._thawed = asyncio.Event()
+        self._thawed.set()
         self._resumed: str | None = None
         """The session was resumed: said in the next call's result."""
+        self.generation = 0
+        """Containers of this session replaced so far (each took its background processes along)."""
+        self.last_removal: str | None = None
+        """Why the last one was replaced."""
+        self._processes: AgentProcesses | None = None
+
+    @property
+    def paused(self) -> bool:
+        """Its session is paused: the container is frozen (idle and lifetime retirement skip it)."""
+        return not self._thawed.is_set()
+
+    @paused.setter
+    def paused(self, paused: bool) -> None:
+        if paused:
+            self._thawed.clear()
+        else:
+            self._thawed.set()
+
+    async def thawed(self) -> None:
+        """Return once the session is not paused."""
+        await self._thawed.wait()
 
     @property
     def workspace_root(self) -> str:
@@ -98,6 +123,19 @@ class ContainerSandbox(AgentFiles):
     async def using(self) -> AsyncIterator[LiveContainer]:
         """The live container (created or re-adopted on demand), counted as in use for the block."""
         live = await self._acquire()
+        assert live is not None  # launched
+        try:
+            yield live
+        finally:
+            self._release()
+
+    @contextlib.asynccontextmanager
+    async def using_running(self) -> AsyncIterator[LiveContainer | None]:
+        """As ``using``, but None when no container runs (one to re-adopt is): nothing is launched."""
+        live = await self._acquire(launch=False)
+        if live is None:
+            yield None
+            return
         try:
             yield live
         finally:
@@ -105,8 +143,9 @@ class ContainerSandbox(AgentFiles):
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def _acquire(self) -> LiveContainer:
+    async def _acquire(self, *, launch: bool = True) -> LiveContainer | None:
         """The live container, created (or recreated) on demand; counts the call as active.
+        Without ``launch``: None (not counted) when no container runs.
 
         A container past ``max_lifetime_seconds`` is retired here once no call runs in it: a new
         call waits for the running ones (each bounded by its timeout), so calls kept overlapping
@@ -117,7 +156,10 @@ class ContainerSandbox(AgentFiles):
         try:
             while True:
                 async with self._lock:
-                    live = await self._usable()
+                    live = await self._usable(launch)
+                    if live is _NOT_RUNNING:
+                        self._active -= 1
+                        return None
                     if live is not None:
                         self._running += 1
                         self._quiet.clear()
@@ -128,9 +170,9 @@ class ContainerSandbox(AgentFiles):
             self.last_used = self._provider.clock()
             raise
 
-    async def _usable(self) -> LiveContainer | None:
-        """Under the lock: the container a call may use now, launched if need be; None while an
-        old container still runs calls."""
+    async def _usable(self, launch: bool = True) -> LiveContainer | None:
+        """Under the lock: the container a call may use now, launched if need be (else
+        ``_NOT_RUNNING``); None while an old container still runs calls."""
         if self._closed:
             # A call that raced CloseSession must not bring a container back to life.
             raise SandboxError(f"session {self.session.session_id} is closed")
@@ -146,6 +188,8 @@ class ContainerSandbox(AgentFiles):
         if live is None and self._adopt is not None:
             await self._adopt_locked()
             live = self._live
+        if live is None and not launch:
+            return _NOT_RUNNING
         if live is None:
             live = self._live = await self._provider.launch(self.session)
             self._provider.container_changed(self.session.session_id, live.container_id)
@@ -173,6 +217,7 @@ class ContainerSandbox(AgentFiles):
         self._provider.observer.sandbox_removed(kind)
         self._live = None
         self._lost = reason
+        self._replaced(reason)
         self.recreations += 1
         self._provider.container_changed(self.session.session_id, None)
         log.warning(
@@ -295,6 +340,10 @@ class ContainerSandbox(AgentFiles):
             return False
         return processes > 0
 
+    def _replaced(self, reason: str) -> None:
+        self.generation += 1
+        self.last_removal = reason
+
     def container_died(self, container_id: str) -> None:
         """Its host says the container stopped by itself (gVisor's sandbox dies when a fork bomb takes
         the pids its own threads need, and the agent's exec stream may stay open): break the
@@ -335,6 +384,7 @@ class ContainerSandbox(AgentFiles):
         if self._adopt is not None:
             self._adopt = None
             self._lost = reason
+            self._replaced(reason)
             self._provider.container_changed(self.session.session_id, None)
 
     async def adopt(self) -> None:
@@ -349,6 +399,7 @@ class ContainerSandbox(AgentFiles):
         result = await reattach(self._provider, self.session, container_id)
         if isinstance(result, str):
             self._lost = result
+            self._replaced(result)
             self._provider.container_changed(self.session.session_id, None)
         else:
             if self._adopt_started is not None:
@@ -358,6 +409,8 @@ class ContainerSandbox(AgentFiles):
 
     async def detach(self) -> None:
         """Close the agent channel but leave the container running (the session is kept)."""
+        if self._processes is not None:
+            self._processes.close()
         async with self._lock:
             self._closed = True
             live, self._live = self._live, None
@@ -370,6 +423,8 @@ class ContainerSandbox(AgentFiles):
 
     async def close(self) -> None:
         """Remove the container (session closed or server stopping)."""
+        if self._processes is not None:
+            self._processes.close()
         async with self._lock:
             self._closed = True
             if self._live is not None:
@@ -382,7 +437,10 @@ class ContainerSandbox(AgentFiles):
         self, request: ExecRequest, on_output: OutputCallback, cancel_event: asyncio.Event
     ) -> ExecResult:
         """See ``Sandbox.exec``: through the agent, guarded (``exec_guard.run_command``)."""
-        return await run_command(self, request, on_output, cancel_event)
+        result = await run_command(self, request, on_output, cancel_event)
+        if result.left:
+            self._agent_processes().saw_left(result.left)
+        return result
 
     # -- file operations (guarded: ``file_guard.py``) -----------------------------------------
 
@@ -400,8 +458,13 @@ class ContainerSandbox(AgentFiles):
         return self._provider.quota_note(self.session.tenant_id)
 
     def processes(self) -> ProcessControl:
-        """Not yet: issue 32's host side gives this sandbox its agent's process table."""
-        raise ProcessError("unsupported", "this sandbox has no process table yet")
+        """The session's process table, in its container's agent (``container/processes.py``)."""
+        return self._agent_processes()
+
+    def _agent_processes(self) -> AgentProcesses:
+        if self._processes is None:
+            self._processes = AgentProcesses(ContainerProcessHost(self))
+        return self._processes
 
     async def start_process(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], *, limit: int

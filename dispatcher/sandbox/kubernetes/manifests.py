@@ -20,7 +20,7 @@ from typing import Any
 
 from dispatcher.core.errors import ConfigError
 from dispatcher.core.sessions.session import Session
-from dispatcher.sandbox.container.config import WORKSPACE_ROOT, SandboxConfig, parse_size
+from dispatcher.sandbox.container.config import WORKSPACE_ROOT, SandboxConfig, parse_size, process_limit_args
 from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 from dispatcher.sandbox.container.labels import (
     LABEL_INSTANCE,
@@ -195,6 +195,7 @@ def pod_manifest(
         "--root",
         WORKSPACE_ROOT,
         *agent_grant_args(session),
+        *process_limit_args(config.processes),
     ]
     container: Manifest = {
         "name": CONTAINER,

@@ -372,3 +372,49 @@ async def test_undecodable_file_names_never_break_the_channel(sandbox: LocalSand
     assert info.value.code == "ENOENT"
     info.value.message.encode("utf-8")  # safe to serialise downstream
     assert not (await sandbox.channel()).broken
+
+
+async def test_an_agent_that_died_took_its_processes_and_nothing_restarts_to_say_so(
+    sandbox: LocalSandbox,
+) -> None:
+    from dispatcher.core.process_api import ProcessError, ProcessStart
+
+    table = sandbox.processes()
+    assert await table.list() == () and sandbox.pid is None  # nothing started to find nothing
+    started = await table.start(ProcessStart("p_1", "sleep 60"))
+    pid = sandbox.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    await until(lambda: sandbox._channel is not None and sandbox._channel.broken, "the channel to break")
+    with pytest.raises(ProcessError) as caught:
+        await table.read("p_1")
+    assert str(caught.value).startswith(
+        "process 'p_1' is gone: the session's sandbox was removed since it started (its agent"
+        " process had ended)"
+    )
+    assert await table.list() == () and sandbox.pid is None and sandbox.generation == 1
+    await table.start(ProcessStart("p_2", "true"))  # a start brings an agent back
+    assert sandbox.generation == 1 and sandbox.pid is not None
+
+    def killed() -> bool:  # the group the killed agent could not kill itself was killed for it
+        try:
+            os.killpg(started.pid, 0)
+        except ProcessLookupError:
+            return True
+        return _zombies_only(started.pid)
+
+    await until(killed, "the dead agent's process group to be killed")
+
+
+def _zombies_only(pgid: int) -> bool:
+    """Whether every process left in group ``pgid`` is a zombie (ended, not reaped yet)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return False
+    return True

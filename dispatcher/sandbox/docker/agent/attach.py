@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.agent.protocol import CONNECT_FAILED, PROTOCOL_VERSION
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.container.config import CA_TARGET, WORKSPACE_ROOT, SandboxConfig
+from dispatcher.sandbox.container.config import CA_TARGET, WORKSPACE_ROOT, SandboxConfig, process_limit_args
 from dispatcher.sandbox.container.host import AgentLink, AgentStream
 from dispatcher.sandbox.container.image import HOW_TO_BUILD, ImageUnusable, version_mismatch
 from dispatcher.sandbox.docker.agent.listener import AgentListener, AgentSockets
@@ -69,7 +69,9 @@ async def attach_agent(
 def _agent_argv(config: SandboxConfig, grant_args: list[str]) -> list[str]:
     # -I: no PYTHON* variables, user site-packages or script directory on sys.path, so
     # nothing a command left in the container (a usercustomize.py) runs in the agent.
-    return [config.agent_python, "-I", config.agent_path, "--root", WORKSPACE_ROOT, *grant_args]
+    # --process-limits: the session's process table bounds, when not the agent's defaults.
+    limits = process_limit_args(config.processes)
+    return [config.agent_python, "-I", config.agent_path, "--root", WORKSPACE_ROOT, *grant_args, *limits]
 
 
 async def _start_exec(api: DockerAPI, container_id: str, user: str, argv: list[str]) -> AttachStream:
