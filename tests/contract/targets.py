@@ -95,7 +95,7 @@ def fake() -> Target:
 
     lacks = {
         Capability.COMMANDS: "its exec runs the callable a test gives it (exec_handler), not a shell",
-        Capability.PROCESSES: "its in-memory process table is not written yet (processes() is unsupported)",
+        Capability.PROCESSES: "its process table runs no command: the test drives its output and exit (sandbox/fake/processes.py)",
     }
     return Target("fake", sandbox, make_link, lacks)
 
