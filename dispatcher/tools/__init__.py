@@ -1,4 +1,4 @@
-"""The five built-in tools (design §4), written against the core sandbox API only."""
+"""The built-in tools (design §4), written against the core sandbox API only."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ from dispatcher.core.types import ToolFactory
 from dispatcher.tools.list_dir import ListDirTool
 from dispatcher.tools.patch_file import PatchFileTool
 from dispatcher.tools.read_file import ReadFileTool
+from dispatcher.tools.search import GlobTool, GrepTool
 from dispatcher.tools.shell import ShellTool
 from dispatcher.tools.write_file import DEFAULT_MAX_WRITE_BYTES, WriteFileTool
 
-BUILTIN_TOOLS: list[ToolFactory] = [ReadFileTool, WriteFileTool, PatchFileTool, ListDirTool, ShellTool]
+BUILTIN_TOOLS: list[ToolFactory] = [
+    ReadFileTool,
+    WriteFileTool,
+    PatchFileTool,
+    ListDirTool,
+    GlobTool,
+    GrepTool,
+    ShellTool,
+]
 """Each class is a zero-argument factory producing a fresh tool per call."""
 
 
@@ -25,6 +34,8 @@ def builtin_factories(*, max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES) -> list
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "GlobTool",
+    "GrepTool",
     "ListDirTool",
     "PatchFileTool",
     "ReadFileTool",
