@@ -30,6 +30,7 @@ MODULES = (
     "bench.metrics_bench",
     "bench.isolation_bench",
     "bench.trees_bench",
+    "bench.search_bench",
     "bench.restart_bench",
     "bench.egress_bench",
     "bench.lifecycle_bench",

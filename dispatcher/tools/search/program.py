@@ -396,16 +396,29 @@ def grep_file(data: bytes, path: str, matcher: Matcher, context: int, out: Colle
 
 def read_text_file(root: str, path: str) -> bytes | None:
     """The file's bytes, or None when it is binary, too large or unreadable."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # no link, no fifo
     try:
-        fd = os.open(os.path.join(root, path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(os.path.join(root, path), flags)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
             return None
-        data = f.read(MAX_FILE_BYTES + 1)
-    return None if b"\x00" in data[:SNIFF] else data
+        # Sized reads: a buffer of the file's size, not of the cap (most files are small).
+        chunks = [os.read(fd, info.st_size + 1)]
+        total = len(chunks[0])
+        while total > info.st_size and chunks[-1] and total <= MAX_FILE_BYTES:  # it grew since fstat
+            chunks.append(os.read(fd, 1 << 20))
+            total += len(chunks[-1])
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_FILE_BYTES or b"\x00" in data[:SNIFF]:
+        return None
+    return data
 
 
 def do_grep(req: dict[str, Any], root: str, start: str, engine: str, budget: Budget) -> dict[str, Any]:
