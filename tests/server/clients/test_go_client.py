@@ -86,3 +86,18 @@ def test_go_client_fails_on_an_error_result_or_a_bad_token(go_client: Path, serv
     assert "ERROR_CLASS_EXECUTION_ERROR (tool_failed)" in failed.stderr
     refused = _run(go_client, server.target, "-n=1", token="not-the-token-0123456789")
     assert refused.returncode == 1 and "Unauthenticated" in refused.stderr
+
+
+def test_go_client_gets_the_tools_in_each_providers_shape(go_client: Path, server: ServeProcess) -> None:
+    names: dict[str, list[str]] = {}
+    for format in ("anthropic", "openai", "mcp"):
+        run = _run(go_client, server.target, f"-tools={format}")
+        assert run.returncode == 0, run.stderr
+        tools = json.loads(run.stdout)
+        names[format] = [t["function"]["name"] if format == "openai" else t["name"] for t in tools]
+    assert names["anthropic"] == names["openai"] == names["mcp"]
+    assert {"glob", "grep", "read_file", "shell"} <= set(names["anthropic"])
+    wrong = _run(go_client, server.target, "-tools=gemini")
+    assert wrong.returncode == 1 and "expected openai, anthropic or mcp" in wrong.stderr
+    with DispatcherClient(server.target, token=TOKEN) as client:
+        assert client.list_sessions() == []
