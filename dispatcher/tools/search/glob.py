@@ -8,7 +8,7 @@ from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.text.visible import visible
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.tools._common import PATH_SCHEMA, explain
-from dispatcher.tools.search.run import TIME_LIMIT, SearchTool, where
+from dispatcher.tools.search.run import DISPATCHER_SLACK, TIME_LIMIT, SearchTool, where
 
 MAX_PATHS = 200
 """Paths returned; the total is counted and reported."""
@@ -28,7 +28,8 @@ class GlobTool(SearchTool):
             f"workspace root (ready for read_file), newest first, at most {MAX_PATHS} (the result "
             "says how many matched). Files and directories that .gitignore names, the .git "
             "directory and symlinks are skipped; hidden files are included; directories are not "
-            f"listed. Stops after {TIME_LIMIT:g} s and says so. Read-only: runs without asking."
+            f"listed. Stops after {TIME_LIMIT:g} s and says so. Read-only: runs without asking. It "
+            "sees the disk: in a review or audit session, files staged by write_file are not there."
         ),
         input_schema={
             "type": "object",
@@ -46,6 +47,7 @@ class GlobTool(SearchTool):
         },
         side_effect=SideEffect.READ,
         requires_fs=(("path", "r"),),
+        kill_slack_seconds=DISPATCHER_SLACK,
     )
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
@@ -71,7 +73,8 @@ class GlobTool(SearchTool):
         if total > len(paths):
             notes.append(f"showing the {len(paths)} newest of {total:,} matching files; narrow the pattern")
         if answer.get("timed_out"):
-            notes.append(f"stopped after {TIME_LIMIT:g} s of walking: results are partial; narrow path")
+            seconds = float(answer.get("time_limit", TIME_LIMIT))
+            notes.append(f"stopped after {seconds:g} s of walking: results are partial; narrow path")
         body = "\n".join(paths) if paths else f"No files match {pattern!r}."
         if notes:
             body += "\n[" + "; ".join(notes) + "]"

@@ -9,7 +9,7 @@ from dispatcher.core.sandbox_api import FileOpError
 from dispatcher.core.text.visible import visible
 from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.tools._common import PATH_SCHEMA, explain
-from dispatcher.tools.search.run import MAX_LINE, TIME_LIMIT, SearchTool, where
+from dispatcher.tools.search.run import DISPATCHER_SLACK, MAX_LINE, TIME_LIMIT, SearchTool, where
 
 DEFAULT_RESULTS = 100
 MAX_RESULTS = 1000
@@ -35,7 +35,9 @@ class GrepTool(SearchTool):
             f"(default {DEFAULT_RESULTS}, at most {MAX_RESULTS}), lines cut at {MAX_LINE} characters, "
             f"{TIME_LIMIT:g} s of searching; the result says when it stopped early. The pattern is "
             "a regular expression in the common syntax (. * + ? [] () | ^ $ \\b \\d \\s \\w {n,m}); "
-            "escape literal parentheses and dots. Read-only: runs without asking."
+            "escape literal parentheses and dots. Read-only: runs without asking. It searches the "
+            "disk: in a review or audit session, writes staged by write_file or patch_file are not "
+            "there until a human applies them (read_file shows them)."
         ),
         input_schema={
             "type": "object",
@@ -72,6 +74,7 @@ class GrepTool(SearchTool):
         },
         side_effect=SideEffect.READ,
         requires_fs=(("path", "r"),),
+        kill_slack_seconds=DISPATCHER_SLACK,
     )
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolOutput:
@@ -127,7 +130,8 @@ def format_answer(answer: dict[str, Any], max_results: int) -> ToolOutput:
             "lower max_results or narrow the search"
         )
     if answer.get("timed_out"):
-        notes.append(f"stopped after {TIME_LIMIT:g} s of searching: results are partial; narrow path or glob")
+        seconds = float(answer.get("time_limit", TIME_LIMIT))
+        notes.append(f"stopped after {seconds:g} s of searching: results are partial; narrow path or glob")
     body = "\n".join(shown) if shown else "No matches."
     if notes:
         body += "\n[" + "; ".join(notes) + "]"

@@ -31,6 +31,10 @@ TIME_LIMIT = 30.0
 KILL_SLACK = 10.0
 """How much longer the command may run past the time limit before the sandbox kills it (a
 pathological regex on one long line is not interrupted by the program's own bound)."""
+DISPATCHER_SLACK = KILL_SLACK + 5.0
+"""The tools' ``kill_slack_seconds``: they stop themselves (the program's bound within the call's
+limit, then the command's kill), so the dispatcher waits this much past the limit before
+abandoning the call: partial results come back rather than a bare timeout."""
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 """The program's answer is far smaller (its results are bounded); more is a broken program."""
 MAX_LINE = 500
@@ -156,4 +160,5 @@ async def search(context: ToolContext, cancel: asyncio.Event, request: dict[str,
         if error in ("ENOENT", "ENOTDIR"):
             raise FileOpError(str(error), message)
         raise ToolExecutionError(message)
+    answer["time_limit"] = time_limit  # what the notes of a stopped search name
     return answer

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.core.errors import ToolExecutionError, ToolTimeout, WorkspaceEscapeError
+from dispatcher.core import ConfirmationPolicy, DispatcherConfig, Session, ToolDispatcher, ToolUseBlock
+from dispatcher.core.errors import ToolCancelled, ToolExecutionError, ToolTimeout, WorkspaceEscapeError
 from dispatcher.core.sandbox_api import ExecRequest, ExecResult, FileOpError, OutputCallback
-from dispatcher.sandbox.fake import FakeSandbox
+from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
 from dispatcher.tools.search import GlobTool, GrepTool, run
 from dispatcher.tools.search.glob import MAX_PATHS
 from dispatcher.tools.search.grep import MAX_CHARS
+from tests.blocks import text_at
 from tests.unit.tools.conftest import Harness, text_of
 
 
@@ -258,3 +260,52 @@ async def test_a_search_killed_by_its_timeout_says_why(harness: Harness) -> None
     harness.sandbox = _answering(b"", timed_out=True)  # type: ignore[assignment]
     with pytest.raises(ToolTimeout, match="simplify the pattern"):
         await harness.run(GrepTool(), pattern="(a+)+$")
+
+
+async def test_a_cancel_stops_the_running_search(harness: Harness) -> None:
+    started = asyncio.Event()
+
+    async def handler(request: ExecRequest, on_output: OutputCallback, cancel: asyncio.Event) -> ExecResult:
+        started.set()
+        await cancel.wait()  # what the sandbox does: runs until told to stop
+        return ExecResult(exit_code=None, cancelled=True)
+
+    harness.sandbox = FakeSandbox(exec_handler=handler)  # type: ignore[assignment]
+    tool = GrepTool()
+    running = asyncio.ensure_future(harness.run(tool, pattern="x"))
+    await started.wait()
+    assert await tool.cancel() is True
+    with pytest.raises(ToolCancelled, match="search cancelled"):
+        await running
+    assert await tool.cancel() is False  # nothing left to stop
+
+
+async def test_the_calls_limit_bounds_the_walk_and_the_command(tmp_path: Path) -> None:
+    """A ``timeouts:`` entry shorter than the search's own bound: the program stops within it, the
+    command is killed after it, and the dispatcher waits for both (kill_slack_seconds)."""
+    seen: list[ExecRequest] = []
+
+    async def handler(request: ExecRequest, on_output: OutputCallback, cancel: asyncio.Event) -> ExecResult:
+        seen.append(request)
+        answer = {"lines": [], "matches": 0, "files": 0, "more": False, "timed_out": True}
+        on_output("stdout", json.dumps(answer).encode())
+        return ExecResult(exit_code=0)
+
+    provider = FakeSandboxProvider()
+    d = ToolDispatcher(
+        provider,
+        config=DispatcherConfig(timeouts={"grep": 4.0}),
+        policy=ConfirmationPolicy.preset("cautious"),
+    )
+    d.register(GrepTool)
+    session = Session(session_id="s1", workspace_path=str(tmp_path))
+    d.open_session(session)
+    provider.sandbox_for(session).exec_handler = handler
+    result = await d.dispatch(ToolUseBlock("tu", "grep", {"pattern": "x"}), session, turn_id="t")
+    await d.aclose()
+    assert not result.is_error, result  # cautious: READ runs unasked
+    (request,) = seen
+    assert json.loads(request.env[run.REQUEST_VAR])["time_limit"] == 4.0
+    assert request.timeout == 4.0 + run.KILL_SLACK
+    assert GrepTool.definition.kill_slack_seconds > run.KILL_SLACK
+    assert "stopped after 4 s of searching" in text_at(result)
