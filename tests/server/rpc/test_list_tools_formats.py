@@ -90,3 +90,34 @@ async def test_the_official_sdks_accept_what_list_tools_gives(harness: Harness) 
         assert openai_tools.validate_python(tool) == tool
     for tool in await client.tools_for(session, "mcp"):
         assert McpTool.model_validate(tool).model_dump(by_alias=True, exclude_none=True) == tool
+
+
+async def test_results_go_back_as_messages_the_sdks_accept(harness: Harness) -> None:
+    """One turn of an agent loop: tools out in a provider's shape, results back in its messages."""
+    anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (.[dev])")
+    openai = pytest.importorskip("openai", reason="the openai SDK is not installed (.[dev])")
+    from pydantic import TypeAdapter
+
+    from dispatcher.client import anthropic_tool_results, openai_tool_messages
+
+    client = harness.client()
+    session = await client.create_session()
+    png = b"\x89PNG\r\n\x1a\n" + bytes(24)
+    (Path(session.workspace_path) / "pic.png").write_bytes(png)
+    (Path(session.workspace_path) / "a.txt").write_text("needle\n")
+    results = [
+        await client.call(session.session_id, "grep", {"pattern": "needle"}),
+        await client.call(session.session_id, "read_file", {"path": "pic.png"}),
+        await client.call(session.session_id, "read_file", {"path": "missing.txt"}),
+    ]
+    message = anthropic_tool_results(results)
+    anthropic_message = TypeAdapter(anthropic.types.MessageParam)
+    checked = anthropic_message.validate_python(message)
+    assert [block["tool_use_id"] for block in checked["content"]] == [r.tool_use_id for r in results]
+    assert message["content"][2]["is_error"] is True
+    openai_message = TypeAdapter(openai.types.chat.ChatCompletionMessageParam)
+    messages = openai_tool_messages(results)
+    for item in messages:
+        openai_message.validate_python(item)
+    assert [m["role"] for m in messages] == ["tool", "tool", "tool", "user"]
+    assert messages[0]["content"] == "a.txt:1:needle"
