@@ -124,10 +124,11 @@ def format_answer(answer: dict[str, Any], max_results: int) -> ToolOutput:
     notes = []
     if answer.get("more"):
         notes.append(f"stopped at max_results={max_results} matches; narrow the pattern, path or glob")
+    cut = cut or bool(answer.get("cut"))
     if cut:
         notes.append(
-            f"output cut at {MAX_CHARS:,} characters ({len(shown)} of {len(lines)} lines); "
-            "lower max_results or narrow the search"
+            f"output cut at about {MAX_CHARS:,} characters ({len(shown)} lines shown); "
+            "lower max_results or context_lines, or narrow the search"
         )
     if answer.get("timed_out"):
         seconds = float(answer.get("time_limit", TIME_LIMIT))

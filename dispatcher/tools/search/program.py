@@ -31,6 +31,9 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 """Larger files are not searched (counted as skipped): a search reads each file whole."""
 SNIFF = 8192
 """Bytes looked at for a NUL to call a file binary (skipped, as ``rg`` does)."""
+MAX_ANSWER_CHARS = 64_000
+"""Characters of grep's lines gathered at most (the server shows 40,000): context lines around many
+long matches stop here, so the answer stays small whatever ``max_results`` allows."""
 
 
 class SearchError(Exception):
@@ -348,6 +351,9 @@ class Collector:
         self.max_results = max_results
         self.max_line = max_line
         self.full = False
+        self.more = False  # max_results reached
+        self.cut = False  # MAX_ANSWER_CHARS reached
+        self.chars = 0
         self._last: tuple[str, int] | None = None
         self._matched = ""  # the file of the last match
 
@@ -360,11 +366,16 @@ class Collector:
             self._matched = path
         if len(text) > self.max_line:
             text = text[: self.max_line] + " [... line cut ...]"
+        if text.endswith("\r"):
+            text = text[:-1]  # a CRLF file's line, shown as the line
         self.lines.append([path, number, is_match, text])
+        self.chars += len(path) + len(text) + 16
         self._last = (path, number)
         if is_match:
             self.matches += 1
-            self.full = self.matches >= self.max_results
+            self.more = self.matches >= self.max_results
+        self.cut = self.chars >= MAX_ANSWER_CHARS
+        self.full = self.more or self.cut
 
 
 def grep_file(data: bytes, path: str, matcher: Matcher, context: int, out: Collector) -> None:
@@ -444,7 +455,8 @@ def do_grep(req: dict[str, Any], root: str, start: str, engine: str, budget: Bud
         "lines": out.lines,
         "matches": out.matches,
         "files": out.files,
-        "more": out.full,
+        "more": out.more,
+        "cut": out.cut,
         "timed_out": budget.expired,
     }
 
@@ -541,7 +553,8 @@ def _grep_one(req: dict[str, Any], root: str, path: str, budget: Budget) -> dict
         "lines": out.lines,
         "matches": out.matches,
         "files": out.files,
-        "more": out.full,
+        "more": out.more,
+        "cut": out.cut,
         "timed_out": False,
     }
 

@@ -181,7 +181,7 @@ async def test_grep_cuts_long_lines_and_bounds_the_output(harness: Harness, work
     text = text_of(output)
     first = text.splitlines()[0]
     assert first.startswith("wide.txt:1:xxx") and first.endswith(" [... line cut ...]")
-    assert len(text) <= MAX_CHARS + 200 and "output cut at 40,000 characters" in text
+    assert len(text) <= MAX_CHARS + 200 and "output cut at about 40,000 characters" in text
     assert output.metadata["truncated"] is True
 
 
@@ -309,3 +309,13 @@ async def test_the_calls_limit_bounds_the_walk_and_the_command(tmp_path: Path) -
     assert request.timeout == 4.0 + run.KILL_SLACK
     assert GrepTool.definition.kill_slack_seconds > run.KILL_SLACK
     assert "stopped after 4 s of searching" in text_at(result)
+
+
+async def test_context_around_many_long_matches_stays_bounded(harness: Harness, workspace: Path) -> None:
+    """1,000 matches with 10 lines of context each would be megabytes: the program stops first."""
+    _tree(workspace, {"log.txt": ("hit " + "y" * 1000 + "\n") * 3000, "crlf.txt": "hit\r\n"})
+    output = await harness.run(GrepTool(), pattern="hit", context_lines=10, max_results=1000)
+    text = text_of(output)
+    assert "output cut at about 40,000 characters" in text and len(text) <= MAX_CHARS + 300
+    assert output.metadata["truncated"] is True and output.metadata["matches"] < 1000
+    assert text_of(await harness.run(GrepTool(), pattern="hit", path="crlf.txt")) == "crlf.txt:1:hit"
