@@ -209,15 +209,16 @@ def walk(root: str, start: str, budget: Budget) -> Iterator[str]:
     yield from _walk_dir(root, "" if start == "." else start, ignores, budget)
 
 
-def _walk_dir(root: str, rel: str, ignores: Ignores, budget: Budget) -> Iterator[str]:
-    directory = os.path.join(root, rel) if rel else root
-    ignores = _read_ignore(directory, rel, ignores)
-    try:
-        with os.scandir(directory) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError:
-        return
-    for entry in entries:
+def _walk_dir(root: str, start: str, ignores: Ignores, budget: Budget) -> Iterator[str]:
+    # A stack, not recursion: a tree deeper than Python's recursion limit is still walked.
+    stack: list[tuple[str, Ignores, Iterator[os.DirEntry[str]]]] = []
+    _enter(root, start, ignores, stack)
+    while stack:
+        rel, ignores, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
         if budget.over():
             return
         path = f"{rel}/{entry.name}" if rel else entry.name
@@ -234,9 +235,22 @@ def _walk_dir(root: str, rel: str, ignores: Ignores, budget: Budget) -> Iterator
         if ignores and ignored(ignores, path, is_dir):
             continue
         if is_dir:
-            yield from _walk_dir(root, path, ignores, budget)
+            _enter(root, path, ignores, stack)
         else:
             yield path
+
+
+def _enter(
+    root: str, rel: str, ignores: Ignores, stack: list[tuple[str, Ignores, Iterator[os.DirEntry[str]]]]
+) -> None:
+    """Push directory ``rel``: its entries sorted by name, its ``.gitignore`` added to the rules."""
+    directory = os.path.join(root, rel) if rel else root
+    try:
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        return
+    stack.append((rel, _read_ignore(directory, rel, ignores), iter(entries)))
 
 
 def rg_files(root: str, start: str, budget: Budget) -> Iterator[str]:

@@ -126,3 +126,19 @@ def test_the_program_is_python_3_9_syntax_and_stdlib_only() -> None:
         for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_walked(tmp_path: Path) -> None:
+    levels = [tmp_path / "deep"]
+    for _ in range(1100):  # past Python's default recursion limit of 1,000 (made one by one: so is mkdir's)
+        levels.append(levels[-1] / "d")
+    for level in levels:
+        level.mkdir()
+    (levels[-1] / "bottom.txt").write_text("needle\n")
+    try:
+        answer = _serve(tmp_path, "python", op="glob", pattern="**/bottom.txt", max_results=10)
+        assert answer["paths"] == ["deep/" + "d/" * 1100 + "bottom.txt"]
+    finally:  # bottom up: a recursive removal would stop at the same limit
+        (levels[-1] / "bottom.txt").unlink()
+        for level in reversed(levels):
+            level.rmdir()
