@@ -544,7 +544,9 @@ def serve(req: dict[str, Any]) -> dict[str, Any]:
     if os.path.isfile(target) and req["op"] == "grep":
         answer = _grep_one(req, root, start, budget)
     elif not os.path.isdir(target):
-        raise SearchError("ENOTDIR", f"{start} is not a directory")
+        raise SearchError(
+            "not_a_directory", f"{start} is a file: glob searches a directory (give its parent)"
+        )
     elif req["op"] == "glob":
         answer = do_glob(req, root, start, engine, budget)
     else:

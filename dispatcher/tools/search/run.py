@@ -157,7 +157,7 @@ async def search(context: ToolContext, cancel: asyncio.Event, request: dict[str,
         message = str(answer.get("message", error))
         if error == "escape":
             raise WorkspaceEscapeError(message)
-        if error in ("ENOENT", "ENOTDIR"):
+        if error in ("ENOENT", "not_a_directory"):
             raise FileOpError(str(error), message)
         raise ToolExecutionError(message)
     answer["time_limit"] = time_limit  # what the notes of a stopped search name

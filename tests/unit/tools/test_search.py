@@ -118,6 +118,10 @@ async def test_glob_refuses_escapes_and_bad_patterns(
     with pytest.raises(FileOpError) as missing:
         await harness.run(GlobTool(), pattern="*", path="nope")
     assert missing.value.code == "ENOENT"
+    (workspace / "f.txt").write_text("")
+    with pytest.raises(FileOpError, match=r"f\.txt is a file: glob searches a directory") as a_file:
+        await harness.run(GlobTool(), pattern="*", path="f.txt")
+    assert a_file.value.code == "not_a_directory"
 
 
 # -- grep -----------------------------------------------------------------------------------------
