@@ -544,9 +544,8 @@ def serve(req: dict[str, Any]) -> dict[str, Any]:
     if os.path.isfile(target) and req["op"] == "grep":
         answer = _grep_one(req, root, start, budget)
     elif not os.path.isdir(target):
-        raise SearchError(
-            "not_a_directory", f"{start} is a file: glob searches a directory (give its parent)"
-        )
+        what = "a file: glob searches a directory (give its parent)" if req["op"] == "glob" else "not a file"
+        raise SearchError("not_a_directory", f"{start} is {what}")
     elif req["op"] == "glob":
         answer = do_glob(req, root, start, engine, budget)
     else:
