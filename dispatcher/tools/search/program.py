@@ -36,6 +36,11 @@ MAX_ANSWER_CHARS = 64_000
 long matches stop here, so the answer stays small whatever ``max_results`` allows."""
 
 
+class RgFailed(Exception):
+    """ripgrep ended in error having given nothing (an option it lacks, a regex it cannot read, a
+    broken binary): the request is served again by the walk here, which reports its own errors."""
+
+
 class SearchError(Exception):
     """A request this program cannot serve; ``code`` says why (``bad_regex``, ``bad_glob``, ...)."""
 
@@ -256,10 +261,14 @@ def _enter(
 def rg_files(root: str, start: str, budget: Budget) -> Iterator[str]:
     """``walk`` by ripgrep: the same files, every kind of ignore file honoured."""
     argv = ["rg", "--files", "--hidden", "--no-require-git", "--glob", "!.git", "--", start]
+    given = 0
     with _Process(argv, root, budget) as proc:
         for line in proc.lines():
             path = line.rstrip("\n")
+            given += 1
             yield path[2:] if path.startswith("./") else path
+    if proc.popen.returncode == 2 and not given and not budget.expired:
+        raise RgFailed(proc.stderr.decode("utf-8", "replace"))
 
 
 class _Process:
@@ -511,9 +520,8 @@ def _rg_grep(
                 break
             text = _rg_text(data["lines"]).rstrip("\n").rstrip("\r")
             out.add(path, int(data["line_number"]), text, kind == "match")
-    if proc.popen.returncode == 2 and not out.lines and b"regex" in proc.stderr:
-        message = proc.stderr.decode("utf-8", "replace").strip()
-        raise SearchError("bad_regex", "invalid regular expression: " + message[-2000:])
+    if proc.popen.returncode == 2 and not out.lines and not budget.expired:
+        raise RgFailed(proc.stderr.decode("utf-8", "replace"))
 
 
 def _rg_text(field: dict[str, Any]) -> str:
@@ -546,10 +554,14 @@ def serve(req: dict[str, Any]) -> dict[str, Any]:
     elif not os.path.isdir(target):
         what = "a file: glob searches a directory (give its parent)" if req["op"] == "glob" else "not a file"
         raise SearchError("not_a_directory", f"{start} is {what}")
-    elif req["op"] == "glob":
-        answer = do_glob(req, root, start, engine, budget)
     else:
-        answer = do_grep(req, root, start, engine, budget)
+        run = do_glob if req["op"] == "glob" else do_grep
+        try:
+            answer = run(req, root, start, engine, budget)
+        except RgFailed as exc:
+            engine = "python"
+            answer = run(req, root, start, engine, budget)
+            answer["rg_error"] = str(exc).strip()[-500:]
     answer["engine"] = engine
     return answer
 

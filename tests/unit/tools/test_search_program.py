@@ -71,12 +71,15 @@ def test_an_unbalanced_brace_is_a_bad_glob() -> None:
     assert info.value.code == "bad_glob"
 
 
-def _serve(root: Path, engine: str, **request: Any) -> dict[str, Any]:
+def _serve(root: Path, engine: str, request: dict[str, Any], path_env: str | None = None) -> dict[str, Any]:
     body = {"root": str(root), "path": ".", "time_limit": 30, "max_line": 500, "engine": engine, **request}
+    env = {**os.environ, run.REQUEST_VAR: json.dumps(body)}
+    if path_env is not None:
+        env["PATH"] = path_env
     done = subprocess.run(
         [sys.executable, "-I", "-"],
         input=run.program(),
-        env={**os.environ, run.REQUEST_VAR: json.dumps(body)},
+        env=env,
         capture_output=True,
         check=True,
         timeout=60,
@@ -102,13 +105,14 @@ def test_ripgrep_and_the_fallback_agree(tmp_path: Path) -> None:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(content)
     (tmp_path / "link.py").symlink_to("src/a.py")
-    for request in (
+    requests: list[dict[str, Any]] = [
         {"op": "grep", "pattern": "needle", "max_results": 100},
         {"op": "grep", "pattern": "needle", "ignore_case": True, "context_lines": 1, "max_results": 100},
         {"op": "grep", "pattern": "needle", "glob": "*.py", "max_results": 100},
         {"op": "glob", "pattern": "**/*", "max_results": 100},
-    ):
-        by_rg, by_python = _serve(tmp_path, "rg", **request), _serve(tmp_path, "python", **request)
+    ]
+    for request in requests:
+        by_rg, by_python = _serve(tmp_path, "rg", request), _serve(tmp_path, "python", request)
         assert by_rg["engine"] == "rg" and by_python["engine"] == "python"
         key = "lines" if request["op"] == "grep" else "paths"
         assert by_rg[key] == by_python[key], request
@@ -136,9 +140,31 @@ def test_a_tree_deeper_than_the_recursion_limit_is_walked(tmp_path: Path) -> Non
         level.mkdir()
     (levels[-1] / "bottom.txt").write_text("needle\n")
     try:
-        answer = _serve(tmp_path, "python", op="glob", pattern="**/bottom.txt", max_results=10)
+        answer = _serve(tmp_path, "python", {"op": "glob", "pattern": "**/bottom.txt", "max_results": 10})
         assert answer["paths"] == ["deep/" + "d/" * 1100 + "bottom.txt"]
     finally:  # bottom up: a recursive removal would stop at the same limit
         (levels[-1] / "bottom.txt").unlink()
         for level in reversed(levels):
             level.rmdir()
+
+
+def test_an_rg_that_fails_leaves_the_search_to_the_walk(tmp_path: Path) -> None:
+    """An image's rg too old for an option (or broken): the answer still comes, from the walk."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "rg").write_text(
+        "#!/bin/sh\necho \"error: unexpected argument '--no-require-git'\" >&2\nexit 2\n"
+    )
+    (tools / "rg").chmod(0o755)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.txt").write_text("needle\n")
+    path_env = f"{tools}:{os.environ.get('PATH', '')}"
+    requests: list[dict[str, Any]] = [
+        {"op": "grep", "pattern": "needle", "max_results": 10},
+        {"op": "glob", "pattern": "*.txt", "max_results": 10},
+    ]
+    for request in requests:
+        answer = _serve(tree, "auto", request, path_env)
+        assert answer["engine"] == "python" and "unexpected argument" in answer["rg_error"]
+        assert answer.get("lines", answer.get("paths")) in ([["a.txt", 1, True, "needle"]], ["a.txt"])
