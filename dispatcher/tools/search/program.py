@@ -18,14 +18,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: every call starts this program afresh
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    Line = Any
+    """One line of grep's answer: ``[path, number, is_match, text]``, or ``None`` between two
+    groups that are not adjacent (grep's ``--``); the server formats them (``path:line:text``)."""
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """Larger files are not searched (counted as skipped): a search reads each file whole."""
@@ -275,6 +279,9 @@ class _Process:
     """A child killed at the deadline (its pipe then ends, so a blocked read returns)."""
 
     def __init__(self, argv: list[str], cwd: str, budget: Budget) -> None:
+        import subprocess  # only with rg: most calls never start a process
+        import threading
+
         self.popen = subprocess.Popen(
             argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
         )
@@ -356,11 +363,6 @@ class Matcher:
             return True
         subject = path.rsplit("/", 1)[-1] if self.glob_by_name else path[len(self.prefix) :]
         return self.glob.fullmatch(subject) is not None
-
-
-Line = Any
-"""One line of grep's answer: ``[path, number, is_match, text]``, or ``None`` between two groups
-that are not adjacent (grep's ``--``); the server formats them (``path:line:text``)."""
 
 
 class Collector:
@@ -547,7 +549,7 @@ def serve(req: dict[str, Any]) -> dict[str, Any]:
         raise SearchError("ENOENT", f"{start} does not exist")
     engine = str(req.get("engine") or "auto")
     if engine == "auto":
-        engine = "rg" if shutil.which("rg") else "python"
+        engine = "rg" if _on_path("rg") else "python"
     budget = Budget(float(req["time_limit"]))
     if os.path.isfile(target) and req["op"] == "grep":
         answer = _grep_one(req, root, start, budget)
@@ -564,6 +566,15 @@ def serve(req: dict[str, Any]) -> dict[str, Any]:
             answer["rg_error"] = str(exc).strip()[-500:]
     answer["engine"] = engine
     return answer
+
+
+def _on_path(name: str) -> bool:
+    """Whether an executable ``name`` is on PATH (``shutil.which`` without importing shutil)."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return True
+    return False
 
 
 def _grep_one(req: dict[str, Any], root: str, path: str, budget: Budget) -> dict[str, Any]:

@@ -23,8 +23,9 @@ from dispatcher.core.errors import (
 from dispatcher.core.sandbox_api import ExecRequest, FileOpError, SandboxError
 from dispatcher.core.types import ToolContext
 
-COMMAND = "exec python3 -I -"
-"""The whole command line: the program comes on stdin, the request in ``REQUEST_VAR``."""
+COMMAND = "exec python3 -I -S -"
+"""The whole command line: the program comes on stdin, the request in ``REQUEST_VAR``; isolated
+(``-I``: no user site, no PYTHON* variables) and without ``site`` (``-S``: stdlib only, 2 ms less)."""
 REQUEST_VAR = "DISPATCHER_SEARCH"
 TIME_LIMIT = 30.0
 """Seconds a search walks before it stops and answers with what it found (the answer says so)."""

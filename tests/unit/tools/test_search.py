@@ -248,7 +248,7 @@ async def test_the_pattern_never_reaches_a_shell(harness: Harness) -> None:
     pattern = "$(touch /tmp/pwned)'; rm -rf / #"
     output = await harness.run(GrepTool(), pattern=pattern, glob="`id`")
     (request,) = sandbox.seen  # type: ignore[attr-defined]
-    assert request.command == run.COMMAND == "exec python3 -I -"
+    assert request.command == run.COMMAND == "exec python3 -I -S -"
     body = json.loads(request.env[run.REQUEST_VAR])
     assert body["pattern"] == pattern and body["glob"] == "`id`" and body["root"] == "/workspace"
     assert request.stdin == run.program() and text_of(output) == "No matches."
