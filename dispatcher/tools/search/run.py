@@ -1,6 +1,6 @@
 """Runs ``program.py`` in a session's sandbox for ``glob`` and ``grep``, and reads its answer.
 
-The program travels as the source of ``python3 -I -`` on stdin and its request as JSON in one
+The program travels as the source of ``python3 -I -S -`` on stdin and its request as JSON in one
 environment variable: the command line is a constant, so nothing the model writes is ever parsed
 by a shell. Its answer is bounded by the program (results, line length) and again here (bytes
 read); the call as a whole by the program's time bound and, behind it, the command's timeout.
@@ -9,6 +9,7 @@ read); the call as a whole by the program's time bound and, behind it, the comma
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from importlib import resources
 from typing import Any
@@ -41,15 +42,11 @@ MAX_ANSWER_BYTES = 4 * 1024 * 1024
 MAX_LINE = 500
 """Characters of one matching line shown; the rest is cut with a marker."""
 
-_PROGRAM: bytes | None = None
 
-
+@functools.cache
 def program() -> bytes:
     """The source of ``program.py``, read once."""
-    global _PROGRAM
-    if _PROGRAM is None:
-        _PROGRAM = resources.files(__package__).joinpath("program.py").read_bytes()
-    return _PROGRAM
+    return resources.files(__package__).joinpath("program.py").read_bytes()
 
 
 class SearchTool:
