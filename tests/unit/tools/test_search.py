@@ -16,6 +16,7 @@ from dispatcher.sandbox.fake import FakeSandbox, FakeSandboxProvider
 from dispatcher.tools.search import GlobTool, GrepTool, run
 from dispatcher.tools.search.glob import MAX_PATHS
 from dispatcher.tools.search.grep import MAX_CHARS
+from dispatcher.tools.search.program import MAX_FILE_BYTES
 from tests.blocks import text_at
 from tests.unit.tools.conftest import Harness, text_of
 
@@ -323,3 +324,16 @@ async def test_context_around_many_long_matches_stays_bounded(harness: Harness, 
     assert "output cut at about 40,000 characters" in text and len(text) <= MAX_CHARS + 300
     assert output.metadata["truncated"] is True and output.metadata["matches"] < 1000
     assert text_of(await harness.run(GrepTool(), pattern="hit", path="crlf.txt")) == "crlf.txt:1:hit"
+
+
+async def test_a_file_past_the_size_bound_is_not_read(harness: Harness, workspace: Path) -> None:
+    line = b"needle " + b"x" * 56 + b"\n"  # text throughout: not skipped as binary
+    (workspace / "big.log").write_bytes(line * (MAX_FILE_BYTES // len(line) + 1))
+    (workspace / "small.log").write_text("needle\n")
+    assert text_of(await harness.run(GrepTool(), pattern="needle")) == "small.log:1:needle"
+
+
+async def test_an_answer_past_its_byte_bound_is_refused_not_read_whole(harness: Harness) -> None:
+    harness.sandbox = _answering(b"[" + b'"x",' * (run.MAX_ANSWER_BYTES // 4))  # type: ignore[assignment]
+    with pytest.raises(ToolExecutionError, match=r"the search failed in the sandbox \(exit code 0\)"):
+        await harness.run(GrepTool(), pattern="x")
