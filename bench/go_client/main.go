@@ -9,6 +9,9 @@
 // process RPCs instead: ListProcesses of the session, and NOT_FOUND for an unknown process and an
 // unknown session; it prints what it saw as {"processes": ...} (see processReport).
 //
+// With -tools openai|anthropic|mcp it instead prints the session's tools in that provider's shape,
+// ListTools' definitions_json: a JSON array a Go agent passes as that API's `tools` unchanged.
+//
 // The stubs are generated at build time (scripts/build_go_client.sh), into the package below.
 package main
 
@@ -20,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -47,9 +51,18 @@ func main() {
 	warmup := flag.Int("warmup", 5, "unmeasured calls first")
 	timeout := flag.Duration("timeout", 30*time.Second, "limit of each call")
 	processes := flag.Bool("processes", false, "check the background process RPCs instead of timing calls")
+	tools := flag.String("tools", "", "print the tools in this provider's shape (openai, anthropic, mcp) and exit")
 	flag.Parse()
 	if *token == "" {
 		*token = os.Getenv("DISPATCHER_TOKEN")
+	}
+	if *tools != "" {
+		definitions, err := listTools(*target, *token, *session, *workspace, *tools, *timeout)
+		if err != nil {
+			fail(err)
+		}
+		fmt.Println(definitions)
+		return
 	}
 	if !json.Valid([]byte(*input)) {
 		fail(fmt.Errorf("-input is not JSON: %s", *input))
@@ -115,6 +128,37 @@ func run(target, token, sid, workspace, tool, input string, n, warmup int, timeo
 		}
 	}
 	return out, nil
+}
+
+// listTools returns ListTools' definitions_json for the format named (e.g. "anthropic" is
+// TOOL_FORMAT_ANTHROPIC), in session sid or, when sid is "", in a session it creates and closes.
+func listTools(target, token, sid, workspace, format string, timeout time.Duration) (string, error) {
+	value, ok := pb.ToolFormat_value["TOOL_FORMAT_"+strings.ToUpper(format)]
+	if !ok || value == 0 {
+		return "", fmt.Errorf("-tools %q: expected openai, anthropic or mcp", format)
+	}
+	conn, err := grpc.Dial(target, grpc.WithInsecure(), grpc.WithBlock(), grpc.WithTimeout(timeout))
+	if err != nil {
+		return "", fmt.Errorf("connect %s: %w", target, err)
+	}
+	defer conn.Close()
+	client := pb.NewToolDispatcherClient(conn)
+	ctx, cancel := context.WithTimeout(
+		metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token), timeout)
+	defer cancel()
+	if sid == "" {
+		created, err := client.CreateSession(ctx, &pb.CreateSessionRequest{Workspace: workspace})
+		if err != nil {
+			return "", fmt.Errorf("CreateSession: %w", err)
+		}
+		sid = created.GetSession().GetSessionId()
+		defer func() { _, _ = client.CloseSession(ctx, &pb.CloseSessionRequest{SessionId: sid}) }()
+	}
+	resp, err := client.ListTools(ctx, &pb.ListToolsRequest{SessionId: sid, Format: pb.ToolFormat(value)})
+	if err != nil {
+		return "", fmt.Errorf("ListTools: %w", err)
+	}
+	return resp.GetDefinitionsJson(), nil
 }
 
 // dispatchOne makes one Dispatch with one tool_use and reads its stream to the end: events first,

@@ -153,6 +153,11 @@ def _cli_session(client: DispatcherClient, args: argparse.Namespace) -> SessionI
 
 
 def _tools(args: argparse.Namespace) -> int:
+    if args.format:
+        with _client(args) as client:
+            definitions = client.tools_for(_cli_session(client, args), args.format)
+        print(json.dumps(definitions, indent=2, ensure_ascii=False))
+        return EXIT_OK
     with _client(args) as client:
         session = _cli_session(client, args)
         tools = client.list_tools(session.session_id)
@@ -330,6 +335,11 @@ def _parser() -> argparse.ArgumentParser:
 
     tools = verbs.add_parser(
         "tools", parents=[client_opts, session_opts], help="list the tools a session may call"
+    )
+    tools.add_argument(
+        "--format",
+        choices=("openai", "anthropic", "mcp"),
+        help="print them as one JSON array in this provider's shape, to pass as that API's tools",
     )
     tools.set_defaults(func=_tools)
     sessions = verbs.add_parser(

@@ -10,6 +10,12 @@ Sync::
 
 Async: ``AsyncDispatcherClient`` has the same methods as coroutines / async iterators.
 
+With a model provider's SDK::
+
+    tools = client.tools_for(session, "anthropic")     # or "openai", "mcp": that API's `tools`
+    results = [client.call(session.session_id, use.name, use.input) for use in tool_uses]
+    messages.append(anthropic_tool_results(results))   # openai: messages += openai_tool_messages(results)
+
 The target defaults to ``DISPATCHER_LISTEN`` (else 127.0.0.1:50051); the token to ``DISPATCHER_TOKEN``
 (else ``<DISPATCHER_HOME or ~/.dispatcher>/token``); TLS is used when a CA file is given
 (``tls_ca=`` or ``DISPATCHER_TLS_CA``), with ``tls_cert``/``tls_key`` for mutual TLS. Request failures raise ``RequestFailed`` carrying
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 from dispatcher.client.aio import AsyncDispatcherClient
 from dispatcher.client.base import Answer, RequestFailed
+from dispatcher.client.providers import anthropic_tool_results, openai_tool_messages
 from dispatcher.client.sync import DispatcherClient
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
@@ -53,4 +60,6 @@ __all__ = [
     "ToolUseBlock",
     "UploadSummary",
     "WatchItem",
+    "anthropic_tool_results",
+    "openai_tool_messages",
 ]

@@ -126,6 +126,16 @@ class AsyncDispatcherClient(ClientBase):
         resp = await self._unary(self._stub.ListTools, pb.ListToolsRequest(session_id=session_id))
         return [convert.tool_from_pb(t) for t in resp.tools]
 
+    async def tools_for(self, session: str | SessionInfo, format: str) -> list[dict[str, Any]]:
+        """The session's tools in a provider's shape (``"anthropic"``, ``"openai"`` or ``"mcp"``),
+        ready to pass as that API's ``tools``.
+
+        Raises:
+            ValueError: another ``format``.
+        """
+        request = base.list_tools_request(session, format)
+        return base.definitions(await self._unary(self._stub.ListTools, request))
+
     async def dispatch(
         self,
         session_id: str,

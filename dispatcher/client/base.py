@@ -4,6 +4,7 @@ channel and its TLS credentials, and ``RequestFailed``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -81,6 +82,26 @@ def decision(value: Decision | bool | str) -> pb.Decision.ValueType:
     if isinstance(value, bool):
         value = Decision.ALLOW if value else Decision.DENY
     return convert.decision_to_pb(Decision(value))
+
+
+def list_tools_request(session: str | convert.SessionInfo, format: str) -> pb.ListToolsRequest:
+    """ListTools for ``session`` (its id, or what ``create_session`` returned) with ``format``.
+
+    Raises:
+        ValueError: ``format`` is not ``openai``, ``anthropic`` or ``mcp``.
+    """
+    session_id = session if isinstance(session, str) else session.session_id
+    try:
+        value = convert.tool_format_to_pb(format)
+    except ValueError:
+        raise ValueError(f"format {format!r}: expected 'openai', 'anthropic' or 'mcp'") from None
+    return pb.ListToolsRequest(session_id=session_id, format=value)
+
+
+def definitions(resp: pb.ListToolsResponse) -> list[dict[str, Any]]:
+    """The provider-shaped definitions of a ListTools answer."""
+    parsed: list[dict[str, Any]] = json.loads(resp.definitions_json)
+    return parsed
 
 
 def dispatch_request(

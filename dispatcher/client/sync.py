@@ -131,6 +131,15 @@ class DispatcherClient(ClientBase):
         resp = self._unary(self._stub.ListTools, pb.ListToolsRequest(session_id=session_id))
         return [convert.tool_from_pb(t) for t in resp.tools]
 
+    def tools_for(self, session: str | SessionInfo, format: str) -> list[dict[str, Any]]:
+        """The session's tools in a provider's shape (``"anthropic"``, ``"openai"`` or ``"mcp"``),
+        ready to pass as that API's ``tools``.
+
+        Raises:
+            ValueError: another ``format``.
+        """
+        return base.definitions(self._unary(self._stub.ListTools, base.list_tools_request(session, format)))
+
     def dispatch(
         self,
         session_id: str,

@@ -38,9 +38,10 @@ if TYPE_CHECKING:  # the same names as _LAZY, for type checkers (a unit test kee
     )
     from dispatcher.core.events.bus import Event, EventBus
     from dispatcher.core.provider_api import SandboxProvider
-    from dispatcher.core.registry import ToolRegistry, to_anthropic, to_mcp, to_openai
+    from dispatcher.core.registry import ToolRegistry
     from dispatcher.core.sandbox_api import Sandbox, SandboxError, WorkspaceFileAPI
     from dispatcher.core.sessions.session import Session
+    from dispatcher.core.tool_shapes import ToolFormat, to_anthropic, to_mcp, to_openai, to_provider
     from dispatcher.core.types import (
         ContentBlock,
         ImageBlock,
@@ -87,9 +88,11 @@ _LAZY: dict[str, str] = {
     "ConfirmationPolicy": "dispatcher.core.approval.confirmation_policy",
     "Mode": "dispatcher.core.approval.confirmation_policy",
     "ToolRegistry": "dispatcher.core.registry",
-    "to_anthropic": "dispatcher.core.registry",
-    "to_mcp": "dispatcher.core.registry",
-    "to_openai": "dispatcher.core.registry",
+    "to_anthropic": "dispatcher.core.tool_shapes",
+    "to_mcp": "dispatcher.core.tool_shapes",
+    "to_openai": "dispatcher.core.tool_shapes",
+    "to_provider": "dispatcher.core.tool_shapes",
+    "ToolFormat": "dispatcher.core.tool_shapes",
     "Sandbox": "dispatcher.core.sandbox_api",
     "SandboxError": "dispatcher.core.sandbox_api",
     "SandboxProvider": "dispatcher.core.provider_api",
@@ -142,6 +145,7 @@ __all__ = [
     "ToolError",
     "ToolErrorClass",
     "ToolExecutionError",
+    "ToolFormat",
     "ToolNameConflictError",
     "ToolNotFound",
     "ToolOutput",
@@ -160,6 +164,7 @@ __all__ = [
     "to_anthropic",
     "to_mcp",
     "to_openai",
+    "to_provider",
 ]
 
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from dispatcher.core.sandbox_api import FileOpError
 
-__all__ = ["apply_patch", "patched"]
+__all__ = ["apply_patch", "patched", "replaced"]
 
 
 class ReadWrite(Protocol):
@@ -30,9 +30,16 @@ class ReadWrite(Protocol):
 
 
 async def apply_patch(
-    files: ReadWrite, path: str, old: str, new: str, *, approved: str | None = None
-) -> None:
-    """Replace the one occurrence of ``old`` in ``path`` with ``new`` (``patched``), atomically.
+    files: ReadWrite,
+    path: str,
+    old: str,
+    new: str,
+    *,
+    approved: str | None = None,
+    replace_all: bool = False,
+) -> int:
+    """Replace the one occurrence of ``old`` in ``path`` with ``new`` (``patched``), atomically;
+    with ``replace_all``, every occurrence. Returns how many were replaced.
 
     The file is read, changed here and written back whole, only over the bytes it was read as:
     a change made meanwhile is refused by the sandbox just before its rename, never lost.
@@ -43,7 +50,7 @@ async def apply_patch(
             in every case the file is as it was.
     """
     current = await files.read_bytes(path, approved=approved)
-    after = patched(current, old, new, path)
+    after, count = replaced(current, old, new, path, replace_all=replace_all)
     try:
         await files.write_bytes(
             path, after, approved=approved, expect_sha256=hashlib.sha256(current).hexdigest()
@@ -56,10 +63,19 @@ async def apply_patch(
             f"{path} changed while it was being patched (written meanwhile, or replaced by a "
             "link); nothing was written. Read the file again and repeat the call.",
         ) from exc
+    return count
 
 
-def patched(data: bytes, old: str, new: str, path: str) -> bytes:
-    """``data`` with the one occurrence of ``old`` replaced by ``new``.
+def patched(data: bytes, old: str, new: str, path: str, *, replace_all: bool = False) -> bytes:
+    """``data`` with the one occurrence of ``old`` replaced by ``new`` (``replaced``)."""
+    return replaced(data, old, new, path, replace_all=replace_all)[0]
+
+
+def replaced(data: bytes, old: str, new: str, path: str, *, replace_all: bool = False) -> tuple[bytes, int]:
+    """``data`` with the one occurrence of ``old`` replaced by ``new``, and how many were replaced.
+
+    With ``replace_all``, every occurrence (at least one): occurrences are counted without overlap,
+    left to right, as ``bytes.replace`` finds them.
 
     As given first; when that finds nothing and ``old`` spans lines, with the other line ending.
     Models send ``\n``: in a CRLF file, ``old`` then matches with ``\r\n`` and ``new`` is put in
@@ -68,7 +84,7 @@ def patched(data: bytes, old: str, new: str, path: str) -> bytes:
 
     Raises:
         FileOpError: ``no_match`` (no attempt matched), ``multiple_matches`` (an attempt matched
-            more than once), ``decode`` (the text cannot be UTF-8).
+            more than once, without ``replace_all``), ``decode`` (the text cannot be UTF-8).
     """
     attempts = [(old, new)]
     if "\n" in old:
@@ -77,13 +93,14 @@ def patched(data: bytes, old: str, new: str, path: str) -> bytes:
     for old_text, new_text in attempts:
         needle = _encode(old_text, path)
         count = data.count(needle) if needle else 0
-        if count == 1:
-            return data.replace(needle, _encode(new_text, path), 1)
+        if count == 1 or (count > 1 and replace_all):
+            return data.replace(needle, _encode(new_text, path)), count
         if count > 1:
             raise FileOpError(
                 "multiple_matches",
                 f"{path}: the text to replace occurs {count} times. `old` must occur exactly once; "
-                "include more surrounding lines to make it unique. The file was not changed.",
+                "include more surrounding lines to make it unique, or set replace_all to replace "
+                "every occurrence. The file was not changed.",
             )
     raise FileOpError(
         "no_match",

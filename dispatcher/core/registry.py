@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import get_args
 
 from jsonschema import Draft7Validator
 
 from dispatcher.core.errors import RegistrySealedError, ToolNameConflictError, ToolRegistrationError
 from dispatcher.core.schema import check_schema
+from dispatcher.core.tool_shapes import to_anthropic as to_anthropic  # re-exported: the registry's names
+from dispatcher.core.tool_shapes import to_mcp as to_mcp
+from dispatcher.core.tool_shapes import to_openai as to_openai
 from dispatcher.core.types import FsMode, Previewable, Role, SideEffect, Tool, ToolDefinition, ToolFactory
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -149,41 +151,3 @@ def written_input(definition: ToolDefinition) -> str:
             "a preview is of exactly one file"
         )
     return keys[0]
-
-
-def to_anthropic(definition: ToolDefinition) -> dict[str, Any]:
-    """Anthropic Messages API tool shape."""
-    return {
-        "name": definition.name,
-        "description": definition.description,
-        "input_schema": dict(definition.input_schema),
-    }
-
-
-def to_openai(definition: ToolDefinition) -> dict[str, Any]:
-    """OpenAI function-calling tool shape."""
-    return {
-        "type": "function",
-        "function": {
-            "name": definition.name,
-            "description": definition.description,
-            "parameters": dict(definition.input_schema),
-        },
-    }
-
-
-def to_mcp(definition: ToolDefinition) -> dict[str, Any]:
-    """MCP ``tools/list`` entry, with annotations derived from the side-effect class."""
-    effect = definition.side_effect
-    annotations: Mapping[str, bool] = {
-        "readOnlyHint": effect in (SideEffect.NONE, SideEffect.READ),
-        "destructiveHint": effect in (SideEffect.WRITE, SideEffect.EXECUTE, SideEffect.NETWORK),
-        "idempotentHint": effect in (SideEffect.NONE, SideEffect.READ),
-        "openWorldHint": effect in (SideEffect.EXECUTE, SideEffect.NETWORK),
-    }
-    return {
-        "name": definition.name,
-        "description": definition.description,
-        "inputSchema": dict(definition.input_schema),
-        "annotations": dict(annotations),
-    }

@@ -225,12 +225,15 @@ class WorkspaceFileAPI(Protocol):
 
     async def delete(self, path: str) -> None: ...
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
-        """Replace the one occurrence of ``old`` with ``new``, atomically (str_replace style).
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, replace_all: bool = False
+    ) -> int:
+        """Replace the one occurrence of ``old`` with ``new``, atomically (str_replace style); with
+        ``replace_all``, every occurrence. Returns how many were replaced.
 
         Exactly ``patch_file``'s semantics (``core/patch.py``'s ``apply_patch``): ``old`` must occur
-        exactly once (spanning lines, it also matches the file's other line ending); the file is
-        written only over the bytes it was read as.
+        exactly once unless ``replace_all`` (spanning lines, it also matches the file's other line
+        ending); the file is written only over the bytes it was read as.
 
         Raises:
             FileOpError: ``no_match``, ``multiple_matches``, ``decode``, ``changed`` (written

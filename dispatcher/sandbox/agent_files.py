@@ -75,9 +75,11 @@ class AgentFiles:
         """See ``WorkspaceFileAPI.delete``."""
         await self._file_op("delete", lambda ch: ch.delete(path))
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, replace_all: bool = False
+    ) -> int:
         """See ``WorkspaceFileAPI.patch``: a read and a write of the agent's, patched here."""
-        await apply_patch(self, path, old, new, approved=approved)
+        return await apply_patch(self, path, old, new, approved=approved, replace_all=replace_all)
 
     async def resolve(self, path: str) -> str:
         """See ``WorkspaceFileAPI.resolve``."""

@@ -15,6 +15,7 @@ from dispatcher.tools.processes import (
     ProcessStopTool,
 )
 from dispatcher.tools.read_file import ReadFileTool
+from dispatcher.tools.search import GlobTool, GrepTool
 from dispatcher.tools.shell import ShellTool
 from dispatcher.tools.write_file import DEFAULT_MAX_WRITE_BYTES, WriteFileTool
 
@@ -23,6 +24,8 @@ BUILTIN_TOOLS: list[ToolFactory] = [
     WriteFileTool,
     PatchFileTool,
     ListDirTool,
+    GlobTool,
+    GrepTool,
     ShellTool,
     ProcessListTool,
     ProcessOutputTool,
@@ -47,6 +50,8 @@ def builtin_factories(
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "GlobTool",
+    "GrepTool",
     "ListDirTool",
     "PatchFileTool",
     "ProcessInputTool",

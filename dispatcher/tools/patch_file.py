@@ -1,4 +1,5 @@
-"""``patch_file {path, old, new}``: replace text that occurs exactly once, atomically.
+"""``patch_file {path, old, new, replace_all?}``: replace text that occurs exactly once (or every
+occurrence), atomically.
 
 ``core/patch.py`` is the one definition of what a patch does: the tool applies it (``apply_patch``,
 what ``WorkspaceFileAPI.patch`` does for custom tools too), and review and audit modes stage what it
@@ -30,7 +31,9 @@ class PatchFileTool(FileTool):
         description=(
             "Replace one exact piece of text in a file. `old` must occur exactly once in the file, "
             "matching it character for character (whitespace and indentation included); include "
-            "enough surrounding lines to make it unique. The file is unchanged if it does not match. "
+            "enough surrounding lines to make it unique, or set replace_all to replace every "
+            "occurrence (a rename; the result says how many). The file is unchanged if it does not "
+            "match. "
             "In a file with CRLF line endings, write `old` and `new` with plain newlines: they "
             "match the CRLF lines and the replacement is written with CRLF. " + STAGED_WRITE_NOTE
         ),
@@ -40,6 +43,11 @@ class PatchFileTool(FileTool):
                 "path": PATH_SCHEMA,
                 "old": {"type": "string", "minLength": 1, "description": "The exact text to replace."},
                 "new": {"type": "string", "description": "The text to put in its place."},
+                "replace_all": {
+                    "type": "boolean",
+                    "description": "Replace every occurrence of `old` instead of requiring exactly one "
+                    "(default false).",
+                },
             },
             "required": ["path", "old", "new"],
             "additionalProperties": False,
@@ -59,14 +67,25 @@ class PatchFileTool(FileTool):
         start(context)
         path: str = input["path"]
         approved = context.resolved.get("path")  # where it really was when confirmed: used exactly
+        replace_all = bool(input.get("replace_all", False))
         try:
-            await apply_patch(context.workspace_files, path, input["old"], input["new"], approved=approved)
+            count = await apply_patch(
+                context.workspace_files,
+                path,
+                input["old"],
+                input["new"],
+                approved=approved,
+                replace_all=replace_all,
+            )
         except FileOpError as exc:
             raise explain(exc, path) from exc
         removed, added = input["old"].count("\n") + 1, input["new"].count("\n") + 1
+        what = f"replaced {removed} line(s) with {added} line(s)"
+        if replace_all:
+            what = f"replaced {count} occurrence(s), each of {removed} line(s) with {added} line(s)"
         return ToolOutput(
-            content=[TextBlock(f"Patched {path}: replaced {removed} line(s) with {added} line(s)")],
-            metadata={"replacements": 1},
+            content=[TextBlock(f"Patched {path}: {what}")],
+            metadata={"replacements": count},
             files_modified=[workspace_path(context, approved or path)],
         )
 
@@ -74,9 +93,12 @@ class PatchFileTool(FileTool):
         """The file after the replacement (see ``patched``).
 
         Raises:
-            FileOpError: no file (``ENOENT``), or ``old`` does not occur exactly once.
+            FileOpError: no file (``ENOENT``), or ``old`` does not occur exactly once (without
+                ``replace_all``) or at all.
         """
         path = str(input["path"])
         if current is None:
             raise explain(FileOpError("ENOENT", f"{path}: no such file"), path)
-        return patched(current, str(input["old"]), str(input["new"]), path)
+        return patched(
+            current, str(input["old"]), str(input["new"]), path, replace_all=bool(input.get("replace_all"))
+        )

@@ -433,6 +433,34 @@ EXPIRY_REASON_REQUEST: ExpiryReason.ValueType  # 3
 """A client asked (PauseSession, ResumeSession, or a call on a paused session)."""
 Global___ExpiryReason: _TypeAlias = ExpiryReason  # noqa: Y015
 
+class _ToolFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_FORMAT_UNSPECIFIED: _ToolFormat.ValueType  # 0
+    """No provider shape: `tools` only."""
+    TOOL_FORMAT_OPENAI: _ToolFormat.ValueType  # 1
+    """OpenAI Chat Completions: {"type": "function", "function": {name, description, parameters}}."""
+    TOOL_FORMAT_ANTHROPIC: _ToolFormat.ValueType  # 2
+    """Anthropic Messages: {name, description, input_schema}."""
+    TOOL_FORMAT_MCP: _ToolFormat.ValueType  # 3
+    """MCP Tool: {name, description, inputSchema, annotations}, the hints from the side-effect class."""
+
+class ToolFormat(_ToolFormat, metaclass=_ToolFormatEnumTypeWrapper):
+    """The shape of a tool definition a model provider's API takes."""
+
+TOOL_FORMAT_UNSPECIFIED: ToolFormat.ValueType  # 0
+"""No provider shape: `tools` only."""
+TOOL_FORMAT_OPENAI: ToolFormat.ValueType  # 1
+"""OpenAI Chat Completions: {"type": "function", "function": {name, description, parameters}}."""
+TOOL_FORMAT_ANTHROPIC: ToolFormat.ValueType  # 2
+"""Anthropic Messages: {name, description, input_schema}."""
+TOOL_FORMAT_MCP: ToolFormat.ValueType  # 3
+"""MCP Tool: {name, description, inputSchema, annotations}, the hints from the side-effect class."""
+Global___ToolFormat: _TypeAlias = ToolFormat  # noqa: Y015
+
 class _StagedChangeKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1895,16 +1923,22 @@ class ListToolsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session whose visible tools to list."""
+    format: Global___ToolFormat.ValueType
+    """Also give the tools' definitions in this provider's shape, as definitions_json (UNSPECIFIED:
+    only `tools`). An unknown value is INVALID_ARGUMENT.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        format: Global___ToolFormat.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["format", b"format", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1917,6 +1951,12 @@ class ListToolsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOLS_FIELD_NUMBER: _builtins.int
+    DEFINITIONS_JSON_FIELD_NUMBER: _builtins.int
+    definitions_json: _builtins.str
+    """With a format: the same tools, in the same order, as a JSON array that the client passes
+    straight to that provider's API (OpenAI's `tools`, Anthropic's `tools`, MCP's `tools/list`
+    result's `tools`). Empty without one.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tool]:
         """The tools, sorted by name."""
@@ -1925,10 +1965,11 @@ class ListToolsResponse(_message.Message):
         self,
         *,
         tools: _abc.Iterable[Global___Tool] | None = ...,
+        definitions_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["definitions_json", b"definitions_json", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

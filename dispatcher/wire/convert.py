@@ -16,6 +16,7 @@ from dispatcher.core import jsonlimits
 from dispatcher.core.capabilities import Capabilities
 from dispatcher.core.errors import FailureReason
 from dispatcher.core.sessions.state import PlanStep
+from dispatcher.core.tool_shapes import ToolFormat, to_provider
 from dispatcher.core.types import (
     ContentBlock,
     ImageBlock,
@@ -41,6 +42,8 @@ from dispatcher.wire.convert_enums import (
     role_to_pb,
     side_effect_from_pb,
     side_effect_to_pb,
+    tool_format_from_pb,
+    tool_format_to_pb,
 )
 from dispatcher.wire.convert_events import encode_loose, event_from_pb, event_to_pb
 
@@ -49,6 +52,7 @@ __all__ = [
     "ToolInfo",
     "decision_from_pb",
     "decision_to_pb",
+    "definitions_json",
     "error_class_from_pb",
     "error_class_to_pb",
     "event_from_pb",
@@ -63,6 +67,8 @@ __all__ = [
     "session_to_pb",
     "side_effect_from_pb",
     "side_effect_to_pb",
+    "tool_format_from_pb",
+    "tool_format_to_pb",
     "tool_from_pb",
     "tool_to_pb",
     "tool_use_from_pb",
@@ -121,6 +127,11 @@ def tool_to_pb(definition: ToolDefinition) -> pb.Tool:
         side_effect=side_effect_to_pb(definition.side_effect),
         always_prompt=definition.always_prompt,
     )
+
+
+def definitions_json(definitions: Sequence[ToolDefinition], format: ToolFormat) -> str:
+    """The definitions as one JSON array in ``format``'s shape (``ListToolsResponse.definitions_json``)."""
+    return json.dumps([to_provider(d, format) for d in definitions], ensure_ascii=False)
 
 
 def tool_from_pb(msg: pb.Tool) -> ToolInfo:

@@ -1,5 +1,5 @@
 """Proto <-> domain for the closed sets every other converter shares: side-effect class, error
-class, decision, role and ordering.
+class, decision, role, ordering and tool format.
 
 Each enum maps by its domain name (``SideEffect.READ`` <-> ``SIDE_EFFECT_READ``). Their own module
 so that the tool, session and event converters share one mapping each.
@@ -12,6 +12,7 @@ from typing import Any
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.errors import ToolErrorClass
+from dispatcher.core.tool_shapes import ToolFormat
 from dispatcher.core.types import Role, SideEffect
 from dispatcher.v1 import dispatcher_pb2 as pb
 
@@ -26,6 +27,8 @@ __all__ = [
     "role_to_pb",
     "side_effect_from_pb",
     "side_effect_to_pb",
+    "tool_format_from_pb",
+    "tool_format_to_pb",
 ]
 
 _SIDE_EFFECT_TO_PB = {e: pb.SideEffect.Value(f"SIDE_EFFECT_{e.name}") for e in SideEffect}
@@ -110,3 +113,34 @@ def ordering_from_pb(value: int) -> Ordering | None:
         return _ORDERING_FROM_PB[value]  # type: ignore[index]
     except KeyError:
         raise ValueError(f"ordering: unknown value {value}") from None
+
+
+_TOOL_FORMAT_TO_PB = {
+    ToolFormat.OPENAI: pb.TOOL_FORMAT_OPENAI,
+    ToolFormat.ANTHROPIC: pb.TOOL_FORMAT_ANTHROPIC,
+    ToolFormat.MCP: pb.TOOL_FORMAT_MCP,
+}
+_TOOL_FORMAT_FROM_PB = {v: k for k, v in _TOOL_FORMAT_TO_PB.items()}
+
+
+def tool_format_to_pb(format: ToolFormat | str | None) -> pb.ToolFormat.ValueType:
+    """UNSPECIFIED for None (no provider shape).
+
+    Raises:
+        ValueError: a name that is not one of ``ToolFormat``'s.
+    """
+    return pb.TOOL_FORMAT_UNSPECIFIED if format is None else _TOOL_FORMAT_TO_PB[ToolFormat(format)]
+
+
+def tool_format_from_pb(value: int) -> ToolFormat | None:
+    """None for UNSPECIFIED.
+
+    Raises:
+        ValueError: a value this server does not know.
+    """
+    if value == pb.TOOL_FORMAT_UNSPECIFIED:
+        return None
+    try:
+        return _TOOL_FORMAT_FROM_PB[value]  # type: ignore[index]
+    except KeyError:
+        raise ValueError(f"format: unknown value {value}") from None

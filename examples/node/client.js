@@ -167,6 +167,19 @@ async function main() {
   console.log(`tools: ${names.join(", ")}`);
   expect(["read_file", "shell"].every((n) => names.includes(n)), "read_file and shell are listed");
 
+  // The same tools in a provider's shape: a JSON array to pass as that API's `tools` unchanged.
+  for (const [format, nameOf] of [
+    ["TOOL_FORMAT_ANTHROPIC", (t) => t.name],
+    ["TOOL_FORMAT_OPENAI", (t) => t.function.name],
+    ["TOOL_FORMAT_MCP", (t) => t.name],
+  ]) {
+    const { definitions_json } = await unary("ListTools", { session_id: session.session_id, format });
+    const shaped = JSON.parse(definitions_json);
+    expect(shaped.map(nameOf).join(",") === names.join(","), `${format}: every tool, in order`);
+  }
+  const { definitions_json: plain } = await unary("ListTools", { session_id: session.session_id });
+  expect(plain === "", "no format: no definitions_json");
+
   const [shell] = await dispatch(session.session_id, [
     { id: "node-shell", name: "shell", input_json: JSON.stringify({ command: "echo hello-from-node > hello.txt; echo written" }) },
   ]);

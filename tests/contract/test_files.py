@@ -82,6 +82,15 @@ async def test_patch_replaces_the_one_occurrence_or_changes_nothing(target: Targ
     assert await sb.read_bytes("p.txt") == b"a = 0\r\nb = 2\r\nb = 2\r\n"
 
 
+async def test_patch_replace_all_replaces_every_occurrence_and_counts(target: Target) -> None:
+    sb = target.sandbox
+    await sb.write_bytes("r.txt", b"b = 2\r\nb = 2\r\nc = 2\r\n")
+    assert await sb.patch("r.txt", "b = 2\n", "b = 3\n", replace_all=True) == 2  # CRLF kept
+    assert await sb.read_bytes("r.txt") == b"b = 3\r\nb = 3\r\nc = 2\r\n"
+    assert await code_of(sb.patch("r.txt", "z", "y", replace_all=True)) == "no_match"
+    assert await sb.read_bytes("r.txt") == b"b = 3\r\nb = 3\r\nc = 2\r\n"
+
+
 async def test_exists_for_files_directories_and_nothing(target: Target) -> None:
     await target.sandbox.write("d/f.txt", "x")
     assert await target.sandbox.exists("d/f.txt")

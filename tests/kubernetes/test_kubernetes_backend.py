@@ -24,7 +24,15 @@ from dispatcher.sandbox.container.config import SandboxConfig
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from dispatcher.sandbox.kubernetes.manifests import NETWORK_POLICY
-from dispatcher.tools import ListDirTool, PatchFileTool, ReadFileTool, ShellTool, WriteFileTool
+from dispatcher.tools import (
+    GlobTool,
+    GrepTool,
+    ListDirTool,
+    PatchFileTool,
+    ReadFileTool,
+    ShellTool,
+    WriteFileTool,
+)
 from tests.integration.helpers import run, tool_context
 from tests.kubernetes.backend_fixtures import IMAGE, KubeProviders
 from tests.kubernetes.helpers import Kube, pod
@@ -65,6 +73,9 @@ async def test_kubernetes_five_tools_in_a_pod(kube_providers: KubeProviders, kub
     assert "notes.txt" in text(listing)
     shell = await call(ShellTool(), sandbox, session, command="grep -c line src/notes.txt; id -u; hostname")
     assert text(shell).split()[:3] == ["4", "1000", "sandbox"]
+    found = await call(GrepTool(), sandbox, session, pattern="^three$", path="src")  # the search tools too
+    assert text(found) == "src/notes.txt:3:three"
+    assert text(await call(GlobTool(), sandbox, session, pattern="**/*.txt")) == "src/notes.txt"
     # One Pod, labelled like the containers are, and the deny-all policy in the namespace.
     pods = await pod_names(kube, f"{LABEL_SESSION}={session.session_id}")
     assert pods == [sandbox.container_id]

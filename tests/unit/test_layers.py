@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     "dispatcher.core": 1,
     "dispatcher.config_base": 2,  # what every config section model shares (pydantic)
     "dispatcher.sandbox": 3,
-    "dispatcher.tools": 3,
+    "dispatcher.tools": 3,  # the built-in tools, search/ (glob, grep) included: they share _common.py
     "dispatcher.mcp": 4,
     "dispatcher.observe_config": 5,
     "dispatcher.config": 6,

@@ -125,9 +125,11 @@ class StagedFiles:
     async def delete(self, path: str) -> None:
         await self._sandbox.delete(path)
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, replace_all: bool = False
+    ) -> int:
         # A write, so it goes to the disk: it patches the file there, not a staged version of it.
-        await self._sandbox.patch(path, old, new, approved=approved)
+        return await self._sandbox.patch(path, old, new, approved=approved, replace_all=replace_all)
 
     async def resolve(self, path: str) -> str:
         return await self._sandbox.resolve(path)

@@ -273,8 +273,10 @@ class FakeSandbox:
         else:
             raise FileOpError("ENOENT", f"No such file: {path!r}")
 
-    async def patch(self, path: str, old: str, new: str, *, approved: str | None = None) -> None:
-        await apply_patch(self, path, old, new, approved=approved)
+    async def patch(
+        self, path: str, old: str, new: str, *, approved: str | None = None, replace_all: bool = False
+    ) -> int:
+        return await apply_patch(self, path, old, new, approved=approved, replace_all=replace_all)
 
     async def resolve(self, path: str) -> str:
         rel = self._walk(path)

@@ -139,8 +139,15 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
 
     @_unary
     async def ListTools(self, request: pb.ListToolsRequest, context: Ctx) -> pb.ListToolsResponse:
+        try:
+            format = convert.tool_format_from_pb(request.format)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         tools = self._sessions.tools(current_tenant(), request.session_id)
-        return pb.ListToolsResponse(tools=[convert.tool_to_pb(t) for t in tools])
+        return pb.ListToolsResponse(
+            tools=[convert.tool_to_pb(t) for t in tools],
+            definitions_json=convert.definitions_json(tools, format) if format is not None else "",
+        )
 
     @_stream
     async def Dispatch(self, request: pb.DispatchRequest, context: Ctx) -> AsyncIterator[pb.DispatchResponse]:

@@ -53,6 +53,9 @@ async def test_json_output(harness: Harness, capsys: pytest.CaptureFixture[str])
     assert await run(harness, "tools", "--json") == 0
     names = {json.loads(line)["name"] for line in capsys.readouterr().out.splitlines()}
     assert {"read_file", "shell", "echo"} <= names
+    assert await run(harness, "tools", "--format", "openai") == 0
+    shaped = json.loads(capsys.readouterr().out)
+    assert {t["function"]["name"] for t in shaped} == names and {t["type"] for t in shaped} == {"function"}
 
 
 async def test_yes_approves_confirmations(harness: Harness) -> None:

@@ -101,3 +101,18 @@ def test_go_client_lists_processes_and_gets_not_found_for_unknown_ones(
         assert report["processes"] == 0 and report["unknown_process"] == "NotFound"
     with DispatcherClient(server.target, token=TOKEN) as client:
         assert client.list_sessions() == []
+
+
+def test_go_client_gets_the_tools_in_each_providers_shape(go_client: Path, server: ServeProcess) -> None:
+    names: dict[str, list[str]] = {}
+    for format in ("anthropic", "openai", "mcp"):
+        run = _run(go_client, server.target, f"-tools={format}")
+        assert run.returncode == 0, run.stderr
+        tools = json.loads(run.stdout)
+        names[format] = [t["function"]["name"] if format == "openai" else t["name"] for t in tools]
+    assert names["anthropic"] == names["openai"] == names["mcp"]
+    assert {"glob", "grep", "read_file", "shell"} <= set(names["anthropic"])
+    wrong = _run(go_client, server.target, "-tools=gemini")
+    assert wrong.returncode == 1 and "expected openai, anthropic or mcp" in wrong.stderr
+    with DispatcherClient(server.target, token=TOKEN) as client:
+        assert client.list_sessions() == []

@@ -16,6 +16,8 @@ def test_the_built_in_tools_with_fixed_names_and_classes() -> None:
         "write_file": SideEffect.WRITE,
         "patch_file": SideEffect.WRITE,
         "list_dir": SideEffect.READ,
+        "glob": SideEffect.READ,
+        "grep": SideEffect.READ,
         "shell": SideEffect.EXECUTE,
         "process_list": SideEffect.READ,
         "process_output": SideEffect.READ,
@@ -44,6 +46,18 @@ def test_schemas_are_in_the_allowed_subset(factory: type) -> None:
         ("read_file", {"path": "a", "offset": 2, "limit": 5}, {"path": "a", "offset": 0}),
         ("write_file", {"path": "a", "content": ""}, {"path": "a"}),
         ("patch_file", {"path": "a", "old": "x", "new": ""}, {"path": "a", "old": "", "new": "y"}),
+        (
+            "patch_file",
+            {"path": "a", "old": "x", "new": "", "replace_all": True},
+            {"path": "a", "old": "x", "new": "", "replace_all": "yes"},
+        ),
+        ("glob", {"pattern": "**/*.py", "path": "src"}, {"pattern": ""}),
+        (
+            "grep",
+            {"pattern": "x", "glob": "*.py", "ignore_case": True, "context_lines": 2, "max_results": 5},
+            {"pattern": "x", "context_lines": 11},
+        ),
+        ("grep", {"pattern": "x"}, {"pattern": "x", "max_results": 1001}),
         ("list_dir", {}, {"path": "a", "recursive": True}),
         ("shell", {"command": "ls", "timeout_seconds": 1.5}, {"command": "ls", "timeout_seconds": 0}),
     ],
@@ -58,5 +72,6 @@ def test_schemas_accept_and_reject(name: str, good: dict[str, object], bad: dict
 def test_file_tools_declare_their_path_argument() -> None:
     modes = {f().definition.name: f().definition.requires_fs for f in BUILTIN_TOOLS}
     assert modes["read_file"] == (("path", "r"),) and modes["list_dir"] == (("path", "r"),)
+    assert modes["glob"] == (("path", "r"),) and modes["grep"] == (("path", "r"),)
     assert modes["write_file"] == (("path", "rw"),) and modes["patch_file"] == (("path", "rw"),)
     assert modes["shell"] == (("cwd", "cwd"),)  # a working directory, checked like a path

@@ -105,6 +105,15 @@ async def test_patch_errors_say_what_is_wrong_and_leave_the_file(setup: Any) -> 
     assert await files.read("f.txt") == "x x\n"
 
 
+async def test_the_api_replaces_all_when_asked_and_says_how_many(setup: Any) -> None:
+    _, _, sandbox = setup
+    files: FakeSandbox = sandbox
+    await files.write("f.txt", "x x\nx\n")
+    assert await files.patch("f.txt", "x", "yz", replace_all=True) == 3
+    assert await files.read("f.txt") == "yz yz\nyz\n"
+    assert await files.patch("f.txt", "yz yz", "w") == 1
+
+
 async def test_a_change_made_after_the_read_is_refused_and_kept(setup: Any) -> None:
     _, _, sandbox = setup
     files: FakeSandbox = sandbox

@@ -166,3 +166,53 @@ async def test_patch_refuses_a_change_made_after_its_read_and_keeps_it(
     assert info.value.code == "changed" and "changed while it was being patched" in info.value.message
     assert target.read_text() == "changed meanwhile\n"
     assert [p.name for p in workspace.iterdir()] == ["m.py"]  # no temp file left
+
+
+# -- replace_all (issue 34, part 3) ----------------------------------------------------------------
+
+
+async def test_replace_all_replaces_every_occurrence_and_counts_them(
+    harness: Harness, workspace: Path
+) -> None:
+    target = workspace / "m.py"
+    target.write_text("x = 1\nprint(x)\nx = 1\nx = 1\n")
+    output = await harness.run(PatchFileTool(), path="m.py", old="x = 1", new="y = 2", replace_all=True)
+    assert target.read_text() == "y = 2\nprint(x)\ny = 2\ny = 2\n"
+    assert output.metadata == {"replacements": 3} and "replaced 3 occurrence(s)" in text_of(output)
+    assert output.files_modified == ["m.py"]
+
+
+async def test_replace_all_of_one_occurrence_and_of_none(harness: Harness, workspace: Path) -> None:
+    target = workspace / "m.py"
+    target.write_text("alpha beta\n")
+    output = await harness.run(PatchFileTool(), path="m.py", old="beta", new="gamma", replace_all=True)
+    assert output.metadata == {"replacements": 1} and target.read_text() == "alpha gamma\n"
+    with pytest.raises(FileOpError) as info:
+        await harness.run(PatchFileTool(), path="m.py", old="delta", new="x", replace_all=True)
+    assert info.value.code == "no_match" and target.read_text() == "alpha gamma\n"
+
+
+async def test_replace_all_false_still_requires_one_and_names_the_option(
+    harness: Harness, workspace: Path
+) -> None:
+    (workspace / "m.py").write_text("a a a\n")
+    with pytest.raises(FileOpError) as info:
+        await harness.run(PatchFileTool(), path="m.py", old="a", new="b", replace_all=False)
+    assert info.value.code == "multiple_matches" and "replace_all" in info.value.message
+    assert (workspace / "m.py").read_text() == "a a a\n"
+
+
+async def test_replace_all_keeps_crlf_in_every_occurrence(harness: Harness, workspace: Path) -> None:
+    target = workspace / "win.txt"
+    target.write_bytes(b"a\r\nb\r\nx\r\na\r\nb\r\n")
+    output = await harness.run(PatchFileTool(), path="win.txt", old="a\nb", new="A\nB", replace_all=True)
+    assert target.read_bytes() == b"A\r\nB\r\nx\r\nA\r\nB\r\n" and output.metadata["replacements"] == 2
+
+
+def test_preview_with_replace_all_is_what_the_tool_writes() -> None:
+    tool = PatchFileTool()
+    after = tool.preview({"path": "f", "old": "x", "new": "yy", "replace_all": True}, b"x-x-x")
+    assert after == b"yy-yy-yy" == patched(b"x-x-x", "x", "yy", "f", replace_all=True)
+    with pytest.raises(FileOpError) as info:
+        tool.preview({"path": "f", "old": "x", "new": "yy"}, b"x-x-x")
+    assert info.value.code == "multiple_matches"

@@ -192,3 +192,21 @@ async def test_a_patch_that_cannot_apply_is_refused_at_staging(
     assert missing.is_error and "does not exist" in _text(missing)
     assert d.staged_changes(reviewing.session_id) == []
     await d.aclose()
+
+
+async def test_a_replace_all_patch_is_staged_as_it_would_be_written(
+    provider: FakeSandboxProvider, audit: MemoryAuditLog, reviewing: Session
+) -> None:
+    d = _dispatcher(provider, audit)
+    disk = provider.sandbox_for(reviewing)
+    await disk.write_bytes("names.py", b"old_name = 1\nprint(old_name)\n")
+    staged = await _call(
+        d, reviewing, "patch_file", {"path": "names.py", "old": "old_name", "new": "new", "replace_all": True}
+    )
+    assert not staged.is_error, _text(staged)
+    assert disk.files == {"/workspace/names.py": b"old_name = 1\nprint(old_name)\n"}  # not on disk yet
+    (change,) = d.staged_changes(reviewing.session_id)
+    assert change.data == b"new = 1\nprint(new)\n"
+    refused = await _call(d, reviewing, "patch_file", {"path": "names.py", "old": "new", "new": "x"})
+    assert refused.is_error and "occurs 2 times" in _text(refused)
+    await d.aclose()
