@@ -39,6 +39,7 @@ MODULES = (
     "bench.density_bench",
     "bench.pool_bench",
     "bench.kubernetes_bench",
+    "bench.process_bench",
 )
 
 
