@@ -48,7 +48,7 @@ from .protocol import (
     Send,
     SendSignal,
 )
-from .shell_state import StateFiles, take_state, wrapped
+from .shell_state import COMMAND_VARIABLE, StateFiles, command_argv, take_state
 from .table import ProcessTable
 from .workers import Workers
 from .workspace import OpError, Workspace, os_error
@@ -406,12 +406,11 @@ class Commands:
     def _run(self, rid: int, ex: _Running, request: Exec, cwd: str, env: dict[str, str]) -> None:
         stdin = request.stdin
         state = self._states.new() if request.capture_state else None
-        argv = ["/bin/sh", "-c", request.command] if state is None else wrapped(request.command, state)
         try:
             proc = subprocess.Popen(
-                argv,
+                command_argv(state),
                 cwd=cwd,
-                env=env,
+                env={**env, COMMAND_VARIABLE: request.command},
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -30,8 +30,13 @@ import tempfile
 
 from .protocol import MAX_STATE
 
+COMMAND_VARIABLE = "__DISPATCHER_COMMAND"
+"""Where an exec's shell finds its command: not in its argv, where ``pkill -f``/``pgrep -f`` of a
+pattern the command names would find (and kill) the shell running it. The shell copies it into an
+unexported variable and unsets it, so the command's processes do not inherit it."""
+_PLAIN = f'__dispatcher_command=${COMMAND_VARIABLE}; unset {COMMAND_VARIABLE}; eval "$__dispatcher_command"'
 _SCRIPT = (
-    "__dispatcher_state=$1; __dispatcher_command=$2; shift 2; "
+    f"__dispatcher_state=$1; __dispatcher_command=${COMMAND_VARIABLE}; unset {COMMAND_VARIABLE}; shift; "
     "trap '__dispatcher_rc=$?; "
     '{ pwd -P && printf "\\000" && export -p; } >"$__dispatcher_state" 2>/dev/null; '
     "exit $__dispatcher_rc' EXIT; "
@@ -43,9 +48,12 @@ SHELL_OWN = frozenset({"PWD", "SHLVL", "_"})
 """Variables a shell sets by itself: never reported as the command's."""
 
 
-def wrapped(command: str, state_path: str) -> list[str]:
-    """The argv that runs ``command`` and leaves its shell's state at ``state_path``."""
-    return ["/bin/sh", "-c", _SCRIPT, "sh", state_path, command]
+def command_argv(state_path: str | None) -> list[str]:
+    """The argv of an exec's shell, its command in ``COMMAND_VARIABLE`` of its environment; with
+    ``state_path``, the shell leaves its state there when it exits."""
+    if state_path is None:
+        return ["/bin/sh", "-c", _PLAIN]
+    return ["/bin/sh", "-c", _SCRIPT, "sh", state_path]
 
 
 class StateFiles:

@@ -144,3 +144,19 @@ def test_a_listing_that_is_not_one_is_refused() -> None:
     assert parse_exports("export A='unterminated\n") is None
     assert parse_exports("A=1\n") is None
     assert parse_exports("export 1A=x\n") is None
+
+
+@pytest.mark.parametrize("capture_state", [False, True], ids=["plain", "remembering"])
+def test_pkill_f_of_a_pattern_in_the_command_spares_the_calling_shell(
+    link: Link, capture_state: bool
+) -> None:
+    """The command is not in its shell's argv, so ``pkill -f`` / ``pgrep -f`` of a pattern it
+    names (the classic way to stop a server) does not find, and kill, the shell running it."""
+    marker = "no-process-has-this-9d1c"
+    out, _, end = _run(
+        link,
+        p.Exec(f"pgrep -f {marker} || echo none; pkill -f {marker}; echo alive", capture_state=capture_state),
+    )
+    assert (out, end.exit_code, end.signal) == (b"none\nalive\n", 0, None)
+    out, _, _ = _run(link, p.Exec('echo "${__DISPATCHER_COMMAND-unset}"', capture_state=capture_state))
+    assert out == b"unset\n"  # and what it runs does not inherit it
