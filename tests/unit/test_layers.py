@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "dispatcher.cli.session": 18,
     "dispatcher.cli.trees": 18,
     "dispatcher.cli.config": 18,
+    "dispatcher.mcp_server": 18,  # the MCP gateway: a gRPC client (client/) that asks as cli/output shows
     "dispatcher.cli": 19,  # main and the verbs (__init__), python -m (__main__)
 }
 """Low to high: a module may import its own layer (no cycle) and those below, never above. A finer
