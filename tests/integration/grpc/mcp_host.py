@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import mcp_types as mt
-from mcp.client.session import ClientRequestContext, ClientSession
+from mcp.client.client import Client
+from mcp.client.session import ClientRequestContext, ClientSession, ElicitationFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,7 +42,7 @@ def mcp_argv(target: str, *extra: str) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def stdio_session(
-    target: str, token: str, *extra: str, asker: Asker | None = None, errlog: Any = None
+    target: str, token: str, *extra: str, asker: ElicitationFnT | None = None, errlog: Any = None
 ) -> AsyncIterator[ClientSession]:
     """``dispatcher mcp --server TARGET EXTRA...`` as a subprocess, behind an initialized ClientSession."""
     env = {**os.environ, "DISPATCHER_TOKEN": token, "PYTHONPATH": str(REPO)}
@@ -53,6 +54,14 @@ async def stdio_session(
         ):
             await session.initialize()
             yield session
+
+
+def modern_stdio_client(target: str, token: str, *extra: str, asker: ElicitationFnT | None = None) -> Client:
+    """The SDK's high-level ``Client`` on the same subprocess: it negotiates 2026-07-28 by default,
+    where approvals come back as ``InputRequiredResult`` and the client retries with the answer."""
+    env = {**os.environ, "DISPATCHER_TOKEN": token, "PYTHONPATH": str(REPO)}
+    params = StdioServerParameters(command=sys.executable, args=mcp_argv(target, *extra), env=env)
+    return Client(params, elicitation_callback=asker)
 
 
 def text_of(result: mt.CallToolResult) -> str:

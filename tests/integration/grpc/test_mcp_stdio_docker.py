@@ -4,13 +4,18 @@ output as progress, a write approved or declined through elicitation, a cancelle
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import mcp_types as mt
 import pytest
+from mcp.client.session import ClientRequestContext
 
-from tests.integration.grpc.mcp_host import Asker, stdio_session, text_of
+from tests.integration.conftest import ProviderFactory
+from tests.integration.grpc.conftest import docker_server
+from tests.integration.grpc.mcp_host import Asker, modern_stdio_client, stdio_session, text_of
 from tests.polling import until
-from tests.server.conftest import TOKEN_ALPHA, Harness
+from tests.server.conftest import TOKEN_ALPHA, Harness, base_config, deep_merge
 
 pytestmark = pytest.mark.docker
 
@@ -136,3 +141,84 @@ async def test_a_cancelled_call_leaves_no_process(docker_harness: Harness) -> No
             return text_of(left).strip().startswith("0")
 
         await until(gone, "the cancelled command's process to end", timeout=30, interval=0.5)
+
+
+async def test_on_2026_07_28_the_approval_is_an_input_required_round_trip(docker_harness: Harness) -> None:
+    answers = iter(
+        [
+            mt.ElicitResult(action="accept", content={"decision": "allow"}),
+            mt.ElicitResult(action="decline"),
+        ]
+    )
+    asker = Asker(reply=lambda _p: next(answers))
+    ws = docker_harness.tmp / "ws-alpha" / "default"
+    client = modern_stdio_client(docker_harness.target, TOKEN_ALPHA, "--mode", "cautious", asker=asker)
+    async with client:
+        assert client.protocol_version == "2026-07-28"
+        read = await client.call_tool("shell", {"command": "echo modern"})
+        assert not read.is_error and "modern" in text_of(read)
+
+        done = await client.call_tool("write_file", {"path": "modern.txt", "content": "yes\n"})
+        assert not done.is_error, text_of(done)
+        assert (ws / "modern.txt").read_text() == "yes\n"
+        assert "write_file (write)" in asker.questions[0]
+
+        refused = await client.call_tool("write_file", {"path": "refused.txt", "content": "no\n"})
+        assert refused.is_error and "denied" in text_of(refused).lower()
+        assert not (ws / "refused.txt").exists()
+        assert len(asker.questions) == 2
+
+
+async def test_an_answer_given_elsewhere_while_the_host_asks_wins(docker_harness: Harness) -> None:
+    client = docker_harness.client()
+    asked = anyio.Event()
+    release = anyio.Event()
+
+    async def late_decline(context: ClientRequestContext, params: mt.ElicitRequestParams) -> mt.ElicitResult:
+        asked.set()
+        await release.wait()
+        return mt.ElicitResult(action="decline")
+
+    ws = docker_harness.tmp / "ws-alpha" / "default"
+    async with stdio_session(
+        docker_harness.target, TOKEN_ALPHA, "--mode", "cautious", asker=late_decline
+    ) as mcp:
+        results: list[mt.CallToolResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                results.append(await mcp.call_tool("write_file", {"path": "first.txt", "content": "1"}))
+
+            tg.start_soon(call)
+            with anyio.fail_after(30):
+                await asked.wait()
+            (session,) = await client.list_sessions()
+            (request_id,) = session.pending_request_ids
+            applied, _ = await client.resolve_confirmation(session.session_id, request_id, True)
+            assert applied
+            await until(lambda: bool(results), "the call to end once approved elsewhere", timeout=30)
+            release.set()  # the host's late decline changes nothing
+        assert not results[0].is_error, text_of(results[0])
+        assert (ws / "first.txt").read_text() == "1"
+
+
+async def test_a_host_that_never_answers_gets_the_confirmation_timeout(
+    make_provider: ProviderFactory, tmp_path: Path
+) -> None:
+    data = deep_merge(
+        base_config(tmp_path),
+        {"sandbox": {"backend": "docker"}, "dispatcher": {"confirmation_timeout": 2}},
+    )
+    never = anyio.Event()
+
+    async def silent(context: ClientRequestContext, params: mt.ElicitRequestParams) -> mt.ElicitResult:
+        await never.wait()
+        raise AssertionError("unreachable")
+
+    async with docker_server(make_provider, tmp_path, data) as harness:
+        async with stdio_session(harness.target, TOKEN_ALPHA, "--mode", "cautious", asker=silent) as mcp:
+            with anyio.fail_after(60):
+                result = await mcp.call_tool("write_file", {"path": "late.txt", "content": "x"})
+            assert result.is_error
+            assert result.meta is not None and result.meta["dispatcher/error_class"] == "confirmation_timeout"
+        never.set()
