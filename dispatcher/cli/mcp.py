@@ -15,6 +15,7 @@ from typing import Any
 from dispatcher.cli.output import EXIT_OK, EXIT_USAGE
 from dispatcher.client.aio import AsyncDispatcherClient
 from dispatcher.config import default_target
+from dispatcher.core.approval.modes import parse_mode
 
 MCP_LABEL = "dispatcher.mcp"
 """Label on the sessions ``dispatcher mcp`` creates (value: the transport), for ``dispatcher sessions``."""
@@ -53,6 +54,12 @@ def _mcp(args: argparse.Namespace) -> int:
             "dispatcher mcp: --tools names no tool (expected e.g. --tools read_file,shell)", file=sys.stderr
         )
         return EXIT_USAGE
+    if args.mode:
+        try:
+            parse_mode(args.mode)
+        except ValueError as exc:
+            print(f"dispatcher mcp: --mode: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     asyncio.run(_serve(args, tools))
     return EXIT_OK
 

@@ -7,6 +7,7 @@ import functools
 import logging
 import signal
 from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,6 +33,7 @@ from dispatcher.server.egress_wiring import egress_gateway
 from dispatcher.server.observability.setup import Observability
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionPersistence
+from dispatcher.server.requests.errors import Unauthenticated
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
 from dispatcher.server.sessions.manager import SessionManager
@@ -129,6 +131,14 @@ def build_server(config: Config, provider: ProviderFactory | None = None) -> Dis
     return DispatcherServer(config, provider or functools.partial(make_provider, config), registry)
 
 
+class ServedEndpoint(Protocol):
+    """What the server keeps of its MCP endpoint (which it imports only to start it)."""
+
+    port: int
+
+    async def aclose(self) -> None: ...
+
+
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
@@ -210,6 +220,7 @@ class DispatcherServer:
             health=self.health,
         )
         self.port = 0
+        self.mcp_endpoint: ServedEndpoint | None = None
         self._stopped = False
         self._adopting: asyncio.Task[None] | None = None
 
@@ -258,6 +269,7 @@ class DispatcherServer:
         self.observability.start()
         self.dispatcher.lifecycle.start()  # the overdue among the sessions given back expire now
         await self._server.start()
+        await self._start_mcp_endpoint()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"listen": self.config.listen, "port": self.port})
@@ -270,6 +282,8 @@ class DispatcherServer:
             return
         grace = self.config.server.grace_seconds if grace is None else grace
         log.info("shutting down", extra={"grace_seconds": grace})
+        if self.mcp_endpoint is not None:  # first: its sessions are closed through the gRPC side
+            await self.mcp_endpoint.aclose()
         await self.health.enter_graceful_shutdown()
         # The grace is run here rather than by grpc's stop(grace): while it lasts the server still
         # answers, so new calls get UNAVAILABLE from the servicer instead of being cut by the transport.
@@ -298,6 +312,33 @@ class DispatcherServer:
         self._close_state()  # commits the queued events, then lets the next server in
         self._stopped = True
         log.info("stopped")
+
+    async def _start_mcp_endpoint(self) -> None:
+        """Serve ``mcp_endpoint`` (MCP's streamable HTTP): a gateway that is a gRPC client of this
+        server, with each request's own token (dispatcher/mcp_server/http.py).
+
+        Raises:
+            ConfigError: its listen address cannot be bound.
+        """
+        settings = self.config.mcp_endpoint
+        if settings is None:
+            return
+        # The one upward import of the server: the gateway is a client of it, not a part of it.
+        from dispatcher.mcp_server.http import McpEndpoint, grpc_target
+
+        def tenant_of(authorization: str | None) -> str | None:
+            try:
+                return self.tenants.authenticate(authorization).tenant_id
+            except Unauthenticated:
+                return None
+
+        endpoint = McpEndpoint(settings, grpc_target(self.config.listen, self.port), tenant_of)
+        try:
+            port = await endpoint.start()
+        except OSError as exc:
+            raise ConfigError(f"mcp_endpoint.listen: cannot bind {settings.listen}: {exc}") from exc
+        self.mcp_endpoint = endpoint
+        log.info("serving MCP", extra={"listen": settings.listen, "port": port, "path": settings.path})
 
     def _restore_sessions(self) -> None:
         """Give back the sessions stored by the previous run (the provider, a listener, expects

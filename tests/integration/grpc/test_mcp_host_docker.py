@@ -1,10 +1,14 @@
-"""``dispatcher mcp`` over stdio, driven by the official MCP Python SDK client, against a real server
-on loopback whose sessions run in Docker (issue 36): tools with their hints, shell and read_file,
-output as progress, a write approved or declined through elicitation, a cancelled call."""
+"""The dispatcher as an MCP server, driven by the official MCP Python SDK client against a real
+server on loopback whose sessions run in Docker (issue 36): each test runs over ``dispatcher mcp``
+(stdio, a subprocess) and over the server's streamable HTTP endpoint. Tools with their hints, shell
+and read_file, output as progress, a write approved or declined through elicitation, an approval
+given elsewhere first, a cancelled call, the confirmation timeout."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import mcp_types as mt
@@ -13,17 +17,40 @@ from mcp.client.session import ClientRequestContext
 
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server
-from tests.integration.grpc.mcp_host import Asker, modern_stdio_client, stdio_session, text_of
+from tests.mcp_host import Asker, Host, modern_stdio_client, text_of
 from tests.polling import until
 from tests.server.conftest import TOKEN_ALPHA, Harness, base_config, deep_merge
 
 pytestmark = pytest.mark.docker
 
+ENDPOINT = {"mcp_endpoint": {"listen": "127.0.0.1:0", "path": "/mcp", "max_sessions_per_tenant": 2}}
 
-async def test_tools_list_and_calls_through_stdio(docker_harness: Harness) -> None:
-    (docker_harness.tmp / "ws-alpha" / "default").mkdir(parents=True, exist_ok=True)
-    (docker_harness.tmp / "ws-alpha" / "default" / "notes.txt").write_text("first line\n")
-    async with stdio_session(docker_harness.target, TOKEN_ALPHA, "--workspace", "default") as mcp:
+
+def _config(tmp_path: Path, **over: Any) -> dict[str, Any]:
+    return deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}, **ENDPOINT, **over})
+
+
+def _host(harness: Harness, transport: str) -> Host:
+    endpoint = harness.server.mcp_endpoint
+    assert endpoint is not None
+    return Host(transport, harness.target, f"http://127.0.0.1:{endpoint.port}/mcp")
+
+
+@pytest.fixture
+async def served(make_provider: ProviderFactory, tmp_path: Path) -> AsyncIterator[Harness]:
+    async with docker_server(make_provider, tmp_path, _config(tmp_path)) as harness:
+        yield harness
+
+
+@pytest.fixture(params=["stdio", "http"])
+def host(request: pytest.FixtureRequest, served: Harness) -> Host:
+    return _host(served, str(request.param))
+
+
+async def test_tools_list_and_calls(served: Harness, host: Host) -> None:
+    (served.tmp / "ws-alpha" / "default").mkdir(parents=True, exist_ok=True)
+    (served.tmp / "ws-alpha" / "default" / "notes.txt").write_text("first line\n")
+    async with host.open(TOKEN_ALPHA, workspace="default") as mcp:
         tools = {t.name: t for t in (await mcp.list_tools()).tools}
         assert {"shell", "read_file", "write_file"} <= set(tools)
         assert tools["read_file"].annotations == mt.ToolAnnotations(
@@ -51,10 +78,10 @@ async def test_tools_list_and_calls_through_stdio(docker_harness: Harness) -> No
         missing = await mcp.call_tool("read_file", {"path": "nope.txt"})
         assert missing.is_error and "nope.txt" in text_of(missing)
 
-        sessions = await docker_harness.client().list_sessions()
-        assert [s.labels.get("dispatcher.mcp") for s in sessions] == ["stdio"]
-    # The host closed stdin: the session it created is closed.
-    client = docker_harness.client()
+        sessions = await served.client().list_sessions()
+        assert [s.labels.get("dispatcher.mcp") for s in sessions] == [host.transport]
+    # The host closed stdin, or ended the HTTP session: the session it created is closed.
+    client = served.client()
 
     async def closed() -> bool:
         return not await client.list_sessions()
@@ -62,7 +89,7 @@ async def test_tools_list_and_calls_through_stdio(docker_harness: Harness) -> No
     await until(closed, "the MCP session's dispatcher session to close", timeout=30)
 
 
-async def test_a_write_is_approved_or_declined_through_elicitation(docker_harness: Harness) -> None:
+async def test_a_write_is_approved_or_declined_through_elicitation(served: Harness, host: Host) -> None:
     answers = iter(
         [
             mt.ElicitResult(action="accept", content={"decision": "allow", "remember": False}),
@@ -70,8 +97,8 @@ async def test_a_write_is_approved_or_declined_through_elicitation(docker_harnes
         ]
     )
     asker = Asker(reply=lambda _p: next(answers))
-    ws = docker_harness.tmp / "ws-alpha" / "default"
-    async with stdio_session(docker_harness.target, TOKEN_ALPHA, "--mode", "cautious", asker=asker) as mcp:
+    ws = served.tmp / "ws-alpha" / "default"
+    async with host.open(TOKEN_ALPHA, mode="cautious", asker=asker) as mcp:
         done = await mcp.call_tool("write_file", {"path": "approved.txt", "content": "yes\n"})
         assert not done.is_error, text_of(done)
         assert (ws / "approved.txt").read_text() == "yes\n"
@@ -86,14 +113,14 @@ async def test_a_write_is_approved_or_declined_through_elicitation(docker_harnes
         assert len(asker.questions) == 2
 
 
-async def test_without_elicitation_the_call_waits_for_another_client(docker_harness: Harness) -> None:
-    client = docker_harness.client()
+async def test_without_elicitation_the_call_waits_for_another_client(served: Harness, host: Host) -> None:
+    client = served.client()
     notes: list[str] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         notes.append(message or "")
 
-    async with stdio_session(docker_harness.target, TOKEN_ALPHA, "--mode", "cautious") as mcp:
+    async with host.open(TOKEN_ALPHA, mode="cautious") as mcp:
         async with anyio.create_task_group() as tg:
             results: list[mt.CallToolResult] = []
 
@@ -114,8 +141,8 @@ async def test_without_elicitation_the_call_waits_for_another_client(docker_harn
         assert not results[0].is_error, text_of(results[0])
 
 
-async def test_a_cancelled_call_leaves_no_process(docker_harness: Harness) -> None:
-    async with stdio_session(docker_harness.target, TOKEN_ALPHA) as mcp:
+async def test_a_cancelled_call_leaves_no_process(host: Host) -> None:
+    async with host.open(TOKEN_ALPHA) as mcp:
         started: list[str] = []
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -144,6 +171,7 @@ async def test_a_cancelled_call_leaves_no_process(docker_harness: Harness) -> No
 
 
 async def test_on_2026_07_28_the_approval_is_an_input_required_round_trip(docker_harness: Harness) -> None:
+    """stdio only: the HTTP endpoint serves the handshake revisions (see the test below)."""
     answers = iter(
         [
             mt.ElicitResult(action="accept", content={"decision": "allow"}),
@@ -169,8 +197,8 @@ async def test_on_2026_07_28_the_approval_is_an_input_required_round_trip(docker
         assert len(asker.questions) == 2
 
 
-async def test_an_answer_given_elsewhere_while_the_host_asks_wins(docker_harness: Harness) -> None:
-    client = docker_harness.client()
+async def test_an_answer_given_elsewhere_while_the_host_asks_wins(served: Harness, host: Host) -> None:
+    client = served.client()
     asked = anyio.Event()
     release = anyio.Event()
 
@@ -179,10 +207,8 @@ async def test_an_answer_given_elsewhere_while_the_host_asks_wins(docker_harness
         await release.wait()
         return mt.ElicitResult(action="decline")
 
-    ws = docker_harness.tmp / "ws-alpha" / "default"
-    async with stdio_session(
-        docker_harness.target, TOKEN_ALPHA, "--mode", "cautious", asker=late_decline
-    ) as mcp:
+    ws = served.tmp / "ws-alpha" / "default"
+    async with host.open(TOKEN_ALPHA, mode="cautious", asker=late_decline) as mcp:
         results: list[mt.CallToolResult] = []
         async with anyio.create_task_group() as tg:
 
@@ -202,13 +228,11 @@ async def test_an_answer_given_elsewhere_while_the_host_asks_wins(docker_harness
         assert (ws / "first.txt").read_text() == "1"
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_host_that_never_answers_gets_the_confirmation_timeout(
-    make_provider: ProviderFactory, tmp_path: Path
+    make_provider: ProviderFactory, tmp_path: Path, transport: str
 ) -> None:
-    data = deep_merge(
-        base_config(tmp_path),
-        {"sandbox": {"backend": "docker"}, "dispatcher": {"confirmation_timeout": 2}},
-    )
+    data = _config(tmp_path, dispatcher={"confirmation_timeout": 2})
     never = anyio.Event()
 
     async def silent(context: ClientRequestContext, params: mt.ElicitRequestParams) -> mt.ElicitResult:
@@ -216,7 +240,7 @@ async def test_a_host_that_never_answers_gets_the_confirmation_timeout(
         raise AssertionError("unreachable")
 
     async with docker_server(make_provider, tmp_path, data) as harness:
-        async with stdio_session(harness.target, TOKEN_ALPHA, "--mode", "cautious", asker=silent) as mcp:
+        async with _host(harness, transport).open(TOKEN_ALPHA, mode="cautious", asker=silent) as mcp:
             with anyio.fail_after(60):
                 result = await mcp.call_tool("write_file", {"path": "late.txt", "content": "x"})
             assert result.is_error

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,10 @@ import mcp_types as mt
 from mcp.client.client import Client
 from mcp.client.session import ClientRequestContext, ClientSession, ElicitationFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -54,6 +57,45 @@ async def stdio_session(
         ):
             await session.initialize()
             yield session
+
+
+@contextlib.asynccontextmanager
+async def http_session(
+    url: str, token: str, asker: ElicitationFnT | None = None, **query: str
+) -> AsyncIterator[ClientSession]:
+    """The server's streamable HTTP endpoint at ``url?QUERY``, behind an initialized ClientSession."""
+    full = f"{url}?{urllib.parse.urlencode(query)}" if query else url
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with (
+        http,
+        streamable_http_client(full, http_client=http) as (read, write),
+        ClientSession(read, write, elicitation_callback=asker) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+@dataclass(frozen=True)
+class Host:
+    """One way to reach the dispatcher as an MCP server: ``dispatcher mcp`` (stdio) or the endpoint."""
+
+    transport: str
+    target: str
+    url: str
+
+    def open(
+        self,
+        token: str,
+        *,
+        workspace: str | None = None,
+        mode: str | None = None,
+        asker: ElicitationFnT | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[ClientSession]:
+        opts = {k: v for k, v in (("workspace", workspace), ("mode", mode)) if v is not None}
+        if self.transport == "http":
+            return http_session(self.url, token, asker, **opts)
+        flags = [arg for k, v in opts.items() for arg in (f"--{k}", v)]
+        return stdio_session(self.target, token, *flags, asker=asker)
 
 
 def modern_stdio_client(target: str, token: str, *extra: str, asker: ElicitationFnT | None = None) -> Client:
