@@ -22,6 +22,7 @@ import logging
 import socket
 import urllib.parse
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +104,7 @@ class McpEndpoint:
         self._target = grpc_target
         self._authenticate = authenticate
         self._sessions: dict[str, _Entry] = {}
-        self._lock = asyncio.Lock()
+        self._opening: Counter[str] = Counter()
         self._tg: anyio.abc.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
         self._uvicorn: uvicorn.Server | None = None
@@ -202,37 +203,34 @@ class McpEndpoint:
         except ValueError as exc:
             await _error(400, mt.INVALID_PARAMS, str(exc))(scope, receive, send)
             return
-        async with self._lock:  # the count and the registration, together
-            if self.sessions_of(tenant) >= self.settings.max_sessions_per_tenant:
-                await _error(
-                    429,
-                    mt.INVALID_REQUEST,
-                    f"tenant {tenant!r} holds {self.settings.max_sessions_per_tenant} MCP sessions "
-                    "(mcp_endpoint.max_sessions_per_tenant): end one (HTTP DELETE) or let one go idle",
-                )(scope, receive, send)
+        # Counted from the check on, while its session is made (no await between the check and
+        # the count): openings of other tenants, and of this one, do not wait for each other.
+        if self.sessions_of(tenant) + self._opening[tenant] >= self.settings.max_sessions_per_tenant:
+            await _error(
+                429,
+                mt.INVALID_REQUEST,
+                f"tenant {tenant!r} holds {self.settings.max_sessions_per_tenant} MCP sessions "
+                "(mcp_endpoint.max_sessions_per_tenant): end one (HTTP DELETE) or let one go idle",
+            )(scope, receive, send)
+            return
+        self._opening[tenant] += 1
+        try:
+            made = await self._bridge(opening, token)
+            if isinstance(made, RequestFailed):
+                status = _STATUS_FOR.get(made.code, 502)
+                await _error(status, mt.INVALID_PARAMS, f"{made.code}: {made.details}")(scope, receive, send)
                 return
-            client = AsyncDispatcherClient(self._target, token=token)
-            try:
-                if opening.session_id:
-                    info = await client.get_session(opening.session_id)
-                else:
-                    info = await client.create_session(
-                        opening.workspace, mode=opening.mode, tools=opening.tools, labels={HTTP_LABEL: "http"}
-                    )
-            except RequestFailed as exc:
-                await client.close()
-                status = _STATUS_FOR.get(exc.code, 502)
-                await _error(status, mt.INVALID_PARAMS, f"{exc.code}: {exc.details}")(scope, receive, send)
-                return
+            bridge = made
             mcp_sid = uuid.uuid4().hex
             transport = StreamableHTTPServerTransport(
                 mcp_session_id=mcp_sid,
                 security_settings=_security(self.settings.listen),
                 idle_timeout=self.settings.idle_timeout_seconds,
             )
-            bridge = SessionBridge(client, info.session_id, tools=opening.tools)
             entry = _Entry(tenant, digest, transport, bridge, created=not opening.session_id)
             self._sessions[mcp_sid] = entry
+        finally:
+            self._opening[tenant] -= 1
         assert self._tg is not None
         answered: list[int] = []
 
@@ -249,6 +247,24 @@ class McpEndpoint:
             if not answered or answered[0] >= 400 or transport.is_terminated:
                 with anyio.CancelScope(shield=True):
                     await self._end(mcp_sid, entry)
+
+    async def _bridge(self, opening: Opening, token: str) -> SessionBridge | RequestFailed:
+        """A bridge to the session the URL names, or to a new one; the server's refusal otherwise."""
+        client = AsyncDispatcherClient(self._target, token=token)
+        try:
+            if opening.session_id:
+                info = await client.get_session(opening.session_id)
+            else:
+                info = await client.create_session(
+                    opening.workspace, mode=opening.mode, tools=opening.tools, labels={HTTP_LABEL: "http"}
+                )
+        except RequestFailed as exc:
+            await client.close()
+            return exc
+        except BaseException:
+            await client.close()
+            raise
+        return SessionBridge(client, info.session_id, tools=opening.tools)
 
     async def _serve(
         self,

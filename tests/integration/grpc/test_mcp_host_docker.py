@@ -15,11 +15,13 @@ import mcp_types as mt
 import pytest
 from mcp.client.session import ClientRequestContext
 
+from tests.events import ToolCalled
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server
 from tests.mcp_host import Asker, Host, modern_stdio_client, text_of
 from tests.polling import until
 from tests.server.conftest import TOKEN_ALPHA, Harness, base_config, deep_merge
+from tests.server.helpers import next_event
 
 pytestmark = pytest.mark.docker
 
@@ -75,11 +77,15 @@ async def test_tools_list_and_calls(served: Harness, host: Host) -> None:
         assert ran.meta is not None and ran.meta["dispatcher/exit_code"] == 3
         assert any("out-42" in m for m in notes), notes
 
+        # The same session is the one `dispatcher sessions` lists and `dispatcher watch` follows.
+        (session,) = await served.client().list_sessions()
+        called = await next_event(served.client(), session.session_id, ToolCalled)
+        assert called.payload.tool_name == "read_file"
+
         missing = await mcp.call_tool("read_file", {"path": "nope.txt"})
         assert missing.is_error and "nope.txt" in text_of(missing)
 
-        sessions = await served.client().list_sessions()
-        assert [s.labels.get("dispatcher.mcp") for s in sessions] == [host.transport]
+        assert session.labels.get("dispatcher.mcp") == host.transport
     # The host closed stdin, or ended the HTTP session: the session it created is closed.
     client = served.client()
 
@@ -111,6 +117,19 @@ async def test_a_write_is_approved_or_declined_through_elicitation(served: Harne
         assert refused.is_error and "denied" in text_of(refused).lower()
         assert not (ws / "declined.txt").exists()
         assert len(asker.questions) == 2
+
+
+async def test_remember_for_this_session_asks_once(served: Harness, host: Host) -> None:
+    asker = Asker(
+        reply=lambda _p: mt.ElicitResult(action="accept", content={"decision": "allow", "remember": True})
+    )
+    ws = served.tmp / "ws-alpha" / "default"
+    async with host.open(TOKEN_ALPHA, mode="cautious", asker=asker) as mcp:
+        for name in ("one.txt", "two.txt"):
+            done = await mcp.call_tool("write_file", {"path": name, "content": name})
+            assert not done.is_error, text_of(done)
+        assert (ws / "two.txt").read_text() == "two.txt"
+        assert len(asker.questions) == 1  # the second write ran on the remembered answer
 
 
 async def test_without_elicitation_the_call_waits_for_another_client(served: Harness, host: Host) -> None:

@@ -3,6 +3,7 @@ open and use an MCP session, how many a tenant may hold, what ends one, what the
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx2
@@ -75,6 +76,16 @@ async def test_a_tenant_holds_at_most_its_mcp_sessions(make_server: ServerFactor
         assert len(await harness.client().list_sessions()) == 2
     async with http_session(url, TOKEN_ALPHA) as again:  # ended ones no longer count
         assert (await again.list_tools()).tools
+
+
+async def test_the_bound_holds_for_openings_at_once(make_server: ServerFactory) -> None:
+    harness, url = await _serve(make_server, max_sessions_per_tenant=2)
+    async with httpx2.AsyncClient() as http:
+        answers = await asyncio.gather(
+            *(http.post(url, json=INIT, headers=_headers(TOKEN_ALPHA)) for _ in range(4))
+        )
+    assert sorted(a.status_code for a in answers) == [200, 200, 429, 429]
+    assert len(await harness.client().list_sessions()) == 2
 
 
 async def test_an_idle_mcp_session_ends_with_its_dispatcher_session(make_server: ServerFactory) -> None:
