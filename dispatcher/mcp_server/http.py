@@ -99,8 +99,17 @@ class _Entry:
 class McpEndpoint:
     """The streamable HTTP endpoint, served by uvicorn on the server's event loop."""
 
-    def __init__(self, settings: McpEndpointSection, grpc_target: str, authenticate: Authenticate) -> None:
+    def __init__(
+        self,
+        settings: McpEndpointSection,
+        grpc_target: str,
+        authenticate: Authenticate,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
+    ) -> None:
+        """``max_body_bytes``: the largest request body read (a larger one is 413, unread)."""
         self.settings = settings
+        self._max_body = max_body_bytes
         self._target = grpc_target
         self._authenticate = authenticate
         self._sessions: dict[str, _Entry] = {}
@@ -133,7 +142,7 @@ class McpEndpoint:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
-        app = RequestBodyLimitMiddleware(self._app, DEFAULT_MAX_REQUEST_BODY_SIZE)
+        app = RequestBodyLimitMiddleware(self._app, self._max_body)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
         self._uvicorn = uvicorn.Server(config)
         ready = asyncio.Event()

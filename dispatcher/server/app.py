@@ -136,6 +136,8 @@ class ServedEndpoint(Protocol):
 
     port: int
 
+    def sessions_of(self, tenant: str) -> int: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -332,7 +334,13 @@ class DispatcherServer:
             except Unauthenticated:
                 return None
 
-        endpoint = McpEndpoint(settings, grpc_target(self.config.listen, self.port), tenant_of)
+        # A request as large as the gRPC side takes: a tool input fits in either.
+        endpoint = McpEndpoint(
+            settings,
+            grpc_target(self.config.listen, self.port),
+            tenant_of,
+            max_body_bytes=self.config.server.max_request_bytes,
+        )
         try:
             port = await endpoint.start()
         except OSError as exc:

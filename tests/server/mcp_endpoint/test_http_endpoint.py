@@ -4,8 +4,10 @@ open and use an MCP session, how many a tenant may hold, what ends one, what the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as mt
 import pytest
@@ -158,3 +160,27 @@ async def test_a_2026_07_28_request_is_told_which_revisions_this_endpoint_serves
     error = modern.json()["error"]
     assert error["code"] == mt.UNSUPPORTED_PROTOCOL_VERSION
     assert "2025-11-25" in error["data"]["supported"] and "2026-07-28" not in error["data"]["supported"]
+
+
+async def test_a_body_over_the_servers_request_limit_is_refused_unread(make_server: ServerFactory) -> None:
+    harness, url = await _serve(make_server)
+    limit = harness.server.config.server.max_request_bytes
+    huge = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "' + b"x" * limit + b'"}}'
+    async with httpx2.AsyncClient() as http:
+        refused = await http.post(url, content=huge, headers=_headers(TOKEN_ALPHA))
+    assert refused.status_code == 413
+
+
+async def test_the_server_stops_while_a_host_holds_a_session(make_server: ServerFactory) -> None:
+    """A host's open session (its SSE stream included) does not hold the server's stop up."""
+    harness, url = await _serve(make_server)
+    stopping: list[asyncio.Task[None]] = []
+    with contextlib.suppress(Exception, BaseExceptionGroup):  # the host sees its server go away
+        async with http_session(url, TOKEN_ALPHA) as mcp:
+            await mcp.list_tools()
+            stopping.append(asyncio.create_task(harness.server.stop(grace=1)))
+            with anyio.fail_after(20):
+                await asyncio.shield(stopping[0])
+    with anyio.fail_after(20):
+        await stopping[0]
+    assert harness.server.mcp_endpoint is not None and not harness.server.mcp_endpoint.sessions_of("alpha")
