@@ -159,14 +159,14 @@ class SessionBridge:
                 request = mt.ElicitRequest(params=approval.question(self.session_id, p))
                 return mt.InputRequiredResult(input_requests={p.request_id: request}, request_state=key)
             else:
-                asks[p.request_id] = asyncio.create_task(self._ask(ctx, p))
+                asks[p.request_id] = asyncio.create_task(self._ask(ctx, call, p))
         elif isinstance(p, ToolConfirmationResolved):
             task = asks.pop(p.request_id, None)
             if task is not None:  # answered elsewhere first (or timed out): stop asking
                 task.cancel()
         return None
 
-    async def _ask(self, ctx: Ctx, p: ToolConfirmationRequested) -> None:
+    async def _ask(self, ctx: Ctx, call: Pending, p: ToolConfirmationRequested) -> None:
         """Ask on the request's back-channel; the answer goes to ResolveConfirmation."""
         try:
             result = await ctx.session.elicit_form(
@@ -174,10 +174,10 @@ class SessionBridge:
                 approval.SCHEMA,
                 related_request_id=ctx.request_id,
             )
-        except (MCPError, RuntimeError) as exc:
-            # The host could not ask (or refused to): the call still waits for another client.
+        except Exception as exc:  # MCPError, or an answer that is not an ElicitResult
+            # The host could not ask (or answered nonsense): the call still waits for another client.
             log.info("elicitation failed for %s: %s", p.request_id, exc)
-            await ctx.session.report_progress(0, None, approval.waiting_note(self.session_id, p))
+            await ctx.session.report_progress(call.progress, None, approval.waiting_note(self.session_id, p))
             return
         await self._answer(p.request_id, result)
 
