@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import os
 import signal
 import sys
 from typing import Any
@@ -17,6 +17,8 @@ from dispatcher.client.aio import AsyncDispatcherClient
 from dispatcher.config import default_target
 from dispatcher.core.approval.modes import parse_mode
 
+SIGNAL_CLOSE_SECONDS = 10.0
+"""How long a signalled ``dispatcher mcp`` waits for its session to close before it exits anyway."""
 MCP_LABEL = "dispatcher.mcp"
 """Label on the sessions ``dispatcher mcp`` creates (value: the transport), for ``dispatcher sessions``."""
 
@@ -69,11 +71,6 @@ async def _serve(args: argparse.Namespace, tools: list[str] | None) -> None:
 
     from dispatcher.mcp_server.bridge import SessionBridge
 
-    main = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if main is not None:
-            loop.add_signal_handler(sig, main.cancel)  # closes the session below, as stdin's end does
     client = AsyncDispatcherClient(
         args.server or default_target(),
         home=args.home,
@@ -81,7 +78,6 @@ async def _serve(args: argparse.Namespace, tools: list[str] | None) -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    created = False
     try:
         if args.session:
             info = await client.get_session(args.session)
@@ -89,21 +85,47 @@ async def _serve(args: argparse.Namespace, tools: list[str] | None) -> None:
             info = await client.create_session(
                 args.workspace or "default", mode=args.mode, tools=tools, labels={MCP_LABEL: "stdio"}
             )
-            created = True
+        closes = not args.session and not args.keep
         print(f"dispatcher mcp: session {info.session_id} ({info.workspace})", file=sys.stderr, flush=True)
+        _on_signals(client, info.session_id, closes)
         bridge = SessionBridge(client, info.session_id, tools=tools)
         server = bridge.server()
         try:
-            with contextlib.suppress(asyncio.CancelledError):
-                async with stdio_server() as (read, write):
-                    await server.run(read, write, server.create_initialization_options())
+            async with stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
         finally:
             await bridge.aclose()
+        # The host closed stdin: the usual end.
+        if closes:
+            await client.close_session(info.session_id)
+        elif not args.session:
+            print(f"dispatcher mcp: kept session {info.session_id}", file=sys.stderr, flush=True)
     finally:
+        await client.close()
+
+
+def _on_signals(client: AsyncDispatcherClient, session_id: str, closes: bool) -> None:
+    """SIGTERM/SIGHUP/SIGINT (a host stopping its server without closing stdin first, or Ctrl-C):
+    close what was created, then end the process at once.
+
+    Not a cancel of the serving task: the SDK reads stdin on a worker thread that no cancel reaches,
+    and the loop would wait for that read forever.
+    """
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    async def stop() -> None:
         try:
-            if created and not args.keep:
-                await client.close_session(info.session_id)
-            elif created:
-                print(f"dispatcher mcp: kept session {info.session_id}", file=sys.stderr, flush=True)
+            if closes:
+                await asyncio.wait_for(client.close_session(session_id), SIGNAL_CLOSE_SECONDS)
+        except Exception as exc:
+            print(f"dispatcher mcp: could not close session {session_id}: {exc}", file=sys.stderr, flush=True)
         finally:
-            await client.close()
+            os._exit(EXIT_OK)
+
+    def on_signal() -> None:
+        if not stopping:
+            stopping.append(loop.create_task(stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)

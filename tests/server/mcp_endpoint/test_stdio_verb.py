@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from tests.mcp_host import stdio_session, text_of
+import asyncio
+import os
+import signal
+import sys
+
+from tests.mcp_host import REPO, mcp_argv, stdio_session, text_of
 from tests.server.conftest import TOKEN_ALPHA, Harness
 
 
@@ -26,3 +31,23 @@ async def test_keep_then_attach_then_narrow(harness: Harness) -> None:
         assert {t.name for t in (await mcp.list_tools()).tools} == {"read_file", "list_dir"}
         new = next(s for s in await client.list_sessions() if s.session_id != kept.session_id)
         assert new.capabilities.allowed_tools == frozenset({"read_file", "list_dir"})
+
+
+async def test_sigterm_closes_the_session_it_created(harness: Harness) -> None:
+    env = {**os.environ, "DISPATCHER_TOKEN": TOKEN_ALPHA, "PYTHONPATH": str(REPO)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *mcp_argv(harness.target),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stderr is not None
+    line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+    assert b"dispatcher mcp: session ses_" in line, line
+    assert len(await harness.client().list_sessions()) == 1
+    proc.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(proc.wait(), timeout=30)
+    assert proc.returncode == 0
+    assert not await harness.client().list_sessions()
