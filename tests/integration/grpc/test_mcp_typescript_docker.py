@@ -5,12 +5,12 @@ a cancelled call that leaves no process (issue 36)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from tests.integration.conftest import ProviderFactory
@@ -42,16 +42,10 @@ async def test_the_typescript_sdk_client(
             "MCP_COMMAND": json.dumps([sys.executable, *mcp_argv(harness.target, "--mode", "cautious")]),
             "MCP_URL": f"http://127.0.0.1:{harness.server.mcp_endpoint.port}/mcp?mode=cautious",
         }
-        proc = await asyncio.create_subprocess_exec(
-            node,
-            str(EXAMPLE / "mcp_client.js"),
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-        stdout, stderr = out.decode(), err.decode()
-        assert proc.returncode == 0, stdout + stderr
+        with anyio.fail_after(120):
+            run = await anyio.run_process([node, str(EXAMPLE / "mcp_client.js")], env=env, check=False)
+        stdout, stderr = run.stdout.decode(), run.stderr.decode()
+        assert run.returncode == 0, stdout + stderr
         assert "write_file approved, read_file read it back" in stdout
         assert "write_file declined: User denied this operation." in stdout
         assert "cancelled call: no process left" in stdout

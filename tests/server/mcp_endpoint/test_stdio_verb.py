@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
+
+import anyio
 
 from tests.mcp_host import REPO, mcp_argv, stdio_session, text_of
 from tests.server.conftest import TOKEN_ALPHA, Harness
@@ -35,19 +36,15 @@ async def test_keep_then_attach_then_narrow(harness: Harness) -> None:
 
 async def test_sigterm_closes_the_session_it_created(harness: Harness) -> None:
     env = {**os.environ, "DISPATCHER_TOKEN": TOKEN_ALPHA, "PYTHONPATH": str(REPO)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *mcp_argv(harness.target),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    assert proc.stderr is not None
-    line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
-    assert b"dispatcher mcp: session ses_" in line, line
-    assert len(await harness.client().list_sessions()) == 1
-    proc.send_signal(signal.SIGTERM)
-    await asyncio.wait_for(proc.wait(), timeout=30)
-    assert proc.returncode == 0
+    async with await anyio.open_process([sys.executable, *mcp_argv(harness.target)], env=env) as proc:
+        assert proc.stderr is not None
+        said = b""
+        with anyio.fail_after(30):
+            while b"\n" not in said:
+                said += await proc.stderr.receive()
+        assert b"dispatcher mcp: session ses_" in said, said
+        assert len(await harness.client().list_sessions()) == 1
+        proc.send_signal(signal.SIGTERM)  # stdin still open: the signal alone must end it
+        with anyio.fail_after(30):
+            assert await proc.wait() == 0
     assert not await harness.client().list_sessions()
