@@ -17,13 +17,14 @@ is answered with ``UNSUPPORTED_PROTOCOL_VERSION`` naming the handshake versions,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import socket
 import urllib.parse
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,13 @@ log = logging.getLogger("dispatcher.mcp_server.http")
 Authenticate = Callable[[str | None], str | None]
 """An ``Authorization`` header value to the tenant id of its token; None: no valid token."""
 HTTP_LABEL = "dispatcher.mcp"
-_STATUS_FOR = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "RESOURCE_EXHAUSTED": 429, "PERMISSION_DENIED": 403}
+_STATUS_FOR = {
+    "NOT_FOUND": 404,
+    "INVALID_ARGUMENT": 400,
+    "RESOURCE_EXHAUSTED": 429,
+    "PERMISSION_DENIED": 403,
+    "UNAVAILABLE": 503,  # the server is stopping
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,15 @@ class _Entry:
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: it would take SIGTERM from the server, which stops
+    the endpoint itself (``aclose``) after its graceful drain."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class McpEndpoint:
     """The streamable HTTP endpoint, served by uvicorn on the server's event loop."""
 
@@ -116,7 +132,7 @@ class McpEndpoint:
         self._opening: Counter[str] = Counter()
         self._tg: anyio.abc.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._uvicorn: uvicorn.Server | None = None
+        self._uvicorn: _Uvicorn | None = None
         self.port = 0
 
     def sessions_of(self, tenant: str) -> int:
@@ -144,7 +160,7 @@ class McpEndpoint:
         self.port = sock.getsockname()[1]
         app = RequestBodyLimitMiddleware(self._app, self._max_body)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = _Uvicorn(config)
         ready = asyncio.Event()
         self._runner = asyncio.create_task(self._run(sock, ready), name="mcp-endpoint")
         await ready.wait()

@@ -284,8 +284,6 @@ class DispatcherServer:
             return
         grace = self.config.server.grace_seconds if grace is None else grace
         log.info("shutting down", extra={"grace_seconds": grace})
-        if self.mcp_endpoint is not None:  # first: its sessions are closed through the gRPC side
-            await self.mcp_endpoint.aclose()
         await self.health.enter_graceful_shutdown()
         # The grace is run here rather than by grpc's stop(grace): while it lasts the server still
         # answers, so new calls get UNAVAILABLE from the servicer instead of being cut by the transport.
@@ -298,6 +296,10 @@ class DispatcherServer:
             cancelling = asyncio.create_task(self.sessions.cancel_all())
             await self.sessions.wait_idle(ahead)
             cancelling.cancel()
+        if self.mcp_endpoint is not None:
+            # After the drain (its calls finish like any client's), before the gRPC side stops:
+            # the MCP sessions' dispatcher sessions are closed through it.
+            await self.mcp_endpoint.aclose()
         await self._server.stop(FINAL_GRACE)
         if self._adopting is not None:
             self._adopting.cancel()
