@@ -133,6 +133,11 @@ class LocalSandbox(AgentFiles):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        finally:
+            # asyncio keeps a subprocess transport open until it is closed (no public way on the
+            # Process): otherwise it warns "unclosed transport" whenever the collector finds it.
+            transport: asyncio.SubprocessTransport = proc._transport  # type: ignore[attr-defined]
+            transport.close()
 
     async def aclose(self) -> None:
         """Stop the agent; later calls raise ``SandboxError``."""
