@@ -1,7 +1,9 @@
-"""A plan-mode session's plan and a review session's staged writes as MCP resources; no prompts."""
+"""A plan-mode session's plan and a review session's staged writes as MCP resources; no prompts; an
+image a tool returns stays an image."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -9,7 +11,7 @@ import mcp_types as mt
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from tests.mcp_host import http_session
+from tests.mcp_host import http_session, text_of
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, ServerFactory
 
 
@@ -61,3 +63,19 @@ async def test_the_plan_and_the_staged_changes_are_resources(make_server: Server
     async with http_session(url, TOKEN_BETA) as beta:
         with pytest.raises(MCPError, match="NOT_FOUND"):
             await beta.read_resource(f"dispatcher://sessions/{sid}/plan")
+
+
+async def test_an_image_read_is_an_image_content(make_server: ServerFactory) -> None:
+    url = await _url(make_server)
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
+    async with http_session(url, TOKEN_ALPHA, workspace="pics") as mcp:
+        wrote = await mcp.call_tool("shell", {"command": f"printf '{_octal(png)}' > pic.png"})
+        assert not wrote.is_error, text_of(wrote)
+        read = await mcp.call_tool("read_file", {"path": "pic.png"})
+    assert not read.is_error
+    (image,) = [c for c in read.content if isinstance(c, mt.ImageContent)]
+    assert image.mime_type == "image/png" and base64.b64decode(image.data) == png
+
+
+def _octal(data: bytes) -> str:
+    return "".join(f"\\{b:03o}" for b in data)
