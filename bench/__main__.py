@@ -27,6 +27,7 @@ MODULES = (
     "bench.sandbox_bench",
     "bench.grpc_bench",
     "bench.go_client_bench",
+    "bench.mcp_bench",
     "bench.metrics_bench",
     "bench.isolation_bench",
     "bench.trees_bench",

@@ -41,6 +41,6 @@ if [ -f scripts/ensure-runsc.sh ]; then bash scripts/ensure-runsc.sh; fi
 bash scripts/ensure-kubectl-debian.sh
 bash sandbox_images/build.sh
 # The Node.js example client is part of the suite (the polyglot claim is tested).
-if command -v npm >/dev/null 2>&1 && [ ! -d examples/node/node_modules ]; then
+if command -v npm >/dev/null 2>&1 && [ ! -d examples/node/node_modules/@modelcontextprotocol/sdk ]; then
   npm ci --prefix examples/node --no-audit --no-fund --loglevel=error
 fi

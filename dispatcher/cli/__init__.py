@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from dispatcher.cli import config as cli_config
 from dispatcher.cli import lifecycle as cli_lifecycle
+from dispatcher.cli import mcp as cli_mcp
 from dispatcher.cli import processes as cli_processes
 from dispatcher.cli import session as cli_session
 from dispatcher.cli import staged as cli_staged
@@ -382,4 +383,5 @@ def _parser() -> argparse.ArgumentParser:
     cli_staged.add_verbs(verbs, client_opts, _client)
     cli_processes.add_verbs(verbs, client_opts, _client)
     cli_config.add_verbs(verbs)
+    cli_mcp.add_verbs(verbs, client_opts)
     return parser

@@ -13,6 +13,7 @@ from dispatcher.config.sections import (
     DispatcherSection,
     DispatchSection,
     LogSection,
+    McpEndpointSection,
     SandboxSection,
     ServerOptions,
     SessionsSection,
@@ -106,6 +107,8 @@ class ConfigFile(Section):
     settings (``shell: {persist: true}``)."""
     mcp_servers: Annotated[McpServers, _null_is({})] = Field(default_factory=dict)
     """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>``."""
+    mcp_endpoint: McpEndpointSection | None = None
+    """Serve MCP's streamable HTTP transport too (off without it)."""
     egress: EgressSection = Field(default_factory=EgressSection)
     """Which hosts sandboxes reach through the server's egress proxy (default: none); the default
     tenant's, and the base every ``tenants[].egress`` is laid over."""

@@ -26,6 +26,7 @@ from dispatcher.config.salvage import salvage
 from dispatcher.config.sections import (
     RESULT_MESSAGE_MARGIN,
     DispatcherSection,
+    McpEndpointSection,
     ServerOptions,
     SessionsSection,
     Timeouts,
@@ -97,6 +98,8 @@ class Config:
     container and its stored state) instead of keeping them for the next start."""
     tls: TlsFiles | None = None
     """None: plaintext (fine on loopback; use TLS for anything else)."""
+    mcp_endpoint: McpEndpointSection | None = None
+    """``mcp_endpoint:``: the streamable HTTP MCP endpoint; None: not served."""
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     """``metrics:`` and ``tracing:`` (dispatcher/observe_config.py)."""
     egress: EgressPolicy = field(default_factory=EgressPolicy)
@@ -191,6 +194,11 @@ def _from_file(
     dispatcher = _dispatcher_config(
         file.dispatcher, file.server, file.timeouts, file.dispatch.ordering, found
     )
+    if file.mcp_endpoint is not None and file.tls is not None:
+        found.append(
+            "mcp_endpoint: not served with tls (its gateway is a plaintext gRPC client of this "
+            "server); put the MCP endpoint behind a TLS proxy, or run `dispatcher mcp` per host"
+        )
     if found and problems is None:
         raise ConfigError("\n".join(found))
     if problems is not None:
@@ -213,6 +221,7 @@ def _from_file(
         tenant_uids=file.tenant_uids if tenants else None,
         audit_log=audit_path,
         tls=file.tls,
+        mcp_endpoint=file.mcp_endpoint,
         shutdown_remove_sessions=file.shutdown.remove_sessions,
         observe=ObserveConfig.of(file.metrics, file.tracing),
         egress=egress_policy(file.egress),

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StringC
 
 from dispatcher.config.egress import EgressSection
 from dispatcher.config.policy import ApprovalModes, CapabilitiesSection, ToolConfirmation
-from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text
+from dispatcher.config_base import HostPort, KeyProblem, PositiveInt, Seconds, Section, Text
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import MAX_TIMEOUT_SECONDS
@@ -77,6 +77,30 @@ class TlsFiles(Section):
     """Its private key (PEM)."""
     client_ca_file: PemFile | None = None
     """CA that client certificates must chain to; set: mutual TLS."""
+
+
+def _url_path(value: str) -> str:
+    if not re.fullmatch(r"/[A-Za-z0-9._~/-]*", value):
+        raise ValueError(f"expected a URL path like /mcp, got {value!r}")
+    return value
+
+
+class McpEndpointSection(Section):
+    """``mcp_endpoint:``: MCP's streamable HTTP transport served by the server itself, beside gRPC
+    (README: Use it from an MCP host). Each MCP session is one dispatcher session of the tenant
+    whose bearer token opened it; the URL's query names it: ``?workspace=W&mode=M&tools=a,b`` or
+    ``?session=ID``."""
+
+    listen: HostPort
+    """HOST:PORT of the HTTP endpoint (plaintext: keep it on loopback or behind a TLS proxy)."""
+    path: Annotated[str, Field(strict=True), AfterValidator(_url_path)] = "/mcp"
+    """The endpoint's URL path."""
+    max_sessions_per_tenant: PositiveInt = 8
+    """MCP sessions one tenant may hold open at once; one more is refused (HTTP 429)."""
+    idle_timeout_seconds: Seconds = 1800.0
+    """An MCP session without a request in flight this long ends (and its dispatcher session with it)."""
+    keep_sessions: StrictBool = False
+    """Leave the dispatcher session a ended MCP session created open (``dispatcher sessions`` shows it)."""
 
 
 NonNegativeSeconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]

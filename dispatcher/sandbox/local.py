@@ -164,6 +164,11 @@ class LocalSandbox(AgentFiles):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        finally:
+            # asyncio keeps a subprocess transport open until it is closed (no public way on the
+            # Process): otherwise it warns "unclosed transport" whenever the collector finds it.
+            transport: asyncio.SubprocessTransport = proc._transport  # type: ignore[attr-defined]
+            transport.close()
         reaper, self._reaper = self._reaper, None
         if reaper is not None:
             await asyncio.gather(reaper, return_exceptions=True)

@@ -7,6 +7,7 @@ import functools
 import logging
 import signal
 from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,6 +33,7 @@ from dispatcher.server.egress_wiring import egress_gateway
 from dispatcher.server.observability.setup import Observability
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionPersistence
+from dispatcher.server.requests.errors import Unauthenticated
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
 from dispatcher.server.sessions.manager import SessionManager
@@ -129,6 +131,16 @@ def build_server(config: Config, provider: ProviderFactory | None = None) -> Dis
     return DispatcherServer(config, provider or functools.partial(make_provider, config), registry)
 
 
+class ServedEndpoint(Protocol):
+    """What the server keeps of its MCP endpoint (which it imports only to start it)."""
+
+    port: int
+
+    def sessions_of(self, tenant: str) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
 class DispatcherServer:
     """The running service: one grpc.aio server plus what it serves. The only global state."""
 
@@ -210,6 +222,7 @@ class DispatcherServer:
             health=self.health,
         )
         self.port = 0
+        self.mcp_endpoint: ServedEndpoint | None = None
         self._stopped = False
         self._adopting: asyncio.Task[None] | None = None
 
@@ -258,6 +271,7 @@ class DispatcherServer:
         self.observability.start()
         self.dispatcher.lifecycle.start()  # the overdue among the sessions given back expire now
         await self._server.start()
+        await self._start_mcp_endpoint()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"listen": self.config.listen, "port": self.port})
@@ -282,6 +296,10 @@ class DispatcherServer:
             cancelling = asyncio.create_task(self.sessions.cancel_all())
             await self.sessions.wait_idle(ahead)
             cancelling.cancel()
+        if self.mcp_endpoint is not None:
+            # After the drain (its calls finish like any client's), before the gRPC side stops:
+            # the MCP sessions' dispatcher sessions are closed through it.
+            await self.mcp_endpoint.aclose()
         await self._server.stop(FINAL_GRACE)
         if self._adopting is not None:
             self._adopting.cancel()
@@ -298,6 +316,39 @@ class DispatcherServer:
         self._close_state()  # commits the queued events, then lets the next server in
         self._stopped = True
         log.info("stopped")
+
+    async def _start_mcp_endpoint(self) -> None:
+        """Serve ``mcp_endpoint`` (MCP's streamable HTTP): a gateway that is a gRPC client of this
+        server, with each request's own token (dispatcher/mcp_server/http.py).
+
+        Raises:
+            ConfigError: its listen address cannot be bound.
+        """
+        settings = self.config.mcp_endpoint
+        if settings is None:
+            return
+        # The one upward import of the server: the gateway is a client of it, not a part of it.
+        from dispatcher.mcp_server.http import McpEndpoint, grpc_target
+
+        def tenant_of(authorization: str | None) -> str | None:
+            try:
+                return self.tenants.authenticate(authorization).tenant_id
+            except Unauthenticated:
+                return None
+
+        # A request as large as the gRPC side takes: a tool input fits in either.
+        endpoint = McpEndpoint(
+            settings,
+            grpc_target(self.config.listen, self.port),
+            tenant_of,
+            max_body_bytes=self.config.server.max_request_bytes,
+        )
+        try:
+            port = await endpoint.start()
+        except OSError as exc:
+            raise ConfigError(f"mcp_endpoint.listen: cannot bind {settings.listen}: {exc}") from exc
+        self.mcp_endpoint = endpoint
+        log.info("serving MCP", extra={"listen": settings.listen, "port": port, "path": settings.path})
 
     def _restore_sessions(self) -> None:
         """Give back the sessions stored by the previous run (the provider, a listener, expects

@@ -7,36 +7,15 @@ Skipped without node (or when npm cannot install), except under CI=true, where t
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
-from typing import NoReturn
 
-import pytest
-
+from tests.node_example import EXAMPLE, node_with_deps
 from tests.server.serve_process import start_serve
-
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "node"
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def test_node_client(tmp_path: Path) -> None:
-    node = shutil.which("node")
-    if node is None:
-        _unavailable("node is not installed")
-    if not (EXAMPLE / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        npm = shutil.which("npm")
-        if npm is None:
-            _unavailable("npm is not installed")
-        cmd = [str(npm), "ci", "--prefix", str(EXAMPLE), "--no-audit", "--no-fund", "--loglevel=error"]
-        installed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if installed.returncode != 0:
-            _unavailable(f"npm ci failed: {installed.stderr[-500:]}")
+    node = node_with_deps()
     # the default (cautious) policy: shell asks, and the Node client answers
     sp = start_serve(tmp_path, confirmation={})
     try:
