@@ -49,7 +49,13 @@ async def _bomb_then_echo(sandbox: ContainerSandbox, rounds: int, runtime: str =
             assert runtime == "runsc", exc
             notices = []
         seen += notices
-        ran, notices, refused = await _noted(sandbox, "echo survived")
+        try:
+            ran, notices, refused = await _noted(sandbox, "echo survived")
+        except SandboxError as exc:
+            # gVisor's threads share the limit: a bomb left running may take the sandbox down at
+            # any moment, this call's too; the next call then runs in a fresh one and says so.
+            assert runtime == "runsc", exc
+            continue
         seen += notices
         if ran is None:
             assert "process limit (256) is exhausted" in refused and "processes left running" in refused
@@ -84,7 +90,9 @@ async def test_fork_bomb_under_runsc(
         assert any("the sandbox was recreated for this call" in n for n in seen), seen
 
 
-# Forks sleepers until the pids limit refuses, says so, then keeps taking every pid that frees up.
+# Forks sleepers until the pids limit refuses, says so, then keeps taking every pid that frees up,
+# and says that too (in the workspace, which the agent reads without a process): the pid of the
+# call that started it is taken back once that call's shell is gone.
 FILLER = """
 import os, time
 full = False
@@ -93,6 +101,8 @@ while True:
         if os.fork() == 0:
             time.sleep(1000)
             os._exit(0)
+        if full:
+            open("refilled", "w").close()
     except OSError:
         if not full:
             full = True
@@ -106,6 +116,8 @@ async def test_a_full_pids_limit_is_emptied_and_the_command_runs(make_provider: 
     await sandbox.write("filler.py", FILLER)
     filled = await run(sandbox, "python3 filler.py > /dev/null 2>&1 & while [ ! -e /tmp/full ]; do :; done")
     assert filled.result.exit_code == 0
+    # Full again: the pid its call's shell freed was taken back (else the next fork may win it).
+    await until(lambda: sandbox.exists("refilled"), "the filler to take the freed pid back", timeout=30)
     ran, notices, refused = await _noted(sandbox, "echo survived")
     assert ran is not None and ran.out == "survived\n", refused
     assert len(notices) == 1, notices

@@ -33,7 +33,8 @@ def test_a_left_process_keeps_printing_across_a_server_restart(
     with server.client() as client:
         info = client.create_session("proj")
         failed, out = shell(client, info.session_id, APP)
-        assert (failed, out.strip()) == (False, "started")
+        assert not failed and out.startswith("started\n"), out
+        assert "[left 1 process running: p_" in out  # its pipes are read by the table from now on
     stop(server)
     server = serve()
     with server.client() as client:
