@@ -5,28 +5,13 @@ no longer waits, so its end is read within its kill sequence."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-import pytest
 
 from dispatcher.core.sandbox_api import ExecRequest
 from dispatcher.sandbox.channel import AgentChannel
 from tests.polling import until
-from tests.unit.sandbox.test_channel import WAIT, FakeAgent
+from tests.unit.sandbox.channel_rig import WAIT, FakeAgent
 
 LOOP_TURNS = 50  # enough for the read loop to take every frame already fed, were it reading
-
-
-@pytest.fixture
-async def fake() -> FakeAgent:
-    return FakeAgent()
-
-
-@pytest.fixture
-async def channel(fake: FakeAgent) -> AsyncIterator[AgentChannel]:
-    ch = AgentChannel(fake.reader, fake, workspace_root="/workspace", max_frame=1 << 20, kill_wait=0.1)
-    yield ch
-    await ch.close()
 
 
 async def turns() -> None:

@@ -25,23 +25,11 @@ from dispatcher.sandbox.agent.protocol import (
     encode_reply,
 )
 from dispatcher.sandbox.channel import AgentChannel
-from tests.unit.sandbox.test_channel import FakeAgent
+from tests.unit.sandbox.channel_rig import FakeAgent
 
 RECORD = ProcInfo(
     "p_1", "sleep 9", ".", 41, "running", None, None, 1.5, None, "toolu_1", 0, 0, 1 << 20, True, "background"
 )
-
-
-@pytest.fixture
-async def fake() -> FakeAgent:
-    return FakeAgent()
-
-
-@pytest.fixture
-async def channel(fake: FakeAgent) -> AsyncIterator[AgentChannel]:
-    ch = AgentChannel(fake.reader, fake, workspace_root="/workspace", max_frame=1 << 20, kill_wait=0.1)
-    yield ch
-    await ch.close()
 
 
 def _send(fake: FakeAgent, rid: int, reply: Any) -> None:
