@@ -19,15 +19,21 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from dispatcher.core.process_api import ProcessControl, ProcessError, ProcessInfo, ProcessStart
+from dispatcher.core.process_api import (
+    CODE_LANGUAGES,
+    CodeContext,
+    CodeLanguage,
+    ProcessControl,
+    ProcessError,
+    ProcessInfo,
+    ProcessStart,
+)
 from dispatcher.tools.processes import HIDDEN_PREFIX
 
-Language = Literal["python", "javascript"]
-LANGUAGES: tuple[Language, ...] = ("python", "javascript")
+Language = CodeLanguage
+LANGUAGES = CODE_LANGUAGES
 PREFIX = HIDDEN_PREFIX
 CONTEXT_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 DEFAULT_CONTEXT = "default"
@@ -60,24 +66,10 @@ _BOOTSTRAPS = {
 """What an image needs on its PATH for each language."""
 
 
-@dataclass(frozen=True, slots=True)
-class CodeContext:
-    """One live interpreter of a session."""
-
-    language: Language
-    name: str
-    generation: int
-    info: ProcessInfo
-
-    @property
-    def process_id(self) -> str:
-        return self.info.process_id
-
-    @property
-    def marker(self) -> str:
-        """The worker's frame marker, read back from its command."""
-        found = _MARKER.search(self.info.command)
-        return f"\x1edispatcher-{found.group(1)}:" if found else "\x1edispatcher-:"
+def marker_of(ctx: CodeContext) -> str:
+    """The worker's frame marker, read back from its command."""
+    found = _MARKER.search(ctx.info.command)
+    return f"\x1edispatcher-{found.group(1)}:" if found else "\x1edispatcher-:"
 
 
 def check_name(name: str) -> str:

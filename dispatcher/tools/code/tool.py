@@ -26,10 +26,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 from dispatcher.core.errors import ToolCancelled, ToolExecutionError, ToolTimeout
-from dispatcher.core.process_api import OutputChunk, ProcessControl, ProcessError, ProcessInfo
+from dispatcher.core.process_api import CodeContext, OutputChunk, ProcessControl, ProcessError, ProcessInfo
 from dispatcher.core.types import SideEffect, ToolContext, ToolDefinition, ToolOutput
 from dispatcher.tools.code import contexts
-from dispatcher.tools.code.contexts import CodeContext, Language
+from dispatcher.tools.code.contexts import Language, marker_of
 from dispatcher.tools.code.frames import FrameError, FrameReader, Output
 from dispatcher.tools.code.result import Cell, render
 from dispatcher.tools.processes import control_of, how_it_ended
@@ -259,7 +259,7 @@ class RunCodeTool:
             WorkerEnded: the worker ended first.
             FrameError: it sent something that is not a frame.
         """
-        readers = {"stdout": FrameReader(ctx.marker), "stderr": FrameReader(ctx.marker)}
+        readers = {"stdout": FrameReader(marker_of(ctx)), "stderr": FrameReader(marker_of(ctx))}
         buffers = {"stdout": cell.stdout, "stderr": cell.stderr}
         mine: set[str] = set()
         ended: set[str] = set()
