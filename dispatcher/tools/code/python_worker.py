@@ -154,6 +154,7 @@ def main() -> None:
     count = 0
     frame({"type": "ready", "language": "python", "version": sys.version.split()[0], "pid": os.getpid()})
     stdin = sys.stdin.buffer
+    sys.stdin = io.StringIO("")  # input() in a cell reads end of file, never the next request
     while True:
         try:
             if IDLE > 0:

@@ -37,7 +37,8 @@ from dispatcher.tools.text import DeltaEmitter
 
 DEFAULT_TIMEOUT = 600.0
 MAX_TIMEOUT = 600.0
-MAX_CODE_CHARS = 256 * 1024
+MAX_CODE_CHARS = 100_000
+"""A cell's code: its request (JSON, UTF-8) stays well inside the table's stdin bound (1 MiB)."""
 INTERRUPT_GRACE = 3.0
 """After SIGINT, how long a cell has to stop before its worker is killed and started afresh."""
 KILL_SLACK = INTERRUPT_GRACE + 12.0
@@ -191,7 +192,7 @@ class RunCodeTool:
         stop = asyncio.ensure_future(_first(context.cancel_event, self._cancel))
         why: str | None = None
         try:
-            request = json.dumps({"id": cell_id, "code": code}) + "\n"
+            request = json.dumps({"id": cell_id, "code": code}) + "\n"  # ASCII: at most 6 bytes a character
             try:
                 await control.write_input(ctx.process_id, request.encode("utf-8", "surrogatepass"))
             except ProcessError as exc:
@@ -214,6 +215,10 @@ class RunCodeTool:
                 await self._start(control, ctx.language, ctx.name, context)
             else:
                 follow.result()  # a WorkerEnded or a FrameError is the call's
+        except asyncio.CancelledError:
+            # Abandoned by the dispatcher: the cell must not run on, holding the next ones.
+            await asyncio.shield(_interrupt(control, ctx))
+            raise
         except WorkerEnded as ended:
             raise self._ended(ended.info, cell, notes, fresh=fresh, language=ctx.language) from None
         except FrameError as exc:

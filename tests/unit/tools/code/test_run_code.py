@@ -4,6 +4,7 @@ process table, the same program the containers get."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import shutil
 import struct
@@ -15,11 +16,12 @@ from typing import Any
 import pytest
 
 from dispatcher.core.blocks import ImageBlock
-from dispatcher.core.errors import ToolError, ToolExecutionError, ToolTimeout
+from dispatcher.core.errors import ToolCancelled, ToolError, ToolExecutionError, ToolTimeout
 from dispatcher.core.process_api import ProcessError
 from dispatcher.core.types import ToolContext, ToolOutput
 from dispatcher.sandbox.local import LocalSandbox
 from dispatcher.tools.code import RunCodeTool, contexts, tool
+from dispatcher.tools.code.result import MAX_IMAGES, Cell, render
 from dispatcher.tools.processes import ProcessListTool
 from tests.polling import until
 
@@ -227,3 +229,30 @@ async def test_javascript_keeps_its_variables_and_is_interrupted(caller: Caller)
     assert _text(out) == "TypeError: Cannot read properties of null (reading 'f')\n    at <cell 5>:1:6"
     out = await caller.fails("x", language="python")  # another language, another context
     assert out.metadata["error"]["name"] == "NameError"
+
+
+async def test_input_reads_end_of_file_rather_than_the_next_request(caller: Caller) -> None:
+    out = await caller.fails("input('name? ')")
+    assert out.metadata["error"]["name"] == "EOFError"
+    assert _text(await caller.run("1 + 1")) == "2"
+
+
+async def test_a_cancel_interrupts_the_cell_and_keeps_the_context(caller: Caller) -> None:
+    await caller.run("x = 41")
+    running = RunCodeTool()
+    call = asyncio.ensure_future(caller.run("import time\nwhile True: time.sleep(0.01)", running))
+    await until(lambda: running._running, what="the cell's start")
+    assert await running.cancel()
+    with pytest.raises(ToolCancelled) as info:
+        await call
+    assert info.value.output is not None and "KeyboardInterrupt" in _text(info.value.output)
+    assert _text(await caller.run("x")) == "41"
+
+
+def test_a_cells_images_are_bounded() -> None:
+    png = base64.b64encode(_png(2, 2)).decode()
+    cell = Cell(done={"count": 1, "result": None, "error": None, "figures": [png] * (MAX_IMAGES + 2)})
+    output, failure = render(cell, [], {})
+    images = [b for b in output.content if isinstance(b, ImageBlock)]
+    assert failure is None and len(images) == MAX_IMAGES and output.metadata["images"] == MAX_IMAGES
+    assert "2 more images not shown" in _text(output)
