@@ -14,7 +14,9 @@ import docker
 import pytest
 
 from dispatcher.client import AsyncDispatcherClient
-from dispatcher.core.types import ImageBlock, ToolResultBlock
+from dispatcher.core.events.bus import Event
+from dispatcher.core.events.payloads import ToolOutputDelta
+from dispatcher.core.types import ImageBlock, ToolResultBlock, ToolUseBlock
 from tests.integration.helpers import containers_of
 from tests.server.conftest import Harness
 from tests.server.helpers import text_of
@@ -84,6 +86,14 @@ async def test_run_code_on_docker(docker_harness: Harness, docker_client: docker
     assert removed.name == "second"
     result = await run(client, sid, "x", context="second")
     assert result.metadata["error"]["name"] == "NameError"
+    # what a cell prints streams to the caller as tool.output_delta
+    use = ToolUseBlock("tu_stream", "run_code", {"code": "print('streamed'); 7"})
+    items = [item async for item in client.dispatch(sid, [use])]
+    deltas = [
+        i.payload.text for i in items if isinstance(i, Event) and isinstance(i.payload, ToolOutputDelta)
+    ]
+    assert "".join(deltas) == "streamed\n"
+    assert isinstance(items[-1], ToolResultBlock) and text_of(items[-1]) == "streamed\n[value]\n7"
     # the interpreters are processes of the container; closing the session ends them with it
     instance = docker_harness.server.provider.instance  # type: ignore[attr-defined]
     (container,) = containers_of(docker_client, instance)
