@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import shutil
 import struct
@@ -19,6 +20,7 @@ from dispatcher.core.blocks import ImageBlock
 from dispatcher.core.errors import ToolCancelled, ToolError, ToolExecutionError, ToolTimeout
 from dispatcher.core.process_api import ProcessError
 from dispatcher.core.types import ToolContext, ToolOutput
+from dispatcher.sandbox.fake.processes import Limits
 from dispatcher.sandbox.local import LocalSandbox
 from dispatcher.tools.code import RunCodeTool, contexts, tool
 from dispatcher.tools.code.result import MAX_IMAGES, Cell, render
@@ -256,3 +258,9 @@ def test_a_cells_images_are_bounded() -> None:
     images = [b for b in output.content if isinstance(b, ImageBlock)]
     assert failure is None and len(images) == MAX_IMAGES and output.metadata["images"] == MAX_IMAGES
     assert "2 more images not shown" in _text(output)
+
+
+def test_the_longest_cell_fits_the_tables_stdin_bound() -> None:
+    schema = RunCodeTool.definition.input_schema["properties"]["code"]
+    worst = json.dumps({"id": "0" * 16, "code": "\x01" * schema["maxLength"]}) + "\n"  # 6 bytes each
+    assert len(worst.encode()) < Limits().stdin_bytes
