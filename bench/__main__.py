@@ -41,6 +41,7 @@ MODULES = (
     "bench.pool_bench",
     "bench.kubernetes_bench",
     "bench.process_bench",
+    "bench.run_code_bench",
 )
 
 

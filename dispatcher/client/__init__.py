@@ -30,7 +30,7 @@ from dispatcher.client.providers import anthropic_tool_results, openai_tool_mess
 from dispatcher.client.sync import DispatcherClient
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
-from dispatcher.core.process_api import OutputChunk, ProcessInfo
+from dispatcher.core.process_api import CodeContext, OutputChunk, ProcessInfo
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, LocalTreeError
@@ -41,6 +41,7 @@ from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo, 
 __all__ = [
     "Answer",
     "AsyncDispatcherClient",
+    "CodeContext",
     "Decision",
     "DispatcherClient",
     "Event",

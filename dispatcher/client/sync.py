@@ -11,7 +11,7 @@ from dispatcher.client import base
 from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
-from dispatcher.core.process_api import ProcessInfo
+from dispatcher.core.process_api import CodeContext, ProcessInfo
 from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
@@ -330,6 +330,25 @@ class DispatcherClient(ClientBase):
         except grpc.RpcError as err:
             raise RequestFailed.from_rpc_error(err) from None
         return convert_processes.process_from_pb(resp.process)
+
+    def list_code_contexts(self, session_id: str) -> list[CodeContext]:
+        """The session's live ``run_code`` interpreters, oldest first."""
+        req = pb.ListCodeContextsRequest(session_id=session_id)
+        resp = self._unary(self._stub.ListCodeContexts, req)
+        return [convert_processes.code_context_from_pb(c) for c in resp.contexts]
+
+    def remove_code_context(
+        self, session_id: str, context: str = "default", *, language: str = "python"
+    ) -> CodeContext:
+        """End one ``run_code`` interpreter (the next call of that language and context starts a
+        fresh one); answers once it is gone.
+
+        Raises:
+            RequestFailed: NOT_FOUND (no such live context), INVALID_ARGUMENT.
+        """
+        req = pb.RemoveCodeContextRequest(session_id=session_id, language=language, context=context)
+        resp = self._unary(self._stub.RemoveCodeContext, req)
+        return convert_processes.code_context_from_pb(resp.removed)
 
     @staticmethod
     def _stream(call: Any, conv: Callable[[Any], _T | None]) -> Iterator[_T]:

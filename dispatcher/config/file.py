@@ -53,6 +53,15 @@ class ShellToolSection(Section):
     the previous one ended with (false: at the workspace root with the image's environment)."""
 
 
+class RunCodeToolSection(Section):
+    """``tools.run_code``: the built-in ``run_code`` tool's contexts (live interpreters)."""
+
+    max_contexts: Annotated[int, Field(strict=True, ge=1, le=32)] = 4
+    """Live contexts a session may have at once (a start past it is refused, naming them)."""
+    idle_seconds: Annotated[float, Field(strict=True, gt=0, le=86400, allow_inf_nan=False)] = 1800.0
+    """A context without a cell for this long ends (its variables with it)."""
+
+
 class ToolsSection(Section):
     """``tools:``: custom tool factories, and settings of the built-in tools. A plain list is
     ``custom`` (the form before the built-in tools had settings)."""
@@ -60,6 +69,7 @@ class ToolsSection(Section):
     custom: Annotated[tuple[FactoryRef, ...], _null_is(())] = ()
     """Custom tool factories, ``module:callable`` (each call makes one fresh tool)."""
     shell: ShellToolSection = Field(default_factory=ShellToolSection)
+    run_code: RunCodeToolSection = Field(default_factory=RunCodeToolSection)
 
 
 def _tools_mapping(value: Any) -> Any:
@@ -104,7 +114,7 @@ class ConfigFile(Section):
     sandbox: SandboxSection = Field(default_factory=SandboxSection)
     tools: Tools = Field(default_factory=ToolsSection)
     """Custom tool factories (``custom``, or a plain list of them) and the built-in tools'
-    settings (``shell: {persist: true}``)."""
+    settings (``shell: {persist: true}``, ``run_code: {max_contexts: 4}``)."""
     mcp_servers: Annotated[McpServers, _null_is({})] = Field(default_factory=dict)
     """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>``."""
     mcp_endpoint: McpEndpointSection | None = None

@@ -85,6 +85,10 @@ class Config:
     custom_tools: tuple[str, ...] = ()
     shell_persist: bool = True
     """``tools.shell.persist``: a session's shell remembers its directory and exported variables."""
+    code_contexts: int = 4
+    """``tools.run_code.max_contexts``: live interpreters per session."""
+    code_idle_seconds: float = 1800.0
+    """``tools.run_code.idle_seconds``: an interpreter without a cell this long ends."""
     mcp_servers: tuple[McpServerConfig, ...] = ()
     """Stdio MCP servers whose tools are registered as ``mcp_<server>_<tool>`` (see dispatcher.mcp.config)."""
     tenants: tuple[TenantConfig, ...] = ()
@@ -216,6 +220,8 @@ def _from_file(
         kubernetes=file.sandbox.cluster(),
         custom_tools=file.tools.custom,
         shell_persist=file.tools.shell.persist,
+        code_contexts=file.tools.run_code.max_contexts,
+        code_idle_seconds=file.tools.run_code.idle_seconds,
         mcp_servers=mcp_config.named(file.mcp_servers),
         tenants=tenants,
         tenant_uids=file.tenant_uids if tenants else None,

@@ -136,6 +136,26 @@ class ShellState:
     unset: tuple[str, ...] = ()
 
 
+CodeLanguage = Literal["python", "javascript"]
+CODE_LANGUAGES: tuple[CodeLanguage, ...] = ("python", "javascript")
+
+
+@dataclass(frozen=True, slots=True)
+class CodeContext:
+    """A live interpreter of ``run_code`` (``tools/code/contexts.py``): a running worker process
+    of the session's table, named by its language and context; ``generation`` counts its
+    restarts (its process id is ``code:<language>:<name>:<generation>``)."""
+
+    language: CodeLanguage
+    name: str
+    generation: int
+    info: ProcessInfo
+
+    @property
+    def process_id(self) -> str:
+        return self.info.process_id
+
+
 class ProcessControl(Protocol):
     """One session's process table. Every method raises ``ProcessError`` for a refusal and
     ``SandboxError`` when the sandbox itself failed."""

@@ -65,7 +65,10 @@ def register_tools(config: Config, registry: Registry) -> list[str]:
     from dispatcher.tools import builtin_factories
 
     built_in = builtin_factories(
-        max_write_bytes=config.dispatcher.max_write_bytes, shell_persist=config.shell_persist
+        max_write_bytes=config.dispatcher.max_write_bytes,
+        shell_persist=config.shell_persist,
+        code_contexts=config.code_contexts,
+        code_idle_seconds=config.code_idle_seconds,
     )
     for factory in built_in:
         registry.register(factory, builtin=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 
 from dispatcher.core.types import ToolFactory
+from dispatcher.tools.code import RunCodeTool
+from dispatcher.tools.code.contexts import DEFAULT_IDLE_SECONDS, DEFAULT_MAX_CONTEXTS
 from dispatcher.tools.list_dir import ListDirTool
 from dispatcher.tools.patch_file import PatchFileTool
 from dispatcher.tools.processes import (
@@ -27,6 +29,7 @@ BUILTIN_TOOLS: list[ToolFactory] = [
     GlobTool,
     GrepTool,
     ShellTool,
+    RunCodeTool,
     ProcessListTool,
     ProcessOutputTool,
     ProcessInputTool,
@@ -36,15 +39,23 @@ BUILTIN_TOOLS: list[ToolFactory] = [
 
 
 def builtin_factories(
-    *, max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES, shell_persist: bool = True
+    *,
+    max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
+    shell_persist: bool = True,
+    code_contexts: int = DEFAULT_MAX_CONTEXTS,
+    code_idle_seconds: float = DEFAULT_IDLE_SECONDS,
 ) -> list[ToolFactory]:
     """A fresh list of the built-in tool factories, for registration, with the configured limits
-    (``shell_persist``: ``tools.shell.persist``)."""
+    (``shell_persist``: ``tools.shell.persist``; ``code_*``: ``tools.run_code``)."""
     factories = list(BUILTIN_TOOLS)
     if max_write_bytes != DEFAULT_MAX_WRITE_BYTES:
         factories[factories.index(WriteFileTool)] = functools.partial(WriteFileTool, max_write_bytes)
     if not shell_persist:
         factories[factories.index(ShellTool)] = functools.partial(ShellTool, persist=False)
+    if (code_contexts, code_idle_seconds) != (DEFAULT_MAX_CONTEXTS, DEFAULT_IDLE_SECONDS):
+        factories[factories.index(RunCodeTool)] = functools.partial(
+            RunCodeTool, max_contexts=code_contexts, idle_seconds=code_idle_seconds
+        )
     return factories
 
 
@@ -59,6 +70,7 @@ __all__ = [
     "ProcessOutputTool",
     "ProcessStopTool",
     "ReadFileTool",
+    "RunCodeTool",
     "ShellTool",
     "WriteFileTool",
     "builtin_factories",

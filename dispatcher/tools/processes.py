@@ -33,6 +33,9 @@ PROCESS_ID_SCHEMA: dict[str, Any] = {
 }
 MAX_WAIT_SECONDS = 30.0
 """Longest ``wait_seconds`` of one read: well inside the 60 s limit of a READ call."""
+HIDDEN_PREFIX = "code:"
+"""Ids of the session's own workers (run_code's interpreters, ``tools/code/contexts.py``): not
+listed to the model, and out of reach of these tools (their ids have no ``:``)."""
 DEFAULT_READ_BYTES = 16 * 1024
 MAX_READ_BYTES = 32 * 1024
 """Most output bytes one ``process_output`` returns: inside the dispatcher's result budget
@@ -138,6 +141,7 @@ class ProcessListTool(ProcessTool):
             infos = await control.list()
         except ProcessError as exc:
             raise explained(exc) from None
+        infos = tuple(i for i in infos if not i.process_id.startswith(HIDDEN_PREFIX))
         memory = context.processes
         now = time.time()
         lines = [_line(i, memory.last_read(i.process_id) if memory else 0, now) for i in infos]

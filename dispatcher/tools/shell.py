@@ -28,7 +28,7 @@ from dispatcher.core.types import SideEffect, TextBlock, ToolContext, ToolDefini
 from dispatcher.egress.policy import EgressPolicy, Unknown
 from dispatcher.tools.background import announce_left, cwd_gone, start_background
 from dispatcher.tools.processes import PKILL_WARNING, process_id_for
-from dispatcher.tools.text import DeltaEmitter, HeadTailBuffer
+from dispatcher.tools.text import CommandOutput, DeltaEmitter
 
 DEFAULT_TIMEOUT = 600.0
 """Without the dispatcher (``ToolContext.timeout_seconds`` unset); through it, the call's limit
@@ -124,7 +124,7 @@ class ShellTool:
         name="shell",
         description=(
             "Run a shell command (sh -c) in the workspace directory and return its combined "
-            "stdout and stderr. A non-zero exit status is reported as an error with the output. "
+            "stdout and stderr (metadata: stdout_bytes, stderr_bytes, the head and tail of stderr). A non-zero exit status is reported as an error with the output. "
             "Default timeout: the server's limit for shell (600 s unless configured); "
             "timeout_seconds can only shorten it. Long output keeps its "
             "beginning and end. The command sees the sandbox image's environment (e.g. PATH, HOME, "
@@ -264,12 +264,12 @@ class ShellTool:
         context: ToolContext,
         notes: list[str],
     ) -> ToolOutput:
-        buffer = HeadTailBuffer(HEAD_BYTES, TAIL_BYTES)
+        buffer = CommandOutput(HEAD_BYTES, TAIL_BYTES)
         deltas = DeltaEmitter(context.emit_output)
         memory = context.processes
 
         def on_output(stream: str, data: bytes) -> asyncio.Future[None] | None:
-            buffer.feed(data)
+            buffer.feed(stream, data)
             return deltas.feed(stream, data)  # a future: the caller is behind; the sandbox waits
 
         relay = asyncio.ensure_future(self._relay(context.cancel_event))
@@ -312,7 +312,7 @@ class ShellTool:
         self._cancel.set()
 
     def _sandbox_failure(
-        self, exc: SandboxError, command: str, buffer: HeadTailBuffer, timeout: float, elapsed: float
+        self, exc: SandboxError, command: str, buffer: CommandOutput, timeout: float, elapsed: float
     ) -> Exception:
         note = f"the sandbox failed and was reset: {exc}"
         output = _output(command, buffer, {"exit_code": None, "sandbox_error": str(exc)}, note)
@@ -325,21 +325,22 @@ class ShellTool:
 
 def _output(
     command: str,
-    buffer: HeadTailBuffer,
+    buffer: CommandOutput,
     metadata: dict[str, Any],
     note: str | None,
     lines: list[str] | None = None,
 ) -> ToolOutput:
-    text = buffer.text()
+    text = buffer.combined.text()
     if lines:
         separator = "" if not text or text.endswith("\n") else "\n"
         text = f"{text}{separator}" + "\n".join(lines)
     if note is not None:
         separator = "" if not text or text.endswith("\n") else "\n"
         text = f"{text}{separator}[{note}]"
-    metadata["output_bytes"] = buffer.total
-    if buffer.omitted:
-        metadata["output_omitted_bytes"] = buffer.omitted
+    metadata["output_bytes"] = buffer.combined.total
+    if buffer.combined.omitted:
+        metadata["output_omitted_bytes"] = buffer.combined.omitted
+    metadata.update(buffer.metadata())
     return ToolOutput(
         content=[TextBlock(text or "(no output)")],
         success=note is None,
@@ -349,7 +350,7 @@ def _output(
 
 
 def _outcome(
-    command: str, result: ExecResult, buffer: HeadTailBuffer, timeout: float, lines: list[str]
+    command: str, result: ExecResult, buffer: CommandOutput, timeout: float, lines: list[str]
 ) -> ToolOutput:
     metadata: dict[str, Any] = {"exit_code": result.exit_code, "duration_ms": round(result.duration_ms, 1)}
     if result.left:

@@ -55,6 +55,14 @@ class HeadTailBuffer:
         """Bytes seen but no longer kept."""
         return self.total - len(self._head) - len(self._tail)
 
+    def parts(self) -> tuple[str, str]:
+        """Head and tail as two texts; when nothing was cut between them, all of it as the head
+        and an empty tail."""
+        if not self.omitted:
+            return self.text(), ""
+        head = _trim_partial_utf8(bytes(self._head))
+        return head, _skip_continuation(bytes(self._tail)).decode("utf-8", errors="replace")
+
     def text(self) -> str:
         """Head and tail as text, with a marker saying how many bytes were cut between them."""
         if not self.omitted:
@@ -63,6 +71,34 @@ class HeadTailBuffer:
         tail = _skip_continuation(bytes(self._tail)).decode("utf-8", errors="replace")
         marker = f"\n\n[... {self.omitted:,} bytes of output omitted ...]\n\n"
         return head + marker + tail
+
+
+class CommandOutput:
+    """A command's output as the model reads it, interleaved (``combined``), and what a caller
+    needs of its streams apart: each one's size, and the head and tail of stderr (spec 001's
+    ``CommandResult``). Bounded like ``combined``: ``stderr_head + stderr_tail`` more bytes."""
+
+    def __init__(self, head: int, tail: int, *, stderr_head: int = 1024, stderr_tail: int = 1024) -> None:
+        self.combined = HeadTailBuffer(head, tail)
+        self.stderr = HeadTailBuffer(stderr_head, stderr_tail)
+        self.stdout_bytes = 0
+
+    def feed(self, stream: str, data: bytes) -> None:
+        self.combined.feed(data)
+        if stream == "stderr":
+            self.stderr.feed(data)
+        else:
+            self.stdout_bytes += len(data)
+
+    def metadata(self) -> dict[str, object]:
+        """``stdout_bytes``, ``stderr_bytes``, and with any stderr its ``stderr_head`` and
+        ``stderr_tail`` (the tail empty when the head holds it all)."""
+        shown: dict[str, object] = {"stdout_bytes": self.stdout_bytes, "stderr_bytes": self.stderr.total}
+        if self.stderr.total:
+            head, tail = self.stderr.parts()
+            shown["stderr_head"] = head
+            shown["stderr_tail"] = tail
+        return shown
 
 
 class DeltaEmitter:

@@ -3303,3 +3303,135 @@ class SignalProcessResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SignalProcessResponse: _TypeAlias = SignalProcessResponse  # noqa: Y015
+
+@_typing.final
+class CodeContext(_message.Message):
+    """A live interpreter of `run_code`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANGUAGE_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    PROCESS_FIELD_NUMBER: _builtins.int
+    language: _builtins.str
+    """"python" or "javascript"."""
+    context: _builtins.str
+    """Its name (`run_code`'s `context`; "default" unless the call named another)."""
+    @_builtins.property
+    def process(self) -> Global___Process:
+        """Its worker process (`process_id` is `code:<language>:<context>:<n>`, n counting restarts)."""
+
+    def __init__(
+        self,
+        *,
+        language: _builtins.str = ...,
+        context: _builtins.str = ...,
+        process: Global___Process | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "language", b"language", "process", b"process"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CodeContext: _TypeAlias = CodeContext  # noqa: Y015
+
+@_typing.final
+class ListCodeContextsRequest(_message.Message):
+    """Request of ListCodeContexts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCodeContextsRequest: _TypeAlias = ListCodeContextsRequest  # noqa: Y015
+
+@_typing.final
+class ListCodeContextsResponse(_message.Message):
+    """Response of ListCodeContexts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def contexts(self) -> _containers.RepeatedCompositeFieldContainer[Global___CodeContext]:
+        """Its live contexts, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        contexts: _abc.Iterable[Global___CodeContext] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts", b"contexts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCodeContextsResponse: _TypeAlias = ListCodeContextsResponse  # noqa: Y015
+
+@_typing.final
+class RemoveCodeContextRequest(_message.Message):
+    """Request of RemoveCodeContext."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    language: _builtins.str
+    """"python" (the default when empty) or "javascript"."""
+    context: _builtins.str
+    """The context's name ("default" when empty)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        language: _builtins.str = ...,
+        context: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "language", b"language", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveCodeContextRequest: _TypeAlias = RemoveCodeContextRequest  # noqa: Y015
+
+@_typing.final
+class RemoveCodeContextResponse(_message.Message):
+    """Response of RemoveCodeContext."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def removed(self) -> Global___CodeContext:
+        """The context removed, its process ended."""
+
+    def __init__(
+        self,
+        *,
+        removed: Global___CodeContext | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveCodeContextResponse: _TypeAlias = RemoveCodeContextResponse  # noqa: Y015

@@ -150,6 +150,16 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
                 _registered_method=True)
+        self.ListCodeContexts = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ListCodeContexts',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListCodeContextsRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListCodeContextsResponse.FromString,
+                _registered_method=True)
+        self.RemoveCodeContext = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/RemoveCodeContext',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -361,6 +371,26 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListCodeContexts(self, request, context):
+        """The session's live code contexts: the interpreters `run_code` keeps (one per language and
+        context name), each a worker process of the session (also in ListProcesses, with an id
+        `code:<language>:<context>:<n>`), oldest first. Resumes a paused session;
+        FAILED_PRECONDITION when its sandbox has no process table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveCodeContext(self, request, context):
+        """Ends one code context (its worker and everything it started); the next `run_code` of that
+        language and context starts a fresh one. NOT_FOUND when none lives by that name;
+        INVALID_ARGUMENT for an unknown language or a malformed name. Not a tool call: the caller is
+        the approver; audited. Resumes a paused session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +508,16 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.SignalProcess,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.SerializeToString,
+            ),
+            'ListCodeContexts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCodeContexts,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListCodeContextsRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListCodeContextsResponse.SerializeToString,
+            ),
+            'RemoveCodeContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveCodeContext,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1102,6 +1142,60 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/SignalProcess',
             dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCodeContexts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ListCodeContexts',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListCodeContextsRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListCodeContextsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveCodeContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/RemoveCodeContext',
+            dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextResponse.FromString,
             options,
             channel_credentials,
             insecure,

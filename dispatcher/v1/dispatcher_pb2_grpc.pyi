@@ -156,6 +156,18 @@ class ToolDispatcherStub:
     is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
     session.
     """
+    ListCodeContexts: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ListCodeContextsRequest, _dispatcher_pb2.ListCodeContextsResponse]
+    """The session's live code contexts: the interpreters `run_code` keeps (one per language and
+    context name), each a worker process of the session (also in ListProcesses, with an id
+    `code:<language>:<context>:<n>`), oldest first. Resumes a paused session;
+    FAILED_PRECONDITION when its sandbox has no process table.
+    """
+    RemoveCodeContext: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.RemoveCodeContextRequest, _dispatcher_pb2.RemoveCodeContextResponse]
+    """Ends one code context (its worker and everything it started); the next `run_code` of that
+    language and context starts a fresh one. NOT_FOUND when none lives by that name;
+    INVALID_ARGUMENT for an unknown language or a malformed name. Not a tool call: the caller is
+    the approver; audited. Resumes a paused session.
+    """
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -266,6 +278,18 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     group outlives it, and the answer comes once the group is empty. A process that already ended
     is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
     session.
+    """
+    ListCodeContexts: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ListCodeContextsRequest, _dispatcher_pb2.ListCodeContextsResponse]  # type: ignore[assignment]
+    """The session's live code contexts: the interpreters `run_code` keeps (one per language and
+    context name), each a worker process of the session (also in ListProcesses, with an id
+    `code:<language>:<context>:<n>`), oldest first. Resumes a paused session;
+    FAILED_PRECONDITION when its sandbox has no process table.
+    """
+    RemoveCodeContext: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.RemoveCodeContextRequest, _dispatcher_pb2.RemoveCodeContextResponse]  # type: ignore[assignment]
+    """Ends one code context (its worker and everything it started); the next `run_code` of that
+    language and context starts a fresh one. NOT_FOUND when none lives by that name;
+    INVALID_ARGUMENT for an unknown language or a malformed name. Not a tool call: the caller is
+    the approver; audited. Resumes a paused session.
     """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
@@ -512,6 +536,30 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         group outlives it, and the answer comes once the group is empty. A process that already ended
         is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
         session.
+        """
+
+    @_abc_1.abstractmethod
+    def ListCodeContexts(
+        self,
+        request: _dispatcher_pb2.ListCodeContextsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ListCodeContextsResponse, _abc.Awaitable[_dispatcher_pb2.ListCodeContextsResponse]]:
+        """The session's live code contexts: the interpreters `run_code` keeps (one per language and
+        context name), each a worker process of the session (also in ListProcesses, with an id
+        `code:<language>:<context>:<n>`), oldest first. Resumes a paused session;
+        FAILED_PRECONDITION when its sandbox has no process table.
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveCodeContext(
+        self,
+        request: _dispatcher_pb2.RemoveCodeContextRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.RemoveCodeContextResponse, _abc.Awaitable[_dispatcher_pb2.RemoveCodeContextResponse]]:
+        """Ends one code context (its worker and everything it started); the next `run_code` of that
+        language and context starts a fresh one. NOT_FOUND when none lives by that name;
+        INVALID_ARGUMENT for an unknown language or a malformed name. Not a tool call: the caller is
+        the approver; audited. Resumes a paused session.
         """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from typing import cast
 
 from dispatcher.core.process_api import (
+    CODE_LANGUAGES,
     PROCESS_SIGNALS,
+    CodeContext,
+    CodeLanguage,
     OutputChunk,
     ProcessInfo,
     ProcessState,
@@ -19,6 +22,8 @@ from dispatcher.v1 import dispatcher_pb2 as pb
 __all__ = [
     "ProcessTruncated",
     "WatchItem",
+    "code_context_from_pb",
+    "code_context_to_pb",
     "process_from_pb",
     "process_to_pb",
     "signal_from_pb",
@@ -154,3 +159,15 @@ def watch_item_from_pb(resp: pb.WatchProcessResponse) -> WatchItem | None:
     if kind == "exited":
         return process_from_pb(resp.exited)
     return None
+
+
+def code_context_to_pb(ctx: CodeContext) -> pb.CodeContext:
+    return pb.CodeContext(language=ctx.language, context=ctx.name, process=process_to_pb(ctx.info))
+
+
+def code_context_from_pb(msg: pb.CodeContext) -> CodeContext:
+    """A context as the server sent it (its generation read from the process id: 0 if none)."""
+    info = process_from_pb(msg.process)
+    language: CodeLanguage = next((lang for lang in CODE_LANGUAGES if lang == msg.language), "python")
+    tail = info.process_id.rsplit(":", 1)[-1]
+    return CodeContext(language, msg.context, int(tail) if tail.isdigit() else 0, info)

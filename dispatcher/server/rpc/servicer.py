@@ -16,6 +16,7 @@ from dispatcher.server.requests.checks import check_dispatch_request
 from dispatcher.server.requests.errors import InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
 from dispatcher.server.rpc.transfer import TransferHandlers
+from dispatcher.server.sessions import code as session_code
 from dispatcher.server.sessions import policy as session_policy
 from dispatcher.server.sessions import processes as session_processes
 from dispatcher.server.sessions.manager import SessionManager
@@ -319,3 +320,19 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             request.grace_seconds if request.HasField("grace_seconds") else None,
         )
         return pb.SignalProcessResponse(process=convert_processes.process_to_pb(info))
+
+    @_unary
+    async def ListCodeContexts(
+        self, request: pb.ListCodeContextsRequest, context: Ctx
+    ) -> pb.ListCodeContextsResponse:
+        found = await session_code.list_code_contexts(self._sessions, current_tenant(), request.session_id)
+        return pb.ListCodeContextsResponse(contexts=[convert_processes.code_context_to_pb(c) for c in found])
+
+    @_unary
+    async def RemoveCodeContext(
+        self, request: pb.RemoveCodeContextRequest, context: Ctx
+    ) -> pb.RemoveCodeContextResponse:
+        removed = await session_code.remove_code_context(
+            self._sessions, current_tenant(), request.session_id, request.language, request.context
+        )
+        return pb.RemoveCodeContextResponse(removed=convert_processes.code_context_to_pb(removed))

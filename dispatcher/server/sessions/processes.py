@@ -50,7 +50,7 @@ AUDIT_INPUT = "process.input"
 """Audit record of a client's WriteProcessInput: how many bytes, never the bytes."""
 
 
-async def _control(sessions: SessionManager, session_id: str) -> ProcessControl:
+async def process_control(sessions: SessionManager, session_id: str) -> ProcessControl:
     """The session's process table: the one way these RPCs reach it (through the core, which
     knows the session's sandbox).
 
@@ -78,8 +78,8 @@ async def list_processes(
         SandboxUnavailable: the sandbox failed.
     """
     state = sessions.get(tenant, session_id)
-    control = await _control(sessions, session_id)
-    async with sessions.lifecycle.hold(state), _sandbox_errors():
+    control = await process_control(sessions, session_id)
+    async with sessions.lifecycle.hold(state), sandbox_errors():
         return await control.list()
 
 
@@ -95,8 +95,8 @@ async def write_input(
     """
     state = sessions.get(tenant, session_id)
     _check_process_id(process_id)
-    control = await _control(sessions, session_id)
-    async with sessions.lifecycle.hold(state), _sandbox_errors():
+    control = await process_control(sessions, session_id)
+    async with sessions.lifecycle.hold(state), sandbox_errors():
         info = await control.write_input(process_id, data, close=close)
     sessions.dispatcher.audit_record(
         AUDIT_INPUT,
@@ -132,8 +132,8 @@ async def signal(
         math.isfinite(grace_seconds) and 0 <= grace_seconds <= MAX_GRACE_SECONDS
     ):
         raise InvalidRequest(f"grace_seconds: from 0 to {MAX_GRACE_SECONDS:g}, got {grace_seconds!r}")
-    control = await _control(sessions, session_id)
-    async with sessions.lifecycle.hold(state), _sandbox_errors():
+    control = await process_control(sessions, session_id)
+    async with sessions.lifecycle.hold(state), sandbox_errors():
         info = await control.signal(process_id, signal_name, grace_seconds=grace_seconds)
     sessions.dispatcher.audit_record(
         AUDIT_SIGNAL,
@@ -175,13 +175,13 @@ async def watch(
     sessions.admission.check_open()
     state = sessions.get(tenant, session_id, touch=False)  # watching is not activity
     _check_process_id(process_id)
-    control = await _control(sessions, session_id)
+    control = await process_control(sessions, session_id)
     bus = sessions.dispatcher.events(session_id)
     async with (
         sessions.admission.watch_slot(tenant) as stop,
         bus.subscribe(event_filter=_no_event) as session_events,  # ends when the session does
     ):
-        async with sessions.lifecycle.hold(state), _sandbox_errors():
+        async with sessions.lifecycle.hold(state), sandbox_errors():
             info = _find(await control.list(), process_id)
         if after > info.end and not from_end:
             raise InvalidRequest(
@@ -259,7 +259,7 @@ async def _follow(
 
 
 @contextlib.asynccontextmanager
-async def _sandbox_errors() -> AsyncIterator[None]:
+async def sandbox_errors() -> AsyncIterator[None]:
     """A sandbox failure during a process request as the client's UNAVAILABLE (a refusal, a
     ``ProcessError``, passes as it is)."""
     try:

@@ -61,7 +61,10 @@ def test_config_check_reports_every_unknown_tool_name_in_one_run(tmp_path: Path)
     assert done.returncode == 2, done.stdout + done.stderr
     for line in EXPECTED:
         assert line in done.stderr, (line, done.stderr)
-    known = "glob, grep, list_dir, patch_file, process_input, process_list, process_output, process_stop, read_file, shell, write_file"
+    known = (
+        "glob, grep, list_dir, patch_file, process_input, process_list, process_output, process_stop, "
+        "read_file, run_code, shell, write_file"
+    )
     assert f"known: {known}" in done.stderr
     assert "'egress'" not in done.stderr  # the egress questions' name is one a policy may use
     # serve refuses the same file with the same lines, before it starts anything.

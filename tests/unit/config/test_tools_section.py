@@ -39,6 +39,18 @@ def test_the_mapping_form_sets_the_shells_persistence(tmp_path: Path) -> None:
     assert "echo" in registry and "process_output" in registry
 
 
+def test_run_codes_contexts_are_bounded_as_configured(tmp_path: Path) -> None:
+    default = load_config(None, env={})
+    assert (default.code_contexts, default.code_idle_seconds) == (4, 1800.0)
+    config = _load(tmp_path, {"tools": {"run_code": {"max_contexts": 2, "idle_seconds": 60}}})
+    registry = ToolRegistry()
+    assert register_tools(config, registry) == []
+    run_code = registry.get("run_code")
+    assert run_code is not None
+    tool = run_code.factory()
+    assert (tool.max_contexts, tool.idle_seconds) == (2, 60)  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("tools", "key"),
     [
@@ -47,6 +59,8 @@ def test_the_mapping_form_sets_the_shells_persistence(tmp_path: Path) -> None:
         ({"shell": {"persist": "yes"}}, "tools.shell.persist"),
         ({"shell": {"remember": True}}, "tools.shell.remember"),
         ({"grep": {}}, "tools.grep"),
+        ({"run_code": {"max_contexts": 0}}, "tools.run_code.max_contexts"),
+        ({"run_code": {"idle_seconds": -1}}, "tools.run_code.idle_seconds"),
     ],
 )
 def test_errors_name_the_key_as_written(tmp_path: Path, tools: Any, key: str) -> None:

@@ -19,6 +19,7 @@ def test_the_built_in_tools_with_fixed_names_and_classes() -> None:
         "glob": SideEffect.READ,
         "grep": SideEffect.READ,
         "shell": SideEffect.EXECUTE,
+        "run_code": SideEffect.EXECUTE,
         "process_list": SideEffect.READ,
         "process_output": SideEffect.READ,
         "process_input": SideEffect.EXECUTE,

@@ -43,6 +43,25 @@ async def test_nonzero_exit_is_an_execution_error_with_output(harness: Harness) 
     assert output.command_executed is not None
 
 
+async def test_stdout_and_stderr_stay_apart_in_the_metadata(harness: Harness) -> None:
+    output = await harness.run(ShellTool(), command="echo out; echo err >&2; echo more")
+    assert text_of(output) in ("out\nerr\nmore\n", "out\nmore\nerr\n")  # content: interleaved
+    assert output.metadata["stdout_bytes"] == 9 and output.metadata["stderr_bytes"] == 4
+    assert (output.metadata["stderr_head"], output.metadata["stderr_tail"]) == ("err\n", "")
+    quiet = await harness.run(ShellTool(), command="echo only")
+    assert quiet.metadata["stderr_bytes"] == 0 and "stderr_head" not in quiet.metadata
+
+
+async def test_a_long_stderr_keeps_its_head_and_tail(harness: Harness) -> None:
+    command = "echo first >&2; head -c 100000 /dev/zero | tr '\\0' x >&2; echo; echo last >&2; exit 1"
+    with pytest.raises(ToolExecutionError) as info:
+        await harness.run(ShellTool(), command=command)
+    metadata = error_output(info).metadata
+    assert metadata["stderr_bytes"] == 6 + 100_000 + 5 and metadata["stdout_bytes"] == 1
+    assert metadata["stderr_head"].startswith("first\nxxx") and len(metadata["stderr_head"]) == 1024
+    assert metadata["stderr_tail"].endswith("xxxlast\n") and len(metadata["stderr_tail"]) == 1024
+
+
 async def test_death_by_signal_is_reported(harness: Harness) -> None:
     with pytest.raises(ToolExecutionError, match="signal 9") as info:
         await harness.run(ShellTool(), command="kill -9 $$")
