@@ -14,13 +14,14 @@ from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
 from dispatcher.core.process_api import ProcessInfo
+from dispatcher.core.provider_api import SessionUsage
 from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, extract_chunks, tar_chunks
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_processes, convert_staged
+from dispatcher.wire import convert, convert_processes, convert_staged, convert_usage
 from dispatcher.wire.convert import SessionInfo, ToolInfo
 from dispatcher.wire.convert_processes import WatchItem
 from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo
@@ -113,6 +114,11 @@ class AsyncDispatcherClient(ClientBase):
         """A new expiry ``ttl_seconds`` from now (0: none, if the tenant has no maximum)."""
         req = pb.RenewSessionRequest(session_id=session_id, ttl_seconds=ttl_seconds)
         return convert.session_from_pb((await self._unary(self._stub.RenewSession, req)).session)
+
+    async def session_usage(self, session_id: str) -> SessionUsage:
+        """What the session's sandbox uses now (takes about a second: CPU is measured over one)."""
+        req = pb.GetSessionUsageRequest(session_id=session_id)
+        return convert_usage.usage_from_pb(await self._unary(self._stub.GetSessionUsage, req))
 
     async def pause_session(self, session_id: str) -> SessionInfo:
         req = pb.PauseSessionRequest(session_id=session_id)

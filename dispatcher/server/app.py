@@ -35,6 +35,7 @@ from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionP
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
 from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.sessions.usage import TenantUsage, UsageReader
 from dispatcher.server.tenancy.auth import AuthInterceptor
 from dispatcher.server.tenancy.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
 from dispatcher.server.tenancy.uids import UIDS_FILE
@@ -197,6 +198,7 @@ class DispatcherServer:
         )
         if metrics is not None:
             metrics.watch_states(dispatcher.sessions)
+        self.usage = UsageReader(self.sessions, provider, self.egress.traffic)
         self.health = health_aio.HealthServicer()
         self._server = _grpc_server(
             config.server,
@@ -206,12 +208,15 @@ class DispatcherServer:
                 AuthInterceptor(self.tenants),
                 DecodeGuardInterceptor(),
             ],
-            servicer=DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, config.server)),
+            servicer=DispatcherServicer(
+                self.sessions, transfers=_transfers(dispatcher, config.server), usage=self.usage
+            ),
             health=self.health,
         )
         self.port = 0
         self._stopped = False
         self._adopting: asyncio.Task[None] | None = None
+        self._sampling: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """(The home is locked since the server was built.) Bind, seal the tool registry, give back the stored sessions and start
@@ -256,12 +261,26 @@ class DispatcherServer:
         # Re-attach the agents in the background; a first call waits for its own.
         self._adopting = asyncio.create_task(self.provider.adopt_all(), name="adopt-containers")
         self.observability.start()
+        self._start_usage_sampler()
         self.dispatcher.lifecycle.start()  # the overdue among the sessions given back expire now
         await self._server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"listen": self.config.listen, "port": self.port})
         return self.port
+
+    def _start_usage_sampler(self) -> None:
+        """With metrics on: every tenant's sessions' usage summed into its gauges, periodically."""
+        metrics = self.observability.metrics
+        if metrics is None:
+            return
+
+        def report(tenant: str, used: TenantUsage) -> None:
+            metrics.tenant_usage(tenant, used.cpu_percent, used.memory_bytes, used.disk_bytes, used.pids)
+
+        self._sampling = asyncio.create_task(
+            self.usage.sample_forever(sorted(metrics.tenants), report), name="usage-sampler"
+        )
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work, give in-flight calls ``grace`` seconds,
@@ -283,9 +302,10 @@ class DispatcherServer:
             await self.sessions.wait_idle(ahead)
             cancelling.cancel()
         await self._server.stop(FINAL_GRACE)
-        if self._adopting is not None:
-            self._adopting.cancel()
-            await asyncio.gather(self._adopting, return_exceptions=True)
+        for task in (self._adopting, self._sampling):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         keep = not self.config.shutdown_remove_sessions
         if keep:
             self.persistence.save_policies(self.dispatcher.sessions)

@@ -3303,3 +3303,91 @@ class SignalProcessResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SignalProcessResponse: _TypeAlias = SignalProcessResponse  # noqa: Y015
+
+@_typing.final
+class GetSessionUsageRequest(_message.Message):
+    """Request of GetSessionUsage."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionUsageRequest: _TypeAlias = GetSessionUsageRequest  # noqa: Y015
+
+@_typing.final
+class GetSessionUsageResponse(_message.Message):
+    """What one session's sandbox uses now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    CPU_PERCENT_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    PIDS_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_SENT_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
+    SAMPLE_TIME_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    cpu_seconds: _builtins.float
+    """CPU time its container used since it started (user and system)."""
+    cpu_percent: _builtins.float
+    """Over about the last second; 100 is one whole CPU."""
+    memory_bytes: _builtins.int
+    """Memory in use (droppable page cache excluded); the tmpfs /tmp counts here."""
+    memory_limit_bytes: _builtins.int
+    """The container's memory limit (0: none)."""
+    disk_bytes: _builtins.int
+    """The session's workspace on disk (blocks allocated)."""
+    disk_limit_bytes: _builtins.int
+    """The tenant's workspace quota, shared by all its sessions (0: none)."""
+    pids: _builtins.int
+    """Processes and threads in its container."""
+    egress_bytes_sent: _builtins.int
+    """Bytes the sandbox sent through the egress proxy since the session opened (or the server started)."""
+    egress_bytes_received: _builtins.int
+    """Bytes the egress proxy relayed to the sandbox."""
+    running: _builtins.bool
+    """A container ran when it was measured (false: none yet, retired idle, or gone; CPU, memory and
+    pids are then 0).
+    """
+    @_builtins.property
+    def sample_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was measured."""
+
+    def __init__(
+        self,
+        *,
+        cpu_seconds: _builtins.float = ...,
+        cpu_percent: _builtins.float = ...,
+        memory_bytes: _builtins.int = ...,
+        memory_limit_bytes: _builtins.int = ...,
+        disk_bytes: _builtins.int = ...,
+        disk_limit_bytes: _builtins.int = ...,
+        pids: _builtins.int = ...,
+        egress_bytes_sent: _builtins.int = ...,
+        egress_bytes_received: _builtins.int = ...,
+        sample_time: _timestamp_pb2.Timestamp | None = ...,
+        running: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sample_time", b"sample_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_percent", b"cpu_percent", "cpu_seconds", b"cpu_seconds", "disk_bytes", b"disk_bytes", "disk_limit_bytes", b"disk_limit_bytes", "egress_bytes_received", b"egress_bytes_received", "egress_bytes_sent", b"egress_bytes_sent", "memory_bytes", b"memory_bytes", "memory_limit_bytes", b"memory_limit_bytes", "pids", b"pids", "running", b"running", "sample_time", b"sample_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionUsageResponse: _TypeAlias = GetSessionUsageResponse  # noqa: Y015

@@ -150,6 +150,11 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
                 _registered_method=True)
+        self.GetSessionUsage = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/GetSessionUsage',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -361,6 +366,16 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSessionUsage(self, request, context):
+        """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+        cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+        (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+        FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +493,11 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.SignalProcess,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.SerializeToString,
+            ),
+            'GetSessionUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSessionUsage,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1102,6 +1122,33 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/SignalProcess',
             dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSessionUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/GetSessionUsage',
+            dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

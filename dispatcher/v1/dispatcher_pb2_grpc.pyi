@@ -156,6 +156,12 @@ class ToolDispatcherStub:
     is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
     session.
     """
+    GetSessionUsage: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.GetSessionUsageRequest, _dispatcher_pb2.GetSessionUsageResponse]
+    """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+    cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+    (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+    FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
+    """
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -266,6 +272,12 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     group outlives it, and the answer comes once the group is empty. A process that already ended
     is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
     session.
+    """
+    GetSessionUsage: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.GetSessionUsageRequest, _dispatcher_pb2.GetSessionUsageResponse]  # type: ignore[assignment]
+    """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+    cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+    (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+    FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
     """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
@@ -512,6 +524,18 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         group outlives it, and the answer comes once the group is empty. A process that already ended
         is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
         session.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSessionUsage(
+        self,
+        request: _dispatcher_pb2.GetSessionUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.GetSessionUsageResponse, _abc.Awaitable[_dispatcher_pb2.GetSessionUsageResponse]]:
+        """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+        cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+        (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+        FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
         """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

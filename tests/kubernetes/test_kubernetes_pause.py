@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from dispatcher.core.provider_api import UsageUnsupported
 from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from tests.integration.helpers import run
 from tests.kubernetes.backend_fixtures import KubeProviders
@@ -67,3 +68,11 @@ async def test_kubernetes_paused_pod_stays_stopped_across_a_restart_until_resume
     assert await states(again) == {"sleep 1000": "T"}
     await second.resume(session.session_id)
     assert await states(again) == {"sleep 1000": "S"}
+
+
+async def test_kubernetes_usage_is_refused_saying_what_it_needs(kube_providers: KubeProviders) -> None:
+    provider = kube_providers()
+    session = kube_providers.session()
+    await run(provider.sandbox_for(session), "true")  # a running Pod: still no figures for it
+    with pytest.raises(UsageUnsupported, match=r"metrics API \(metrics\.k8s\.io"):
+        await provider.usage(session)

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SessionUsage
 from dispatcher.core.sandbox_api import AttachedProcess, ExecRequest, ExecResult, OutputCallback, SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.container.config import SandboxConfig, format_size
-from dispatcher.sandbox.container.host import AgentLink, LiveContainer
+from dispatcher.sandbox.container.host import AgentLink, ContainerNotFound, LiveContainer
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.container.provider import ContainerProvider
 from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener
@@ -37,6 +39,7 @@ from dispatcher.sandbox.docker.orphans import sweep_orphans
 from dispatcher.sandbox.docker.pool.adopt import readopt
 from dispatcher.sandbox.docker.pool.warm_pool import WarmPool
 from dispatcher.sandbox.docker.stdio import DockerStdioProcess
+from dispatcher.sandbox.docker.usage import from_stats, workspace_bytes
 from dispatcher.sandbox.docker.watch import DeathWatch, still_running
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes
 
@@ -123,6 +126,21 @@ class DockerSandboxProvider(ContainerProvider):
 
     def release_session_id(self, session_id: str) -> None:
         self.pool.release(session_id)
+
+    async def usage(self, session: Session) -> SessionUsage:
+        """The container's cgroup counters (none running: zeros) and the workspace's bytes on disk.
+
+        Raises:
+            SandboxError: the daemon did not answer.
+        """
+        sandbox = self._sandboxes.get(session.session_id)
+        container_id = None if sandbox is None else sandbox.container_id or sandbox.adopting
+        used = SessionUsage(sample_time=time.time())
+        if container_id is not None:
+            with contextlib.suppress(ContainerNotFound):  # gone since: the next call starts another
+                used = from_stats(await self.api.stats(container_id))
+        disk = await asyncio.get_running_loop().run_in_executor(None, workspace_bytes, session.workspace_path)
+        return dataclasses.replace(used, disk_bytes=disk, disk_limit_bytes=self.config.workspace_quota or 0)
 
     async def close_session(self, session_id: str) -> None:
         """Remove the session's container (and any stray one with its labels); the workspace stays."""

@@ -30,7 +30,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
-from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SessionUsage, UsageUnsupported
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
     ExecRequest,
@@ -194,6 +194,18 @@ class KubernetesSandboxProvider(ContainerProvider):
             return
         done = "stopped" if paused else "continued"
         log.info("pod %s: %s %d process(es) of its session (paused: %s)", container_id, done, count, paused)
+
+    async def usage(self, session: Session) -> SessionUsage:
+        """Not measured on Kubernetes: the API server itself serves no container's CPU or memory.
+
+        Raises:
+            UsageUnsupported: always, saying what it would take.
+        """
+        raise UsageUnsupported(
+            "usage per session is not available on the kubernetes backend: it needs the cluster's"
+            " metrics API (metrics.k8s.io, from metrics-server), which this server does not read;"
+            " use `kubectl top pod` with the session's labels meanwhile"
+        )
 
     def quota_note(self, tenant_id: str) -> str | None:
         quota = self.config.workspace_quota

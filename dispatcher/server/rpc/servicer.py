@@ -13,16 +13,24 @@ from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
 from dispatcher.server.requests.checks import check_dispatch_request
-from dispatcher.server.requests.errors import InvalidRequest, status_for
+from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
 from dispatcher.server.rpc.transfer import TransferHandlers
 from dispatcher.server.sessions import policy as session_policy
 from dispatcher.server.sessions import processes as session_processes
 from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.sessions.usage import UsageReader
 from dispatcher.server.tenancy.auth import current_tenant
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_lifecycle, convert_policy, convert_processes, convert_staged
+from dispatcher.wire import (
+    convert,
+    convert_lifecycle,
+    convert_policy,
+    convert_processes,
+    convert_staged,
+    convert_usage,
+)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -78,8 +86,10 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         *,
         max_pending_events: int = 4096,
         transfers: TreeTransfers | None = None,
+        usage: UsageReader | None = None,
     ) -> None:
         self._sessions = sessions
+        self._usage = usage
         self._max_pending = max_pending_events
         self._inputs = InputParser(sessions.dispatcher.config.max_input_bytes)
         self._transfers = TransferHandlers(
@@ -319,3 +329,11 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             request.grace_seconds if request.HasField("grace_seconds") else None,
         )
         return pb.SignalProcessResponse(process=convert_processes.process_to_pb(info))
+
+    @_unary
+    async def GetSessionUsage(
+        self, request: pb.GetSessionUsageRequest, context: Ctx
+    ) -> pb.GetSessionUsageResponse:
+        if self._usage is None:
+            raise FailedPrecondition("this server measures no usage per session")
+        return convert_usage.usage_to_pb(await self._usage.usage(current_tenant(), request.session_id))
