@@ -4,7 +4,7 @@ hands it when it makes it (``ProviderHooks``). What one session's sandbox offers
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -65,6 +65,10 @@ class SessionUsage:
 
 class UsageUnsupported(SandboxError):
     """This sandbox backend reports no usage per session; the message says what is missing."""
+
+
+class SnapshotUnsupported(SandboxError):
+    """This sandbox backend cannot copy a session's sandbox; the message says what is missing."""
 
 
 NO_HOOKS = ProviderHooks()
@@ -178,6 +182,29 @@ class SandboxProvider(Protocol):
             UsageUnsupported: this backend cannot measure it (here: none can be).
         """
         raise UsageUnsupported("this sandbox backend reports no usage per session")
+
+    async def capture(
+        self, session: Session, tmp_dest: str, copy_workspace: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """With the session's sandbox held still (frozen, or already paused; no container
+        launched meanwhile): copy its ``/tmp`` into the directory ``tmp_dest`` (made here), then
+        ``copy_workspace()``; thawed after unless it was paused. False: no container ran, so
+        there was no ``/tmp`` to copy (the workspace was copied all the same).
+
+        Raises:
+            SnapshotUnsupported: this backend cannot copy a sandbox's ``/tmp`` (here: none can).
+        """
+        raise SnapshotUnsupported("this sandbox backend cannot snapshot or fork a session")
+
+    async def seed_tmp(self, session: Session, source: str) -> None:
+        """Start the session's sandbox now, with the contents of the directory ``source`` copied
+        into its ``/tmp`` before any command runs there (a session made from a snapshot or a
+        fork); ``source`` may be removed once this returns.
+
+        Raises:
+            SnapshotUnsupported: this backend cannot (here: none can).
+        """
+        raise SnapshotUnsupported("this sandbox backend cannot start a session from a snapshot")
 
     async def working(self, session_id: str) -> bool:
         """True while processes that commands started still run in the session's sandbox (a

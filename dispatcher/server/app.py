@@ -35,6 +35,7 @@ from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionP
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
 from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.sessions.snapshots import Snapshots
 from dispatcher.server.sessions.usage import TenantUsage, UsageReader
 from dispatcher.server.tenancy.auth import AuthInterceptor
 from dispatcher.server.tenancy.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
@@ -199,6 +200,7 @@ class DispatcherServer:
         if metrics is not None:
             metrics.watch_states(dispatcher.sessions)
         self.usage = UsageReader(self.sessions, provider, self.egress.traffic)
+        self.snapshots = Snapshots(self.sessions, provider, self.persistence.store, config.home / "snapshots")
         self.health = health_aio.HealthServicer()
         self._server = _grpc_server(
             config.server,
@@ -209,7 +211,10 @@ class DispatcherServer:
                 DecodeGuardInterceptor(),
             ],
             servicer=DispatcherServicer(
-                self.sessions, transfers=_transfers(dispatcher, config.server), usage=self.usage
+                self.sessions,
+                transfers=_transfers(dispatcher, config.server),
+                usage=self.usage,
+                snapshots=self.snapshots,
             ),
             health=self.health,
         )
@@ -257,6 +262,7 @@ class DispatcherServer:
         ids = (self.tenants.get(t.tenant_id) for t in self.config.tenants)
         self.provider.expect_tenants({t.tenant_id: (t.uid, t.gid) for t in ids})
         self._restore_sessions()  # after the quota volumes are mounted: workspaces live there
+        await asyncio.to_thread(self.snapshots.load)  # interrupted copies removed
         await self.provider.remove_orphans()  # containers left by a previous run, but those re-adopted
         # Re-attach the agents in the background; a first call waits for its own.
         self._adopting = asyncio.create_task(self.provider.adopt_all(), name="adopt-containers")

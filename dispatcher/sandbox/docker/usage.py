@@ -9,18 +9,14 @@ kept here.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.core.provider_api import SessionUsage
+from dispatcher.sandbox.tree_size import tree_bytes as workspace_bytes
 
 __all__ = ["from_stats", "workspace_bytes"]
-
-MAX_ENTRIES = 200_000
-"""A workspace is measured entry by entry; past this many the walk stops (the figure is a floor):
-a usage request must not cost a scan of millions of files."""
 
 
 def _int(value: Any) -> int:
@@ -54,35 +50,3 @@ def from_stats(stats: Mapping[str, Any], *, now: float | None = None) -> Session
         sample_time=time.time() if now is None else now,
         running=True,
     )
-
-
-def workspace_bytes(root: str) -> int:
-    """Bytes allocated under ``root`` (st_blocks, as ``du``), symlinks not followed, each inode
-    once; at most ``MAX_ENTRIES`` entries are looked at."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    entries = 0
-    stack = [root]
-    while stack and entries < MAX_ENTRIES:
-        try:
-            it = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with it:
-            for entry in it:
-                entries += 1
-                if entries > MAX_ENTRIES:
-                    break
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if st.st_nlink > 1 and not entry.is_dir(follow_symlinks=False):
-                    key = (st.st_dev, st.st_ino)
-                    if key in seen:
-                        continue  # a hard link counted once
-                    seen.add(key)
-                total += st.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-    return total

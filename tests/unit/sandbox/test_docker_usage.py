@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dispatcher.sandbox.docker import usage
+from dispatcher.sandbox import tree_size
 from dispatcher.sandbox.docker.usage import from_stats, workspace_bytes
 
 V1: dict[str, Any] = {  # as this machine's daemon answered for a loop in a 512m container
@@ -85,5 +85,5 @@ def test_workspace_bytes_counts_blocks_once_per_inode(tmp_path: Path) -> None:
 def test_workspace_walk_is_bounded(tmp_path: Path, monkeypatch: Any) -> None:
     for i in range(50):
         (tmp_path / f"f{i}").write_bytes(b"x" * 5000)
-    monkeypatch.setattr(usage, "MAX_ENTRIES", 10)
+    monkeypatch.setattr(tree_size, "MAX_ENTRIES", 10)
     assert workspace_bytes(str(tmp_path)) <= 10 * 8192  # stopped after ten entries: a floor
