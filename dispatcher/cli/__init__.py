@@ -26,6 +26,7 @@ from dispatcher.cli import config as cli_config
 from dispatcher.cli import lifecycle as cli_lifecycle
 from dispatcher.cli import processes as cli_processes
 from dispatcher.cli import session as cli_session
+from dispatcher.cli import snapshots as cli_snapshots
 from dispatcher.cli import staged as cli_staged
 from dispatcher.cli import trees as cli_trees
 from dispatcher.cli import usage as cli_usage
@@ -383,5 +384,6 @@ def _parser() -> argparse.ArgumentParser:
     cli_staged.add_verbs(verbs, client_opts, _client)
     cli_processes.add_verbs(verbs, client_opts, _client)
     cli_usage.add_verbs(verbs, client_opts, _client)
+    cli_snapshots.add_verbs(verbs, client_opts, _client)
     cli_config.add_verbs(verbs)
     return parser

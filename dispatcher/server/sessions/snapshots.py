@@ -49,7 +49,7 @@ MAX_FORK = 100
 """Children one ForkSession may ask for (the tenant's ``max_sessions`` bounds them too)."""
 MAX_NAME = 128
 COPIES_AT_ONCE = 4
-"""Children copied and started at once (each a workspace copy and a container launch)."""
+"""Children's workspaces copied at once (their containers launch as the backend's slots allow)."""
 ALL_ENTRIES = 50_000_000
 """A snapshot is measured whole (its bytes are its tenant's bound)."""
 
@@ -255,8 +255,7 @@ class Snapshots:
                 code, message = status_for(exc)
                 return ForkFailure(code.name, message)
             try:
-                async with gate:
-                    await self._fill(tenant, state, source, has_tmp)
+                await self._fill(tenant, state, source, has_tmp, gate)
             except Exception as exc:
                 code, message = status_for(exc)
                 return ForkFailure(code.name, message)
@@ -281,16 +280,28 @@ class Snapshots:
 
         try:
             return await self._provider.capture(session, str(target / "tmp"), copy_workspace)
-        except SnapshotUnsupported as exc:
-            raise FailedPrecondition(str(exc)) from exc
-        except SandboxError as exc:
-            raise SandboxUnavailable(f"the session could not be copied: {exc}") from exc
+        except BaseException as exc:
+            await asyncio.to_thread(shutil.rmtree, target, True)  # nothing half copied stays
+            if isinstance(exc, SnapshotUnsupported):
+                raise FailedPrecondition(str(exc)) from exc
+            if isinstance(exc, SandboxError):
+                raise SandboxUnavailable(f"the session could not be copied: {exc}") from exc
+            raise
 
-    async def _fill(self, tenant: Tenant, state: SessionState, source: Path, has_tmp: bool) -> None:
-        """Copy ``source``'s workspace into the new session's and start its sandbox with the
-        /tmp; on failure the session is closed."""
+    async def _fill(
+        self,
+        tenant: Tenant,
+        state: SessionState,
+        source: Path,
+        has_tmp: bool,
+        copies: asyncio.Semaphore | None = None,
+    ) -> None:
+        """Copy ``source``'s workspace into the new session's (holding ``copies``, if given) and
+        start its sandbox with the /tmp (launches are bounded by the backend's own launch slots);
+        on failure the session is closed."""
         try:
-            await _cp(str(source / "workspace"), state.session.workspace_path)
+            async with copies or contextlib.nullcontext():
+                await _cp(str(source / "workspace"), state.session.workspace_path)
             if has_tmp:
                 await self._provider.seed_tmp(state.session, str(source / "tmp"))
         except BaseException as exc:

