@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import docker
 import pytest
 
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
@@ -14,6 +15,7 @@ from dispatcher.wire.convert_snapshots import ForkFailure
 from tests.blocks import text_at
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server
+from tests.integration.helpers import containers_of
 from tests.server.conftest import TOKEN_BETA, base_config, deep_merge
 
 pytestmark = pytest.mark.docker
@@ -113,3 +115,38 @@ async def test_fork_children_are_apart_and_past_the_quota_are_errors(
         for k in kids:
             await client.close_session(k.session_id)
         assert not list((Path(data["home"]) / "snapshots" / "alpha").iterdir())  # the fork's copy removed
+
+
+async def test_fork_of_8_with_a_30mb_workspace_and_a_home_virtualenv(
+    make_provider: ProviderFactory, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    data = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})
+    async with docker_server(make_provider, tmp_path, data) as harness:
+        client = harness.client()
+        sid = (await client.create_session("rollouts")).session_id
+        setup = (
+            "head -c 30000000 /dev/urandom > data.bin && sha256sum data.bin > data.sum"
+            ' && python3 -m venv "$HOME/venv" && "$HOME/venv/bin/python" -c "print(42)"'
+        )
+        assert "42" in await sh(client, sid, setup)
+        results = await client.fork_session(sid, 8)
+        kids = [r.session_id for r in results if isinstance(r, SessionInfo)]
+        assert len(kids) == 8, results
+        check = (
+            'sha256sum -c data.sum && "$HOME/venv/bin/python" -c "print(42)" && cat note 2>/dev/null; true'
+        )
+        for k in kids:
+            seen = await sh(client, k, check)
+            assert "data.bin: OK" in seen and "42" in seen and "note" not in seen
+        await sh(client, kids[3], 'echo from-kid3 > note && echo x >> "$HOME/venv/pyvenv.cfg"')
+        for other in [*kids[:3], *kids[4:], sid]:
+            seen = await sh(client, other, 'cat note 2>&1; tail -1 "$HOME/venv/pyvenv.cfg"')
+            assert "from-kid3" not in seen and "No such file" in seen and seen.strip().splitlines()[-1] != "x"
+        assert "data.bin: OK" in await sh(client, sid, "sha256sum -c data.sum")  # the parent unchanged
+        provider = harness.server.provider
+        instance = provider.instance  # type: ignore[attr-defined]
+        for k in kids:
+            await client.close_session(k)
+        left = {c.labels.get("dispatcher.session") for c in containers_of(docker_client, instance)}
+        assert left.isdisjoint(kids)  # all 8 closed: no container of theirs is left
+        assert not list((Path(data["home"]) / "snapshots" / "alpha").iterdir())  # nor a copy
