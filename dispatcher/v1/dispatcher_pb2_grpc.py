@@ -424,7 +424,8 @@ class ToolDispatcherServicer:
     def ForkSession(self, request, context):
         """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
         of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
-        the parent's role, approval mode and capabilities (its egress policy with them). One result
+        the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+        children get what a CreateSession naming none would). One result
         per child, in order: a session, or why that child could not be made (past the tenant's
         `max_sessions`, for one); the call itself fails only for a bad request or source.
         """

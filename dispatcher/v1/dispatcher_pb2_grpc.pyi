@@ -176,7 +176,8 @@ class ToolDispatcherStub:
     ForkSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ForkSessionRequest, _dispatcher_pb2.ForkSessionResponse]
     """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
     of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
-    the parent's role, approval mode and capabilities (its egress policy with them). One result
+    the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+    children get what a CreateSession naming none would). One result
     per child, in order: a session, or why that child could not be made (past the tenant's
     `max_sessions`, for one); the call itself fails only for a bad request or source.
     """
@@ -311,7 +312,8 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     ForkSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ForkSessionRequest, _dispatcher_pb2.ForkSessionResponse]  # type: ignore[assignment]
     """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
     of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
-    the parent's role, approval mode and capabilities (its egress policy with them). One result
+    the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+    children get what a CreateSession naming none would). One result
     per child, in order: a session, or why that child could not be made (past the tenant's
     `max_sessions`, for one); the call itself fails only for a bad request or source.
     """
@@ -611,7 +613,8 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_dispatcher_pb2.ForkSessionResponse, _abc.Awaitable[_dispatcher_pb2.ForkSessionResponse]]:
         """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
         of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
-        the parent's role, approval mode and capabilities (its egress policy with them). One result
+        the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+        children get what a CreateSession naming none would). One result
         per child, in order: a session, or why that child could not be made (past the tenant's
         `max_sessions`, for one); the call itself fails only for a bad request or source.
         """

@@ -5,7 +5,8 @@ Every step goes through directory file descriptors with ``O_NOFOLLOW``: a symlin
 ``/tmp`` is copied as a symlink and never followed, so nothing outside the container's ``/tmp`` is
 read or written whatever it points at. A copy out is taken with the container frozen (nothing in it
 can swap a directory for a link meanwhile); a copy in goes into a container no session command ran
-in yet. Owners, modes and times are kept; fifos, sockets and devices are skipped.
+in yet. Owners, modes (set-id bits dropped) and times are kept; fifos, sockets and devices are
+skipped.
 """
 
 from __future__ import annotations
@@ -112,5 +113,6 @@ def _copy_file(name: str, src: int, dst: int, st: os.stat_result) -> int:
 
 def _keep_meta(fd: int, st: os.stat_result) -> None:
     os.fchown(fd, st.st_uid, st.st_gid)
-    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    # No set-id bit survives a copy (the tmpfs is nosuid anyway; a copy must not need it to be).
+    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
     os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))

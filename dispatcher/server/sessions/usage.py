@@ -28,8 +28,9 @@ SAMPLE_SECONDS = 15.0
 """How often the metrics' per-tenant sums are measured (a sample costs about a second per few
 sessions of the daemon's time, so not at every scrape)."""
 
-SAMPLE_CONCURRENCY = 4
-"""Sessions measured at once by a metrics sample (each asks the daemon for about a second)."""
+SAMPLE_CONCURRENCY = 2
+"""Sessions measured at once by a metrics sample: each holds one of the Docker client's threads for
+about a second, and launches need those threads too."""
 
 
 @dataclass(frozen=True, slots=True)

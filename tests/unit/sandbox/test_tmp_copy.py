@@ -21,6 +21,8 @@ def test_contents_modes_and_links_are_copied(tmp_path: Path) -> None:
     os.chmod(src / "home" / ".secret", 0o600)
     os.symlink("venv/bin/python", src / "home" / "py")
     os.mkfifo(src / "fifo")  # skipped: a pipe has no contents to keep
+    (src / "setuid").write_text("")
+    os.chmod(src / "setuid", 0o4755)
     dst.mkdir()
     copied = tmp_copy._copy_between(str(src), str(dst))
     assert copied == len("#!/bin/sh\n") + 1
@@ -29,6 +31,7 @@ def test_contents_modes_and_links_are_copied(tmp_path: Path) -> None:
     assert os.stat(dst / "home" / ".secret").st_mode & 0o777 == 0o600
     assert os.readlink(dst / "home" / "py") == "venv/bin/python"
     assert not (dst / "fifo").exists()
+    assert os.stat(dst / "setuid").st_mode & 0o7777 == 0o755  # no set-id bit copied
 
 
 def test_a_link_out_of_the_tree_is_copied_as_a_link_never_read(tmp_path: Path) -> None:
