@@ -4,11 +4,14 @@ are apart from each other and from the parent, the tenant's bounds and another t
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import docker
 import pytest
 
+from dispatcher import cli
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from dispatcher.wire.convert import SessionInfo
 from dispatcher.wire.convert_snapshots import ForkFailure
@@ -16,7 +19,7 @@ from tests.blocks import text_at
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server
 from tests.integration.helpers import containers_of
-from tests.server.conftest import TOKEN_BETA, base_config, deep_merge
+from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, base_config, deep_merge
 
 pytestmark = pytest.mark.docker
 
@@ -34,8 +37,12 @@ async def sh(client: AsyncDispatcherClient, sid: str, command: str) -> str:
 
 
 async def test_snapshot_of_a_paused_session_and_sessions_from_it(
-    make_provider: ProviderFactory, tmp_path: Path
+    make_provider: ProviderFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_ALPHA)
     data = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})
     data["tenants"][0]["quotas"] = {"max_snapshots": 2, "max_snapshot_bytes": "64m"}
     async with docker_server(make_provider, tmp_path, data) as harness:
@@ -65,6 +72,20 @@ async def test_snapshot_of_a_paused_session_and_sessions_from_it(
         child = await client.create_session(snapshot_id=snap.snapshot_id)
         seen = await sh(client, child.session_id, READ)
         assert "ws-state" in seen and "home-state" in seen and "blob" in seen
+        with pytest.raises(RequestFailed) as used:  # the parent's workspace is not empty
+            await client.create_session("snap", snapshot_id=snap.snapshot_id)
+        assert used.value.code == "INVALID_ARGUMENT" and "not empty" in used.value.details
+        (forked,) = await client.fork_session(snapshot_id=snap.snapshot_id, count=1)
+        assert isinstance(forked, SessionInfo)
+        seen = await sh(client, forked.session_id, READ)
+        assert "ws-state" in seen and "home-state" in seen
+        await client.close_session(forked.session_id)
+
+        # The CLI lists it too.
+        capsys.readouterr()
+        argv = ["snapshots", "--json", "--server", harness.target]
+        assert await asyncio.to_thread(cli.main, argv) == 0
+        assert json.loads(capsys.readouterr().out)["snapshot_id"] == snap.snapshot_id
         assert "changed" in await sh(client, sid, "cat proj.txt")  # the parent as it is now
 
         # The tenant's bounds: a count of 2, then 64 MiB.

@@ -4,18 +4,21 @@ measures nothing refused with FAILED_PRECONDITION saying so."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from dispatcher import cli
 from dispatcher.client import RequestFailed
 from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.core.provider_api import ProviderHooks, SessionUsage
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.local import LocalSandboxProvider
 from dispatcher.server.app import build_server
-from tests.server.conftest import TOKEN_BETA, Harness, base_config
+from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, base_config
 
 
 class MeasuredProvider(LocalSandboxProvider):
@@ -34,7 +37,10 @@ async def test_local_backend_refuses_with_failed_precondition(harness: Harness) 
     assert "reports no usage" in refused.value.details
 
 
-async def test_usage_adds_egress_counters_and_is_the_tenants_own(tmp_path: Path) -> None:
+async def test_usage_adds_egress_counters_and_is_the_tenants_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_ALPHA)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(base_config(tmp_path)))
     config, _ = ensure_default_tenant(load_config(path, env={}))
@@ -69,6 +75,19 @@ async def test_usage_adds_egress_counters_and_is_the_tenants_own(tmp_path: Path)
         totals = await server.usage.by_tenant()
         assert set(totals) == {"alpha"}
         assert (totals["alpha"].sessions, totals["alpha"].memory_bytes) == (1, 1234)
+
+        # `dispatcher top`: the table, and one JSON line per session.
+        def top(*flags: str) -> int:
+            return cli.main(["top", "--once", "--server", harness.target, *flags])
+
+        capsys.readouterr()
+        assert await asyncio.to_thread(top) == 0
+        table = capsys.readouterr().out.splitlines()
+        assert table[0].split()[:3] == ["SESSION", "CPU%", "CPU"]
+        assert table[1].split()[:2] == [sid, "42.5"] and "1.2K" in table[1]
+        assert await asyncio.to_thread(top, "--json") == 0
+        row = json.loads(capsys.readouterr().out)
+        assert (row["session_id"], row["cpu_percent"], row["egress_bytes_received"]) == (sid, 42.5, 2000)
     finally:
         for c in harness.clients:
             await c.close()
