@@ -10,16 +10,20 @@ from pathlib import Path
 
 import docker
 import pytest
+import yaml
 
 from dispatcher import cli
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
+from dispatcher.config.load import Config, ensure_default_tenant, load_config
+from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.server.app import build_server
 from dispatcher.wire.convert import SessionInfo
 from dispatcher.wire.convert_snapshots import ForkFailure
 from tests.blocks import text_at
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server
-from tests.integration.helpers import containers_of
-from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, base_config, deep_merge
+from tests.integration.helpers import containers_of, runsc_available
+from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, base_config, deep_merge
 
 pytestmark = pytest.mark.docker
 
@@ -171,3 +175,36 @@ async def test_fork_of_8_with_a_30mb_workspace_and_a_home_virtualenv(
         left = {c.labels.get("dispatcher.session") for c in containers_of(docker_client, instance)}
         assert left.isdisjoint(kids)  # all 8 closed: no container of theirs is left
         assert not list((Path(data["home"]) / "snapshots" / "alpha").iterdir())  # nor a copy
+
+
+async def test_gvisor_sessions_are_refused_saying_why(
+    make_provider: ProviderFactory, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    if not runsc_available(docker_client):
+        pytest.skip("runsc is not registered with dockerd")
+    config = SandboxConfig(runtime="runsc")
+    server = build_server(
+        load_default_config(tmp_path), provider=lambda hooks: make_provider(config, hooks=hooks)
+    )
+    await server.start()
+    harness = Harness(server, tmp_path)
+    try:
+        client = harness.client()
+        sid = (await client.create_session("g")).session_id
+        await sh(client, sid, "echo x > /tmp/x")
+        for attempt in (client.snapshot_session(sid), client.fork_session(sid, 1)):
+            with pytest.raises(RequestFailed) as refused:
+                await attempt
+            assert refused.value.code == "FAILED_PRECONDITION" and "gVisor" in refused.value.details
+        assert [s.session_id for s in await client.list_sessions()] == [sid]
+    finally:
+        for c in harness.clients:
+            await c.close()
+        await server.stop(grace=1)
+
+
+def load_default_config(tmp_path: Path) -> Config:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})))
+    config, _ = ensure_default_tenant(load_config(path, env={}))
+    return config
