@@ -68,6 +68,13 @@ async def test_cpu_loop_and_allocation_show_in_usage(make_provider: ProviderFact
         grown = after.memory_bytes - before.memory_bytes
         assert abs(grown - HOLD) <= HOLD * 0.10, (grown, HOLD)
 
+        # A paused session: its frozen container uses no CPU and keeps its memory.
+        await client.pause_session(sid)
+        frozen = await client.session_usage(sid)
+        assert frozen.running and frozen.cpu_percent < 1.0
+        assert abs(frozen.memory_bytes - after.memory_bytes) <= HOLD * 0.10
+        await client.resume_session(sid)
+
         # Another tenant's request finds no such session.
         with pytest.raises(RequestFailed) as refused:
             await harness.client(TOKEN_BETA).session_usage(sid)
