@@ -19,7 +19,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from dispatcher.core.provider_api import SandboxProvider, SnapshotUnsupported
@@ -68,6 +68,9 @@ class Snapshots:
         self._root = root
         self._known: dict[str, SnapshotInfo] = {}
         self._tenant_locks: dict[str, asyncio.Lock] = {}
+        self._readers: dict[str, int] = {}
+        """Sessions being filled from each snapshot now: a delete waits for them."""
+        self._read_done = asyncio.Condition()
 
     def load(self) -> None:
         """The stored snapshots; directories of copies a kill interrupted are removed."""
@@ -166,6 +169,8 @@ class Snapshots:
         async with self._tenant_lock(tenant.tenant_id):
             if self._known.pop(snapshot_id, None) is None:
                 raise NotFound(f"no snapshot {snapshot_id!r}")
+            async with self._read_done:  # no new reader from here: wait for those filling
+                await self._read_done.wait_for(lambda: not self._readers.get(snapshot_id))
             if self._store is not None:
                 await asyncio.to_thread(self._store.delete_snapshot, snapshot_id)
             await asyncio.to_thread(shutil.rmtree, self._root / tenant.tenant_id / snapshot_id, True)
@@ -197,8 +202,12 @@ class Snapshots:
                 f"workspace: {name!r} is not empty; a session from a snapshot starts in a new or empty"
                 " workspace (leave workspace unset for a new one)"
             )
-        state = self._sessions.create(tenant, name, **create)  # type: ignore[arg-type]
-        await self._fill(tenant, state, source, info.has_tmp)
+        try:
+            with self._reading(snapshot_id):
+                state = self._sessions.create(tenant, name, **create)  # type: ignore[arg-type]
+                await self._fill(tenant, state, source, info.has_tmp)
+        finally:
+            await self._read_finished()  # after the count dropped: a delete waiting looks again
         return state
 
     async def fork(
@@ -262,9 +271,11 @@ class Snapshots:
             return state
 
         try:
-            # Made in order (so the quota refuses the last ones), then filled a few at a time.
-            return list(await asyncio.gather(*(child(i) for i in range(count))))
+            with self._reading(snapshot_id):
+                # Made in order (so the quota refuses the last ones), then filled a few at a time.
+                return list(await asyncio.gather(*(child(i) for i in range(count))))
         finally:
+            await self._read_finished()
             if keep is not None:
                 await asyncio.to_thread(shutil.rmtree, keep, True)
 
@@ -314,6 +325,23 @@ class Snapshots:
                     f"the new session could not be started from the copy: {exc}"
                 ) from exc
             raise
+
+    @contextlib.contextmanager
+    def _reading(self, snapshot_id: str) -> Iterator[None]:
+        """Count a session being filled from ``snapshot_id`` ("": none) for the block."""
+        if snapshot_id:
+            self._readers[snapshot_id] = self._readers.get(snapshot_id, 0) + 1
+        try:
+            yield
+        finally:
+            if snapshot_id:
+                left = self._readers.pop(snapshot_id) - 1
+                if left:
+                    self._readers[snapshot_id] = left
+
+    async def _read_finished(self) -> None:
+        async with self._read_done:
+            self._read_done.notify_all()
 
     def _tenant_lock(self, tenant_id: str) -> asyncio.Lock:
         return self._tenant_locks.setdefault(tenant_id, asyncio.Lock())

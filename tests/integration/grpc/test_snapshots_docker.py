@@ -23,6 +23,7 @@ from tests.blocks import text_at
 from tests.integration.conftest import ProviderFactory
 from tests.integration.grpc.conftest import docker_server
 from tests.integration.helpers import containers_of, runsc_available
+from tests.polling import until
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, base_config, deep_merge
 
 pytestmark = pytest.mark.docker
@@ -208,3 +209,29 @@ def load_default_config(tmp_path: Path) -> Config:
     path.write_text(yaml.safe_dump(deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})))
     config, _ = ensure_default_tenant(load_config(path, env={}))
     return config
+
+
+async def test_a_delete_waits_for_sessions_being_made_from_the_snapshot(
+    make_provider: ProviderFactory, tmp_path: Path
+) -> None:
+    data = deep_merge(base_config(tmp_path), {"sandbox": {"backend": "docker"}})
+    async with docker_server(make_provider, tmp_path, data) as harness:
+        client = harness.client()
+        sid = (await client.create_session("src")).session_id
+        assert "ok" in await sh(client, sid, SETUP)
+        snap = await client.snapshot_session(sid)
+        # The fork is under way (its children made, being filled) when the delete arrives.
+        forking = asyncio.ensure_future(client.fork_session(snapshot_id=snap.snapshot_id, count=2))
+
+        async def children_made() -> bool:
+            return len(await client.list_sessions()) == 3 or forking.done()
+
+        await until(children_made, "the fork's children", timeout=60, interval=0.01)
+        freed = await client.delete_snapshot(snap.snapshot_id)
+        forked = await forking
+        assert freed == snap.size_bytes
+        for k in forked:
+            assert isinstance(k, SessionInfo), forked
+            seen = await sh(client, k.session_id, READ)
+            assert "ws-state" in seen and "home-state" in seen
+        assert not (Path(data["home"]) / "snapshots" / "alpha" / snap.snapshot_id).exists()
