@@ -98,8 +98,8 @@ class AsyncDispatcherClient(ClientBase):
             idle_timeout_seconds=idle_timeout_seconds,
             on_expire=on_expire,
             request_id=request_id,
+            snapshot_id=snapshot_id,
         )
-        req.snapshot_id = snapshot_id  # set: the session starts from that snapshot
         return convert.session_from_pb((await self._unary(self._stub.CreateSession, req)).session)
 
     async def get_session(self, session_id: str) -> SessionInfo:

@@ -89,7 +89,9 @@ class DispatcherClient(ClientBase):
         ``fs`` (``[(path, "r"|"rw")]``) and ``egress_allow`` (host patterns) narrow the tenant's
         capabilities for this session. ``ttl_seconds`` / ``idle_timeout_seconds`` (None: the
         server's; 0: none) and ``on_expire`` (``"close"`` | ``"pause"``) set its clocks;
-        ``request_id`` makes the create retry-safe (the same id and request: the same session)."""
+        ``request_id`` makes the create retry-safe (the same id and request: the same session);
+        ``snapshot_id`` starts it from that snapshot (its workspace new or empty, not with
+        ``request_id``)."""
         req = base.create_request(
             workspace,
             role,
@@ -102,8 +104,8 @@ class DispatcherClient(ClientBase):
             idle_timeout_seconds=idle_timeout_seconds,
             on_expire=on_expire,
             request_id=request_id,
+            snapshot_id=snapshot_id,
         )
-        req.snapshot_id = snapshot_id  # set: the session starts from that snapshot
         return convert.session_from_pb(self._unary(self._stub.CreateSession, req).session)
 
     def get_session(self, session_id: str) -> SessionInfo:
