@@ -42,6 +42,7 @@ MODULES = (
     "bench.kubernetes_bench",
     "bench.process_bench",
     "bench.run_code_bench",
+    "bench.snapshot_bench",
 )
 
 

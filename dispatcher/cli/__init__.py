@@ -27,8 +27,10 @@ from dispatcher.cli import lifecycle as cli_lifecycle
 from dispatcher.cli import mcp as cli_mcp
 from dispatcher.cli import processes as cli_processes
 from dispatcher.cli import session as cli_session
+from dispatcher.cli import snapshots as cli_snapshots
 from dispatcher.cli import staged as cli_staged
 from dispatcher.cli import trees as cli_trees
+from dispatcher.cli import usage as cli_usage
 from dispatcher.cli.output import (
     EXIT_BY_CODE,
     EXIT_INTERRUPTED,
@@ -382,6 +384,8 @@ def _parser() -> argparse.ArgumentParser:
     cli_lifecycle.add_verbs(verbs, client_opts, _client)
     cli_staged.add_verbs(verbs, client_opts, _client)
     cli_processes.add_verbs(verbs, client_opts, _client)
+    cli_usage.add_verbs(verbs, client_opts, _client)
+    cli_snapshots.add_verbs(verbs, client_opts, _client)
     cli_config.add_verbs(verbs)
     cli_mcp.add_verbs(verbs, client_opts)
     return parser

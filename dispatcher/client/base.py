@@ -143,10 +143,15 @@ def create_request(
     idle_timeout_seconds: int | None = None,
     on_expire: str | None = None,
     request_id: str = "",
+    snapshot_id: str = "",
 ) -> pb.CreateSessionRequest:
     """Every field of CreateSessionRequest; None (or empty) leaves a field to the server's default."""
     req = pb.CreateSessionRequest(
-        workspace=workspace, role=convert.role_to_pb(role), labels=dict(labels or {}), request_id=request_id
+        workspace=workspace,
+        role=convert.role_to_pb(role),
+        labels=dict(labels or {}),
+        request_id=request_id,
+        snapshot_id=snapshot_id,
     )
     if mode:
         req.approval_mode = convert_policy.mode_to_pb(parse_mode(mode))

@@ -12,15 +12,17 @@ from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
 from dispatcher.core.process_api import CodeContext, ProcessInfo
+from dispatcher.core.provider_api import SessionUsage
 from dispatcher.core.sessions.state import PlanStep
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, extract_chunks, tar_chunks
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_processes, convert_staged
+from dispatcher.wire import convert, convert_processes, convert_snapshots, convert_staged, convert_usage
 from dispatcher.wire.convert import SessionInfo, ToolInfo
 from dispatcher.wire.convert_processes import WatchItem
+from dispatcher.wire.convert_snapshots import ForkFailure, SnapshotInfo
 from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo
 
 _T = TypeVar("_T")
@@ -79,6 +81,7 @@ class DispatcherClient(ClientBase):
         idle_timeout_seconds: int | None = None,
         on_expire: str | None = None,
         request_id: str = "",
+        snapshot_id: str = "",
     ) -> SessionInfo:
         """Open a session on ``workspace`` (a name under the tenant's root; created if missing).
 
@@ -86,7 +89,9 @@ class DispatcherClient(ClientBase):
         ``fs`` (``[(path, "r"|"rw")]``) and ``egress_allow`` (host patterns) narrow the tenant's
         capabilities for this session. ``ttl_seconds`` / ``idle_timeout_seconds`` (None: the
         server's; 0: none) and ``on_expire`` (``"close"`` | ``"pause"``) set its clocks;
-        ``request_id`` makes the create retry-safe (the same id and request: the same session)."""
+        ``request_id`` makes the create retry-safe (the same id and request: the same session);
+        ``snapshot_id`` starts it from that snapshot (its workspace new or empty, not with
+        ``request_id``)."""
         req = base.create_request(
             workspace,
             role,
@@ -99,6 +104,7 @@ class DispatcherClient(ClientBase):
             idle_timeout_seconds=idle_timeout_seconds,
             on_expire=on_expire,
             request_id=request_id,
+            snapshot_id=snapshot_id,
         )
         return convert.session_from_pb(self._unary(self._stub.CreateSession, req).session)
 
@@ -118,6 +124,49 @@ class DispatcherClient(ClientBase):
         """A new expiry ``ttl_seconds`` from now (0: none, if the tenant has no maximum)."""
         req = pb.RenewSessionRequest(session_id=session_id, ttl_seconds=ttl_seconds)
         return convert.session_from_pb(self._unary(self._stub.RenewSession, req).session)
+
+    def session_usage(self, session_id: str) -> SessionUsage:
+        """What the session's sandbox uses now (takes about a second: CPU is measured over one)."""
+        req = pb.GetSessionUsageRequest(session_id=session_id)
+        return convert_usage.usage_from_pb(self._unary(self._stub.GetSessionUsage, req))
+
+    def snapshot_session(self, session_id: str, name: str = "") -> SnapshotInfo:
+        """Copy the session's workspace and /tmp (its sandbox frozen for the copy) into a snapshot."""
+        req = pb.SnapshotSessionRequest(session_id=session_id, name=name)
+        return convert_snapshots.snapshot_from_pb(self._unary(self._stub.SnapshotSession, req))
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        resp = self._unary(self._stub.ListSnapshots, pb.ListSnapshotsRequest())
+        return [convert_snapshots.snapshot_from_pb(s) for s in resp.snapshots]
+
+    def delete_snapshot(self, snapshot_id: str) -> int:
+        """Remove the snapshot and its files; returns the bytes freed."""
+        req = pb.DeleteSnapshotRequest(snapshot_id=snapshot_id)
+        return int(self._unary(self._stub.DeleteSnapshot, req).freed_bytes)
+
+    def fork_session(
+        self,
+        session_id: str = "",
+        count: int = 1,
+        *,
+        snapshot_id: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
+    ) -> list[SessionInfo | ForkFailure]:
+        """``count`` new sessions from the session (or ``snapshot_id``): one result per child, in
+        order, a session or why that child was not made."""
+        req = pb.ForkSessionRequest(count=count, labels=dict(labels or {}))
+        if snapshot_id:
+            req.snapshot_id = snapshot_id
+        else:
+            req.session_id = session_id
+        if ttl_seconds is not None:
+            req.ttl_seconds = ttl_seconds
+        if idle_timeout_seconds is not None:
+            req.idle_timeout_seconds = idle_timeout_seconds
+        resp = self._unary(self._stub.ForkSession, req)
+        return [convert_snapshots.fork_result_from_pb(r) for r in resp.results]
 
     def pause_session(self, session_id: str) -> SessionInfo:
         req = pb.PauseSessionRequest(session_id=session_id)

@@ -22,7 +22,7 @@ from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import MAX_TIMEOUT_SECONDS
 from dispatcher.core.sessions.clock import MAX_CLOCK_SECONDS
-from dispatcher.sandbox.container.config import SandboxConfig
+from dispatcher.sandbox.container.config import Bytes, SandboxConfig
 from dispatcher.sandbox.container.kubernetes_config import KubernetesConfig
 
 RESULT_MESSAGE_MARGIN = 64 << 10
@@ -140,6 +140,10 @@ class Quotas(Section):
     served) before RESOURCE_EXHAUSTED; 0: refused at once."""
     max_concurrent_transfers: PositiveInt = 8
     """UploadFiles and DownloadFiles running at once (apart from the dispatch slots)."""
+    max_snapshots: PositiveInt = 20
+    """Snapshots kept (``SnapshotSession``); past it, RESOURCE_EXHAUSTED until one is deleted."""
+    max_snapshot_bytes: Bytes = 10 << 30
+    """Bytes all its snapshots hold on the server's disk (workspaces and ``/tmp``; ``10g``)."""
 
 
 def _not_root(value: int) -> int:

@@ -4,12 +4,12 @@ hands it when it makes it (``ProviderHooks``). What one session's sandbox offers
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
-from dispatcher.core.sandbox_api import Sandbox
+from dispatcher.core.sandbox_api import Sandbox, SandboxError
 from dispatcher.egress.gate import EgressGate
 
 if TYPE_CHECKING:
@@ -30,6 +30,45 @@ class ProviderHooks:
     egress: EgressGate | None = None
     """The server's egress proxy: set, each sandbox's agent listens for proxy connections and hands
     them to it; None, sandboxes have no proxy (their network stays ``none`` either way)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUsage:
+    """What one session's sandbox uses now (``GetSessionUsage``): its container's cgroup and its
+    workspace on disk; the egress counters are the server's proxy's, added by the server."""
+
+    cpu_seconds: float = 0.0
+    """CPU time its container used since it started (user and system)."""
+    cpu_percent: float = 0.0
+    """Over about the last second; 100 is one whole CPU (a loop in one process)."""
+    memory_bytes: int = 0
+    """Memory in use, page cache that could be dropped excluded (as ``docker stats``); the tmpfs
+    ``/tmp`` counts here."""
+    memory_limit_bytes: int = 0
+    """0: no limit."""
+    disk_bytes: int = 0
+    """The session's workspace on disk (blocks allocated)."""
+    disk_limit_bytes: int = 0
+    """The tenant's workspace quota, which all its sessions share (0: none)."""
+    pids: int = 0
+    """Processes and threads in its container."""
+    egress_bytes_sent: int = 0
+    """Through the egress proxy, from the sandbox, since the session opened (or the server started)."""
+    egress_bytes_received: int = 0
+    """Through the egress proxy, to the sandbox."""
+    sample_time: float = 0.0
+    """When it was measured (Unix seconds)."""
+    running: bool = False
+    """A container ran when it was measured (False: none yet, retired idle, or gone: the CPU,
+    memory and pids are 0)."""
+
+
+class UsageUnsupported(SandboxError):
+    """This sandbox backend reports no usage per session; the message says what is missing."""
+
+
+class SnapshotUnsupported(SandboxError):
+    """This sandbox backend cannot copy a session's sandbox; the message says what is missing."""
 
 
 NO_HOOKS = ProviderHooks()
@@ -135,6 +174,37 @@ class SandboxProvider(Protocol):
         """Thaw it; ``notice``: what the next call's result reports (``report_notice``). A sandbox
         that vanished meanwhile is handled as any vanished one: the next call starts a fresh one."""
         return None
+
+    async def usage(self, session: Session) -> SessionUsage:
+        """What the session's sandbox uses now (egress excluded: the server counts it).
+
+        Raises:
+            UsageUnsupported: this backend cannot measure it (here: none can be).
+        """
+        raise UsageUnsupported("this sandbox backend reports no usage per session")
+
+    async def capture(
+        self, session: Session, tmp_dest: str, copy_workspace: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """With the session's sandbox held still (frozen, or already paused; no container
+        launched meanwhile): copy its ``/tmp`` into the directory ``tmp_dest`` (made here), then
+        ``copy_workspace()``; thawed after unless it was paused. False: no container ran, so
+        there was no ``/tmp`` to copy (the workspace was copied all the same).
+
+        Raises:
+            SnapshotUnsupported: this backend cannot copy a sandbox's ``/tmp`` (here: none can).
+        """
+        raise SnapshotUnsupported("this sandbox backend cannot snapshot or fork a session")
+
+    async def seed_tmp(self, session: Session, source: str) -> None:
+        """Start the session's sandbox now, with the contents of the directory ``source`` copied
+        into its ``/tmp`` before any command runs there (a session made from a snapshot or a
+        fork); ``source`` may be removed once this returns.
+
+        Raises:
+            SnapshotUnsupported: this backend cannot (here: none can).
+        """
+        raise SnapshotUnsupported("this sandbox backend cannot start a session from a snapshot")
 
     async def working(self, session_id: str) -> bool:
         """True while processes that commands started still run in the session's sandbox (a

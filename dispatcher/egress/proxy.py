@@ -121,6 +121,10 @@ class EgressContext:
     prompts: PromptBook = field(default_factory=PromptBook)
     bytes_used: int = 0
     """Both directions, every tunnel of the session so far."""
+    bytes_sent: int = 0
+    """From the sandbox, every tunnel of the session so far (its usage)."""
+    bytes_received: int = 0
+    """To the sandbox."""
     bytes_spent: bool = False
     """A chunk did not fit in ``max_bytes``: the session's tunnels are done."""
     closed: bool = False
@@ -312,8 +316,10 @@ async def _relay(
         last[0] = loop.time()
         if direction is Direction.OUT:
             attempt.bytes_out += n
+            ctx.bytes_sent += n
         else:
             attempt.bytes_in += n
+            ctx.bytes_received += n
         if n:
             ctx.observer.egress_bytes(ctx.tenant_id, direction.value, n)
         return data

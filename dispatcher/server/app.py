@@ -37,6 +37,8 @@ from dispatcher.server.requests.errors import Unauthenticated
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
 from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.sessions.snapshots import Snapshots
+from dispatcher.server.sessions.usage import TenantUsage, UsageReader
 from dispatcher.server.tenancy.auth import AuthInterceptor
 from dispatcher.server.tenancy.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
 from dispatcher.server.tenancy.uids import UIDS_FILE
@@ -209,6 +211,8 @@ class DispatcherServer:
         )
         if metrics is not None:
             metrics.watch_states(dispatcher.sessions)
+        self.usage = UsageReader(self.sessions, provider, self.egress.traffic)
+        self.snapshots = Snapshots(self.sessions, provider, self.persistence.store, config.home / "snapshots")
         self.health = health_aio.HealthServicer()
         self._server = _grpc_server(
             config.server,
@@ -218,13 +222,19 @@ class DispatcherServer:
                 AuthInterceptor(self.tenants),
                 DecodeGuardInterceptor(),
             ],
-            servicer=DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, config.server)),
+            servicer=DispatcherServicer(
+                self.sessions,
+                transfers=_transfers(dispatcher, config.server),
+                usage=self.usage,
+                snapshots=self.snapshots,
+            ),
             health=self.health,
         )
         self.port = 0
         self.mcp_endpoint: ServedEndpoint | None = None
         self._stopped = False
         self._adopting: asyncio.Task[None] | None = None
+        self._sampling: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """(The home is locked since the server was built.) Bind, seal the tool registry, give back the stored sessions and start
@@ -265,10 +275,12 @@ class DispatcherServer:
         ids = (self.tenants.get(t.tenant_id) for t in self.config.tenants)
         self.provider.expect_tenants({t.tenant_id: (t.uid, t.gid) for t in ids})
         self._restore_sessions()  # after the quota volumes are mounted: workspaces live there
+        await asyncio.to_thread(self.snapshots.load)  # interrupted copies removed
         await self.provider.remove_orphans()  # containers left by a previous run, but those re-adopted
         # Re-attach the agents in the background; a first call waits for its own.
         self._adopting = asyncio.create_task(self.provider.adopt_all(), name="adopt-containers")
         self.observability.start()
+        self._start_usage_sampler()
         self.dispatcher.lifecycle.start()  # the overdue among the sessions given back expire now
         await self._server.start()
         await self._start_mcp_endpoint()
@@ -276,6 +288,19 @@ class DispatcherServer:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"listen": self.config.listen, "port": self.port})
         return self.port
+
+    def _start_usage_sampler(self) -> None:
+        """With metrics on: every tenant's sessions' usage summed into its gauges, periodically."""
+        metrics = self.observability.metrics
+        if metrics is None:
+            return
+
+        def report(tenant: str, used: TenantUsage) -> None:
+            metrics.tenant_usage(tenant, used.cpu_percent, used.memory_bytes, used.disk_bytes, used.pids)
+
+        self._sampling = asyncio.create_task(
+            self.usage.sample_forever(sorted(metrics.tenants), report), name="usage-sampler"
+        )
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work, give in-flight calls ``grace`` seconds,
@@ -301,9 +326,10 @@ class DispatcherServer:
             # the MCP sessions' dispatcher sessions are closed through it.
             await self.mcp_endpoint.aclose()
         await self._server.stop(FINAL_GRACE)
-        if self._adopting is not None:
-            self._adopting.cancel()
-            await asyncio.gather(self._adopting, return_exceptions=True)
+        for task in (self._adopting, self._sampling):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         keep = not self.config.shutdown_remove_sessions
         if keep:
             self.persistence.save_policies(self.dispatcher.sessions)

@@ -1701,6 +1701,7 @@ class CreateSessionRequest(_message.Message):
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     ON_EXPIRE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     workspace: _builtins.str
     """Workspace name or relative path under the tenant's workspace root; created if missing. Empty means
     "default". Absolute paths and paths that escape the root are INVALID_ARGUMENT.
@@ -1728,6 +1729,11 @@ class CreateSessionRequest(_message.Message):
     """
     on_expire: Global___OnExpire.ValueType
     """What happens when a clock runs out."""
+    snapshot_id: _builtins.str
+    """Start from this snapshot of the tenant's (SnapshotSession): its workspace copied into the
+    session's (which must be new or empty; unset: a new one, `snapshots/<id>-<n>`), its /tmp
+    copied into the sandbox before any command runs. Not memory or processes.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels, echoed back in Session."""
@@ -1750,10 +1756,11 @@ class CreateSessionRequest(_message.Message):
         idle_timeout_seconds: _builtins.int | None = ...,
         request_id: _builtins.str = ...,
         on_expire: Global___OnExpire.ValueType = ...,
+        snapshot_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "capabilities", b"capabilities", "idle_timeout_seconds", b"idle_timeout_seconds", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "approval_mode", b"approval_mode", "capabilities", b"capabilities", "idle_timeout_seconds", b"idle_timeout_seconds", "labels", b"labels", "on_expire", b"on_expire", "request_id", b"request_id", "role", b"role", "ttl_seconds", b"ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "approval_mode", b"approval_mode", "capabilities", b"capabilities", "idle_timeout_seconds", b"idle_timeout_seconds", "labels", b"labels", "on_expire", b"on_expire", "request_id", b"request_id", "role", b"role", "snapshot_id", b"snapshot_id", "ttl_seconds", b"ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__idle_timeout_seconds: _TypeAlias = _typing.Literal["idle_timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__idle_timeout_seconds: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds"]  # noqa: Y015
@@ -3435,3 +3442,403 @@ class RemoveCodeContextResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveCodeContextResponse: _TypeAlias = RemoveCodeContextResponse  # noqa: Y015
+
+@_typing.final
+class GetSessionUsageRequest(_message.Message):
+    """Request of GetSessionUsage."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionUsageRequest: _TypeAlias = GetSessionUsageRequest  # noqa: Y015
+
+@_typing.final
+class GetSessionUsageResponse(_message.Message):
+    """What one session's sandbox uses now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    CPU_PERCENT_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    PIDS_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_SENT_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
+    SAMPLE_TIME_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    cpu_seconds: _builtins.float
+    """CPU time its container used since it started (user and system)."""
+    cpu_percent: _builtins.float
+    """Over about the last second; 100 is one whole CPU."""
+    memory_bytes: _builtins.int
+    """Memory in use (droppable page cache excluded); the tmpfs /tmp counts here."""
+    memory_limit_bytes: _builtins.int
+    """The container's memory limit (0: none)."""
+    disk_bytes: _builtins.int
+    """The session's workspace on disk (blocks allocated)."""
+    disk_limit_bytes: _builtins.int
+    """The tenant's workspace quota, shared by all its sessions (0: none)."""
+    pids: _builtins.int
+    """Processes and threads in its container."""
+    egress_bytes_sent: _builtins.int
+    """Bytes the sandbox sent through the egress proxy since the session opened (or the server started)."""
+    egress_bytes_received: _builtins.int
+    """Bytes the egress proxy relayed to the sandbox."""
+    running: _builtins.bool
+    """A container ran when it was measured (false: none yet, retired idle, or gone; CPU, memory and
+    pids are then 0).
+    """
+    @_builtins.property
+    def sample_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was measured."""
+
+    def __init__(
+        self,
+        *,
+        cpu_seconds: _builtins.float = ...,
+        cpu_percent: _builtins.float = ...,
+        memory_bytes: _builtins.int = ...,
+        memory_limit_bytes: _builtins.int = ...,
+        disk_bytes: _builtins.int = ...,
+        disk_limit_bytes: _builtins.int = ...,
+        pids: _builtins.int = ...,
+        egress_bytes_sent: _builtins.int = ...,
+        egress_bytes_received: _builtins.int = ...,
+        sample_time: _timestamp_pb2.Timestamp | None = ...,
+        running: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sample_time", b"sample_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_percent", b"cpu_percent", "cpu_seconds", b"cpu_seconds", "disk_bytes", b"disk_bytes", "disk_limit_bytes", b"disk_limit_bytes", "egress_bytes_received", b"egress_bytes_received", "egress_bytes_sent", b"egress_bytes_sent", "memory_bytes", b"memory_bytes", "memory_limit_bytes", b"memory_limit_bytes", "pids", b"pids", "running", b"running", "sample_time", b"sample_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionUsageResponse: _TypeAlias = GetSessionUsageResponse  # noqa: Y015
+
+@_typing.final
+class SnapshotSessionRequest(_message.Message):
+    """Request of SnapshotSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session (open or paused)."""
+    name: _builtins.str
+    """A name for people (at most 128 characters; need not be unique)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotSessionRequest: _TypeAlias = SnapshotSessionRequest  # noqa: Y015
+
+@_typing.final
+class Snapshot(_message.Message):
+    """A copy of a session's workspace and /tmp, kept by the server for its tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    SOURCE_SESSION_ID_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    snapshot_id: _builtins.str
+    """Its id (`snap_...`)."""
+    name: _builtins.str
+    """The name it was given."""
+    tenant: _builtins.str
+    """The tenant it belongs to."""
+    source_session_id: _builtins.str
+    """The session it was taken from."""
+    size_bytes: _builtins.int
+    """Bytes it holds on the server's disk (workspace and /tmp)."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was taken."""
+
+    def __init__(
+        self,
+        *,
+        snapshot_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        source_session_id: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "name", b"name", "size_bytes", b"size_bytes", "snapshot_id", b"snapshot_id", "source_session_id", b"source_session_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class ListSnapshotsRequest(_message.Message):
+    """Request of ListSnapshots."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSnapshotsRequest: _TypeAlias = ListSnapshotsRequest  # noqa: Y015
+
+@_typing.final
+class ListSnapshotsResponse(_message.Message):
+    """Response of ListSnapshots."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SNAPSHOTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def snapshots(self) -> _containers.RepeatedCompositeFieldContainer[Global___Snapshot]:
+        """Oldest first."""
+
+    def __init__(
+        self,
+        *,
+        snapshots: _abc.Iterable[Global___Snapshot] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshots", b"snapshots"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSnapshotsResponse: _TypeAlias = ListSnapshotsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteSnapshotRequest(_message.Message):
+    """Request of DeleteSnapshot."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    snapshot_id: _builtins.str
+    """The snapshot."""
+    def __init__(
+        self,
+        *,
+        snapshot_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot_id", b"snapshot_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSnapshotRequest: _TypeAlias = DeleteSnapshotRequest  # noqa: Y015
+
+@_typing.final
+class DeleteSnapshotResponse(_message.Message):
+    """Response of DeleteSnapshot."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FREED_BYTES_FIELD_NUMBER: _builtins.int
+    freed_bytes: _builtins.int
+    """Bytes freed on the server's disk."""
+    def __init__(
+        self,
+        *,
+        freed_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["freed_bytes", b"freed_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSnapshotResponse: _TypeAlias = DeleteSnapshotResponse  # noqa: Y015
+
+@_typing.final
+class ForkSessionRequest(_message.Message):
+    """Request of ForkSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """An open (or paused) session: frozen for the copy, then it goes on unchanged."""
+    snapshot_id: _builtins.str
+    """A snapshot of the tenant's."""
+    count: _builtins.int
+    """How many children (1 to 100)."""
+    ttl_seconds: _builtins.int
+    """Each child's TTL (unset: the server's default, as CreateSession)."""
+    idle_timeout_seconds: _builtins.int
+    """Each child's idle timeout (unset: the server's default)."""
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Each child's labels (none: the parent's; from a snapshot: none)."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        snapshot_id: _builtins.str = ...,
+        count: _builtins.int = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        ttl_seconds: _builtins.int | None = ...,
+        idle_timeout_seconds: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "idle_timeout_seconds", b"idle_timeout_seconds", "session_id", b"session_id", "snapshot_id", b"snapshot_id", "source", b"source", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "count", b"count", "idle_timeout_seconds", b"idle_timeout_seconds", "labels", b"labels", "session_id", b"session_id", "snapshot_id", b"snapshot_id", "source", b"source", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__idle_timeout_seconds: _TypeAlias = _typing.Literal["idle_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__idle_timeout_seconds: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__ttl_seconds: _TypeAlias = _typing.Literal["ttl_seconds"]  # noqa: Y015
+    _WhichOneofArgType__ttl_seconds: _TypeAlias = _typing.Literal["_ttl_seconds", b"_ttl_seconds"]  # noqa: Y015
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["session_id", "snapshot_id"]  # noqa: Y015
+    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__idle_timeout_seconds) -> _WhichOneofReturnType__idle_timeout_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds) -> _WhichOneofReturnType__ttl_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+
+Global___ForkSessionRequest: _TypeAlias = ForkSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkError(_message.Message):
+    """Why one child of a fork could not be made."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    """The status code a CreateSession would have had (e.g. RESOURCE_EXHAUSTED)."""
+    message: _builtins.str
+    """What happened."""
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkError: _TypeAlias = ForkError  # noqa: Y015
+
+@_typing.final
+class ForkResult(_message.Message):
+    """One child of a fork."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session:
+        """The new session."""
+
+    @_builtins.property
+    def error(self) -> Global___ForkError:
+        """Why not."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+        error: Global___ForkError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "result", b"result", "session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "result", b"result", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["session", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___ForkResult: _TypeAlias = ForkResult  # noqa: Y015
+
+@_typing.final
+class ForkSessionResponse(_message.Message):
+    """Response of ForkSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkResult]:
+        """One per child asked for, in order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ForkResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015

@@ -160,6 +160,31 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextResponse.FromString,
                 _registered_method=True)
+        self.GetSessionUsage = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/GetSessionUsage',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageResponse.FromString,
+                _registered_method=True)
+        self.SnapshotSession = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/SnapshotSession',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SnapshotSessionRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.Snapshot.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ListSnapshots',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSnapshot = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/DeleteSnapshot',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DeleteSnapshotResponse.FromString,
+                _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ForkSession',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -391,6 +416,53 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSessionUsage(self, request, context):
+        """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+        cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+        (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+        FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotSession(self, request, context):
+        """Copies the session's workspace and its /tmp ($HOME is inside it: `pip install --user`,
+        caches, a virtualenv made there) with its sandbox frozen for the copy (a paused session stays
+        paused), into a snapshot kept by the server for the tenant until DeleteSnapshot; memory and
+        processes are not kept. RESOURCE_EXHAUSTED past the tenant's `max_snapshots` or
+        `max_snapshot_bytes`; FAILED_PRECONDITION on a backend that cannot copy a sandbox.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """The tenant's snapshots, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSnapshot(self, request, context):
+        """Removes a snapshot and its files; another tenant's is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSession(self, request, context):
+        """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
+        of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
+        the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+        children get what a CreateSession naming none would). One result
+        per child, in order: a session, or why that child could not be made (past the tenant's
+        `max_sessions`, for one); the call itself fails only for a bad request or source.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -518,6 +590,31 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.RemoveCodeContext,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextResponse.SerializeToString,
+            ),
+            'GetSessionUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSessionUsage,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageResponse.SerializeToString,
+            ),
+            'SnapshotSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotSession,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SnapshotSessionRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.Snapshot.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSnapshot,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.DeleteSnapshotResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1196,6 +1293,141 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/RemoveCodeContext',
             dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.RemoveCodeContextResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSessionUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/GetSessionUsage',
+            dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.GetSessionUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/SnapshotSession',
+            dispatcher_dot_v1_dot_dispatcher__pb2.SnapshotSessionRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.Snapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ListSnapshots',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListSnapshotsRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/DeleteSnapshot',
+            dispatcher_dot_v1_dot_dispatcher__pb2.DeleteSnapshotRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.DeleteSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ForkSession',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -168,6 +168,31 @@ class ToolDispatcherStub:
     INVALID_ARGUMENT for an unknown language or a malformed name. Not a tool call: the caller is
     the approver; audited. Resumes a paused session.
     """
+    GetSessionUsage: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.GetSessionUsageRequest, _dispatcher_pb2.GetSessionUsageResponse]
+    """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+    cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+    (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+    FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
+    """
+    SnapshotSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.SnapshotSessionRequest, _dispatcher_pb2.Snapshot]
+    """Copies the session's workspace and its /tmp ($HOME is inside it: `pip install --user`,
+    caches, a virtualenv made there) with its sandbox frozen for the copy (a paused session stays
+    paused), into a snapshot kept by the server for the tenant until DeleteSnapshot; memory and
+    processes are not kept. RESOURCE_EXHAUSTED past the tenant's `max_snapshots` or
+    `max_snapshot_bytes`; FAILED_PRECONDITION on a backend that cannot copy a sandbox.
+    """
+    ListSnapshots: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ListSnapshotsRequest, _dispatcher_pb2.ListSnapshotsResponse]
+    """The tenant's snapshots, oldest first."""
+    DeleteSnapshot: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.DeleteSnapshotRequest, _dispatcher_pb2.DeleteSnapshotResponse]
+    """Removes a snapshot and its files; another tenant's is NOT_FOUND."""
+    ForkSession: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ForkSessionRequest, _dispatcher_pb2.ForkSessionResponse]
+    """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
+    of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
+    the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+    children get what a CreateSession naming none would). One result
+    per child, in order: a session, or why that child could not be made (past the tenant's
+    `max_sessions`, for one); the call itself fails only for a bad request or source.
+    """
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -290,6 +315,31 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     language and context starts a fresh one. NOT_FOUND when none lives by that name;
     INVALID_ARGUMENT for an unknown language or a malformed name. Not a tool call: the caller is
     the approver; audited. Resumes a paused session.
+    """
+    GetSessionUsage: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.GetSessionUsageRequest, _dispatcher_pb2.GetSessionUsageResponse]  # type: ignore[assignment]
+    """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+    cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+    (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+    FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
+    """
+    SnapshotSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.SnapshotSessionRequest, _dispatcher_pb2.Snapshot]  # type: ignore[assignment]
+    """Copies the session's workspace and its /tmp ($HOME is inside it: `pip install --user`,
+    caches, a virtualenv made there) with its sandbox frozen for the copy (a paused session stays
+    paused), into a snapshot kept by the server for the tenant until DeleteSnapshot; memory and
+    processes are not kept. RESOURCE_EXHAUSTED past the tenant's `max_snapshots` or
+    `max_snapshot_bytes`; FAILED_PRECONDITION on a backend that cannot copy a sandbox.
+    """
+    ListSnapshots: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ListSnapshotsRequest, _dispatcher_pb2.ListSnapshotsResponse]  # type: ignore[assignment]
+    """The tenant's snapshots, oldest first."""
+    DeleteSnapshot: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.DeleteSnapshotRequest, _dispatcher_pb2.DeleteSnapshotResponse]  # type: ignore[assignment]
+    """Removes a snapshot and its files; another tenant's is NOT_FOUND."""
+    ForkSession: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ForkSessionRequest, _dispatcher_pb2.ForkSessionResponse]  # type: ignore[assignment]
+    """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
+    of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
+    the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+    children get what a CreateSession naming none would). One result
+    per child, in order: a session, or why that child could not be made (past the tenant's
+    `max_sessions`, for one); the call itself fails only for a bad request or source.
     """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
@@ -560,6 +610,61 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         language and context starts a fresh one. NOT_FOUND when none lives by that name;
         INVALID_ARGUMENT for an unknown language or a malformed name. Not a tool call: the caller is
         the approver; audited. Resumes a paused session.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSessionUsage(
+        self,
+        request: _dispatcher_pb2.GetSessionUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.GetSessionUsageResponse, _abc.Awaitable[_dispatcher_pb2.GetSessionUsageResponse]]:
+        """What the session's sandbox uses now: its container's CPU, memory and processes (from its
+        cgroup), its workspace on disk, and what the egress proxy relayed for it. Takes about a second
+        (the CPU percentage is measured over one). Not activity: a session is not kept alive by it.
+        FAILED_PRECONDITION on a backend that cannot measure it (the message says what is missing).
+        """
+
+    @_abc_1.abstractmethod
+    def SnapshotSession(
+        self,
+        request: _dispatcher_pb2.SnapshotSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.Snapshot, _abc.Awaitable[_dispatcher_pb2.Snapshot]]:
+        """Copies the session's workspace and its /tmp ($HOME is inside it: `pip install --user`,
+        caches, a virtualenv made there) with its sandbox frozen for the copy (a paused session stays
+        paused), into a snapshot kept by the server for the tenant until DeleteSnapshot; memory and
+        processes are not kept. RESOURCE_EXHAUSTED past the tenant's `max_snapshots` or
+        `max_snapshot_bytes`; FAILED_PRECONDITION on a backend that cannot copy a sandbox.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSnapshots(
+        self,
+        request: _dispatcher_pb2.ListSnapshotsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ListSnapshotsResponse, _abc.Awaitable[_dispatcher_pb2.ListSnapshotsResponse]]:
+        """The tenant's snapshots, oldest first."""
+
+    @_abc_1.abstractmethod
+    def DeleteSnapshot(
+        self,
+        request: _dispatcher_pb2.DeleteSnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.DeleteSnapshotResponse, _abc.Awaitable[_dispatcher_pb2.DeleteSnapshotResponse]]:
+        """Removes a snapshot and its files; another tenant's is NOT_FOUND."""
+
+    @_abc_1.abstractmethod
+    def ForkSession(
+        self,
+        request: _dispatcher_pb2.ForkSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ForkSessionResponse, _abc.Awaitable[_dispatcher_pb2.ForkSessionResponse]]:
+        """`count` new sessions from one (frozen for the copy) or from a snapshot: each with its own copy
+        of the workspace (copy-on-write where the filesystem offers it) and of /tmp, its own sandbox,
+        the parent's role, approval mode and capabilities (its egress policy with them; a snapshot's
+        children get what a CreateSession naming none would). One result
+        per child, in order: a session, or why that child could not be made (past the tenant's
+        `max_sessions`, for one); the call itself fails only for a bad request or source.
         """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -4,8 +4,11 @@ those; one a command stopped itself stays stopped; a pause outlives a server res
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from dispatcher.core.provider_api import SnapshotUnsupported, UsageUnsupported
 from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from tests.integration.helpers import run
 from tests.kubernetes.backend_fixtures import KubeProviders
@@ -67,3 +70,28 @@ async def test_kubernetes_paused_pod_stays_stopped_across_a_restart_until_resume
     assert await states(again) == {"sleep 1000": "T"}
     await second.resume(session.session_id)
     assert await states(again) == {"sleep 1000": "S"}
+
+
+async def test_kubernetes_usage_is_refused_saying_what_it_needs(kube_providers: KubeProviders) -> None:
+    provider = kube_providers()
+    session = kube_providers.session()
+    await run(provider.sandbox_for(session), "true")  # a running Pod: still no figures for it
+    with pytest.raises(UsageUnsupported, match=r"metrics API \(metrics\.k8s\.io"):
+        await provider.usage(session)
+
+
+async def test_kubernetes_snapshots_and_forks_are_refused_saying_what_they_need(
+    kube_providers: KubeProviders, tmp_path: Path
+) -> None:
+    provider = kube_providers()
+    session = kube_providers.session()
+    copied: list[bool] = []
+
+    async def copy_workspace() -> None:
+        copied.append(True)
+
+    with pytest.raises(SnapshotUnsupported, match="VolumeSnapshot"):
+        await provider.capture(session, str(tmp_path / "tmp"), copy_workspace)
+    with pytest.raises(SnapshotUnsupported, match="VolumeSnapshot"):
+        await provider.seed_tmp(session, str(tmp_path))
+    assert copied == []  # nothing half done

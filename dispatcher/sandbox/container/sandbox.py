@@ -296,6 +296,28 @@ class ContainerSandbox(AgentFiles):
             if container_id is not None:
                 await self._provider.freeze(container_id)
 
+    @contextlib.asynccontextmanager
+    async def held_still(self) -> AsyncIterator[str | None]:
+        """Its container frozen for the block (one already paused stays so), under the lock, so
+        no container is launched or replaced meanwhile; yields its id, None when none runs.
+
+        Raises:
+            ContainerNotFound: the container is gone (the next call starts another).
+        """
+        async with self._lock:
+            container_id = self._live.container_id if self._live is not None else self._adopt
+            if container_id is None:
+                yield None
+                return
+            froze = not self.paused
+            if froze:
+                await self._provider.freeze(container_id)
+            try:
+                yield container_id
+            finally:
+                if froze:
+                    await self._provider.thaw(container_id)
+
     async def resume(self, notice: str | None) -> None:
         """Thaw the container; one removed meanwhile (``docker rm``) is handled as any vanished
         one: the next call gets a fresh sandbox and says why."""

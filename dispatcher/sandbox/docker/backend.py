@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks
+from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SessionUsage, SnapshotUnsupported
 from dispatcher.core.sandbox_api import AttachedProcess, ExecRequest, ExecResult, OutputCallback, SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.container.config import SandboxConfig, format_size
-from dispatcher.sandbox.container.host import AgentLink, LiveContainer
+from dispatcher.sandbox.container.host import AgentLink, ContainerNotFound, LiveContainer
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.container.provider import ContainerProvider
 from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener
@@ -37,6 +39,8 @@ from dispatcher.sandbox.docker.orphans import sweep_orphans
 from dispatcher.sandbox.docker.pool.adopt import readopt
 from dispatcher.sandbox.docker.pool.warm_pool import WarmPool
 from dispatcher.sandbox.docker.stdio import DockerStdioProcess
+from dispatcher.sandbox.docker.tmp_copy import copy_in, copy_out
+from dispatcher.sandbox.docker.usage import from_stats, workspace_bytes
 from dispatcher.sandbox.docker.watch import DeathWatch, still_running
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes
 
@@ -123,6 +127,74 @@ class DockerSandboxProvider(ContainerProvider):
 
     def release_session_id(self, session_id: str) -> None:
         self.pool.release(session_id)
+
+    async def usage(self, session: Session) -> SessionUsage:
+        """The container's cgroup counters (none running: zeros) and the workspace's bytes on disk.
+
+        Raises:
+            SandboxError: the daemon did not answer.
+        """
+        sandbox = self._sandboxes.get(session.session_id)
+        container_id = None if sandbox is None else sandbox.container_id or sandbox.adopting
+        used = SessionUsage(sample_time=time.time())
+        if container_id is not None:
+            with contextlib.suppress(ContainerNotFound):  # gone since: the next call starts another
+                used = from_stats(await self.api.stats(container_id))
+        disk = await asyncio.get_running_loop().run_in_executor(None, workspace_bytes, session.workspace_path)
+        return dataclasses.replace(used, disk_bytes=disk, disk_limit_bytes=self.config.workspace_quota or 0)
+
+    async def capture(
+        self, session: Session, tmp_dest: str, copy_workspace: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Freeze the session's container (unless paused), copy its ``/tmp`` from the host
+        (``tmp_copy.py``), run ``copy_workspace``, thaw it.
+
+        Raises:
+            SnapshotUnsupported: the container runs under gVisor (its /tmp is in the sandbox's own
+                kernel, out of the host's reach).
+            SandboxError: the container or the copy failed.
+        """
+        self._check_copyable()
+        sandbox = self.sandbox_for(session)
+        loop = asyncio.get_running_loop()
+        async with sandbox.held_still() as container_id:
+            pid = await self._pid(container_id) if container_id is not None else 0
+            if pid:
+                try:
+                    await loop.run_in_executor(None, copy_out, pid, tmp_dest)
+                except OSError as exc:
+                    raise SandboxError(f"copying the session's /tmp failed: {exc}") from exc
+            await copy_workspace()
+        return bool(pid)
+
+    async def seed_tmp(self, session: Session, source: str) -> None:
+        """Launch the session's container now and copy ``source`` into its ``/tmp``, before the
+        session's first command (the container is the session's alone: nothing of it ran yet).
+
+        Raises:
+            SnapshotUnsupported: under gVisor (see ``capture``).
+            SandboxError: the launch or the copy failed.
+        """
+        self._check_copyable()
+        async with self.sandbox_for(session).using() as live:
+            pid = await self._pid(live.container_id)
+            if not pid:
+                raise SandboxError("the session's new container is not running")
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, copy_in, source, pid)
+            except OSError as exc:
+                raise SandboxError(f"copying /tmp into the session's container failed: {exc}") from exc
+
+    def _check_copyable(self) -> None:
+        if self.config.runtime == "runsc":
+            raise SnapshotUnsupported(
+                "snapshots and forks need runc: under gVisor (sandbox.runtime: runsc) a container's"
+                " /tmp lives in the sandbox's own kernel, which the host cannot copy"
+            )
+
+    async def _pid(self, container_id: str) -> int:
+        state = (await self.api.inspect(container_id)).get("State") or {}
+        return int(state.get("Pid") or 0)
 
     async def close_session(self, session_id: str) -> None:
         """Remove the session's container (and any stray one with its labels); the workspace stays."""

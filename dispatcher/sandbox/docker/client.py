@@ -191,6 +191,14 @@ class DockerAPI:
         )
         return result
 
+    async def stats(self, container_id: str) -> Mapping[str, Any]:
+        """One sample of the container's cgroup counters, with the previous one (``precpu_stats``)
+        about a second earlier: the daemon waits for it, so this takes about a second."""
+        result: Mapping[str, Any] = await self.run(
+            "container stats", lambda: self.client.stats(container_id, decode=False, stream=False)
+        )
+        return result
+
     async def list_by_labels(self, labels: Mapping[str, str | None]) -> list[Mapping[str, Any]]:
         """Every container (running or not) carrying all ``labels`` (None: any value)."""
         filters = [k if v is None else f"{k}={v}" for k, v in labels.items()]

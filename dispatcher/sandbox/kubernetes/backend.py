@@ -30,7 +30,13 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
-from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks
+from dispatcher.core.provider_api import (
+    NO_HOOKS,
+    ProviderHooks,
+    SessionUsage,
+    SnapshotUnsupported,
+    UsageUnsupported,
+)
 from dispatcher.core.sandbox_api import (
     AttachedProcess,
     ExecRequest,
@@ -57,6 +63,13 @@ from dispatcher.sandbox.kubernetes.manifests import (
 from dispatcher.sandbox.kubernetes.pods import adoption_problem, created_at, pod_running
 
 log = logging.getLogger(__name__)
+
+
+NO_SNAPSHOTS = (
+    "snapshots and forks are not available on the kubernetes backend: copying a session needs its"
+    " workspace PVC cloned (a CSI driver with VolumeSnapshot support) and its /tmp copied out of"
+    " the Pod, which this backend does not do; use the docker backend for them"
+)
 
 
 class KubernetesSandboxProvider(ContainerProvider):
@@ -194,6 +207,31 @@ class KubernetesSandboxProvider(ContainerProvider):
             return
         done = "stopped" if paused else "continued"
         log.info("pod %s: %s %d process(es) of its session (paused: %s)", container_id, done, count, paused)
+
+    async def usage(self, session: Session) -> SessionUsage:
+        """Not measured on Kubernetes: the API server itself serves no container's CPU or memory.
+
+        Raises:
+            UsageUnsupported: always, saying what it would take.
+        """
+        raise UsageUnsupported(
+            "usage per session is not available on the kubernetes backend: it needs the cluster's"
+            " metrics API (metrics.k8s.io, from metrics-server), which this server does not read;"
+            " use `kubectl top pod` with the session's labels meanwhile"
+        )
+
+    async def capture(
+        self, session: Session, tmp_dest: str, copy_workspace: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Not on Kubernetes yet.
+
+        Raises:
+            SnapshotUnsupported: always, saying what it would take.
+        """
+        raise SnapshotUnsupported(NO_SNAPSHOTS)
+
+    async def seed_tmp(self, session: Session, source: str) -> None:
+        raise SnapshotUnsupported(NO_SNAPSHOTS)
 
     def quota_note(self, tenant_id: str) -> str | None:
         quota = self.config.workspace_quota

@@ -144,6 +144,44 @@ class Metrics(BaseSessionListener):
             registry=r,
         )
 
+        self.tenant_cpu = Gauge(
+            "dispatcher_tenant_cpu_percent",
+            "CPU its sessions' containers use, summed per tenant (100: one whole CPU), at the last sample",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_memory = Gauge(
+            "dispatcher_tenant_memory_bytes",
+            "Memory its sessions' containers use, summed per tenant, at the last sample",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_disk = Gauge(
+            "dispatcher_tenant_workspace_bytes",
+            "Its sessions' workspaces on disk, summed per tenant, at the last sample",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_pids = Gauge(
+            "dispatcher_tenant_pids",
+            "Processes and threads in its sessions' containers, summed per tenant, at the last sample",
+            ["tenant"],
+            registry=r,
+        )
+
+    def tenant_usage(self, tenant: str, cpu_percent: float, memory: int, disk: int, pids: int) -> None:
+        """One sample of a tenant's sessions, summed (no series per session: they come and go)."""
+        if tenant not in self._tenants:  # a label comes from a closed set: the configured tenants
+            return
+        self.tenant_cpu.labels(tenant).set(cpu_percent)
+        self.tenant_memory.labels(tenant).set(memory)
+        self.tenant_disk.labels(tenant).set(disk)
+        self.tenant_pids.labels(tenant).set(pids)
+
+    @property
+    def tenants(self) -> frozenset[str]:
+        return self._tenants
+
     # SessionListener: a session counts from its open (or its return after a restart) to its close
     def session_opened(self, state: SessionState) -> None:
         self._count(state, 1)

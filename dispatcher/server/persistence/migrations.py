@@ -69,6 +69,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sessions ADD COLUMN processes TEXT NOT NULL DEFAULT '{}';
     """,
+    # 5: snapshots of sessions (server/sessions/snapshots/): their files live under the home.
+    """
+    CREATE TABLE snapshots (
+        snapshot_id       TEXT PRIMARY KEY,
+        tenant_id         TEXT NOT NULL,
+        name              TEXT NOT NULL,
+        source_session_id TEXT NOT NULL,
+        create_time       REAL NOT NULL,
+        size_bytes        INTEGER NOT NULL,
+        has_tmp           INTEGER NOT NULL
+    );
+    """,
 )
 """Schema version N is ``MIGRATIONS[:N]`` applied in order; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -102,7 +114,7 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
 def check_tables(conn: sqlite3.Connection, path: Path) -> None:
     """Refuse a file whose schema version is current but whose tables are not all there."""
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = {"sessions", "events", "running_calls", "staged_changes"} - names
+    missing = {"sessions", "events", "running_calls", "staged_changes", "snapshots"} - names
     if missing:
         raise StateError(
             f"{path}: the session state is damaged (missing tables: {', '.join(sorted(missing))})"

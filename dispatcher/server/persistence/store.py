@@ -250,6 +250,29 @@ class SessionStore:
                 [(session_id, change_id) for change_id in change_ids],
             )
 
+    def put_snapshot(self, row: Sequence[Any]) -> None:
+        """Insert a snapshot's row (its files are complete) and commit."""
+        with self.lock:
+            self._conn.execute(
+                "INSERT INTO snapshots (snapshot_id, tenant_id, name, source_session_id, create_time,"
+                " size_bytes, has_tmp) VALUES (?,?,?,?,?,?,?)",
+                tuple(row),
+            )
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        with self.lock:
+            self._conn.execute("DELETE FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
+
+    def load_snapshots(self) -> list[tuple[Any, ...]]:
+        """Every snapshot's row, oldest first."""
+        with self.lock:
+            return list(
+                self._conn.execute(
+                    "SELECT snapshot_id, tenant_id, name, source_session_id, create_time, size_bytes,"
+                    " has_tmp FROM snapshots ORDER BY create_time"
+                )
+            )
+
     # -- used by the writer thread (under ``lock``) ----------------------------------------
 
     def write_batch(

@@ -38,6 +38,10 @@ class FailedPrecondition(RequestError):
     """The session is not in the state the request needs (ApprovePlan outside plan mode)."""
 
 
+class NotFound(RequestError, LookupError):
+    """No such thing of this tenant's (a snapshot; another tenant's looks the same)."""
+
+
 class QuotaExceeded(RequestError):
     """A tenant quota (sessions, concurrent dispatches) is used up."""
 
@@ -60,6 +64,7 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (UnknownSessionError, grpc.StatusCode.NOT_FOUND),
     (UnknownConfirmationError, grpc.StatusCode.NOT_FOUND),
     (UnknownStagedChangeError, grpc.StatusCode.NOT_FOUND),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),

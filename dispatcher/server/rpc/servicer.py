@@ -13,17 +13,27 @@ from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
 from dispatcher.server.requests.checks import check_dispatch_request
-from dispatcher.server.requests.errors import InvalidRequest, status_for
+from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
 from dispatcher.server.rpc.transfer import TransferHandlers
 from dispatcher.server.sessions import code as session_code
 from dispatcher.server.sessions import policy as session_policy
 from dispatcher.server.sessions import processes as session_processes
 from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.sessions.snapshots import Snapshots
+from dispatcher.server.sessions.usage import UsageReader
 from dispatcher.server.tenancy.auth import current_tenant
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from dispatcher.wire import convert, convert_lifecycle, convert_policy, convert_processes, convert_staged
+from dispatcher.wire import (
+    convert,
+    convert_lifecycle,
+    convert_policy,
+    convert_processes,
+    convert_snapshots,
+    convert_staged,
+    convert_usage,
+)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -79,8 +89,12 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         *,
         max_pending_events: int = 4096,
         transfers: TreeTransfers | None = None,
+        usage: UsageReader | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         self._sessions = sessions
+        self._usage = usage
+        self._snapshots = snapshots
         self._max_pending = max_pending_events
         self._inputs = InputParser(sessions.dispatcher.config.max_input_bytes)
         self._transfers = TransferHandlers(
@@ -105,6 +119,26 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             on_expire = convert_lifecycle.on_expire_from_pb(request.on_expire)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        ttl = float(request.ttl_seconds) if request.HasField("ttl_seconds") else None
+        idle = float(request.idle_timeout_seconds) if request.HasField("idle_timeout_seconds") else None
+        if request.snapshot_id:
+            if request.request_id:
+                raise InvalidRequest("request_id: not supported with snapshot_id (a retry copies again)")
+            entry = await self._snapshots_or_refuse().create_from(
+                current_tenant(),
+                request.snapshot_id,
+                request.workspace,
+                {
+                    "role": role,
+                    "labels": dict(request.labels),
+                    "approval_mode": chosen,
+                    "capabilities": caps,
+                    "ttl_seconds": ttl,
+                    "idle_timeout_seconds": idle,
+                    "on_expire": on_expire,
+                },
+            )
+            return pb.CreateSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
         entry = self._sessions.create(
             current_tenant(),
             request.workspace,
@@ -112,10 +146,8 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             dict(request.labels),
             approval_mode=chosen,
             capabilities=caps,
-            ttl_seconds=float(request.ttl_seconds) if request.HasField("ttl_seconds") else None,
-            idle_timeout_seconds=(
-                float(request.idle_timeout_seconds) if request.HasField("idle_timeout_seconds") else None
-            ),
+            ttl_seconds=ttl,
+            idle_timeout_seconds=idle,
             on_expire=on_expire,
             request_id=request.request_id,
         )
@@ -336,3 +368,54 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             self._sessions, current_tenant(), request.session_id, request.language, request.context
         )
         return pb.RemoveCodeContextResponse(removed=convert_processes.code_context_to_pb(removed))
+
+    async def GetSessionUsage(
+        self, request: pb.GetSessionUsageRequest, context: Ctx
+    ) -> pb.GetSessionUsageResponse:
+        if self._usage is None:
+            raise FailedPrecondition("this server measures no usage per session")
+        return convert_usage.usage_to_pb(await self._usage.usage(current_tenant(), request.session_id))
+
+    def _snapshots_or_refuse(self) -> Snapshots:
+        if self._snapshots is None:
+            raise FailedPrecondition("this server keeps no snapshots")
+        return self._snapshots
+
+    @_unary
+    async def SnapshotSession(self, request: pb.SnapshotSessionRequest, context: Ctx) -> pb.Snapshot:
+        info = await self._snapshots_or_refuse().take(current_tenant(), request.session_id, request.name)
+        return convert_snapshots.snapshot_to_pb(info)
+
+    @_unary
+    async def ListSnapshots(self, request: pb.ListSnapshotsRequest, context: Ctx) -> pb.ListSnapshotsResponse:
+        found = self._snapshots_or_refuse().list_for(current_tenant())
+        return pb.ListSnapshotsResponse(snapshots=[convert_snapshots.snapshot_to_pb(s) for s in found])
+
+    @_unary
+    async def DeleteSnapshot(
+        self, request: pb.DeleteSnapshotRequest, context: Ctx
+    ) -> pb.DeleteSnapshotResponse:
+        freed = await self._snapshots_or_refuse().delete(current_tenant(), request.snapshot_id)
+        return pb.DeleteSnapshotResponse(freed_bytes=freed)
+
+    @_unary
+    async def ForkSession(self, request: pb.ForkSessionRequest, context: Ctx) -> pb.ForkSessionResponse:
+        results = await self._snapshots_or_refuse().fork(
+            current_tenant(),
+            session_id=request.session_id,
+            snapshot_id=request.snapshot_id,
+            count=request.count,
+            labels=dict(request.labels),
+            ttl_seconds=float(request.ttl_seconds) if request.HasField("ttl_seconds") else None,
+            idle_timeout_seconds=(
+                float(request.idle_timeout_seconds) if request.HasField("idle_timeout_seconds") else None
+            ),
+        )
+        return pb.ForkSessionResponse(
+            results=[
+                convert_snapshots.fork_result_to_pb(
+                    r if isinstance(r, convert_snapshots.ForkFailure) else self._sessions.info(r)
+                )
+                for r in results
+            ]
+        )

@@ -109,6 +109,11 @@ class EgressGateway(BaseSessionListener):
         entry = self._sessions.get(session_id)
         return entry[1] if entry is not None else None
 
+    def traffic(self, session_id: str) -> tuple[int, int]:
+        """Bytes the session's sandbox sent and received through the proxy so far."""
+        entry = self._sessions.get(session_id)
+        return (entry[1].bytes_sent, entry[1].bytes_received) if entry is not None else (0, 0)
+
     # -- EgressGate ---------------------------------------------------------------------------
 
     def ca_bundle(self, tenant_id: str) -> str | None:

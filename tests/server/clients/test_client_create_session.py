@@ -30,6 +30,7 @@ def test_the_request_carries_every_field_of_the_proto() -> None:
         idle_timeout_seconds=30,
         on_expire="pause",
         request_id="req-9",
+        snapshot_id="snap_1",
     )
     given = {field.name for field, _ in req.ListFields()}  # set, or non-default where no presence
     assert given == set(pb.CreateSessionRequest.DESCRIPTOR.fields_by_name)

@@ -55,7 +55,7 @@ def test_the_shell_state_and_read_cursors_survive_kill_9(tmp_path: Path) -> None
             }
     finally:
         server.close()
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION >= 4  # the process memory came with migration 4
 
 
 def test_a_damaged_process_memory_stops_the_start_naming_the_session(tmp_path: Path) -> None:
