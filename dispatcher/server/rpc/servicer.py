@@ -369,6 +369,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         )
         return pb.RemoveCodeContextResponse(removed=convert_processes.code_context_to_pb(removed))
 
+    @_unary
     async def GetSessionUsage(
         self, request: pb.GetSessionUsageRequest, context: Ctx
     ) -> pb.GetSessionUsageResponse:
