@@ -11,6 +11,7 @@ import grpc
 
 from dispatcher.client import base
 from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
+from dispatcher.client.ports import PortConnection
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
 from dispatcher.core.process_api import ProcessInfo
@@ -175,6 +176,17 @@ class AsyncDispatcherClient(ClientBase):
         if result is None:
             raise RequestFailed("INTERNAL", "the Dispatch stream ended without a result")
         return result
+
+    async def connect_port(self, session_id: str, port: int) -> PortConnection:
+        """A TCP connection to ``127.0.0.1:port`` in the session's sandbox (ConnectPort); close it
+        when done.
+
+        Raises:
+            RequestFailed: ``UNAVAILABLE`` (nothing listens there), ``INVALID_ARGUMENT`` (a port
+                outside 1-65535), ``NOT_FOUND``, ``RESOURCE_EXHAUSTED``, ``FAILED_PRECONDITION``.
+        """
+        call = self._stub.ConnectPort(metadata=self._metadata)
+        return await PortConnection.open(call, session_id, port)
 
     async def watch(self, session_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
         call = self._stub.WatchSession(

@@ -116,6 +116,11 @@ class Quotas(Section):
     served) before RESOURCE_EXHAUSTED; 0: refused at once."""
     max_concurrent_transfers: PositiveInt = 8
     """UploadFiles and DownloadFiles running at once (apart from the dispatch slots)."""
+    max_port_connections: PositiveInt = 64
+    """Connections to its sandboxes' ports open at once (ConnectPort), all sessions together.
+    Each buffers at most a window each way (1.5 MiB), so their memory is bounded too."""
+    max_port_connections_per_session: PositiveInt = 16
+    """Of those, how many one session may hold."""
 
 
 def _not_root(value: int) -> int:

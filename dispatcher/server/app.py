@@ -206,7 +206,9 @@ class DispatcherServer:
                 AuthInterceptor(self.tenants),
                 DecodeGuardInterceptor(),
             ],
-            servicer=DispatcherServicer(self.sessions, transfers=_transfers(dispatcher, config.server)),
+            servicer=DispatcherServicer(
+                self.sessions, transfers=_transfers(dispatcher, config.server), port_observer=metrics
+            ),
             health=self.health,
         )
         self.port = 0

@@ -3303,3 +3303,67 @@ class SignalProcessResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SignalProcessResponse: _TypeAlias = SignalProcessResponse  # noqa: Y015
+
+@_typing.final
+class ConnectPortRequest(_message.Message):
+    """One message of the ConnectPort stream, from the client."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CLOSE_WRITE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Only in the first message: the session whose sandbox holds the port."""
+    port: _builtins.int
+    """Only in the first message: the TCP port on the sandbox's 127.0.0.1 (1-65535)."""
+    data: _builtins.bytes
+    """Bytes for the sandbox's side (not in the first message; any size up to the message limit)."""
+    close_write: _builtins.bool
+    """Half-close after `data`: nothing more comes from the client. Later messages are refused."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        close_write: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "port", b"port", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectPortRequest: _TypeAlias = ConnectPortRequest  # noqa: Y015
+
+@_typing.final
+class ConnectPortResponse(_message.Message):
+    """One message of the ConnectPort stream, from the server."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    EOF_FIELD_NUMBER: _builtins.int
+    connected: _builtins.bool
+    """Only in the first message: the connection is open."""
+    data: _builtins.bytes
+    """Bytes from the sandbox's side."""
+    eof: _builtins.bool
+    """The sandbox's side half-closed: nothing more comes (the last message with content)."""
+    def __init__(
+        self,
+        *,
+        connected: _builtins.bool = ...,
+        data: _builtins.bytes = ...,
+        eof: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "data", b"data", "eof", b"eof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectPortResponse: _TypeAlias = ConnectPortResponse  # noqa: Y015

@@ -150,6 +150,11 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
                 _registered_method=True)
+        self.ConnectPort = channel.stream_stream(
+                '/dispatcher.v1.ToolDispatcher/ConnectPort',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -361,6 +366,24 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConnectPort(self, request_iterator, context):
+        """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+        address), over its agent's channel: no port of the sandbox is published. The first message
+        names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+        each way under a bounded window (a client that does not read holds the sandbox's sender, and
+        the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+        may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+        (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+        after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+        a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+        server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+        a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+        `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +501,11 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.SignalProcess,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.SerializeToString,
+            ),
+            'ConnectPort': grpc.stream_stream_rpc_method_handler(
+                    servicer.ConnectPort,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1102,6 +1130,33 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/SignalProcess',
             dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.SignalProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectPort(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ConnectPort',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortResponse.FromString,
             options,
             channel_credentials,
             insecure,

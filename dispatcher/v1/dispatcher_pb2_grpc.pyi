@@ -156,6 +156,20 @@ class ToolDispatcherStub:
     is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
     session.
     """
+    ConnectPort: _grpc.StreamStreamMultiCallable[_dispatcher_pb2.ConnectPortRequest, _dispatcher_pb2.ConnectPortResponse]
+    """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+    address), over its agent's channel: no port of the sandbox is published. The first message
+    names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+    each way under a bounded window (a client that does not read holds the sandbox's sender, and
+    the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+    may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+    (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+    after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+    a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+    server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+    a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+    `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
+    """
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -266,6 +280,20 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     group outlives it, and the answer comes once the group is empty. A process that already ended
     is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
     session.
+    """
+    ConnectPort: _aio.StreamStreamMultiCallable[_dispatcher_pb2.ConnectPortRequest, _dispatcher_pb2.ConnectPortResponse]  # type: ignore[assignment]
+    """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+    address), over its agent's channel: no port of the sandbox is published. The first message
+    names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+    each way under a bounded window (a client that does not read holds the sandbox's sender, and
+    the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+    may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+    (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+    after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+    a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+    server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+    a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+    `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
     """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
@@ -512,6 +540,26 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         group outlives it, and the answer comes once the group is empty. A process that already ended
         is answered as it is. Not a tool call: the caller is the approver; audited. Resumes a paused
         session.
+        """
+
+    @_abc_1.abstractmethod
+    def ConnectPort(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dispatcher_pb2.ConnectPortRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dispatcher_pb2.ConnectPortResponse], _abc.AsyncIterator[_dispatcher_pb2.ConnectPortResponse]]:
+        """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+        address), over its agent's channel: no port of the sandbox is published. The first message
+        names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+        each way under a bounded window (a client that does not read holds the sandbox's sender, and
+        the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+        may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+        (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+        after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+        a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+        server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+        a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+        `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
         """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -31,13 +31,14 @@ LAYERS: dict[str, int] = {
     "dispatcher.server.rpc": 12,  # the transport, on top: nothing in server/ below it imports it
     "dispatcher.server": 13,  # app.py (builds and wires it all), config_check.py, egress_wiring.py
     "dispatcher.client.base": 14,  # what the two clients share
-    "dispatcher.client.aio": 15,
-    "dispatcher.client": 16,  # the blocking client and the package's public names
-    "dispatcher.cli.output": 17,
-    "dispatcher.cli.session": 18,
-    "dispatcher.cli.trees": 18,
-    "dispatcher.cli.config": 18,
-    "dispatcher.cli": 19,  # main and the verbs (__init__), python -m (__main__)
+    "dispatcher.client.ports": 15,  # ConnectPort's stream and the port-forward's listener
+    "dispatcher.client.aio": 17,
+    "dispatcher.client": 18,  # the blocking client and the package's public names
+    "dispatcher.cli.output": 19,
+    "dispatcher.cli.session": 20,
+    "dispatcher.cli.trees": 20,
+    "dispatcher.cli.config": 20,
+    "dispatcher.cli": 21,  # main and the verbs (__init__), python -m (__main__)
 }
 """Low to high: a module may import its own layer (no cycle) and those below, never above. A finer
 entry comes before the package it refines: a module's layer is the first entry it falls under."""

@@ -17,8 +17,10 @@ from dispatcher.server.requests.errors import InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
 from dispatcher.server.rpc.transfer import TransferHandlers
 from dispatcher.server.sessions import policy as session_policy
+from dispatcher.server.sessions import ports as session_ports
 from dispatcher.server.sessions import processes as session_processes
 from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.sessions.ports import PortObserver
 from dispatcher.server.tenancy.auth import current_tenant
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
@@ -78,8 +80,10 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         *,
         max_pending_events: int = 4096,
         transfers: TreeTransfers | None = None,
+        port_observer: PortObserver | None = None,
     ) -> None:
         self._sessions = sessions
+        self._port_observer = port_observer
         self._max_pending = max_pending_events
         self._inputs = InputParser(sessions.dispatcher.config.max_input_bytes)
         self._transfers = TransferHandlers(
@@ -308,6 +312,30 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         )
         return pb.WriteProcessInputResponse(process=convert_processes.process_to_pb(info))
 
+    @_stream
+    async def ConnectPort(
+        self, request_iterator: AsyncIterator[pb.ConnectPortRequest], context: Ctx
+    ) -> AsyncIterator[pb.ConnectPortResponse]:
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None or not first.session_id or first.data or first.close_write:
+            raise InvalidRequest("the first ConnectPortRequest carries session_id and port, and no data")
+        items = session_ports.connect_port(
+            self._sessions,
+            current_tenant(),
+            first.session_id,
+            first.port,
+            _port_bytes(requests),
+            self._port_observer,
+        )
+        async for item in items:
+            if item == "connected":
+                yield pb.ConnectPortResponse(connected=True)
+            elif item == "eof":
+                yield pb.ConnectPortResponse(eof=True)
+            else:
+                yield pb.ConnectPortResponse(data=item)
+
     @_unary
     async def SignalProcess(self, request: pb.SignalProcessRequest, context: Ctx) -> pb.SignalProcessResponse:
         info = await session_processes.signal(
@@ -319,3 +347,15 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             request.grace_seconds if request.HasField("grace_seconds") else None,
         )
         return pb.SignalProcessResponse(process=convert_processes.process_to_pb(info))
+
+
+async def _port_bytes(requests: AsyncIterator[pb.ConnectPortRequest]) -> AsyncIterator[bytes | None]:
+    """ConnectPort's later messages as bytes, then None for the half-close."""
+    async for request in requests:
+        if request.session_id or request.port:
+            raise InvalidRequest("only the first ConnectPortRequest carries session_id and port")
+        if request.data:
+            yield request.data
+        if request.close_write:
+            yield session_ports.CLOSE_WRITE
+            return
