@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -14,7 +16,25 @@ import grpc
 from dispatcher.client.base import RequestFailed
 from dispatcher.v1 import dispatcher_pb2 as pb
 
-__all__ = ["PortConnection", "forward"]
+__all__ = ["OpenedPort", "PortConnection", "forward", "opened_port"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedPort:
+    """What OpenPort answered: the preview URL, its token ("" when public), its expiry."""
+
+    url: str
+    token: str
+    expire_time: datetime | None
+
+    def __repr__(self) -> str:  # the token is a secret: never in a log line or a traceback
+        return f"OpenedPort(url={self.url!r}, token=<{len(self.token)} characters>, expire_time={self.expire_time!r})"
+
+
+def opened_port(response: pb.OpenPortResponse) -> OpenedPort:
+    expires = response.expire_time.ToDatetime(tzinfo=UTC) if response.HasField("expire_time") else None
+    return OpenedPort(response.url, response.token, expires)
+
 
 MAX_MESSAGE = 256 * 1024
 """The largest ``data`` message sent (well under any server's message limit)."""

@@ -26,6 +26,7 @@ from dispatcher.config.salvage import salvage
 from dispatcher.config.sections import (
     RESULT_MESSAGE_MARGIN,
     DispatcherSection,
+    PreviewSection,
     ServerOptions,
     SessionsSection,
     Timeouts,
@@ -105,6 +106,8 @@ class Config:
     """``sessions:``: their clocks' defaults (``core/sessions/expiry.py``)."""
     approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
     """The top-level ``approval_modes``: the default tenant's, and every tenant's without its own."""
+    preview: PreviewSection = field(default_factory=PreviewSection)
+    """``preview:``: the gateway to sandbox ports (``server/preview/``)."""
     source: Path | None = None
 
     @property
@@ -218,6 +221,7 @@ def _from_file(
         egress=egress_policy(file.egress),
         sessions=file.sessions,
         approval_modes=file.approval_modes,
+        preview=file.preview,
         source=source,
     )
 

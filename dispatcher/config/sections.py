@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StringC
 
 from dispatcher.config.egress import EgressSection
 from dispatcher.config.policy import ApprovalModes, CapabilitiesSection, ToolConfirmation
-from dispatcher.config_base import KeyProblem, PositiveInt, Seconds, Section, Text
+from dispatcher.config_base import HostPort, KeyProblem, PositiveInt, Seconds, Section, Text
 from dispatcher.core.call.ordering import Ordering
 from dispatcher.core.call.settings import DispatcherConfig
 from dispatcher.core.call.timeouts import MAX_TIMEOUT_SECONDS
@@ -98,6 +98,31 @@ class SessionsSection(Section):
     or pause it (its sandbox frozen, memory kept)."""
     expiring_notice_seconds: NonNegativeSeconds = 300.0
     """How long before an expiry ``session.expiring`` is published (once); 0: never."""
+
+
+class PreviewSection(Section):
+    """``preview:``: the gateway that serves sandbox ports to browsers (off unless ``listen``)."""
+
+    listen: HostPort | None = None
+    """HOST:PORT the gateway listens on (plain HTTP: put a TLS reverse proxy in front of it for
+    anything but loopback; README: Preview and port-forward)."""
+    domain: Annotated[
+        str,
+        Field(
+            strict=True,
+            pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$",
+        ),
+    ] = "localhost"
+    """Preview URLs are ``http://{port}-{session_id}.{domain}``: a wildcard DNS name (and
+    certificate) ``*.{domain}`` must reach the gateway. ``localhost``: browsers resolve
+    ``*.localhost`` to loopback, no DNS needed."""
+    public_url: Annotated[str, Field(strict=True, pattern=r"^https?://[^/]*$")] | None = None
+    """How URLs start when a reverse proxy is in front (``https://{domain}``; the port and session
+    are put before the domain); default ``http://`` and the listen port."""
+    allow_public: tuple[str, ...] = ()
+    """Tenants that may open a port with ``public: true`` (no token)."""
+    max_body_bytes: PositiveInt = 1 << 30
+    """The largest request body the gateway carries to a sandbox."""
 
 
 class Quotas(Section):

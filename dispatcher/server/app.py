@@ -32,6 +32,9 @@ from dispatcher.server.egress_wiring import egress_gateway
 from dispatcher.server.observability.setup import Observability
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionPersistence
+from dispatcher.server.preview.gateway import Gateway
+from dispatcher.server.preview.opening import Previews
+from dispatcher.server.preview.ports import OpenPorts
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
 from dispatcher.server.sessions.manager import SessionManager
@@ -185,12 +188,20 @@ class DispatcherServer:
             registry=registry,
         )
         self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        # The preview gateway's open ports: closed with their session (a listener, below).
+        self.previews = Previews(OpenPorts(), config.preview) if config.preview.listen else None
         # Told of each session in this order (closed in the reverse): stored, its egress state,
         # its sandbox started or re-adopted, its MCP processes, counted.
         self.sessions = SessionManager(
             dispatcher,
             persistence=self.persistence,
-            listeners=(self.egress, provider, self.mcp, *self.observability.session_listeners),
+            listeners=(
+                self.egress,
+                provider,
+                self.mcp,
+                *((self.previews.ports,) if self.previews is not None else ()),
+                *self.observability.session_listeners,
+            ),
             lifetime=Lifetime(life.ttl_seconds, life.idle_timeout_seconds, OnExpire(life.on_expire)),
             queue_observer=metrics.queue_wait.observe if metrics is not None else None,
             sandbox_ids=provider,
@@ -207,9 +218,24 @@ class DispatcherServer:
                 DecodeGuardInterceptor(),
             ],
             servicer=DispatcherServicer(
-                self.sessions, transfers=_transfers(dispatcher, config.server), port_observer=metrics
+                self.sessions,
+                transfers=_transfers(dispatcher, config.server),
+                port_observer=metrics,
+                previews=self.previews,
             ),
             health=self.health,
+        )
+        self.gateway = (
+            Gateway(
+                self.sessions,
+                self.previews.ports,
+                config.preview.domain,
+                self.tenants.get,
+                observer=metrics,
+                max_body_bytes=config.preview.max_body_bytes,
+            )
+            if self.previews is not None
+            else None
         )
         self.port = 0
         self._stopped = False
@@ -260,6 +286,14 @@ class DispatcherServer:
         self.observability.start()
         self.dispatcher.lifecycle.start()  # the overdue among the sessions given back expire now
         await self._server.start()
+        if self.gateway is not None and self.previews is not None:
+            listen = self.config.preview.listen or ""
+            host, _, port = listen.rpartition(":")
+            try:
+                self.previews.listen_port = await self.gateway.start(host.strip("[]"), int(port))
+            except OSError as exc:
+                raise ConfigError(f"preview.listen: cannot bind {listen}: {exc}") from exc
+            log.info("preview gateway", extra={"listen": listen, "port": self.previews.listen_port})
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"listen": self.config.listen, "port": self.port})
@@ -285,6 +319,8 @@ class DispatcherServer:
             await self.sessions.wait_idle(ahead)
             cancelling.cancel()
         await self._server.stop(FINAL_GRACE)
+        if self.gateway is not None:
+            await self.gateway.stop()
         if self._adopting is not None:
             self._adopting.cancel()
             await asyncio.gather(self._adopting, return_exceptions=True)

@@ -3367,3 +3367,114 @@ class ConnectPortResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConnectPortResponse: _TypeAlias = ConnectPortResponse  # noqa: Y015
+
+@_typing.final
+class OpenPortRequest(_message.Message):
+    """Request of OpenPort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    PUBLIC_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session whose sandbox serves the port."""
+    port: _builtins.int
+    """The TCP port on the sandbox's 127.0.0.1 (1-65535). Nothing needs to listen yet."""
+    expires_in_seconds: _builtins.int
+    """The URL and token stop working after this many seconds; 0: when the port is closed or the
+    session ends.
+    """
+    public: _builtins.bool
+    """No token needed (only where the tenant is in the server's `preview.allow_public`)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+        expires_in_seconds: _builtins.int = ...,
+        public: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_seconds", b"expires_in_seconds", "port", b"port", "public", b"public", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenPortRequest: _TypeAlias = OpenPortRequest  # noqa: Y015
+
+@_typing.final
+class OpenPortResponse(_message.Message):
+    """Response of OpenPort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """Where browsers reach the port: http://{port}-{session_id}.{domain}:{listen port}/"""
+    token: _builtins.str
+    """The port's token (empty when public): shown once, never stored in clear or logged."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the URL and token stop working; not set when they do not expire."""
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        token: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "token", b"token", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenPortResponse: _TypeAlias = OpenPortResponse  # noqa: Y015
+
+@_typing.final
+class ClosePortRequest(_message.Message):
+    """Request of ClosePort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session whose port to close."""
+    port: _builtins.int
+    """The port OpenPort opened."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["port", b"port", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePortRequest: _TypeAlias = ClosePortRequest  # noqa: Y015
+
+@_typing.final
+class ClosePortResponse(_message.Message):
+    """Response of ClosePort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePortResponse: _TypeAlias = ClosePortResponse  # noqa: Y015

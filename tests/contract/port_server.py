@@ -7,15 +7,19 @@ PORTFILE once listening) and serves every connection on a thread:
 - ``count``: reads to the end, then answers ``got N`` (the peer's half-close reached it, and the
   connection still carries the answer);
 - ``sink``: reads nothing until a file ``go`` exists, then reads to the end and answers ``got N``;
-- ``http``: an HTTP/1.1 server of the working directory's files (``http.server``).
+- ``http``: an HTTP/1.1 server of the working directory's files (``http.server``), which also
+  echoes WebSocket messages on ``/ws`` (text and binary, in order).
 """
 
+import base64
+import hashlib
 import http.server
 import os
 import socket
 import sys
 import threading
 import time
+from typing import Any
 
 
 def serve(conn: socket.socket, mode: str) -> None:
@@ -34,6 +38,47 @@ def serve(conn: socket.socket, mode: str) -> None:
         conn.sendall(b"got %d" % total)
 
 
+class Handler(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path != "/ws" or self.headers.get("Upgrade", "").lower() != "websocket":
+            super().do_GET()
+            return
+        key = self.headers["Sec-WebSocket-Key"].encode()
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept.decode())
+        self.end_headers()
+        self.wfile.flush()
+        echo_frames(self.rfile, self.wfile)
+        self.close_connection = True
+
+
+def echo_frames(rfile: Any, wfile: Any) -> None:
+    """Echo every data frame (unmasked, as a server sends); answer a close and stop."""
+    while head := rfile.read(2):
+        opcode, size = head[0] & 0x0F, head[1] & 0x7F
+        if size == 126:
+            size = int.from_bytes(rfile.read(2), "big")
+        elif size == 127:
+            size = int.from_bytes(rfile.read(8), "big")
+        mask = rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(rfile.read(size)))
+        if size < 126:
+            out = bytes([0x80 | opcode, size])
+        elif size < 1 << 16:
+            out = bytes([0x80 | opcode, 126]) + size.to_bytes(2, "big")
+        else:
+            out = bytes([0x80 | opcode, 127]) + size.to_bytes(8, "big")
+        wfile.write(out + data)
+        wfile.flush()
+        if opcode == 8:
+            return
+
+
 def _announce(portfile: str, port: int) -> None:
     with open(portfile + ".tmp", "w") as f:
         f.write(str(port))
@@ -43,8 +88,7 @@ def _announce(portfile: str, port: int) -> None:
 def main() -> None:
     mode, portfile = sys.argv[1], sys.argv[2]
     if mode == "http":
-        http.server.SimpleHTTPRequestHandler.protocol_version = "HTTP/1.1"
-        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         _announce(portfile, httpd.server_address[1])
         httpd.serve_forever()
         return

@@ -28,10 +28,11 @@ LAYERS: dict[str, int] = {
     "dispatcher.server.persistence": 10,
     "dispatcher.server.observability": 10,
     "dispatcher.server.sessions": 11,
-    "dispatcher.server.rpc": 12,  # the transport, on top: nothing in server/ below it imports it
-    "dispatcher.server": 13,  # app.py (builds and wires it all), config_check.py, egress_wiring.py
-    "dispatcher.client.base": 14,  # what the two clients share
-    "dispatcher.client.ports": 15,  # ConnectPort's stream and the port-forward's listener
+    "dispatcher.server.preview": 12,  # the gateway and OpenPort's ports, under the transport
+    "dispatcher.server.rpc": 13,  # the transport, on top: nothing in server/ below it imports it
+    "dispatcher.server": 14,  # app.py (builds and wires it all), config_check.py, egress_wiring.py
+    "dispatcher.client.base": 15,  # what the two clients share
+    "dispatcher.client.ports": 16,  # ConnectPort's stream and the port-forward's listener
     "dispatcher.client.aio": 17,
     "dispatcher.client": 18,  # the blocking client and the package's public names
     "dispatcher.cli.output": 19,

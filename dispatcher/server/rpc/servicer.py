@@ -12,6 +12,8 @@ from dispatcher.core.approval.broker import Decision
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
+from dispatcher.server.preview import opening as preview_opening
+from dispatcher.server.preview.opening import Previews
 from dispatcher.server.requests.checks import check_dispatch_request
 from dispatcher.server.requests.errors import InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
@@ -81,9 +83,11 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         max_pending_events: int = 4096,
         transfers: TreeTransfers | None = None,
         port_observer: PortObserver | None = None,
+        previews: Previews | None = None,
     ) -> None:
         self._sessions = sessions
         self._port_observer = port_observer
+        self._previews = previews
         self._max_pending = max_pending_events
         self._inputs = InputParser(sessions.dispatcher.config.max_input_bytes)
         self._transfers = TransferHandlers(
@@ -335,6 +339,29 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
                 yield pb.ConnectPortResponse(eof=True)
             else:
                 yield pb.ConnectPortResponse(data=item)
+
+    @_unary
+    async def OpenPort(self, request: pb.OpenPortRequest, context: Ctx) -> pb.OpenPortResponse:
+        opened = preview_opening.open_port(
+            self._sessions,
+            self._previews,
+            current_tenant(),
+            request.session_id,
+            request.port,
+            request.expires_in_seconds,
+            request.public,
+        )
+        response = pb.OpenPortResponse(url=opened.url, token=opened.token)
+        if opened.expire_time is not None:
+            response.expire_time.FromNanoseconds(int(opened.expire_time * 1e9))
+        return response
+
+    @_unary
+    async def ClosePort(self, request: pb.ClosePortRequest, context: Ctx) -> pb.ClosePortResponse:
+        preview_opening.close_port(
+            self._sessions, self._previews, current_tenant(), request.session_id, request.port
+        )
+        return pb.ClosePortResponse()
 
     @_unary
     async def SignalProcess(self, request: pb.SignalProcessRequest, context: Ctx) -> pb.SignalProcessResponse:

@@ -1,0 +1,176 @@
+"""The preview gateway against a live in-process server with the local sandbox: an HTTP server the
+model started in its sandbox, reached through ``http://{port}-{session}.localhost``: the token by
+header, or once by query then by its HttpOnly cookie; refusals (no token, a wrong one, another
+session's, after ClosePort, after expiry, a request that is not a path, an ambiguous one); a
+large download byte-identical; a WebSocket echoing 1,000 messages in order; audit and metrics.
+
+The test's client connects to the gateway's loopback port and names the preview host in ``Host``,
+as a browser resolving ``*.localhost`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from dispatcher.client import AsyncDispatcherClient, RequestFailed
+from dispatcher.server.preview.gateway import COOKIE, HEADER
+from tests.server.conftest import TOKEN_BETA, Harness, ServerFactory
+from tests.server.helpers import until
+from tests.server.ports.test_connect_port import PORT_SERVER
+
+PREVIEW = {"preview": {"listen": "127.0.0.1:0", "domain": "localhost"}}
+
+
+@pytest.fixture
+async def gw(make_server: ServerFactory, tmp_path: Path) -> Harness:
+    return await make_server(audit_log=str(tmp_path / "audit.jsonl"), **PREVIEW)
+
+
+async def _site(harness: Harness, workspace: str = "site") -> tuple[AsyncDispatcherClient, str, int]:
+    client = harness.client()
+    sid = (await client.create_session(workspace)).session_id
+    root = harness.tmp / "ws-alpha" / workspace
+    (root / "index.html").write_text("<html><body>hello from the sandbox</body></html>")
+    started = await client.call(
+        sid, "shell", {"command": f"python3 {PORT_SERVER} http http.port", "background": True}
+    )
+    assert not started.is_error, started
+    await until((root / "http.port").exists, "the server to listen", timeout=20)
+    return client, sid, int((root / "http.port").read_text())
+
+
+def _base(harness: Harness) -> str:
+    assert harness.server.previews is not None
+    return f"http://127.0.0.1:{harness.server.previews.listen_port}"
+
+
+async def _get(
+    harness: Harness, host: str, path: str = "/", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    async with (
+        aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http,
+        http.get(
+            _base(harness) + path, headers={"Host": host, **(headers or {})}, allow_redirects=False
+        ) as response,
+    ):
+        return response.status, dict(response.headers), await response.read()
+
+
+async def test_the_token_by_header_or_once_by_query_then_by_cookie(gw: Harness, tmp_path: Path) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    host = f"{port}-{sid}.localhost"
+    assert opened.url == f"http://{host}:{gw.server.previews.listen_port}/"  # type: ignore[union-attr]
+    assert opened.token and opened.expire_time is None
+
+    status, _, body = await _get(gw, host)
+    assert status == 401 and HEADER.encode() in body
+    status, _, _ = await _get(gw, host, headers={HEADER: "wrong"})
+    assert status == 401
+    status, _, body = await _get(gw, host, "/index.html", {HEADER: opened.token})
+    assert status == 200 and body == b"<html><body>hello from the sandbox</body></html>"
+
+    status, headers, _ = await _get(gw, host, f"/index.html?a=1&token={opened.token}")
+    assert status == 303 and headers["Location"] == "/index.html?a=1"
+    cookie = headers["Set-Cookie"]
+    assert cookie.startswith(f"{COOKIE}={opened.token};") and "HttpOnly" in cookie and "Domain" not in cookie
+    status, _, body = await _get(gw, host, "/index.html", {"Cookie": f"{COOKIE}={opened.token}"})
+    assert status == 200 and b"hello from the sandbox" in body
+    # A wrong token by one way never falls back to a good one by another.
+    status, _, _ = await _get(gw, host, "/", {HEADER: "wrong", "Cookie": f"{COOKIE}={opened.token}"})
+    assert status == 401
+
+    audit = (tmp_path / "audit.jsonl").read_text()
+    assert opened.token not in audit
+    reasons = [json.loads(line).get("reason") for line in audit.splitlines()]
+    assert "no_token" in reasons and "wrong_token_header" in reasons
+
+
+async def test_closed_expired_and_other_sessions_ports_are_refused(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    _, other, other_port = await _site(gw, "other")
+    opened = await client.open_port(sid, port)
+    theirs = await client.open_port(other, other_port)
+    token = {HEADER: opened.token}
+    # This session's token on the other session's port: refused.
+    assert (await _get(gw, f"{other_port}-{other}.localhost", "/", token))[0] == 401
+    assert (await _get(gw, f"{other_port}-{other}.localhost", "/", {HEADER: theirs.token}))[0] == 200
+    # Another tenant cannot open or close it.
+    with pytest.raises(RequestFailed) as err:
+        await gw.client(TOKEN_BETA).open_port(sid, port)
+    assert err.value.code == "NOT_FOUND"
+    await client.close_port(sid, port)
+    status, _, body = await _get(gw, f"{port}-{sid}.localhost", "/", token)
+    assert status == 404 and b"not open" in body
+    with pytest.raises(RequestFailed) as err:
+        await client.close_port(sid, port)
+    assert err.value.code == "NOT_FOUND"
+    # Expiry.
+    opened = await client.open_port(sid, port, expires_in_seconds=1)
+    assert opened.expire_time is not None
+    assert (await _get(gw, f"{port}-{sid}.localhost", "/", {HEADER: opened.token}))[0] == 200
+
+    async def expired() -> bool:
+        return (await _get(gw, f"{port}-{sid}.localhost", "/", {HEADER: opened.token}))[0] == 404
+
+    await until(expired, "the URL to expire", timeout=10, interval=0.2)
+    # Not a preview host, or another domain: 404, nothing reached.
+    assert (await _get(gw, "localhost", "/", token))[0] == 404
+    assert (await _get(gw, f"{port}-{sid}.localhost.evil.example", "/", token))[0] == 404
+    # Nothing listens on an opened port: a clear 502.
+    idle = await client.open_port(sid, 1)
+    status, _, body = await _get(gw, f"1-{sid}.localhost", "/", {HEADER: idle.token})
+    assert status == 502 and b"Nothing answers on port 1" in body
+
+
+async def test_ambiguous_requests_are_refused_before_the_sandbox(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    host = f"{port}-{sid}.localhost"
+    raw = [
+        f"POST / HTTP/1.1\r\nHost: {host}\r\n{HEADER}: {opened.token}\r\nContent-Length: 3\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        f"GET / HTTP/1.1\r\nHost: {host}\r\n{HEADER}: {opened.token}\r\nX: a\r\n b\r\n\r\n",
+        f"GET / HTTP/1.1\r\nHost: {host}\r\nHost: {host}\r\n{HEADER}: {opened.token}\r\n\r\n",
+        f"GET / HTTP/1.1\r\nHost: {host}\r\n{HEADER}: {opened.token}\r\nX: {'a' * 20000}\r\n\r\n",
+        f"GET http://127.0.0.1:{gw.server.port}/ HTTP/1.1\r\nHost: {host}\r\n{HEADER}: {opened.token}\r\n\r\n",
+    ]
+    assert gw.server.previews is not None
+    for request in raw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.server.previews.listen_port)
+        writer.write(request.encode())
+        status_line = await reader.readline()
+        writer.close()
+        assert status_line.split()[1] == b"400", (request[:60], status_line)
+
+
+async def test_twenty_megabytes_download_byte_identical(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    blob = os.urandom(1 << 20) * 20
+    (gw.tmp / "ws-alpha" / "site" / "blob.bin").write_bytes(blob)
+    opened = await client.open_port(sid, port)
+    status, headers, body = await _get(gw, f"{port}-{sid}.localhost", "/blob.bin", {HEADER: opened.token})
+    assert status == 200 and headers["Content-Length"] == str(len(blob)) and body == blob
+
+
+async def test_a_websocket_echoes_a_thousand_messages_in_order(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(
+            _base(gw) + "/ws", headers={"Host": f"{port}-{sid}.localhost", HEADER: opened.token}
+        ) as ws,
+    ):
+        for i in range(1000):
+            await ws.send_str(f"message {i}")
+        got = [(await ws.receive_str()) for _ in range(1000)]
+        await ws.send_bytes(b"\x00" * 100_000)
+        assert await ws.receive_bytes() == b"\x00" * 100_000
+    assert got == [f"message {i}" for i in range(1000)]
