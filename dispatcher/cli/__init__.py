@@ -393,6 +393,6 @@ def _parser() -> argparse.ArgumentParser:
     cli_lifecycle.add_verbs(verbs, client_opts, _client)
     cli_staged.add_verbs(verbs, client_opts, _client)
     cli_processes.add_verbs(verbs, client_opts, _client)
-    cli_ports.add_verbs(verbs, client_opts, _async_client)
+    cli_ports.add_verbs(verbs, client_opts, _async_client, _client)
     cli_config.add_verbs(verbs)
     return parser
