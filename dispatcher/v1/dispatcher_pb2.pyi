@@ -762,6 +762,7 @@ class Session(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     PENDING_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     LAST_ACTIVITY_TIME_FIELD_NUMBER: _builtins.int
+    OPEN_PORTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Server-assigned id."""
     workspace: _builtins.str
@@ -810,6 +811,10 @@ class Session(_message.Message):
     def last_activity_time(self) -> _timestamp_pb2.Timestamp:
         """The last activity seen (a request, a call, a process running in the sandbox)."""
 
+    @_builtins.property
+    def open_ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___OpenPortInfo]:
+        """Its ports open to the preview gateway (OpenPort), by port; never their tokens."""
+
     def __init__(
         self,
         *,
@@ -828,14 +833,51 @@ class Session(_message.Message):
         state: Global___SessionState.ValueType = ...,
         pending_request_ids: _abc.Iterable[_builtins.str] | None = ...,
         last_activity_time: _timestamp_pb2.Timestamp | None = ...,
+        open_ports: _abc.Iterable[Global___OpenPortInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "last_activity_time", b"last_activity_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "labels", b"labels", "last_activity_time", b"last_activity_time", "last_event_seq", b"last_event_seq", "pending_request_ids", b"pending_request_ids", "plan", b"plan", "role", b"role", "session_id", b"session_id", "state", b"state", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "labels", b"labels", "last_activity_time", b"last_activity_time", "last_event_seq", b"last_event_seq", "open_ports", b"open_ports", "pending_request_ids", b"pending_request_ids", "plan", b"plan", "role", b"role", "session_id", b"session_id", "state", b"state", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class OpenPortInfo(_message.Message):
+    """A port of a session's sandbox open to the preview gateway."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    PUBLIC_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    port: _builtins.int
+    """The TCP port on the sandbox's 127.0.0.1."""
+    url: _builtins.str
+    """Its preview URL."""
+    public: _builtins.bool
+    """Whether it needs no token."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When it expires; not set when it does not."""
+
+    def __init__(
+        self,
+        *,
+        port: _builtins.int = ...,
+        url: _builtins.str = ...,
+        public: _builtins.bool = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "port", b"port", "public", b"public", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenPortInfo: _TypeAlias = OpenPortInfo  # noqa: Y015
 
 @_typing.final
 class Tool(_message.Message):

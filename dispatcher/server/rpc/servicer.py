@@ -9,6 +9,7 @@ from typing import Any, TypeAlias, TypeVar
 import grpc
 
 from dispatcher.core.approval.broker import Decision
+from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
@@ -94,6 +95,19 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             sessions, transfers or TreeTransfers(sessions.dispatcher, AgentTreeTransport())
         )
 
+    def _session_pb(self, entry: SessionState) -> pb.Session:
+        """A session as the RPCs show it, with its open preview ports (never their tokens)."""
+        msg = convert.session_to_pb(self._sessions.info(entry))
+        if self._previews is not None:
+            sid = entry.session.session_id
+            for port in self._previews.ports.of_session(sid):
+                info = msg.open_ports.add(
+                    port=port.port, url=self._previews.url(sid, port.port), public=port.public
+                )
+                if port.expires is not None:
+                    info.expire_time.FromNanoseconds(int(port.expires * 1e9))
+        return msg
+
     @_unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Ctx) -> pb.CreateSessionResponse:
         role = convert.role_from_pb(request.role)
@@ -126,19 +140,17 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             on_expire=on_expire,
             request_id=request.request_id,
         )
-        return pb.CreateSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.CreateSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def GetSession(self, request: pb.GetSessionRequest, context: Ctx) -> pb.GetSessionResponse:
         entry = self._sessions.get(current_tenant(), request.session_id, touch=False)
-        return pb.GetSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.GetSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def ListSessions(self, request: pb.ListSessionsRequest, context: Ctx) -> pb.ListSessionsResponse:
         entries = self._sessions.list_for(current_tenant())
-        return pb.ListSessionsResponse(
-            sessions=[convert.session_to_pb(self._sessions.info(e)) for e in entries]
-        )
+        return pb.ListSessionsResponse(sessions=[self._session_pb(e) for e in entries])
 
     @_unary
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Ctx) -> pb.CloseSessionResponse:
@@ -269,17 +281,17 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     @_unary
     async def RenewSession(self, request: pb.RenewSessionRequest, context: Ctx) -> pb.RenewSessionResponse:
         entry = self._sessions.renew(current_tenant(), request.session_id, float(request.ttl_seconds))
-        return pb.RenewSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.RenewSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def PauseSession(self, request: pb.PauseSessionRequest, context: Ctx) -> pb.PauseSessionResponse:
         entry = await self._sessions.pause(current_tenant(), request.session_id)
-        return pb.PauseSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.PauseSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def ResumeSession(self, request: pb.ResumeSessionRequest, context: Ctx) -> pb.ResumeSessionResponse:
         entry = await self._sessions.resume(current_tenant(), request.session_id)
-        return pb.ResumeSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.ResumeSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def ListProcesses(self, request: pb.ListProcessesRequest, context: Ctx) -> pb.ListProcessesResponse:

@@ -18,9 +18,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from dispatcher import cli
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from dispatcher.server.preview.gateway import COOKIE, HEADER
-from tests.server.conftest import TOKEN_BETA, Harness, ServerFactory
+from dispatcher.v1 import dispatcher_pb2 as pb
+from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, ServerFactory
 from tests.server.helpers import until
 from tests.server.ports.test_connect_port import PORT_SERVER
 
@@ -174,3 +177,82 @@ async def test_a_websocket_echoes_a_thousand_messages_in_order(gw: Harness) -> N
         await ws.send_bytes(b"\x00" * 100_000)
         assert await ws.receive_bytes() == b"\x00" * 100_000
     assert got == [f"message {i}" for i in range(1000)]
+
+
+async def test_the_session_lists_its_open_ports_without_tokens(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port, expires_in_seconds=3600)
+    await client.open_port(sid, 1)
+    stub = pb_grpc.ToolDispatcherStub(client._channel)
+    session = (
+        await stub.GetSession(
+            pb.GetSessionRequest(session_id=sid), metadata=[("authorization", f"Bearer {TOKEN_ALPHA}")]
+        )
+    ).session
+    assert [(p.port, p.url, p.public) for p in session.open_ports] == [
+        (1, f"http://1-{sid}.localhost:{gw.server.previews.listen_port}/", False),  # type: ignore[union-attr]
+        (port, opened.url, False),
+    ]
+    assert session.open_ports[1].HasField("expire_time") and not session.open_ports[0].HasField("expire_time")
+    assert opened.token not in str(session)
+    await client.close_port(sid, 1)
+    session = (
+        await stub.GetSession(
+            pb.GetSessionRequest(session_id=sid), metadata=[("authorization", f"Bearer {TOKEN_ALPHA}")]
+        )
+    ).session
+    assert [p.port for p in session.open_ports] == [port]
+
+
+async def test_a_request_to_a_paused_session_resumes_it(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    assert (await client.pause_session(sid)).paused
+    status, _, body = await _get(gw, f"{port}-{sid}.localhost", "/index.html", {HEADER: opened.token})
+    assert status == 200 and b"hello from the sandbox" in body
+    assert not (await client.get_session(sid)).paused
+
+
+async def test_closing_the_session_closes_its_ports(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    await client.close_session(sid)
+    status, _, _ = await _get(gw, f"{port}-{sid}.localhost", "/", {HEADER: opened.token})
+    assert status == 404
+
+
+async def test_public_ports_only_where_the_config_allows(make_server: ServerFactory) -> None:
+    harness = await make_server(preview={**PREVIEW["preview"], "allow_public": ["beta"]})
+    client, sid, port = await _site(harness)
+    with pytest.raises(RequestFailed) as err:
+        await client.open_port(sid, port, public=True)
+    assert err.value.code == "FAILED_PRECONDITION" and "allow_public" in err.value.details
+    beta = harness.client(TOKEN_BETA)
+    bsid = (await beta.create_session("b")).session_id
+    opened = await beta.open_port(bsid, port, public=True)
+    assert opened.token == ""
+
+
+async def test_without_a_gateway_open_port_says_how_to_get_one(harness: Harness) -> None:
+    client = harness.client()
+    sid = (await client.create_session("x")).session_id
+    with pytest.raises(RequestFailed) as err:
+        await client.open_port(sid, 8000)
+    assert err.value.code == "FAILED_PRECONDITION" and "preview.listen" in err.value.details
+
+
+async def test_dispatcher_preview_prints_the_url(
+    gw: Harness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPATCHER_TOKEN", TOKEN_ALPHA)
+    _, sid, port = await _site(gw)
+    argv = ["preview", "--server", gw.target, sid, str(port), "--expires", "2h"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    url = capsys.readouterr().out.strip()
+    assert url.startswith(f"http://{port}-{sid}.localhost:") and "?token=" in url
+    status, headers, _ = await _get(gw, f"{port}-{sid}.localhost", "/" + url.split("/", 3)[3])
+    assert status == 303 and COOKIE in headers["Set-Cookie"]
+    assert (
+        await asyncio.to_thread(cli.main, ["preview", "--server", gw.target, sid, str(port), "--close"]) == 0
+    )
+    assert (await _get(gw, f"{port}-{sid}.localhost", "/" + url.split("/", 3)[3]))[0] == 404
