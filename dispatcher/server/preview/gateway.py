@@ -302,8 +302,11 @@ class Gateway:
             self._metered(entry, "out", len(tail))
             transport.write(tail)
 
+        last = [asyncio.get_running_loop().time()]  # the last byte either way
+
         async def up() -> None:
             while data := await inbox.get():
+                last[0] = asyncio.get_running_loop().time()
                 self._metered(entry, "in", len(data))
                 if inbox.qsize() < 4:
                     transport.resume_reading()
@@ -312,6 +315,7 @@ class Gateway:
 
         async def down() -> None:
             while data := await stream.read(CHUNK):
+                last[0] = asyncio.get_running_loop().time()
                 self._metered(entry, "out", len(data))
                 transport.write(data)
                 while transport.get_write_buffer_size() > CHUNK * 4:  # the browser is slow
@@ -327,10 +331,17 @@ class Gateway:
             asyncio.ensure_future(entry.cut.wait()),
         ]
         try:
-            # Until both directions ended (a half-close is passed on), or the port is cut.
+            # Until both directions ended (a half-close is passed on), the port is cut, or nothing
+            # moved either way for IDLE_SECONDS.
             pending = set(tasks)
+            loop = asyncio.get_running_loop()
             while not tasks[2].done() and not (tasks[0].done() and tasks[1].done()):
-                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                idle_left = last[0] + IDLE_SECONDS - loop.time()
+                if idle_left <= 0:
+                    break
+                _, pending = await asyncio.wait(
+                    pending, timeout=idle_left, return_when=asyncio.FIRST_COMPLETED
+                )
         finally:
             for task in tasks:
                 task.cancel()

@@ -20,6 +20,8 @@ import pytest
 
 from dispatcher import cli
 from dispatcher.client import AsyncDispatcherClient, RequestFailed
+from dispatcher.config import hash_token
+from dispatcher.server.preview import gateway
 from dispatcher.server.preview.gateway import COOKIE, HEADER
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
@@ -256,3 +258,63 @@ async def test_dispatcher_preview_prints_the_url(
         await asyncio.to_thread(cli.main, ["preview", "--server", gw.target, sid, str(port), "--close"]) == 0
     )
     assert (await _get(gw, f"{port}-{sid}.localhost", "/" + url.split("/", 3)[3]))[0] == 404
+
+
+async def test_the_connection_bound_gives_a_503_page_and_an_idle_websocket_is_cut(
+    make_server: ServerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant = {
+        "id": "alpha",
+        "token_sha256": [hash_token(TOKEN_ALPHA)],
+        "workspace_root": str(tmp_path / "ws-alpha"),
+        "tool_confirmation": {"default": {"EXECUTE": "auto"}},
+        "quotas": {"max_port_connections_per_session": 1},
+    }
+    harness = await make_server(tenants=[tenant], **PREVIEW)
+    client, sid, port = await _site(harness)
+    opened = await client.open_port(sid, port)
+    host = {"Host": f"{port}-{sid}.localhost", HEADER: opened.token}
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(_base(harness) + "/ws", headers=host) as ws:
+            await ws.send_str("held")
+            assert await ws.receive_str() == "held"
+            status, _, body = await _get(harness, host["Host"], "/index.html", {HEADER: opened.token})
+            assert status == 503 and b"max_port_connections_per_session" in body
+        await until(lambda: _ok(harness, host["Host"], opened.token), "the slot to free up")
+        monkeypatch.setattr(gateway, "IDLE_SECONDS", 0.5)
+        async with http.ws_connect(_base(harness) + "/ws", headers=host) as ws:
+            message = await ws.receive(timeout=30)  # nothing moves: the gateway cuts it
+            assert message.type in (
+                aiohttp.WSMsgType.CLOSE,
+                aiohttp.WSMsgType.CLOSED,
+                aiohttp.WSMsgType.ERROR,
+            )
+
+
+async def _ok(harness: Harness, host: str, token: str) -> bool:
+    return (await _get(harness, host, "/index.html", {HEADER: token}))[0] == 200
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        "CONNECT 127.0.0.1:22 HTTP/1.1",
+        "OPTIONS * HTTP/1.1",
+        "GET http://127.0.0.1:22/ HTTP/1.1",
+        "GET //127.0.0.1:22/ HTTP/1.1",
+    ],
+)
+async def test_no_request_line_reaches_another_address(gw: Harness, request_line: str) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    assert gw.server.previews is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.server.previews.listen_port)
+    writer.write(
+        f"{request_line}\r\nHost: {port}-{sid}.localhost\r\n{HEADER}: {opened.token}\r\n\r\n".encode()
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+    status = int(head.split()[1])
+    # Refused, or (the scheme-relative path) passed as a path to the sandbox's own server, which
+    # finds no such file: never a connection anywhere else.
+    assert status in (400, 404), head
