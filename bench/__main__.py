@@ -40,6 +40,7 @@ MODULES = (
     "bench.pool_bench",
     "bench.kubernetes_bench",
     "bench.process_bench",
+    "bench.preview_bench",
 )
 
 

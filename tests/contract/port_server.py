@@ -40,6 +40,7 @@ def serve(conn: socket.socket, mode: str) -> None:
 
 class Handler(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are written apart: no delayed-ACK stall
 
     def do_GET(self) -> None:
         if self.path != "/ws" or self.headers.get("Upgrade", "").lower() != "websocket":
