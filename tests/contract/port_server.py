@@ -42,6 +42,29 @@ class Handler(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are written apart: no delayed-ACK stall
 
+    def do_POST(self) -> None:
+        """Answer the body's length and SHA-256 (read as it comes: chunked or with a length)."""
+        digest, total = hashlib.sha256(), 0
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                data = self.rfile.read(size)
+                digest.update(data)
+                total += len(data)
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            left = int(self.headers.get("Content-Length", "0"))
+            while left:
+                data = self.rfile.read(min(left, 1 << 16))
+                digest.update(data)
+                total += len(data)
+                left -= len(data)
+        body = f"{total} {digest.hexdigest()}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self) -> None:
         if self.path != "/ws" or self.headers.get("Upgrade", "").lower() != "websocket":
             super().do_GET()

@@ -11,8 +11,11 @@ as a browser resolving ``*.localhost`` does.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -318,3 +321,21 @@ async def test_no_request_line_reaches_another_address(gw: Harness, request_line
     # Refused, or (the scheme-relative path) passed as a path to the sandbox's own server, which
     # finds no such file: never a connection anywhere else.
     assert status in (400, 404), head
+
+
+async def test_uploads_with_a_length_or_chunked_arrive_whole(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    body = os.urandom(1 << 20) * 20
+    want = f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
+    headers = {"Host": f"{port}-{sid}.localhost", HEADER: opened.token}
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 1 << 20):
+            yield body[i : i + (1 << 20)]
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(_base(gw) + "/upload", data=io.BytesIO(body), headers=headers) as response:
+            assert response.status == 200 and await response.read() == want
+        async with http.post(_base(gw) + "/upload", data=chunks(), headers=headers) as response:
+            assert response.status == 200 and await response.read() == want
