@@ -238,3 +238,26 @@ def _alpha_with(tmp: Path, **quotas: int) -> dict[str, object]:
         "tool_confirmation": {"default": {"EXECUTE": "auto"}},
         "quotas": quotas,
     }
+
+
+async def test_bytes_and_outcomes_are_metered_per_tenant(make_server: ServerFactory) -> None:
+    harness = await make_server(metrics={"listen": "127.0.0.1:0"})
+    metrics = harness.server.observability.metrics
+    assert metrics is not None
+    client, sid, port = await _serve(harness, "count")
+    conn = await client.connect_port(sid, port)
+    await conn.write(b"m" * 5000)
+    await conn.shut_write()
+    assert await _read_all(conn) == b"got 5000"
+    await conn.close()
+    with pytest.raises(RequestFailed):
+        await client.connect_port(sid, _free_port())
+
+    def sample(name: str, **labels: str) -> float:
+        value = metrics.registry.get_sample_value(name, {"tenant": "alpha", **labels})
+        return value or 0.0
+
+    await until(lambda: sample("dispatcher_preview_connections_total", outcome="closed") == 1, "the metrics")
+    assert sample("dispatcher_preview_bytes_total", direction="in") == 5000
+    assert sample("dispatcher_preview_bytes_total", direction="out") == len(b"got 5000")
+    assert sample("dispatcher_preview_connections_total", outcome="refused") == 1
