@@ -110,7 +110,8 @@ class Gateway:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port``; the bound port."""
-        server = web.Server(self._handle, max_field_size=8190, max_line_size=8190)
+        # No access log: a request line may carry ?token= (the one place a token is in a URL).
+        server = web.Server(self._handle, max_field_size=8190, max_line_size=8190, access_log=None)
         self._runner = web.ServerRunner(server, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)

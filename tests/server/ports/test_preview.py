@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import io
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -339,3 +340,16 @@ async def test_uploads_with_a_length_or_chunked_arrive_whole(gw: Harness) -> Non
             assert response.status == 200 and await response.read() == want
         async with http.post(_base(gw) + "/upload", data=chunks(), headers=headers) as response:
             assert response.status == 200 and await response.read() == want
+
+
+async def test_no_log_line_carries_a_token(gw: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    host = f"{port}-{sid}.localhost"
+    assert (await _get(gw, host, f"/index.html?token={opened.token}"))[0] == 303
+    assert (await _get(gw, host, "/index.html", {HEADER: opened.token}))[0] == 200
+    assert (await _get(gw, host, "/index.html?token=wrong-token-value"))[0] == 401
+    assert caplog.records, "the server logs something at DEBUG: the check looks at real lines"
+    text = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert opened.token not in text and "wrong-token-value" not in text
