@@ -66,6 +66,17 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
+        if self.path == "/ticks":  # a stream that never ends (server-sent events' shape)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(6000):
+                line = f"data: tick {i}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+                time.sleep(0.05)
+            return
         if self.path != "/ws" or self.headers.get("Upgrade", "").lower() != "websocket":
             super().do_GET()
             return

@@ -244,7 +244,13 @@ class Gateway:
                     response.headers.add(key, value.decode("latin-1"))
             await response.prepare(request)
             while True:
-                event = await _next_event(conn, stream, entry.cut)
+                try:
+                    event = await _next_event(conn, stream, entry.cut)
+                except _Refused:  # closed, expired or idle mid-body: the status went out already
+                    response.force_close()
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
                 if isinstance(event, h11.Data):
                     self._metered(entry, "out", len(event.data))
                     await response.write(event.data)
@@ -406,14 +412,19 @@ async def _next_event(conn: h11.Connection, stream: PortStream, cut: asyncio.Eve
         event = conn.next_event()
         if event is not h11.NEED_DATA:
             return event
+        reading = asyncio.ensure_future(stream.read(CHUNK))
+        cutting = asyncio.ensure_future(cut.wait())
+        try:
+            await asyncio.wait((reading, cutting), timeout=IDLE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cutting.cancel()
+            if not reading.done():
+                reading.cancel()
         if cut.is_set():
             raise _Refused(404, "The port was closed.")
-        try:
-            async with asyncio.timeout(IDLE_SECONDS):
-                data = await stream.read(CHUNK)
-        except TimeoutError:
-            raise _Refused(504, "The server in the sandbox did not answer in time.") from None
-        conn.receive_data(data)
+        if not reading.done() or reading.cancelled():
+            raise _Refused(504, "The server in the sandbox did not answer in time.")
+        conn.receive_data(reading.result())
 
 
 def _page(status: int, reason: str) -> web.Response:

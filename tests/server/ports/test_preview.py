@@ -353,3 +353,22 @@ async def test_no_log_line_carries_a_token(gw: Harness, caplog: pytest.LogCaptur
     assert caplog.records, "the server logs something at DEBUG: the check looks at real lines"
     text = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     assert opened.token not in text and "wrong-token-value" not in text
+
+
+async def test_events_stream_as_they_come_and_close_port_cuts_the_stream(gw: Harness) -> None:
+    client, sid, port = await _site(gw)
+    opened = await client.open_port(sid, port)
+    headers = {"Host": f"{port}-{sid}.localhost", HEADER: opened.token}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(_base(gw) + "/ticks", headers=headers) as response:
+            assert response.headers["Content-Type"] == "text/event-stream"
+            first = await response.content.readuntil(b"\n\n")
+            second = await response.content.readuntil(b"\n\n")
+            assert (first, second) == (b"data: tick 0\n\n", b"data: tick 1\n\n")  # before the end
+            await client.close_port(sid, port)
+            with pytest.raises(
+                (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionError)
+            ):
+                async with asyncio.timeout(30):
+                    while await response.content.read(1 << 16):
+                        pass
