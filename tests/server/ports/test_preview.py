@@ -359,16 +359,16 @@ async def test_events_stream_as_they_come_and_close_port_cuts_the_stream(gw: Har
     client, sid, port = await _site(gw)
     opened = await client.open_port(sid, port)
     headers = {"Host": f"{port}-{sid}.localhost", HEADER: opened.token}
-    async with aiohttp.ClientSession() as http:
-        async with http.get(_base(gw) + "/ticks", headers=headers) as response:
-            assert response.headers["Content-Type"] == "text/event-stream"
-            first = await response.content.readuntil(b"\n\n")
-            second = await response.content.readuntil(b"\n\n")
-            assert (first, second) == (b"data: tick 0\n\n", b"data: tick 1\n\n")  # before the end
-            await client.close_port(sid, port)
-            with pytest.raises(
-                (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionError)
-            ):
-                async with asyncio.timeout(30):
-                    while await response.content.read(1 << 16):
-                        pass
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(_base(gw) + "/ticks", headers=headers) as response,
+    ):
+        assert response.headers["Content-Type"] == "text/event-stream"
+        first = await response.content.readuntil(b"\n\n")
+        second = await response.content.readuntil(b"\n\n")
+        assert (first, second) == (b"data: tick 0\n\n", b"data: tick 1\n\n")  # before the end
+        await client.close_port(sid, port)
+        with pytest.raises((aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionError)):
+            async with asyncio.timeout(30):
+                while await response.content.read(1 << 16):
+                    pass
