@@ -200,21 +200,32 @@ class Gateway:
             state = sessions.get(tenant, entry.session_id)
         except UnknownSessionError:
             raise _Refused(404, f"Session {entry.session_id} has ended.") from None
+        outcome = "failed"
         try:
             with sessions.admission.port_slot(tenant, entry.session_id):
                 async with sessions.lifecycle.hold(state):
                     sandbox = sessions.dispatcher.sandbox_for(state.session)
-                    stream = await sandbox.connect_port(entry.port)
                     try:
-                        return await self._exchange(request, entry, stream)
+                        stream = await sandbox.connect_port(entry.port)
+                    except PortError:
+                        outcome = "refused"
+                        raise
+                    try:
+                        response = await self._exchange(request, entry, stream)
+                        outcome = "closed"
+                        return response
                     finally:
                         await stream.close()
         except PortError as exc:
             raise _Refused(502, f"Nothing answers on port {entry.port} in the sandbox: {exc}") from None
         except (QuotaExceeded, ShuttingDown) as exc:
+            outcome = "refused"
             raise _Refused(503, str(exc)) from None
         except SandboxError as exc:
             raise _Refused(503, f"The sandbox failed: {exc}. Try again.") from None
+        finally:
+            if self._observer is not None:
+                self._observer.port_connection(entry.tenant_id, outcome)
 
     async def _exchange(
         self, request: web.BaseRequest, entry: OpenPort, stream: PortStream

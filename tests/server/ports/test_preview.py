@@ -372,3 +372,22 @@ async def test_events_stream_as_they_come_and_close_port_cuts_the_stream(gw: Har
             async with asyncio.timeout(30):
                 while await response.content.read(1 << 16):
                     pass
+
+
+async def test_preview_requests_are_metered(make_server: ServerFactory) -> None:
+    harness = await make_server(metrics={"listen": "127.0.0.1:0"}, **PREVIEW)
+    metrics = harness.server.observability.metrics
+    assert metrics is not None
+    client, sid, port = await _site(harness)
+    opened = await client.open_port(sid, port)
+    idle = await client.open_port(sid, 1)
+    status, _, body = await _get(harness, f"{port}-{sid}.localhost", "/index.html", {HEADER: opened.token})
+    assert status == 200
+    assert (await _get(harness, f"1-{sid}.localhost", "/", {HEADER: idle.token}))[0] == 502
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, {"tenant": "alpha", **labels}) or 0.0
+
+    assert sample("dispatcher_preview_connections_total", outcome="closed") == 1
+    assert sample("dispatcher_preview_connections_total", outcome="refused") == 1
+    assert sample("dispatcher_preview_bytes_total", direction="out") == len(body)
