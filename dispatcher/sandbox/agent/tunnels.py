@@ -280,7 +280,7 @@ class Tunnels:
 
     def _accept(self) -> None:
         assert self._listener is not None
-        while len(self._conns) < MAX_TUNNELS:
+        while len(self._conns) - self._connected < MAX_TUNNELS:  # the listener's own, apart
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
