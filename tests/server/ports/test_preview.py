@@ -208,6 +208,9 @@ async def test_the_session_lists_its_open_ports_without_tokens(gw: Harness) -> N
         )
     ).session
     assert [p.port for p in session.open_ports] == [port]
+    info = await client.get_session(sid)  # the client's view: the same, as PreviewPort
+    assert [(p.port, p.url, p.public) for p in info.open_ports] == [(port, opened.url, False)]
+    assert info.open_ports[0].expire_time is not None
 
 
 async def test_a_request_to_a_paused_session_resumes_it(gw: Harness) -> None:
