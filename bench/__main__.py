@@ -43,6 +43,7 @@ MODULES = (
     "bench.process_bench",
     "bench.run_code_bench",
     "bench.snapshot_bench",
+    "bench.preview_bench",
 )
 
 

@@ -23,6 +23,12 @@ if [ "$(id -u)" = 0 ] && ! { command -v mkfs.ext4 && command -v mount && command
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs mount >/dev/null
 fi
+# The port-forward test fetches through the forward with curl, and the preview test drives a real
+# headless Chromium (tests/server/ports).
+if [ "$(id -u)" = 0 ] && ! { command -v curl && command -v chromium; } >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl chromium >/dev/null
+fi
 # The metrics test scrapes with a real Prometheus. Installed only (never started as a service:
 # policy-rc.d refuses the package's start, and the test runs its own on loopback).
 if [ "$(id -u)" = 0 ] && ! command -v prometheus >/dev/null 2>&1; then

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dispatcher.cli import config as cli_config
 from dispatcher.cli import lifecycle as cli_lifecycle
 from dispatcher.cli import mcp as cli_mcp
+from dispatcher.cli import ports as cli_ports
 from dispatcher.cli import processes as cli_processes
 from dispatcher.cli import session as cli_session
 from dispatcher.cli import snapshots as cli_snapshots
@@ -42,6 +43,7 @@ from dispatcher.cli.output import (
     json_line,
 )
 from dispatcher.client import DispatcherClient, RequestFailed
+from dispatcher.client.aio import AsyncDispatcherClient
 from dispatcher.config import ENV_HOME, ENV_LISTEN, default_target
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.errors import ConfigError
@@ -136,6 +138,16 @@ def _run_server(args: argparse.Namespace) -> int:
 
 def _client(args: argparse.Namespace) -> DispatcherClient:
     return DispatcherClient(
+        args.server or default_target(),
+        home=args.home,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+
+
+def _async_client(args: argparse.Namespace) -> AsyncDispatcherClient:
+    return AsyncDispatcherClient(
         args.server or default_target(),
         home=args.home,
         tls_ca=args.tls_ca,
@@ -386,6 +398,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_processes.add_verbs(verbs, client_opts, _client)
     cli_usage.add_verbs(verbs, client_opts, _client)
     cli_snapshots.add_verbs(verbs, client_opts, _client)
+    cli_ports.add_verbs(verbs, client_opts, _async_client, _client)
     cli_config.add_verbs(verbs)
     cli_mcp.add_verbs(verbs, client_opts)
     return parser

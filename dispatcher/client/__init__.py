@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dispatcher.client.aio import AsyncDispatcherClient
 from dispatcher.client.base import Answer, RequestFailed
+from dispatcher.client.ports import OpenedPort, PortConnection
 from dispatcher.client.providers import anthropic_tool_results, openai_tool_messages
 from dispatcher.client.sync import DispatcherClient
 from dispatcher.core.approval.broker import Decision
@@ -34,7 +35,7 @@ from dispatcher.core.process_api import CodeContext, OutputChunk, ProcessInfo
 from dispatcher.core.transfer import UploadSummary
 from dispatcher.core.types import Role, ToolResultBlock, ToolUseBlock
 from dispatcher.trees import Extracted, LocalTreeError
-from dispatcher.wire.convert import SessionInfo, ToolInfo
+from dispatcher.wire.convert import PreviewPort, SessionInfo, ToolInfo
 from dispatcher.wire.convert_processes import ProcessTruncated, WatchItem
 from dispatcher.wire.convert_staged import StagedApplyResult, StagedChangeInfo, StagedRefusal
 
@@ -47,7 +48,10 @@ __all__ = [
     "Event",
     "Extracted",
     "LocalTreeError",
+    "OpenedPort",
     "OutputChunk",
+    "PortConnection",
+    "PreviewPort",
     "ProcessInfo",
     "ProcessTruncated",
     "RequestFailed",

@@ -11,6 +11,7 @@ import grpc
 
 from dispatcher.client import base
 from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
+from dispatcher.client.ports import OpenedPort, PortConnection, opened_port
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
 from dispatcher.core.process_api import CodeContext, ProcessInfo
@@ -222,6 +223,39 @@ class AsyncDispatcherClient(ClientBase):
         if result is None:
             raise RequestFailed("INTERNAL", "the Dispatch stream ended without a result")
         return result
+
+    async def open_port(
+        self, session_id: str, port: int, *, expires_in_seconds: int = 0, public: bool = False
+    ) -> OpenedPort:
+        """Open a sandbox port to the preview gateway (OpenPort): its URL and token.
+
+        Raises:
+            RequestFailed: ``FAILED_PRECONDITION`` (no gateway; public not allowed),
+                ``INVALID_ARGUMENT``, ``NOT_FOUND``.
+        """
+        req = pb.OpenPortRequest(
+            session_id=session_id, port=port, expires_in_seconds=expires_in_seconds, public=public
+        )
+        return opened_port(await self._unary(self._stub.OpenPort, req))
+
+    async def close_port(self, session_id: str, port: int) -> None:
+        """Close an open port (ClosePort): its token stops working, its connections are cut.
+
+        Raises:
+            RequestFailed: ``NOT_FOUND`` when it is not open.
+        """
+        await self._unary(self._stub.ClosePort, pb.ClosePortRequest(session_id=session_id, port=port))
+
+    async def connect_port(self, session_id: str, port: int) -> PortConnection:
+        """A TCP connection to ``127.0.0.1:port`` in the session's sandbox (ConnectPort); close it
+        when done.
+
+        Raises:
+            RequestFailed: ``UNAVAILABLE`` (nothing listens there), ``INVALID_ARGUMENT`` (a port
+                outside 1-65535), ``NOT_FOUND``, ``RESOURCE_EXHAUSTED``, ``FAILED_PRECONDITION``.
+        """
+        call = self._stub.ConnectPort(metadata=self._metadata)
+        return await PortConnection.open(call, session_id, port)
 
     async def watch(self, session_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
         call = self._stub.WatchSession(

@@ -9,6 +9,7 @@ import grpc
 
 from dispatcher.client import base
 from dispatcher.client.base import ClientBase, DispatchItem, RequestFailed
+from dispatcher.client.ports import OpenedPort, opened_port
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.events.bus import Event
 from dispatcher.core.process_api import CodeContext, ProcessInfo
@@ -361,6 +362,20 @@ class DispatcherClient(ClientBase):
             session_id=session_id, process_id=process_id, data=raw, close_stdin=close_stdin
         )
         return convert_processes.process_from_pb((self._unary(self._stub.WriteProcessInput, req)).process)
+
+    def open_port(
+        self, session_id: str, port: int, *, expires_in_seconds: int = 0, public: bool = False
+    ) -> OpenedPort:
+        """Open a sandbox port to the preview gateway (OpenPort): its URL and token (see the
+        asyncio client's ``open_port``)."""
+        req = pb.OpenPortRequest(
+            session_id=session_id, port=port, expires_in_seconds=expires_in_seconds, public=public
+        )
+        return opened_port(self._unary(self._stub.OpenPort, req))
+
+    def close_port(self, session_id: str, port: int) -> None:
+        """Close an open port (ClosePort): its token stops working, its connections are cut."""
+        self._unary(self._stub.ClosePort, pb.ClosePortRequest(session_id=session_id, port=port))
 
     def signal_process(
         self, session_id: str, process_id: str, signal: str = "TERM", *, grace_seconds: float | None = None

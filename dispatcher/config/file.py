@@ -14,6 +14,7 @@ from dispatcher.config.sections import (
     DispatchSection,
     LogSection,
     McpEndpointSection,
+    PreviewSection,
     SandboxSection,
     ServerOptions,
     SessionsSection,
@@ -136,6 +137,8 @@ class ConfigFile(Section):
     sessions: SessionsSection = Field(default_factory=SessionsSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     tracing: TracingSection = Field(default_factory=TracingSection)
+    preview: PreviewSection = Field(default_factory=PreviewSection)
+    """The preview gateway: sandbox ports as URLs for browsers (off unless ``listen``)."""
 
 
 def config_schema() -> dict[str, Any]:

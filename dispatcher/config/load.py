@@ -27,6 +27,7 @@ from dispatcher.config.sections import (
     RESULT_MESSAGE_MARGIN,
     DispatcherSection,
     McpEndpointSection,
+    PreviewSection,
     ServerOptions,
     SessionsSection,
     Timeouts,
@@ -112,6 +113,8 @@ class Config:
     """``sessions:``: their clocks' defaults (``core/sessions/expiry.py``)."""
     approval_modes: tuple[ApprovalMode, ...] = DEFAULT_APPROVAL_MODES
     """The top-level ``approval_modes``: the default tenant's, and every tenant's without its own."""
+    preview: PreviewSection = field(default_factory=PreviewSection)
+    """``preview:``: the gateway to sandbox ports (``server/preview/``)."""
     source: Path | None = None
 
     @property
@@ -233,6 +236,7 @@ def _from_file(
         egress=egress_policy(file.egress),
         sessions=file.sessions,
         approval_modes=file.approval_modes,
+        preview=_embedded_preview(file.preview, source),
         source=source,
     )
 
@@ -246,6 +250,17 @@ def _embedded_pool(sandbox: SandboxConfig, source: Path | None) -> SandboxConfig
     if source is not None:
         return sandbox
     return sandbox.model_copy(update={"warm_pool": WarmPoolConfig(size=EMBEDDED_WARM_POOL)})
+
+
+EMBEDDED_PREVIEW_LISTEN = "127.0.0.1:50080"
+"""``preview.listen`` of a server started without a config file (``make serve``): a developer's
+previews open at ``http://{port}-{session}.localhost:50080/`` (browsers resolve ``*.localhost``)."""
+
+
+def _embedded_preview(preview: PreviewSection, source: Path | None) -> PreviewSection:
+    if source is not None or preview.listen is not None:
+        return preview
+    return preview.model_copy(update={"listen": EMBEDDED_PREVIEW_LISTEN})
 
 
 def ensure_default_tenant(config: Config) -> tuple[Config, str | None]:

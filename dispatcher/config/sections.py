@@ -124,6 +124,31 @@ class SessionsSection(Section):
     """How long before an expiry ``session.expiring`` is published (once); 0: never."""
 
 
+class PreviewSection(Section):
+    """``preview:``: the gateway that serves sandbox ports to browsers (off unless ``listen``)."""
+
+    listen: HostPort | None = None
+    """HOST:PORT the gateway listens on (plain HTTP: put a TLS reverse proxy in front of it for
+    anything but loopback; README: Preview and port-forward)."""
+    domain: Annotated[
+        str,
+        Field(
+            strict=True,
+            pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$",
+        ),
+    ] = "localhost"
+    """Preview URLs are ``http://{port}-{session_id}.{domain}``: a wildcard DNS name (and
+    certificate) ``*.{domain}`` must reach the gateway. ``localhost``: browsers resolve
+    ``*.localhost`` to loopback, no DNS needed."""
+    public_url: Annotated[str, Field(strict=True, pattern=r"^https?://[^/]*$")] | None = None
+    """How URLs start when a reverse proxy is in front (``https://{domain}``; the port and session
+    are put before the domain); default ``http://`` and the listen port."""
+    allow_public: tuple[str, ...] = ()
+    """Tenants that may open a port with ``public: true`` (no token)."""
+    max_body_bytes: PositiveInt = 1 << 30
+    """The largest request body the gateway carries to a sandbox."""
+
+
 class Quotas(Section):
     """``quotas:`` of a tenant: a request past one is RESOURCE_EXHAUSTED."""
 
@@ -144,6 +169,11 @@ class Quotas(Section):
     """Snapshots kept (``SnapshotSession``); past it, RESOURCE_EXHAUSTED until one is deleted."""
     max_snapshot_bytes: Bytes = 10 << 30
     """Bytes all its snapshots hold on the server's disk (workspaces and ``/tmp``; ``10g``)."""
+    max_port_connections: PositiveInt = 64
+    """Connections to its sandboxes' ports open at once (ConnectPort), all sessions together.
+    Each buffers at most a window each way (1.5 MiB), so their memory is bounded too."""
+    max_port_connections_per_session: PositiveInt = 16
+    """Of those, how many one session may hold."""
 
 
 def _not_root(value: int) -> int:

@@ -164,6 +164,58 @@ more of the command's output until it is done (or the command is being stopped),
 slows down instead of its output being lost (``OutputSink``)."""
 
 
+PortErrorCode = Literal["bad_port", "refused", "unsupported", "too_many"]
+
+
+class PortError(DispatcherError):
+    """A connection to a port of the sandbox could not be made. ``code``: ``bad_port`` (not in
+    1-65535), ``refused`` (nothing listens there, or the sandbox answered with an error),
+    ``unsupported`` (this sandbox has no way in), ``too_many`` (its bound on open connections)."""
+
+    def __init__(self, code: PortErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: PortErrorCode = code
+
+
+def check_port(port: int) -> int:
+    """``port`` if it names a TCP port (1-65535).
+
+    Raises:
+        PortError: ``bad_port``.
+    """
+    if type(port) is not int or not 0 < port <= 65535:
+        raise PortError("bad_port", f"port {port!r} is not a TCP port (1-65535)")
+    return port
+
+
+class PortStream(Protocol):
+    """One TCP connection to ``127.0.0.1:port`` inside a sandbox, as a byte stream both ways.
+
+    Each direction holds at most a bounded window in flight: ``write`` waits while the sandbox's
+    side does not read, and the sandbox's side waits while nobody calls ``read``."""
+
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; ``b""`` once the sandbox's side half-closed (or the connection is gone)."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send all of ``data``, waiting for the window.
+
+        Raises:
+            ConnectionResetError: the sandbox's side is gone, or ``shut_write``/``close`` ran.
+        """
+        ...
+
+    async def shut_write(self) -> None:
+        """Half-close: the sandbox's side reads its end once what was written is delivered; reading
+        goes on."""
+        ...
+
+    async def close(self) -> None:
+        """Close both ways; idempotent."""
+        ...
+
+
 class AttachedProcess(Protocol):
     """A long-running process with its stdin and stdout attached (an MCP server's, ``run: sandbox``):
     its stdout, its stdin, and the means to end it."""
@@ -301,6 +353,17 @@ class Sandbox(WorkspaceFileAPI, Protocol):
 
     def quota_note(self) -> str | None:
         """What to add when the workspace's disk is full (the tenant's quota), if anything."""
+        ...
+
+    async def connect_port(self, port: int) -> PortStream:
+        """A new TCP connection to ``127.0.0.1:port`` inside the sandbox (never another address),
+        carried over its agent's channel: no port of the sandbox is published. Close it when done.
+
+        Raises:
+            PortError: ``bad_port``, ``refused`` (nothing listens there), ``unsupported`` (this
+                sandbox has no agent channel), ``too_many``.
+            SandboxError: the sandbox failed.
+        """
         ...
 
     def processes(self) -> ProcessControl:

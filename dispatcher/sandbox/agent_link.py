@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 from dispatcher.core.errors import ToolPermissionDenied, WorkspaceEscapeError
-from dispatcher.core.sandbox_api import FileOpError, OutputCallback, SandboxError
+from dispatcher.core.sandbox_api import (
+    FileOpError,
+    OutputCallback,
+    PortError,
+    PortStream,
+    SandboxError,
+    check_port,
+)
 from dispatcher.sandbox.agent.protocol import (
     PREFIX,
     Error,
@@ -36,12 +43,14 @@ from dispatcher.sandbox.agent.protocol import (
     ProcWatch,
     ProtocolError,
     Request,
+    TunnelConnect,
     TunnelListen,
     decode_header,
     decode_prefix,
     request_writes,
     response_head,
 )
+from dispatcher.sandbox.ports import PortConnection
 from dispatcher.sandbox.processes.watch import WATCH_BUFFER, WatchCall
 from dispatcher.sandbox.tunnels import Serve, TunnelMux
 
@@ -112,7 +121,7 @@ class AgentLink:
         self._root = workspace_root.rstrip("/") or "/"
         self._max_frame = max_frame
         self._kill_wait = kill_wait
-        self._pending: dict[int, _Call | ExecCall | TunnelMux | WatchCall] = {}
+        self._pending: dict[int, _Call | ExecCall | TunnelMux | PortConnection | WatchCall] = {}
         self._next_id = first_id
         self._failure: SandboxError | None = None
         self._read_task: asyncio.Task[None] | None = None
@@ -136,7 +145,7 @@ class AgentLink:
                 log.warning("agent channel broken: %s", error)
         pending, self._pending = self._pending, {}
         for call in pending.values():
-            if isinstance(call, TunnelMux):
+            if isinstance(call, (TunnelMux, PortConnection)):
                 call.broken(self._failure)
                 continue
             if isinstance(call, ExecCall):
@@ -155,7 +164,7 @@ class AgentLink:
         if self._read_task is None:
             self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
 
-    def _register(self, call: _Call | ExecCall | TunnelMux | WatchCall) -> int:
+    def _register(self, call: _Call | ExecCall | TunnelMux | PortConnection | WatchCall) -> int:
         rid = self._next_id
         self._next_id += 1
         self._pending[rid] = call
@@ -217,6 +226,11 @@ class AgentLink:
             raise ProtocolError(f"response to request {rid}, which was never sent")
         if isinstance(call, TunnelMux):
             call.deliver(kind, header, payload)
+            return None
+        if isinstance(call, PortConnection):
+            call.deliver(kind, header, payload)
+            if call.finished:
+                del self._pending[rid]
             return None
         if isinstance(call, WatchCall):
             self._deliver_watch(rid, call, kind, header, payload)
@@ -346,6 +360,35 @@ class AgentLink:
         except (OSError, TimeoutError) as exc:
             self._pending.pop(rid, None)
             raise SandboxError(f"the sandbox's proxy listener did not start: {exc}") from exc
+
+    async def connect_port(self, port: int, *, timeout: float = 10.0) -> PortStream:
+        """A connection to ``127.0.0.1:port`` in the sandbox (``ports.py``).
+
+        Raises:
+            PortError: ``bad_port``, ``refused``, ``too_many``.
+            SandboxError: the channel is broken, or the agent did not answer within ``timeout``.
+        """
+        check_port(port)
+        self._usable()
+        call = PortConnection(self, port)
+        rid = self._register(call)
+        await self._send(rid, TunnelConnect(port))
+        try:
+            return await asyncio.wait_for(asyncio.shield(call.opened), timeout)
+        except TimeoutError:
+            # Its late answer is ignored; a connection it opened then stays with the agent until
+            # the channel ends (a loopback connect answers at once: this is a stuck agent).
+            self._pending.pop(rid, None)
+            raise SandboxError(
+                f"the sandbox did not answer a connection to port {port} within {timeout} s"
+            ) from None
+        except PortError:
+            raise
+        except asyncio.CancelledError:
+            self._pending.pop(rid, None)
+            if call.opened.done() and not call.opened.cancelled() and call.opened.exception() is None:
+                await call.opened.result().close()
+            raise
 
     def post(self, request: Request[Any]) -> None:
         """Send a frame the agent never answers, without waiting (see ``_post``)."""

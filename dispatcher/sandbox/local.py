@@ -28,7 +28,9 @@ from dispatcher.core.sandbox_api import (
     ExecRequest,
     ExecResult,
     OutputCallback,
+    PortStream,
     SandboxError,
+    check_port,
     report_notice,
 )
 from dispatcher.sandbox.agent_files import AgentFiles
@@ -192,6 +194,11 @@ class LocalSandbox(AgentFiles):
     def quota_note(self) -> str | None:
         """No quota here."""
         return None
+
+    async def connect_port(self, port: int) -> PortStream:
+        """See ``Sandbox.connect_port``: through the agent (its loopback is the host's here)."""
+        check_port(port)
+        return await (await self.channel()).connect_port(port)
 
     def processes(self) -> ProcessControl:
         """The session's process table, in its agent (see the module's note)."""

@@ -42,6 +42,7 @@ from dispatcher.sandbox.agent.protocol import (
     TunnelEof,
     TunnelOpened,
     TunnelSend,
+    TunnelShut,
     TunnelWindow,
 )
 
@@ -94,10 +95,19 @@ class TunnelLink(Protocol):
         """The tool_use_id of the running exec ``exec_id``."""
 
 
-class ChannelTunnel:
-    """One sandbox connection as a ``TunnelStream``."""
+class TunnelOwner(Protocol):
+    """Whoever routes a connection's frames to it: the listener's mux, or a connected port's call."""
 
-    def __init__(self, mux: TunnelMux, conn: int) -> None:
+    link: TunnelLink
+
+    def forget(self, conn: int) -> None:
+        """The connection was closed on this side."""
+
+
+class ChannelTunnel:
+    """One sandbox connection as a ``TunnelStream`` (and a ``core.sandbox_api.PortStream``)."""
+
+    def __init__(self, mux: TunnelOwner, conn: int) -> None:
         self._mux = mux
         self.conn = conn
         self._inbox: deque[bytes] = deque()
@@ -107,6 +117,7 @@ class ChannelTunnel:
         self._eof = False  # nothing more comes from the sandbox
         self._gone = False  # the sandbox side is closed: writes fail
         self._closed = False  # we closed it
+        self._shut = False  # we half-closed it: nothing more is written
         self._changed = asyncio.Event()
 
     # -- TunnelStream ---------------------------------------------------------------------
@@ -135,7 +146,7 @@ class ChannelTunnel:
             while self._window <= 0 and not self._gone and not self._closed:
                 self._changed.clear()
                 await self._changed.wait()
-            if self._gone or self._closed:
+            if self._gone or self._closed or self._shut:
                 raise ConnectionResetError("the sandbox closed the connection")
             n = min(len(view), self._window, TUNNEL_CHUNK)
             self._window -= n
@@ -143,6 +154,14 @@ class ChannelTunnel:
             chunk = data if n == len(data) else bytes(view[:n])
             await self._mux.link.send_unanswered(TunnelSend(self.conn, chunk))
             view = view[n:]
+
+    async def shut_write(self) -> None:
+        """Half-close (``tunnel_shut``): the sandbox's side reads its end; reading goes on."""
+        if self._shut or self._closed:
+            return
+        self._shut = True
+        if not self._gone:
+            self._mux.link.post(TunnelShut(self.conn))
 
     async def close(self) -> None:
         if self._closed:

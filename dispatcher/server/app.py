@@ -33,6 +33,9 @@ from dispatcher.server.egress_wiring import egress_gateway
 from dispatcher.server.observability.setup import Observability
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionPersistence
+from dispatcher.server.preview.gateway import Gateway
+from dispatcher.server.preview.opening import Previews
+from dispatcher.server.preview.ports import OpenPorts
 from dispatcher.server.requests.errors import Unauthenticated
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
 from dispatcher.server.rpc.servicer import DispatcherServicer
@@ -199,12 +202,20 @@ class DispatcherServer:
             registry=registry,
         )
         self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
+        # The preview gateway's open ports: closed with their session (a listener, below).
+        self.previews = Previews(OpenPorts(), config.preview) if config.preview.listen else None
         # Told of each session in this order (closed in the reverse): stored, its egress state,
         # its sandbox started or re-adopted, its MCP processes, counted.
         self.sessions = SessionManager(
             dispatcher,
             persistence=self.persistence,
-            listeners=(self.egress, provider, self.mcp, *self.observability.session_listeners),
+            listeners=(
+                self.egress,
+                provider,
+                self.mcp,
+                *((self.previews.ports,) if self.previews is not None else ()),
+                *self.observability.session_listeners,
+            ),
             lifetime=Lifetime(life.ttl_seconds, life.idle_timeout_seconds, OnExpire(life.on_expire)),
             queue_observer=metrics.queue_wait.observe if metrics is not None else None,
             sandbox_ids=provider,
@@ -227,8 +238,22 @@ class DispatcherServer:
                 transfers=_transfers(dispatcher, config.server),
                 usage=self.usage,
                 snapshots=self.snapshots,
+                port_observer=metrics,
+                previews=self.previews,
             ),
             health=self.health,
+        )
+        self.gateway = (
+            Gateway(
+                self.sessions,
+                self.previews.ports,
+                config.preview.domain,
+                self.tenants.get,
+                observer=metrics,
+                max_body_bytes=config.preview.max_body_bytes,
+            )
+            if self.previews is not None
+            else None
         )
         self.port = 0
         self.mcp_endpoint: ServedEndpoint | None = None
@@ -283,6 +308,14 @@ class DispatcherServer:
         self._start_usage_sampler()
         self.dispatcher.lifecycle.start()  # the overdue among the sessions given back expire now
         await self._server.start()
+        if self.gateway is not None and self.previews is not None:
+            listen = self.config.preview.listen or ""
+            host, _, port = listen.rpartition(":")
+            try:
+                self.previews.listen_port = await self.gateway.start(host.strip("[]"), int(port))
+            except OSError as exc:
+                raise ConfigError(f"preview.listen: cannot bind {listen}: {exc}") from exc
+            log.info("preview gateway", extra={"listen": listen, "port": self.previews.listen_port})
         await self._start_mcp_endpoint()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -326,6 +359,8 @@ class DispatcherServer:
             # the MCP sessions' dispatcher sessions are closed through it.
             await self.mcp_endpoint.aclose()
         await self._server.stop(FINAL_GRACE)
+        if self.gateway is not None:
+            await self.gateway.stop()
         for task in (self._adopting, self._sampling):
             if task is not None:
                 task.cancel()

@@ -762,6 +762,7 @@ class Session(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     PENDING_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     LAST_ACTIVITY_TIME_FIELD_NUMBER: _builtins.int
+    OPEN_PORTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Server-assigned id."""
     workspace: _builtins.str
@@ -810,6 +811,10 @@ class Session(_message.Message):
     def last_activity_time(self) -> _timestamp_pb2.Timestamp:
         """The last activity seen (a request, a call, a process running in the sandbox)."""
 
+    @_builtins.property
+    def open_ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___OpenPortInfo]:
+        """Its ports open to the preview gateway (OpenPort), by port; never their tokens."""
+
     def __init__(
         self,
         *,
@@ -828,14 +833,51 @@ class Session(_message.Message):
         state: Global___SessionState.ValueType = ...,
         pending_request_ids: _abc.Iterable[_builtins.str] | None = ...,
         last_activity_time: _timestamp_pb2.Timestamp | None = ...,
+        open_ports: _abc.Iterable[Global___OpenPortInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "last_activity_time", b"last_activity_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "labels", b"labels", "last_activity_time", b"last_activity_time", "last_event_seq", b"last_event_seq", "pending_request_ids", b"pending_request_ids", "plan", b"plan", "role", b"role", "session_id", b"session_id", "state", b"state", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "capabilities", b"capabilities", "create_time", b"create_time", "expire_time", b"expire_time", "idle_expire_time", b"idle_expire_time", "labels", b"labels", "last_activity_time", b"last_activity_time", "last_event_seq", b"last_event_seq", "open_ports", b"open_ports", "pending_request_ids", b"pending_request_ids", "plan", b"plan", "role", b"role", "session_id", b"session_id", "state", b"state", "workspace", b"workspace", "workspace_path", b"workspace_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class OpenPortInfo(_message.Message):
+    """A port of a session's sandbox open to the preview gateway."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    PUBLIC_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    port: _builtins.int
+    """The TCP port on the sandbox's 127.0.0.1."""
+    url: _builtins.str
+    """Its preview URL."""
+    public: _builtins.bool
+    """Whether it needs no token."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When it expires; not set when it does not."""
+
+    def __init__(
+        self,
+        *,
+        port: _builtins.int = ...,
+        url: _builtins.str = ...,
+        public: _builtins.bool = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "port", b"port", "public", b"public", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenPortInfo: _TypeAlias = OpenPortInfo  # noqa: Y015
 
 @_typing.final
 class Tool(_message.Message):
@@ -3842,3 +3884,178 @@ class ForkSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
+
+@_typing.final
+class ConnectPortRequest(_message.Message):
+    """One message of the ConnectPort stream, from the client."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CLOSE_WRITE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Only in the first message: the session whose sandbox holds the port."""
+    port: _builtins.int
+    """Only in the first message: the TCP port on the sandbox's 127.0.0.1 (1-65535)."""
+    data: _builtins.bytes
+    """Bytes for the sandbox's side (not in the first message; any size up to the message limit)."""
+    close_write: _builtins.bool
+    """Half-close after `data`: nothing more comes from the client. Later messages are refused."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        close_write: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "port", b"port", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectPortRequest: _TypeAlias = ConnectPortRequest  # noqa: Y015
+
+@_typing.final
+class ConnectPortResponse(_message.Message):
+    """One message of the ConnectPort stream, from the server."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    EOF_FIELD_NUMBER: _builtins.int
+    connected: _builtins.bool
+    """Only in the first message: the connection is open."""
+    data: _builtins.bytes
+    """Bytes from the sandbox's side."""
+    eof: _builtins.bool
+    """The sandbox's side half-closed: nothing more comes (the last message with content)."""
+    def __init__(
+        self,
+        *,
+        connected: _builtins.bool = ...,
+        data: _builtins.bytes = ...,
+        eof: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "data", b"data", "eof", b"eof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConnectPortResponse: _TypeAlias = ConnectPortResponse  # noqa: Y015
+
+@_typing.final
+class OpenPortRequest(_message.Message):
+    """Request of OpenPort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    PUBLIC_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session whose sandbox serves the port."""
+    port: _builtins.int
+    """The TCP port on the sandbox's 127.0.0.1 (1-65535). Nothing needs to listen yet."""
+    expires_in_seconds: _builtins.int
+    """The URL and token stop working after this many seconds; 0: when the port is closed or the
+    session ends.
+    """
+    public: _builtins.bool
+    """No token needed (only where the tenant is in the server's `preview.allow_public`)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+        expires_in_seconds: _builtins.int = ...,
+        public: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_seconds", b"expires_in_seconds", "port", b"port", "public", b"public", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenPortRequest: _TypeAlias = OpenPortRequest  # noqa: Y015
+
+@_typing.final
+class OpenPortResponse(_message.Message):
+    """Response of OpenPort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """Where browsers reach the port: http://{port}-{session_id}.{domain}:{listen port}/"""
+    token: _builtins.str
+    """The port's token (empty when public): shown once, never stored in clear or logged."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the URL and token stop working; not set when they do not expire."""
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        token: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "token", b"token", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenPortResponse: _TypeAlias = OpenPortResponse  # noqa: Y015
+
+@_typing.final
+class ClosePortRequest(_message.Message):
+    """Request of ClosePort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session whose port to close."""
+    port: _builtins.int
+    """The port OpenPort opened."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["port", b"port", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePortRequest: _TypeAlias = ClosePortRequest  # noqa: Y015
+
+@_typing.final
+class ClosePortResponse(_message.Message):
+    """Response of ClosePort."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePortResponse: _TypeAlias = ClosePortResponse  # noqa: Y015

@@ -185,6 +185,21 @@ class ToolDispatcherStub:
                 request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionRequest.SerializeToString,
                 response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionResponse.FromString,
                 _registered_method=True)
+        self.ConnectPort = channel.stream_stream(
+                '/dispatcher.v1.ToolDispatcher/ConnectPort',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortResponse.FromString,
+                _registered_method=True)
+        self.OpenPort = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/OpenPort',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.OpenPortRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.OpenPortResponse.FromString,
+                _registered_method=True)
+        self.ClosePort = channel.unary_unary(
+                '/dispatcher.v1.ToolDispatcher/ClosePort',
+                request_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ClosePortRequest.SerializeToString,
+                response_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ClosePortResponse.FromString,
+                _registered_method=True)
 
 
 class ToolDispatcherServicer:
@@ -463,6 +478,46 @@ class ToolDispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConnectPort(self, request_iterator, context):
+        """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+        address), over its agent's channel: no port of the sandbox is published. The first message
+        names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+        each way under a bounded window (a client that does not read holds the sandbox's sender, and
+        the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+        may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+        (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+        after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+        a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+        server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+        a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+        `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenPort(self, request, context):
+        """Opens a port of the session's sandbox to browsers through the server's preview gateway
+        (config `preview: {listen, domain}`): `url` is `http://{port}-{session_id}.{domain}:{listen port}/`,
+        and a request through it needs `token` (header `X-Dispatcher-Preview-Token`, or `?token=` once,
+        which sets an HttpOnly cookie for that host and redirects to the URL without it), unless
+        `public` (only for a tenant in `preview.allow_public`). Opening an open port again gives a new
+        token (the old one stops working) and a new expiry. FAILED_PRECONDITION without a gateway or
+        for `public` not allowed; INVALID_ARGUMENT for a port outside 1-65535 or a negative expiry.
+        Audited (`preview.open`), never with the token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClosePort(self, request, context):
+        """Closes an open port: its token stops working and every connection through it is cut. NOT_FOUND
+        when it is not open. Audited (`preview.close`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolDispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -615,6 +670,21 @@ def add_ToolDispatcherServicer_to_server(servicer, server):
                     servicer.ForkSession,
                     request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionRequest.FromString,
                     response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionResponse.SerializeToString,
+            ),
+            'ConnectPort': grpc.stream_stream_rpc_method_handler(
+                    servicer.ConnectPort,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortResponse.SerializeToString,
+            ),
+            'OpenPort': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenPort,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.OpenPortRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.OpenPortResponse.SerializeToString,
+            ),
+            'ClosePort': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClosePort,
+                    request_deserializer=dispatcher_dot_v1_dot_dispatcher__pb2.ClosePortRequest.FromString,
+                    response_serializer=dispatcher_dot_v1_dot_dispatcher__pb2.ClosePortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1428,6 +1498,87 @@ class ToolDispatcher:
             '/dispatcher.v1.ToolDispatcher/ForkSession',
             dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionRequest.SerializeToString,
             dispatcher_dot_v1_dot_dispatcher__pb2.ForkSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectPort(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ConnectPort',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ConnectPortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenPort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/OpenPort',
+            dispatcher_dot_v1_dot_dispatcher__pb2.OpenPortRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.OpenPortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClosePort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispatcher.v1.ToolDispatcher/ClosePort',
+            dispatcher_dot_v1_dot_dispatcher__pb2.ClosePortRequest.SerializeToString,
+            dispatcher_dot_v1_dot_dispatcher__pb2.ClosePortResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -193,6 +193,34 @@ class ToolDispatcherStub:
     per child, in order: a session, or why that child could not be made (past the tenant's
     `max_sessions`, for one); the call itself fails only for a bad request or source.
     """
+    ConnectPort: _grpc.StreamStreamMultiCallable[_dispatcher_pb2.ConnectPortRequest, _dispatcher_pb2.ConnectPortResponse]
+    """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+    address), over its agent's channel: no port of the sandbox is published. The first message
+    names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+    each way under a bounded window (a client that does not read holds the sandbox's sender, and
+    the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+    may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+    (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+    after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+    a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+    server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+    a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+    `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
+    """
+    OpenPort: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.OpenPortRequest, _dispatcher_pb2.OpenPortResponse]
+    """Opens a port of the session's sandbox to browsers through the server's preview gateway
+    (config `preview: {listen, domain}`): `url` is `http://{port}-{session_id}.{domain}:{listen port}/`,
+    and a request through it needs `token` (header `X-Dispatcher-Preview-Token`, or `?token=` once,
+    which sets an HttpOnly cookie for that host and redirects to the URL without it), unless
+    `public` (only for a tenant in `preview.allow_public`). Opening an open port again gives a new
+    token (the old one stops working) and a new expiry. FAILED_PRECONDITION without a gateway or
+    for `public` not allowed; INVALID_ARGUMENT for a port outside 1-65535 or a negative expiry.
+    Audited (`preview.open`), never with the token.
+    """
+    ClosePort: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ClosePortRequest, _dispatcher_pb2.ClosePortResponse]
+    """Closes an open port: its token stops working and every connection through it is cut. NOT_FOUND
+    when it is not open. Audited (`preview.close`).
+    """
 
 @_typing.type_check_only
 class ToolDispatcherAsyncStub(ToolDispatcherStub):
@@ -340,6 +368,34 @@ class ToolDispatcherAsyncStub(ToolDispatcherStub):
     children get what a CreateSession naming none would). One result
     per child, in order: a session, or why that child could not be made (past the tenant's
     `max_sessions`, for one); the call itself fails only for a bad request or source.
+    """
+    ConnectPort: _aio.StreamStreamMultiCallable[_dispatcher_pb2.ConnectPortRequest, _dispatcher_pb2.ConnectPortResponse]  # type: ignore[assignment]
+    """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+    address), over its agent's channel: no port of the sandbox is published. The first message
+    names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+    each way under a bounded window (a client that does not read holds the sandbox's sender, and
+    the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+    may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+    (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+    after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+    a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+    server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+    a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+    `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
+    """
+    OpenPort: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.OpenPortRequest, _dispatcher_pb2.OpenPortResponse]  # type: ignore[assignment]
+    """Opens a port of the session's sandbox to browsers through the server's preview gateway
+    (config `preview: {listen, domain}`): `url` is `http://{port}-{session_id}.{domain}:{listen port}/`,
+    and a request through it needs `token` (header `X-Dispatcher-Preview-Token`, or `?token=` once,
+    which sets an HttpOnly cookie for that host and redirects to the URL without it), unless
+    `public` (only for a tenant in `preview.allow_public`). Opening an open port again gives a new
+    token (the old one stops working) and a new expiry. FAILED_PRECONDITION without a gateway or
+    for `public` not allowed; INVALID_ARGUMENT for a port outside 1-65535 or a negative expiry.
+    Audited (`preview.open`), never with the token.
+    """
+    ClosePort: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ClosePortRequest, _dispatcher_pb2.ClosePortResponse]  # type: ignore[assignment]
+    """Closes an open port: its token stops working and every connection through it is cut. NOT_FOUND
+    when it is not open. Audited (`preview.close`).
     """
 
 class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
@@ -665,6 +721,52 @@ class ToolDispatcherServicer(metaclass=_abc_1.ABCMeta):
         children get what a CreateSession naming none would). One result
         per child, in order: a session, or why that child could not be made (past the tenant's
         `max_sessions`, for one); the call itself fails only for a bad request or source.
+        """
+
+    @_abc_1.abstractmethod
+    def ConnectPort(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dispatcher_pb2.ConnectPortRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dispatcher_pb2.ConnectPortResponse], _abc.AsyncIterator[_dispatcher_pb2.ConnectPortResponse]]:
+        """Carries one raw TCP connection to 127.0.0.1:`port` inside the session's sandbox (never another
+        address), over its agent's channel: no port of the sandbox is published. The first message
+        names `session_id` and `port`; the first answer is `connected`; then bytes both ways in `data`,
+        each way under a bounded window (a client that does not read holds the sandbox's sender, and
+        the reverse). Half-close: the client sends `close_write` (the sandbox's side reads its end and
+        may still answer); the server sends `eof` when the sandbox's side half-closed, and ends the call
+        (OK) once both sides did. Holds the session busy (a paused one is resumed) while open; closed
+        after `idle_timeout` without a byte either way. INVALID_ARGUMENT for a port outside 1-65535 or
+        a malformed stream, UNAVAILABLE when nothing listens on the port (ECONNREFUSED; retry once the
+        server in the sandbox is up) or the sandbox failed, FAILED_PRECONDITION for a sandbox without
+        a way in, RESOURCE_EXHAUSTED past the tenant's `max_port_connections` or the session's
+        `max_port_connections_per_session`. Audited (`port.connect`, with the byte counts at its end).
+        """
+
+    @_abc_1.abstractmethod
+    def OpenPort(
+        self,
+        request: _dispatcher_pb2.OpenPortRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.OpenPortResponse, _abc.Awaitable[_dispatcher_pb2.OpenPortResponse]]:
+        """Opens a port of the session's sandbox to browsers through the server's preview gateway
+        (config `preview: {listen, domain}`): `url` is `http://{port}-{session_id}.{domain}:{listen port}/`,
+        and a request through it needs `token` (header `X-Dispatcher-Preview-Token`, or `?token=` once,
+        which sets an HttpOnly cookie for that host and redirects to the URL without it), unless
+        `public` (only for a tenant in `preview.allow_public`). Opening an open port again gives a new
+        token (the old one stops working) and a new expiry. FAILED_PRECONDITION without a gateway or
+        for `public` not allowed; INVALID_ARGUMENT for a port outside 1-65535 or a negative expiry.
+        Audited (`preview.open`), never with the token.
+        """
+
+    @_abc_1.abstractmethod
+    def ClosePort(
+        self,
+        request: _dispatcher_pb2.ClosePortRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ClosePortResponse, _abc.Awaitable[_dispatcher_pb2.ClosePortResponse]]:
+        """Closes an open port: its token stops working and every connection through it is cut. NOT_FOUND
+        when it is not open. Audited (`preview.close`).
         """
 
 def add_ToolDispatcherServicer_to_server(servicer: ToolDispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -78,6 +78,17 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class PreviewPort:
+    """A port of the session's sandbox open to the preview gateway (OpenPort); never its token."""
+
+    port: int
+    url: str
+    public: bool = False
+    expire_time: float | None = None
+    """When it expires (None: it does not)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A session as clients see it."""
 
@@ -102,6 +113,8 @@ class SessionInfo:
     pending_request_ids: tuple[str, ...] = ()
     """Confirmation requests waiting for an answer."""
     last_activity_time: float = 0.0
+    open_ports: tuple[PreviewPort, ...] = ()
+    """Its ports open to the preview gateway, by port (filled by the server's RPCs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +281,15 @@ def session_from_pb(msg: pb.Session) -> SessionInfo:
         paused=msg.state == pb.SESSION_STATE_PAUSED,
         pending_request_ids=tuple(msg.pending_request_ids),
         last_activity_time=msg.last_activity_time.ToNanoseconds() / 1e9,
+        open_ports=tuple(
+            PreviewPort(
+                p.port,
+                p.url,
+                p.public,
+                p.expire_time.ToNanoseconds() / 1e9 if p.HasField("expire_time") else None,
+            )
+            for p in msg.open_ports
+        ),
     )
 
 

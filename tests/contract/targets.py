@@ -41,6 +41,8 @@ class Capability(StrEnum):
     """An absolute path under ``workspace_root`` reaches the workspace where commands run."""
     PROCESSES = "processes"
     """``processes()`` is a table of background processes (``core.process_api``)."""
+    PORTS = "ports"
+    """``connect_port`` reaches a TCP port of the sandbox's loopback (``core.sandbox_api.PortStream``)."""
 
 
 NAMES = ("fake", "local", "fake-docker", "docker", "kubernetes")
@@ -96,6 +98,7 @@ def fake() -> Target:
     lacks = {
         Capability.COMMANDS: "its exec runs the callable a test gives it (exec_handler), not a shell",
         Capability.PROCESSES: "its process table runs no command: the test drives its output and exit (sandbox/fake/processes.py)",
+        Capability.PORTS: "it has no agent and no loopback: connect_port raises PortError('unsupported')",
     }
     return Target("fake", sandbox, make_link, lacks)
 

@@ -28,17 +28,19 @@ LAYERS: dict[str, int] = {
     "dispatcher.server.persistence": 10,
     "dispatcher.server.observability": 10,
     "dispatcher.server.sessions": 11,
-    "dispatcher.server.rpc": 12,  # the transport, on top: nothing in server/ below it imports it
-    "dispatcher.server": 13,  # app.py (builds and wires it all), config_check.py, egress_wiring.py
-    "dispatcher.client.base": 14,  # what the two clients share
-    "dispatcher.client.aio": 15,
-    "dispatcher.client": 16,  # the blocking client and the package's public names
-    "dispatcher.cli.output": 17,
-    "dispatcher.cli.session": 18,
-    "dispatcher.cli.trees": 18,
-    "dispatcher.cli.config": 18,
-    "dispatcher.mcp_server": 18,  # the MCP gateway: a gRPC client (client/) that asks as cli/output shows
-    "dispatcher.cli": 19,  # main and the verbs (__init__), python -m (__main__)
+    "dispatcher.server.preview": 12,  # the gateway and OpenPort's ports, under the transport
+    "dispatcher.server.rpc": 13,  # the transport, on top: nothing in server/ below it imports it
+    "dispatcher.server": 14,  # app.py (builds and wires it all), config_check.py, egress_wiring.py
+    "dispatcher.client.base": 15,  # what the two clients share
+    "dispatcher.client.ports": 16,  # ConnectPort's stream and the port-forward's listener
+    "dispatcher.client.aio": 17,
+    "dispatcher.client": 18,  # the blocking client and the package's public names
+    "dispatcher.cli.output": 19,
+    "dispatcher.cli.session": 20,
+    "dispatcher.cli.trees": 20,
+    "dispatcher.cli.config": 20,
+    "dispatcher.mcp_server": 20,  # the MCP gateway: a gRPC client (client/) that asks as cli/output shows
+    "dispatcher.cli": 21,  # main and the verbs (__init__), python -m (__main__)
 }
 """Low to high: a module may import its own layer (no cycle) and those below, never above. A finer
 entry comes before the package it refines: a module's layer is the first entry it falls under."""

@@ -73,9 +73,11 @@ from .protocol import (
     TarEnd,
     TarRead,
     TunnelClose,
+    TunnelConnect,
     TunnelCredit,
     TunnelListen,
     TunnelSend,
+    TunnelShut,
     UntarBegin,
     UntarChunk,
     UntarEnd,
@@ -196,6 +198,9 @@ class Agent:
             TunnelSend: (READER, tn.data),
             TunnelClose: (READER, tn.close),
             TunnelCredit: (READER, tn.credit),
+            # Connections the server opens to the sandbox's ports (previews, port-forwards).
+            TunnelConnect: (READER, tn.connect),
+            TunnelShut: (READER, tn.shut),
             # The process table: what may wait (for output, a grace period) takes a command's thread.
             ProcStart: (FILES, self.commands.start),
             ProcListRequest: (READER, lambda rid, r: ProcList(tuple(pt.records()))),

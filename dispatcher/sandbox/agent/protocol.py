@@ -71,6 +71,7 @@ from .process_messages import ProcStart as ProcStart
 from .process_messages import ProcUnwatch as ProcUnwatch
 from .process_messages import ProcWatch as ProcWatch
 from .tunnel_messages import HOST_WINDOW as HOST_WINDOW
+from .tunnel_messages import MAX_CONNECTS as MAX_CONNECTS
 from .tunnel_messages import MAX_TUNNELS as MAX_TUNNELS
 from .tunnel_messages import SANDBOX_WINDOW as SANDBOX_WINDOW
 from .tunnel_messages import TUNNEL_CHUNK as TUNNEL_CHUNK
@@ -78,19 +79,22 @@ from .tunnel_messages import TUNNEL_PORT as TUNNEL_PORT
 from .tunnel_messages import Listening as Listening
 from .tunnel_messages import TunnelClose as TunnelClose
 from .tunnel_messages import TunnelClosed as TunnelClosed
+from .tunnel_messages import TunnelConnect as TunnelConnect
 from .tunnel_messages import TunnelCredit as TunnelCredit
 from .tunnel_messages import TunnelData as TunnelData
 from .tunnel_messages import TunnelEof as TunnelEof
 from .tunnel_messages import TunnelListen as TunnelListen
 from .tunnel_messages import TunnelOpened as TunnelOpened
 from .tunnel_messages import TunnelSend as TunnelSend
+from .tunnel_messages import TunnelShut as TunnelShut
 from .tunnel_messages import TunnelWindow as TunnelWindow
 
 CONNECT_FAILED = 3
 """The agent's exit status when ``--connect`` cannot reach the server's socket (the server then
 attaches an agent through the daemon instead)."""
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """Bumped whenever an op or a field changes; the server refuses an agent of another version.
+9: ``tunnel_connect`` (the host connects to a port of the sandbox's loopback) and ``tunnel_shut``.
 8: the process table (``process_messages.py``); exec's ``leave_as`` and ``capture_state``, and
 its exit's ``left``, ``cwd``, ``env`` and ``unset``.
 7: tunnel frames carry up to ``TUNNEL_CHUNK`` (256 KiB) and the window differs by direction.
@@ -398,7 +402,8 @@ REQUESTS: dict[str, type[Request[Any]]] = {
     for cls in (
         Ping, Read, Write, Append, Exists, Stat, ListDir, Delete, Resolve, Exec, SendSignal,
         Procs, Pause, UntarBegin, UntarChunk, UntarEnd, TarBegin, TarRead, TarEnd,
-        TunnelListen, TunnelSend, TunnelClose, TunnelCredit, *PROCESS_REQUESTS,
+        TunnelListen, TunnelSend, TunnelClose, TunnelCredit, TunnelConnect, TunnelShut,
+        *PROCESS_REQUESTS,
     )
 }  # fmt: skip
 """Every op, by its name on the wire."""

@@ -1,9 +1,14 @@
-"""The egress tunnel's messages: ``tunnel_listen`` and the frames of the connections it accepts.
+"""The tunnels' messages: ``tunnel_listen`` and the frames of the connections it accepts, and
+``tunnel_connect`` (the other way round: the host opens a connection to a port of the sandbox's
+loopback, for a preview or a port-forward) whose one connection uses the same frames.
 
 Part of the agent protocol's one schema: ``protocol.py`` re-exports every name here and lists the
 requests among its ops, so the host imports ``protocol.py`` alone, as for every other op.
 
-All the frames of the listener travel on the ``tunnel_listen`` request's id, like exec's output.
+All the frames of the listener travel on the ``tunnel_listen`` request's id, like exec's output;
+those of a ``tunnel_connect`` on its own id, starting with ``tunnel_open`` (or an ``error``: nothing
+listens there) and ending with ``tunnel_close``. Either end may half-close: the sandbox's side with
+``tunnel_eof``, the host's with ``tunnel_shut``; a connected connection is closed once both did.
 Each connection the sandbox opens to its proxy port is one ``conn``. Bytes travel in
 ``tunnel_data`` frames of at most ``TUNNEL_CHUNK`` bytes, each way under a window that the receiver
 reopens with ``tunnel_credit`` as it hands bytes on: neither end buffers more than a window per
@@ -32,6 +37,9 @@ HOST_WINDOW = 512 * 1024
 """Bytes the agent may send ahead of the server's credit (what the server buffers per connection)."""
 MAX_TUNNELS = 256
 """Connections the agent holds at once; more wait in the listen backlog."""
+MAX_CONNECTS = 256
+"""Connections the host may have opened to the sandbox's ports at once; more are refused
+(``too_many``): the server bounds them per session well below this."""
 
 
 def _tunnel_chunk(data: bytes) -> None:
@@ -116,6 +124,27 @@ class TunnelListen(Request[Listening], op="tunnel_listen", reply=Listening):
         if self.port > 65535:
             raise BadMessage("port out of range")
         check_env(self.env)
+
+
+@dataclass(frozen=True)
+class TunnelConnect(Request[TunnelOpened], op="tunnel_connect", reply=TunnelOpened):
+    """Connect to ``127.0.0.1:port`` in the sandbox (never another address: the host names a port,
+    not a place). Answered with ``tunnel_open`` (or an ``error``: ``ECONNREFUSED``, ``too_many``),
+    then that connection's frames on this request's id until its ``tunnel_close``."""
+
+    port: Count
+
+    def check(self) -> None:
+        if not 0 < self.port <= 65535:
+            raise BadMessage("port out of range")
+
+
+@dataclass(frozen=True)
+class TunnelShut(Request[Done], op="tunnel_shut", reply=Done):
+    """The host half-closed a connection: once what was sent to it is written, the agent shuts its
+    socket for writing and goes on reading; never answered."""
+
+    conn: Count
 
 
 @dataclass(frozen=True)

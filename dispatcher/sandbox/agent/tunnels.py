@@ -1,5 +1,7 @@
-"""The sandbox's side of the egress proxy: a listener on its loopback whose connections travel to
-the server over the agent's channel (``protocol.py``: ``tunnel_listen`` and the tunnel frames).
+"""The sandbox's side of the tunnels: the egress proxy's listener on its loopback, whose
+connections travel to the server over the agent's channel (``protocol.py``: ``tunnel_listen`` and
+the tunnel frames), and the connections the server opens to a port of that loopback
+(``tunnel_connect``: a preview or a port-forward), carried with the same frames and windows.
 
 The server decides everything (policy, names, the outbound connection); the agent only carries
 bytes. One thread serves the listener and every connection with a selector, so a flood of
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import queue
 import selectors
 import socket
@@ -33,19 +36,23 @@ from .peers import ancestry, peer_pid
 from .processes import Commands
 from .protocol import (
     HOST_WINDOW,
+    MAX_CONNECTS,
     MAX_TUNNELS,
     SANDBOX_WINDOW,
     TUNNEL_CHUNK,
+    Error,
     Listening,
     Send,
     TunnelClose,
     TunnelClosed,
+    TunnelConnect,
     TunnelCredit,
     TunnelData,
     TunnelEof,
     TunnelListen,
     TunnelOpened,
     TunnelSend,
+    TunnelShut,
     TunnelWindow,
 )
 from .workspace import OpError
@@ -71,13 +78,17 @@ def proxy_env(port: int) -> dict[str, str]:
 
 
 class _Conn:
-    """One accepted connection."""
+    """One connection: accepted from the sandbox, or connected for the server (``connected``)."""
 
-    def __init__(self, conn: int, sock: socket.socket) -> None:
+    def __init__(self, conn: int, sock: socket.socket, rid: int | None = None) -> None:
         self.conn = conn
         self.sock = sock
+        self.rid = rid  # a connected one's request, its frames' id (None: the listener's)
+        self.connecting = 0  # the port its connect() to is under way (0: none): writable means done
         self.window = HOST_WINDOW  # bytes we may still send to the server
         self.reading = True  # until the sandbox side half-closed
+        self.shut = False  # the server half-closed: shut our writing once pending is written
+        self.shut_done = False
         self.closing_since: float | None = None  # the server closed it: flush, then close
         self.events = 0
         # Shared by the reader thread and the tunnel thread, under ``lock``:
@@ -125,7 +136,9 @@ class Tunnels:
         self._wake_w.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._conns: dict[int, _Conn] = {}
+        self._connected = 0  # how many of ``_conns`` the server opened (``connect``)
         self._next = 1
+        self._running = False  # the tunnel thread was started
         self._stopped = False
         self._shut = False  # shutdown() ran (once is enough)
         self._woken = False  # a wake-up byte is on its way: later posts need not send another
@@ -158,10 +171,23 @@ class Tunnels:
         port = sock.getsockname()[1]
         self._listener, self._rid = sock, rid
         self._commands.add_env({**proxy_env(port), **request.env})
-        self._sel.register(sock, selectors.EVENT_READ, None)
+        self._post("listen", 0, sock)
+        self._start()
+        self._send(rid, Listening(port))
+
+    def connect(self, rid: int, request: TunnelConnect) -> None:
+        """Have the tunnel thread connect to ``127.0.0.1:port``; it answers on ``rid``."""
+        if self._shut:
+            raise OpError("bad_request", "the agent is shutting down")
+        self._post("connect", 0, (rid, request.port))
+        self._start()
+
+    def _start(self) -> None:
+        if self._running:
+            return
+        self._running = True
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         threading.Thread(target=self._run, name="tunnels", daemon=True).start()
-        self._send(rid, Listening(port))
 
     def _port(self) -> int:
         assert self._listener is not None
@@ -180,12 +206,15 @@ class Tunnels:
             credit = c.write(memoryview(request.data))
             left = bool(c.pending)
         if credit:
-            self._emit(TunnelWindow(c.conn, credit))
+            self._emit(TunnelWindow(c.conn, credit), c)
         if credit is None or (left and not waiting):
             self._post("flush", c.conn, None)  # the tunnel thread waits for room, or drops it
 
     def close(self, rid: int, request: TunnelClose) -> None:
         self._post("close", request.conn, None)
+
+    def shut(self, rid: int, request: TunnelShut) -> None:
+        self._post("shut", request.conn, None)
 
     def credit(self, rid: int, request: TunnelCredit) -> None:
         self._post("credit", request.conn, request.credit)
@@ -195,7 +224,7 @@ class Tunnels:
             return
         self._shut = self._stopped = True
         self._post("stop", 0, None)
-        if self._listener is None:  # no tunnel thread ever ran to close these
+        if not self._running:  # no tunnel thread ever ran to close these
             for sock in (self._wake_r, self._wake_w):
                 sock.close()
             self._sel.close()
@@ -231,18 +260,27 @@ class Tunnels:
                     c.sock.close()
             if self._listener is not None:
                 self._listener.close()
+            while True:  # connects never served: their requests still wait for an answer
+                try:
+                    what, _, value = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if what == "connect":
+                    self._send(value[0], Error("internal", "the agent's tunnels stopped"))
             for sock in (self._wake_r, self._wake_w):
                 sock.close()
             self._sel.close()
 
-    def _emit(self, reply: Any) -> None:
-        assert self._rid is not None
-        if not self._send(self._rid, reply):
+    def _emit(self, reply: Any, c: _Conn | None = None) -> None:
+        """Send a frame of ``c`` (None: of the listener) on its request's id."""
+        rid = c.rid if c is not None and c.rid is not None else self._rid
+        assert rid is not None
+        if not self._send(rid, reply):
             self._stopped = True  # nobody reads the channel any more
 
     def _accept(self) -> None:
         assert self._listener is not None
-        while len(self._conns) < MAX_TUNNELS:
+        while len(self._conns) - self._connected < MAX_TUNNELS:  # the listener's own, apart
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -276,11 +314,20 @@ class Tunnels:
             if what == "stop":
                 self._stopped = True
                 return
+            if what == "listen":
+                try:
+                    self._sel.get_key(value)
+                except KeyError:  # (a dropped connection may have registered it already)
+                    self._sel.register(value, selectors.EVENT_READ, None)
+                continue
             if what == "rehome":
                 for old in list(self._conns.values()):
                     self._drop(old)  # told on the previous request, which nobody reads now
                 self._rid = value
                 self._emit(Listening(self._port()))
+                continue
+            if what == "connect":
+                self._connect(*value)
                 continue
             c = self._conns.get(conn)
             if c is None:
@@ -293,10 +340,60 @@ class Tunnels:
                 c.reading = False
                 c.closing_since = time.monotonic()
                 self._flush(c)
+            elif what == "shut" and c.rid is not None:
+                c.shut = True
+                self._flush(c)
             if c.conn in self._conns:
                 self._update(c)
 
+    def _connect(self, rid: int, port: int) -> None:
+        """Connect to ``127.0.0.1:port`` without blocking; ``tunnel_open`` once it is connected."""
+        if self._connected >= MAX_CONNECTS:
+            self._send(rid, Error("too_many", f"{MAX_CONNECTS} connections to the sandbox's ports are open"))
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        code = sock.connect_ex(("127.0.0.1", port))
+        if code not in (0, errno.EINPROGRESS):
+            sock.close()
+            self._refuse(rid, port, code)
+            return
+        c = _Conn(self._next, sock, rid)
+        self._next += 1
+        self._conns[c.conn] = c
+        self._connected += 1
+        if code == 0:
+            self._emit(TunnelOpened(c.conn), c)
+        else:
+            c.connecting = port
+            self._sel.register(sock, selectors.EVENT_WRITE, c)
+            c.events = selectors.EVENT_WRITE
+            return
+        self._update(c)
+
+    def _refuse(self, rid: int, port: int, code: int) -> None:
+        name = errno.errorcode.get(code, "EIO")
+        self._send(rid, Error(name, f"cannot connect to 127.0.0.1:{port}: {os.strerror(code)}"))
+
+    def _connected_now(self, c: _Conn) -> None:
+        """A connect under way finished: open, or refused (then the connection never was)."""
+        port, c.connecting = c.connecting, 0
+        code = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            self._conns.pop(c.conn, None)
+            self._connected -= 1
+            self._sel.unregister(c.sock)
+            c.sock.close()
+            assert c.rid is not None
+            self._refuse(c.rid, port, code)
+            return
+        self._emit(TunnelOpened(c.conn), c)
+        self._update(c)
+
     def _serve(self, c: _Conn, mask: int) -> None:
+        if c.connecting:
+            self._connected_now(c)
+            return
         if mask & selectors.EVENT_WRITE:
             self._flush(c)
         if c.conn in self._conns and mask & selectors.EVENT_READ and c.reading and c.window > 0:
@@ -309,10 +406,13 @@ class Tunnels:
                 return
             if data == b"":
                 c.reading = False
-                self._emit(TunnelEof(c.conn))
+                self._emit(TunnelEof(c.conn), c)
+                if c.shut_done:  # both sides are done: nothing more to carry
+                    self._drop(c)
+                    return
             elif data:
                 c.window -= len(data)
-                self._emit(TunnelData(c.conn, data))
+                self._emit(TunnelData(c.conn, data), c)
         if c.conn in self._conns:
             self._update(c)
 
@@ -320,13 +420,20 @@ class Tunnels:
         with c.lock:
             credit = c.write(memoryview(b""))
             done = c.closing_since is not None and not c.pending
+            pending = bool(c.pending)
         if credit is None:
             self._drop(c)
             return
         if credit:
-            self._emit(TunnelWindow(c.conn, credit))
+            self._emit(TunnelWindow(c.conn, credit), c)
         if done:
             self._drop(c, shutdown=True)
+        elif c.shut and not c.shut_done and not pending:
+            c.shut_done = True
+            with contextlib.suppress(OSError):
+                c.sock.shutdown(socket.SHUT_WR)
+            if not c.reading:  # the sandbox side had ended already
+                self._drop(c)
 
     def _update(self, c: _Conn) -> None:
         with c.lock:
@@ -348,6 +455,8 @@ class Tunnels:
         """Forget a connection and tell the server it is gone (``shutdown``: after what it sent)."""
         if self._conns.pop(c.conn, None) is None:
             return
+        if c.rid is not None:
+            self._connected -= 1
         if c.events:
             self._sel.unregister(c.sock)
             c.events = 0
@@ -357,7 +466,7 @@ class Tunnels:
                 with contextlib.suppress(OSError):
                     c.sock.shutdown(socket.SHUT_WR)
             c.sock.close()
-        self._emit(TunnelClosed(c.conn))
+        self._emit(TunnelClosed(c.conn), c)
         if self._listener is not None:
             try:
                 self._sel.get_key(self._listener)

@@ -33,7 +33,9 @@ from dispatcher.core.sandbox_api import (
     ExecResult,
     FileOpError,
     OutputCallback,
+    PortStream,
     SandboxError,
+    check_port,
     report_notice,
 )
 from dispatcher.core.sessions.session import Session
@@ -478,6 +480,15 @@ class ContainerSandbox(AgentFiles):
     def quota_note(self) -> str | None:
         """What to say when the workspace's disk is full (the tenant's quota), if anything."""
         return self._provider.quota_note(self.session.tenant_id)
+
+    async def connect_port(self, port: int) -> PortStream:
+        """See ``Sandbox.connect_port``: through the agent's channel, no port of the container or
+        Pod published. The container counts as in use only while connecting: a connection held
+        open (a WebSocket) must not keep a container past its lifetime, whose retirement waits
+        for the calls in it; a container retired or lost ends its connections with its channel."""
+        check_port(port)
+        async with self.agent_channel(f"a connection to port {port}") as channel:
+            return await channel.connect_port(port)
 
     def processes(self) -> ProcessControl:
         """The session's process table, in its container's agent (``container/processes.py``)."""

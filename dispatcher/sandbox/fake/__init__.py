@@ -39,7 +39,10 @@ from dispatcher.core.sandbox_api import (
     FileOpError,
     FileStat,
     OutputCallback,
+    PortError,
+    PortStream,
     SandboxError,
+    check_port,
 )
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.fake.processes import FakeProcesses
@@ -313,6 +316,11 @@ class FakeSandbox:
 
     def quota_note(self) -> str | None:
         return None
+
+    async def connect_port(self, port: int) -> PortStream:
+        """No agent here: nothing to connect to."""
+        check_port(port)
+        raise PortError("unsupported", "this sandbox (FakeSandbox) has no agent to reach its ports through")
 
     def processes(self) -> ProcessControl:
         if not self.has_processes:

@@ -39,6 +39,8 @@ __all__ = ["Metrics", "MetricsServer", "RpcMetricsInterceptor"]
 
 log = logging.getLogger("dispatcher.server.observability.metrics")
 
+_PORT_OUTCOMES = frozenset({"closed", "idle", "refused", "failed"})
+
 _CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 _WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _LAUNCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -140,6 +142,18 @@ class Metrics(BaseSessionListener):
         self.egress_bytes_relayed = Counter(
             "dispatcher_egress_bytes",
             "Bytes relayed by the egress proxy, by direction (out: from the sandbox, in: to it)",
+            ["tenant", "direction"],
+            registry=r,
+        )
+        self.preview_connections = Counter(
+            "dispatcher_preview_connections",
+            "Connections to sandbox ports (ConnectPort), by outcome (closed, idle, refused, failed)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.preview_bytes = Counter(
+            "dispatcher_preview_bytes",
+            "Bytes carried to and from sandbox ports (in: to the sandbox, out: from it)",
             ["tenant", "direction"],
             registry=r,
         )
@@ -248,6 +262,15 @@ class Metrics(BaseSessionListener):
 
     def egress_bytes(self, tenant: str, direction: str, count: int) -> None:
         self.egress_bytes_relayed.labels(tenant, Direction(direction).value).inc(count)
+
+    # PortObserver (labels: configured tenants and the closed sets below)
+    def port_connection(self, tenant: str, outcome: str) -> None:
+        if tenant in self._tenants and outcome in _PORT_OUTCOMES:
+            self.preview_connections.labels(tenant, outcome).inc()
+
+    def port_bytes(self, tenant: str, direction: str, count: int) -> None:
+        if tenant in self._tenants:
+            self.preview_bytes.labels(tenant, Direction(direction).value).inc(count)
 
     def rpc_finished(self, method: str, code: grpc.StatusCode) -> None:
         self.rpc_requests.labels(method, code.name).inc()

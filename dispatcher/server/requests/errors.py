@@ -18,6 +18,7 @@ from dispatcher.core.errors import (
     UnknownStagedChangeError,
 )
 from dispatcher.core.process_api import ProcessError
+from dispatcher.core.sandbox_api import PortError
 
 log = logging.getLogger("dispatcher.server")
 
@@ -85,6 +86,15 @@ _PROCESS_STATUS: dict[str, grpc.StatusCode] = {
 """A refused process operation (``ProcessError.code``) asked by a client rather than a tool."""
 
 
+_PORT_STATUS: dict[str, grpc.StatusCode] = {
+    "bad_port": grpc.StatusCode.INVALID_ARGUMENT,
+    "refused": grpc.StatusCode.UNAVAILABLE,  # nothing listens yet: retry once it does
+    "unsupported": grpc.StatusCode.FAILED_PRECONDITION,
+    "too_many": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+"""A connection to a sandbox's port that could not be made (``PortError.code``)."""
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and client-safe message for an exception raised while serving a request.
 
@@ -92,6 +102,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """
     if isinstance(exc, ProcessError) and exc.code in _PROCESS_STATUS:
         return _PROCESS_STATUS[exc.code], str(exc)
+    if isinstance(exc, PortError):
+        return _PORT_STATUS[exc.code], str(exc)
     for cls, code in _STATUS:
         if isinstance(exc, cls):
             log.debug("request refused", extra={"code": code.name, "reason": str(exc)})

@@ -9,17 +9,22 @@ from typing import Any, TypeAlias, TypeVar
 import grpc
 
 from dispatcher.core.approval.broker import Decision
+from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
+from dispatcher.server.preview import opening as preview_opening
+from dispatcher.server.preview.opening import Previews
 from dispatcher.server.requests.checks import check_dispatch_request
 from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest, status_for
 from dispatcher.server.rpc.inputs import InputParser
 from dispatcher.server.rpc.transfer import TransferHandlers
 from dispatcher.server.sessions import code as session_code
 from dispatcher.server.sessions import policy as session_policy
+from dispatcher.server.sessions import ports as session_ports
 from dispatcher.server.sessions import processes as session_processes
 from dispatcher.server.sessions.manager import SessionManager
+from dispatcher.server.sessions.ports import PortObserver
 from dispatcher.server.sessions.snapshots import Snapshots
 from dispatcher.server.sessions.usage import UsageReader
 from dispatcher.server.tenancy.auth import current_tenant
@@ -91,15 +96,32 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         transfers: TreeTransfers | None = None,
         usage: UsageReader | None = None,
         snapshots: Snapshots | None = None,
+        port_observer: PortObserver | None = None,
+        previews: Previews | None = None,
     ) -> None:
         self._sessions = sessions
         self._usage = usage
         self._snapshots = snapshots
+        self._port_observer = port_observer
+        self._previews = previews
         self._max_pending = max_pending_events
         self._inputs = InputParser(sessions.dispatcher.config.max_input_bytes)
         self._transfers = TransferHandlers(
             sessions, transfers or TreeTransfers(sessions.dispatcher, AgentTreeTransport())
         )
+
+    def _session_pb(self, entry: SessionState) -> pb.Session:
+        """A session as the RPCs show it, with its open preview ports (never their tokens)."""
+        msg = convert.session_to_pb(self._sessions.info(entry))
+        if self._previews is not None:
+            sid = entry.session.session_id
+            for port in self._previews.ports.of_session(sid):
+                info = msg.open_ports.add(
+                    port=port.port, url=self._previews.url(sid, port.port), public=port.public
+                )
+                if port.expires is not None:
+                    info.expire_time.FromNanoseconds(int(port.expires * 1e9))
+        return msg
 
     @_unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Ctx) -> pb.CreateSessionResponse:
@@ -151,19 +173,17 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             on_expire=on_expire,
             request_id=request.request_id,
         )
-        return pb.CreateSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.CreateSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def GetSession(self, request: pb.GetSessionRequest, context: Ctx) -> pb.GetSessionResponse:
         entry = self._sessions.get(current_tenant(), request.session_id, touch=False)
-        return pb.GetSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.GetSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def ListSessions(self, request: pb.ListSessionsRequest, context: Ctx) -> pb.ListSessionsResponse:
         entries = self._sessions.list_for(current_tenant())
-        return pb.ListSessionsResponse(
-            sessions=[convert.session_to_pb(self._sessions.info(e)) for e in entries]
-        )
+        return pb.ListSessionsResponse(sessions=[self._session_pb(e) for e in entries])
 
     @_unary
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Ctx) -> pb.CloseSessionResponse:
@@ -294,17 +314,17 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
     @_unary
     async def RenewSession(self, request: pb.RenewSessionRequest, context: Ctx) -> pb.RenewSessionResponse:
         entry = self._sessions.renew(current_tenant(), request.session_id, float(request.ttl_seconds))
-        return pb.RenewSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.RenewSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def PauseSession(self, request: pb.PauseSessionRequest, context: Ctx) -> pb.PauseSessionResponse:
         entry = await self._sessions.pause(current_tenant(), request.session_id)
-        return pb.PauseSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.PauseSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def ResumeSession(self, request: pb.ResumeSessionRequest, context: Ctx) -> pb.ResumeSessionResponse:
         entry = await self._sessions.resume(current_tenant(), request.session_id)
-        return pb.ResumeSessionResponse(session=convert.session_to_pb(self._sessions.info(entry)))
+        return pb.ResumeSessionResponse(session=self._session_pb(entry))
 
     @_unary
     async def ListProcesses(self, request: pb.ListProcessesRequest, context: Ctx) -> pb.ListProcessesResponse:
@@ -340,6 +360,53 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             request.close_stdin,
         )
         return pb.WriteProcessInputResponse(process=convert_processes.process_to_pb(info))
+
+    @_stream
+    async def ConnectPort(
+        self, request_iterator: AsyncIterator[pb.ConnectPortRequest], context: Ctx
+    ) -> AsyncIterator[pb.ConnectPortResponse]:
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None or not first.session_id or first.data or first.close_write:
+            raise InvalidRequest("the first ConnectPortRequest carries session_id and port, and no data")
+        items = session_ports.connect_port(
+            self._sessions,
+            current_tenant(),
+            first.session_id,
+            first.port,
+            _port_bytes(requests),
+            self._port_observer,
+        )
+        async for item in items:
+            if item == "connected":
+                yield pb.ConnectPortResponse(connected=True)
+            elif item == "eof":
+                yield pb.ConnectPortResponse(eof=True)
+            else:
+                yield pb.ConnectPortResponse(data=item)
+
+    @_unary
+    async def OpenPort(self, request: pb.OpenPortRequest, context: Ctx) -> pb.OpenPortResponse:
+        opened = preview_opening.open_port(
+            self._sessions,
+            self._previews,
+            current_tenant(),
+            request.session_id,
+            request.port,
+            request.expires_in_seconds,
+            request.public,
+        )
+        response = pb.OpenPortResponse(url=opened.url, token=opened.token)
+        if opened.expire_time is not None:
+            response.expire_time.FromNanoseconds(int(opened.expire_time * 1e9))
+        return response
+
+    @_unary
+    async def ClosePort(self, request: pb.ClosePortRequest, context: Ctx) -> pb.ClosePortResponse:
+        preview_opening.close_port(
+            self._sessions, self._previews, current_tenant(), request.session_id, request.port
+        )
+        return pb.ClosePortResponse()
 
     @_unary
     async def SignalProcess(self, request: pb.SignalProcessRequest, context: Ctx) -> pb.SignalProcessResponse:
@@ -420,3 +487,15 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
                 for r in results
             ]
         )
+
+
+async def _port_bytes(requests: AsyncIterator[pb.ConnectPortRequest]) -> AsyncIterator[bytes | None]:
+    """ConnectPort's later messages as bytes, then None for the half-close."""
+    async for request in requests:
+        if request.session_id or request.port:
+            raise InvalidRequest("only the first ConnectPortRequest carries session_id and port")
+        if request.data:
+            yield request.data
+        if request.close_write:
+            yield session_ports.CLOSE_WRITE
+            return

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dispatcher.core.events.bus import EventBus, Subscription
 from dispatcher.server.requests.errors import QuotaExceeded, ShuttingDown
@@ -22,6 +22,9 @@ class _TenantState:
     dispatches: Slots
     transfers: Slots
     watch_streams: int = 0
+    port_connections: int = 0
+    port_connections_of: dict[str, int] = field(default_factory=dict)
+    """By session: only sessions with one open."""
 
 
 class Admission:
@@ -111,6 +114,44 @@ class Admission:
                 yield stop
             finally:
                 self._stops.discard(stop)
+
+    @contextmanager
+    def port_slot(self, tenant: Tenant, session_id: str) -> Iterator[asyncio.Event]:
+        """One of the tenant's (and the session's) port connections (ConnectPort): the event given
+        is set when the server starts draining, for the connection to end.
+
+        Raises:
+            ShuttingDown: the server is draining.
+            QuotaExceeded: ``max_port_connections`` or ``max_port_connections_per_session``.
+        """
+        self.check_open()
+        state = self._state(tenant)
+        quotas = tenant.quotas
+        if state.port_connections >= quotas.max_port_connections:
+            raise QuotaExceeded(
+                f"tenant {tenant.tenant_id!r} already has {quotas.max_port_connections} port "
+                "connections open (max_port_connections): close one first"
+            )
+        held = state.port_connections_of.get(session_id, 0)
+        if held >= quotas.max_port_connections_per_session:
+            raise QuotaExceeded(
+                f"session {session_id!r} already has {held} port connections open "
+                "(max_port_connections_per_session): close one first"
+            )
+        state.port_connections += 1
+        state.port_connections_of[session_id] = held + 1
+        stop = asyncio.Event()
+        self._stops.add(stop)
+        try:
+            yield stop
+        finally:
+            self._stops.discard(stop)
+            state.port_connections -= 1
+            left = state.port_connections_of[session_id] - 1
+            if left:
+                state.port_connections_of[session_id] = left
+            else:
+                del state.port_connections_of[session_id]
 
     @contextmanager
     def _watch_stream(self, tenant: Tenant) -> Iterator[None]:

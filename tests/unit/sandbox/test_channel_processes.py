@@ -17,6 +17,7 @@ from dispatcher.core.process_api import OutputChunk, ProcessError, ProcessInfo, 
 from dispatcher.core.sandbox_api import ExecRequest, SandboxError
 from dispatcher.sandbox.agent.protocol import (
     CHUNK,
+    PROTOCOL_VERSION,
     Error,
     ProcChunk,
     ProcData,
@@ -240,8 +241,8 @@ async def test_closing_a_watch_early_unwatches_it_and_ignores_late_frames(
 async def _answer_ping(channel: AgentChannel, fake: FakeAgent) -> bool:
     ping = asyncio.ensure_future(channel.ping(2.0))
     request = await fake.request()
-    fake.reply({"id": request["id"], "type": "result", "version": 8})
-    return await ping == 8
+    fake.reply({"id": request["id"], "type": "result", "version": PROTOCOL_VERSION})
+    return await ping == PROTOCOL_VERSION
 
 
 async def test_a_watch_is_bounded_for_a_consumer_that_does_not_read(

@@ -87,6 +87,9 @@ REQUESTS: list[tuple[p.Request[Any], dict[str, Any], bytes]] = [
     (p.TunnelSend(2, b"GET"), {"op": "tunnel_data", "conn": 2}, b"GET"),
     (p.TunnelClose(2), {"op": "tunnel_close", "conn": 2}, b""),
     (p.TunnelCredit(2, 4096), {"op": "tunnel_credit", "conn": 2, "credit": 4096}, b""),
+    # protocol 9: the host's connections to the sandbox's ports
+    (p.TunnelConnect(8000), {"op": "tunnel_connect", "port": 8000}, b""),
+    (p.TunnelShut(2), {"op": "tunnel_shut", "conn": 2}, b""),
     # protocol 8: the process table, and exec's leftovers and shell state
     (
         p.Exec("cd d", leave_as="p_1", capture_state=True),
@@ -216,6 +219,7 @@ REPLIES: list[tuple[p.Request[Any], p.Reply, dict[str, Any], bytes]] = [
     (p.TunnelListen(0), p.Listening(41234), {"type": "listening", "port": 41234}, b""),
     (p.TunnelListen(0), p.TunnelOpened(1, 7), {"type": "tunnel_open", "conn": 1, "exec_id": 7}, b""),
     (p.TunnelListen(0), p.TunnelOpened(2), {"type": "tunnel_open", "conn": 2}, b""),
+    (p.TunnelConnect(80), p.TunnelOpened(3), {"type": "tunnel_open", "conn": 3}, b""),
     (p.TunnelListen(0), p.TunnelData(1, b"HTTP"), {"type": "tunnel_data", "conn": 1}, b"HTTP"),
     (p.TunnelListen(0), p.TunnelEof(1), {"type": "tunnel_eof", "conn": 1}, b""),
     (p.TunnelListen(0), p.TunnelClosed(1), {"type": "tunnel_close", "conn": 1}, b""),
@@ -377,6 +381,9 @@ def test_replies_round_trip_agent_to_host_in_the_old_bytes(
         ),
         ({"op": "tunnel_data", "conn": 1}, b"x" * (p.TUNNEL_CHUNK + 1), "tunnel data size out of bounds"),
         ({"op": "tunnel_listen", "port": 70000}, b"", "port out of range"),
+        ({"op": "tunnel_connect", "port": 0}, b"", "port out of range"),
+        ({"op": "tunnel_connect", "port": 65536}, b"", "port out of range"),
+        ({"op": "tunnel_connect", "port": -1}, b"", "must not be negative|port out of range"),
         ({"op": "tunnel_listen", "port": 1, "env": {"A=B": "c"}}, b"", "bad environment variable"),
     ],
 )

@@ -1,0 +1,1 @@
+"""The preview gateway: sandbox ports opened to browsers (``OpenPort``), each behind a token."""
