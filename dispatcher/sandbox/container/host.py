@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,6 +81,11 @@ class ContainerHost(Protocol):
 
     def clock(self) -> float:
         """Now, in monotonic seconds: what containers' ages and idleness are measured on."""
+        ...
+
+    def launch_slot(self) -> AbstractAsyncContextManager[None]:
+        """One of the host's few launch slots, held for a block (a re-adoption's agent start);
+        a call's turn comes before any background work's (``launch_slots.py``)."""
         ...
 
     async def launch(self, session: Session) -> LiveContainer:

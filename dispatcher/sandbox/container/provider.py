@@ -104,19 +104,19 @@ class ContainerProvider(SandboxProvider, ContainerHost):
         kept by ``remove_orphans`` and re-adopted by ``adopt_all`` or the session's first call."""
         self.sandbox_for(session).expect(container_id)
 
+    def launch_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._launch_slots.take()
+
     async def adopt_all(self) -> None:
-        """Re-attach every expected container now (a few at a time), so that idle expiry and
-        process counts work on them as on any other; a paused session's stays as it is until it is
-        resumed, and a call of a session still waiting re-attaches its own container itself."""
+        """Re-attach every expected container now, in launch slots behind every call's, so that
+        idle expiry and process counts work on them as on any other; a paused session's stays as
+        it is until it is resumed. A call of a session still waiting here re-attaches its own
+        container in the next free slot, ahead of this sweep (``ContainerSandbox.adopt``)."""
         waiting = [s for s in self._sandboxes.values() if s.adopting and not s.paused]
 
         async def one(sandbox: ContainerSandbox) -> None:
-            # The slot first, then the sandbox's lock: a call of a session still waiting here
-            # re-attaches its own container at once instead of queueing behind the others, and a
-            # call that needs a new container takes the next slot before any of these.
             with in_background():
-                async with self._launch_slots.take():
-                    await sandbox.adopt()
+                await sandbox.adopt()
 
         await asyncio.gather(*(one(s) for s in waiting), return_exceptions=True)
 

@@ -186,7 +186,10 @@ class ContainerSandbox(AgentFiles):
             await self._retire(live)
             live = None
         if live is None and self._adopt is not None:
-            await self._adopt_locked()
+            # Bounded like launches (a thousand sessions' first calls after a restart must not
+            # start a thousand agents at once), yet ahead of the background re-adoptions.
+            async with self._provider.launch_slot():
+                await self._adopt_locked()
             live = self._live
         if live is None and not launch:
             return _NOT_RUNNING
@@ -388,9 +391,16 @@ class ContainerSandbox(AgentFiles):
             self._provider.container_changed(self.session.session_id, None)
 
     async def adopt(self) -> None:
-        """Re-attach the expected container now (a no-op once done)."""
-        async with self._lock:
-            await self._adopt_locked()
+        """Re-attach the expected container now, in one of the host's launch slots (a no-op once
+        done).
+
+        The slot first, then the sandbox: one a call holds is left to the call, which re-attaches
+        the container itself (``_usable``) and may be waiting for this very slot."""
+        async with self._provider.launch_slot():
+            if self._adopt is None or self._lock.locked():
+                return
+            async with self._lock:
+                await self._adopt_locked()
 
     async def _adopt_locked(self) -> None:
         container_id, self._adopt = self._adopt, None
