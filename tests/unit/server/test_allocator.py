@@ -39,14 +39,14 @@ def test_after_a_large_block_was_freed_the_next_large_one_is_still_its_own_mappi
     libc = _libc()
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    # glibc's dynamic threshold: freeing a 32 MiB mapping lets blocks up to 32 MiB into the heap.
-    libc.free(libc.malloc(32 << 20))
+    # glibc's dynamic threshold: freeing an 8 MiB mapping lets blocks up to 8 MiB into the heap.
+    libc.free(libc.malloc(8 << 20))
 
     assert allocator.bound_allocator()
 
     libc.malloc_trim(0)  # the heaps' free tops go back, so the next block cannot come from one
     mapped = libc.mallinfo2().hblks
-    block = libc.malloc(16 << 20)
+    block = libc.malloc(4 << 20)
     try:
         assert libc.mallinfo2().hblks == mapped + 1  # mapped on its own: unmapped when freed
     finally:
