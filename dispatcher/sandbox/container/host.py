@@ -83,9 +83,9 @@ class ContainerHost(Protocol):
         """Now, in monotonic seconds: what containers' ages and idleness are measured on."""
         ...
 
-    def launch_slot(self) -> AbstractAsyncContextManager[None]:
-        """One of the host's few launch slots, held for a block (a re-adoption's agent start);
-        a call's turn comes before any background work's (``launch_slots.py``)."""
+    def adoption_slot(self) -> AbstractAsyncContextManager[None]:
+        """One of the host's slots for starting an agent in a container kept across a restart,
+        held for the block; a call's turn comes before the background sweep's (``launch_slots.py``)."""
         ...
 
     async def launch(self, session: Session) -> LiveContainer:

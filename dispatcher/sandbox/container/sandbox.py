@@ -186,9 +186,9 @@ class ContainerSandbox(AgentFiles):
             await self._retire(live)
             live = None
         if live is None and self._adopt is not None:
-            # Bounded like launches (a thousand sessions' first calls after a restart must not
-            # start a thousand agents at once), yet ahead of the background re-adoptions.
-            async with self._provider.launch_slot():
+            # Bounded (a thousand sessions' first calls after a restart must not start a thousand
+            # agents at once), yet ahead of the background re-adoptions.
+            async with self._provider.adoption_slot():
                 await self._adopt_locked()
             live = self._live
         if live is None and not launch:
@@ -391,12 +391,12 @@ class ContainerSandbox(AgentFiles):
             self._provider.container_changed(self.session.session_id, None)
 
     async def adopt(self) -> None:
-        """Re-attach the expected container now, in one of the host's launch slots (a no-op once
+        """Re-attach the expected container now, in one of the host's adoption slots (a no-op once
         done).
 
         The slot first, then the sandbox: one a call holds is left to the call, which re-attaches
         the container itself (``_usable``) and may be waiting for this very slot."""
-        async with self._provider.launch_slot():
+        async with self._provider.adoption_slot():
             if self._adopt is None or self._lock.locked():
                 return
             async with self._lock:
