@@ -84,8 +84,8 @@ class ContainerHost(Protocol):
         ...
 
     def adoption_slot(self) -> AbstractAsyncContextManager[None]:
-        """One of the host's slots for starting an agent in a container kept across a restart,
-        held for the block; a call's turn comes before the background sweep's (``launch_slots.py``)."""
+        """One of the host's slots for a call starting an agent in a container kept across a
+        restart, held for the block (the background sweep has its own, ``adopt_all``)."""
         ...
 
     async def launch(self, session: Session) -> LiveContainer:

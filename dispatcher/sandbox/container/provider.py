@@ -33,13 +33,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ADOPTIONS_PER_LAUNCH_SLOT = 4
-"""Agents started at once in containers kept across a restart, per launch slot. The background
-sweep starts no more than there are launch slots, so a call finds one of the rest free; calls
-are bounded too, but by more (starting an agent in a running container is one ``docker exec``
-and a Python start, a fraction of a launch). Measured with 100 sessions after a restart on a
-2-core machine: the sweep as wide as this bound made a session's first call wait 9-10 s (every
-agent start shared the CPU with 15 others), every call at once in 4 slots made the last session
-answer after 24-31 s."""
+"""Agents calls may start at once in containers kept across a restart, per launch slot; the
+background sweep starts its own, as many as there are launch slots, beside them. Starting an
+agent in a running container is one ``docker exec`` and a Python start, a fraction of a launch.
+Measured with 100 sessions after a restart on a 2-core machine: a sweep as wide as this bound
+made a session's first call wait 9-10 s (its agent start shared the CPU with 15 others); calls
+and the sweep in the same 4 slots made the last session answer after 24-31 s."""
 
 
 class ContainerProvider(SandboxProvider, ContainerHost):
@@ -58,7 +57,7 @@ class ContainerProvider(SandboxProvider, ContainerHost):
         """A few launches at a time: a burst of new sessions launched all at once on a small
         machine makes every agent miss its start deadline."""
         self._adoption_slots = LaunchSlots(ADOPTIONS_PER_LAUNCH_SLOT * config.max_concurrent_launches)
-        """Agents started in containers kept across a restart, a bounded number at a time (a
+        """Agents calls start in containers kept across a restart, a bounded number at a time (a
         thousand sessions' first calls must not start a thousand at once)."""
         self._reaper: asyncio.Task[None] | None = None
         self.clock: Callable[[], float] = time.monotonic
@@ -123,8 +122,8 @@ class ContainerProvider(SandboxProvider, ContainerHost):
         """Re-attach every expected container now, as many at a time as there are launch slots
         (behind every call's launch), so that idle expiry and process counts work on them as on
         any other; a paused session's stays as it is until it is resumed. A call of a session
-        still waiting here re-attaches its own container in a free adoption slot, ahead of this
-        sweep (``ContainerSandbox.adopt``)."""
+        still waiting here re-attaches its own container in an adoption slot, which this sweep
+        never takes (``ContainerSandbox._usable``)."""
         waiting = [s for s in self._sandboxes.values() if s.adopting and not s.paused]
 
         async def one(sandbox: ContainerSandbox) -> None:

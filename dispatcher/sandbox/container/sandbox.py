@@ -187,7 +187,7 @@ class ContainerSandbox(AgentFiles):
             live = None
         if live is None and self._adopt is not None:
             # Bounded (a thousand sessions' first calls after a restart must not start a thousand
-            # agents at once), yet ahead of the background re-adoptions.
+            # agents at once), in slots the background re-adoptions do not take.
             async with self._provider.adoption_slot():
                 await self._adopt_locked()
             live = self._live
@@ -391,16 +391,13 @@ class ContainerSandbox(AgentFiles):
             self._provider.container_changed(self.session.session_id, None)
 
     async def adopt(self) -> None:
-        """Re-attach the expected container now, in one of the host's adoption slots (a no-op once
-        done).
-
-        The slot first, then the sandbox: one a call holds is left to the call, which re-attaches
-        the container itself (``_usable``) and may be waiting for this very slot."""
-        async with self._provider.adoption_slot():
-            if self._adopt is None or self._lock.locked():
-                return
-            async with self._lock:
-                await self._adopt_locked()
+        """Re-attach the expected container now (a no-op once done; the caller bounds how many at
+        once, ``adopt_all``). One a call holds is left to the call, which re-attaches the container
+        itself (``_usable``) in a slot of its own."""
+        if self._adopt is None or self._lock.locked():
+            return
+        async with self._lock:
+            await self._adopt_locked()
 
     async def _adopt_locked(self) -> None:
         container_id, self._adopt = self._adopt, None
