@@ -53,17 +53,20 @@ LARGE_WITH_CONTAINERS = 100
 def _config(
     env: BenchEnv, home: Path, token: str, sessions: int, *, remove: bool, start_on_create: bool = True
 ) -> Path:
+    sandbox: dict[str, Any] = {
+        "backend": "docker",
+        "instance": env.instance,
+        # No quota volumes: the scratch directory must be removable after the run.
+        "workspace_quota": None,
+        "start_on_create": start_on_create,
+    }
+    if image := os.environ.get("BENCH_SANDBOX_IMAGE"):  # an image with this tree's agent
+        sandbox["image"] = image
     config: dict[str, Any] = {
         "home": str(home),
         "log": {"format": "json", "level": "warning"},
         "tool_confirmation": {"preset": "autonomous"},
-        # No quota volumes: the scratch directory must be removable after the run.
-        "sandbox": {
-            "backend": "docker",
-            "instance": env.instance,
-            "workspace_quota": None,
-            "start_on_create": start_on_create,
-        },
+        "sandbox": sandbox,
         "shutdown": {"remove_sessions": remove},
         "tenants": [
             {
