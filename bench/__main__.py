@@ -32,6 +32,7 @@ MODULES = (
     "bench.isolation_bench",
     "bench.trees_bench",
     "bench.caller_output_bench",
+    "bench.memory_bench",
     "bench.search_bench",
     "bench.restart_bench",
     "bench.egress_bench",

@@ -91,8 +91,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run_server(args: argparse.Namespace) -> int:
     from dispatcher.config.load import ensure_default_tenant, load_config
+    from dispatcher.server.allocator import bound_allocator
     from dispatcher.server.app import build_server, serve_until_signalled
     from dispatcher.server.observability.logs import configure_logging
+
+    bound_allocator()  # before any thread of the server allocates
 
     config = load_config(args.config, listen=args.listen, home=args.home)
     if args.metrics_listen is not None:

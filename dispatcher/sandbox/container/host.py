@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,6 +81,11 @@ class ContainerHost(Protocol):
 
     def clock(self) -> float:
         """Now, in monotonic seconds: what containers' ages and idleness are measured on."""
+        ...
+
+    def adoption_slot(self) -> AbstractAsyncContextManager[None]:
+        """One of the host's slots for a call starting an agent in a container kept across a
+        restart, held for the block (the background sweep has its own, ``adopt_all``)."""
         ...
 
     async def launch(self, session: Session) -> LiveContainer:

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+ADOPTIONS_PER_LAUNCH_SLOT = 4
+"""Agents calls may start at once in containers kept across a restart, per launch slot; the
+background sweep starts its own, as many as there are launch slots, beside them. Starting an
+agent in a running container is one ``docker exec`` and a Python start, a fraction of a launch.
+Measured with 100 sessions after a restart on a 2-core machine: a sweep as wide as this bound
+made a session's first call wait 9-10 s (its agent start shared the CPU with 15 others); calls
+and the sweep in the same 4 slots made the last session answer after 24-31 s."""
+
 
 class ContainerProvider(SandboxProvider, ContainerHost):
     """The session side of a container provider; a host adds what running a container takes."""
@@ -46,8 +54,11 @@ class ContainerProvider(SandboxProvider, ContainerHost):
         """Sandboxes started at session creation (``start_on_create``), until they are up."""
         self._closed = False
         self._launch_slots = LaunchSlots(config.max_concurrent_launches)
-        """A few launches (and re-adoptions) at a time: a burst of new sessions launched all at
-        once on a small machine makes every agent miss its start deadline."""
+        """A few launches at a time: a burst of new sessions launched all at once on a small
+        machine makes every agent miss its start deadline."""
+        self._adoption_slots = LaunchSlots(ADOPTIONS_PER_LAUNCH_SLOT * config.max_concurrent_launches)
+        """Agents calls start in containers kept across a restart, a bounded number at a time (a
+        thousand sessions' first calls must not start a thousand at once)."""
         self._reaper: asyncio.Task[None] | None = None
         self.clock: Callable[[], float] = time.monotonic
         """What containers' ages and idleness are measured on (unit tests step a fake clock)."""
@@ -104,18 +115,20 @@ class ContainerProvider(SandboxProvider, ContainerHost):
         kept by ``remove_orphans`` and re-adopted by ``adopt_all`` or the session's first call."""
         self.sandbox_for(session).expect(container_id)
 
+    def adoption_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._adoption_slots.take()
+
     async def adopt_all(self) -> None:
-        """Re-attach every expected container now (a few at a time), so that idle expiry and
-        process counts work on them as on any other; a paused session's stays as it is until it is
-        resumed, and a call of a session still waiting re-attaches its own container itself."""
+        """Re-attach every expected container now, as many at a time as there are launch slots
+        (behind every call's launch), so that idle expiry and process counts work on them as on
+        any other; a paused session's stays as it is until it is resumed. A call of a session
+        still waiting here re-attaches its own container in an adoption slot, which this sweep
+        never takes (``ContainerSandbox._usable``)."""
         waiting = [s for s in self._sandboxes.values() if s.adopting and not s.paused]
 
         async def one(sandbox: ContainerSandbox) -> None:
-            # The slot first, then the sandbox's lock: a call of a session still waiting here
-            # re-attaches its own container at once instead of queueing behind the others, and a
-            # call that needs a new container takes the next slot before any of these.
             with in_background():
-                async with self._launch_slots.take():
+                async with self._launch_slots.take():  # the sweep's own bound: a few at a time
                     await sandbox.adopt()
 
         await asyncio.gather(*(one(s) for s in waiting), return_exceptions=True)

@@ -188,7 +188,10 @@ class ContainerSandbox(AgentFiles):
             await self._retire(live)
             live = None
         if live is None and self._adopt is not None:
-            await self._adopt_locked()
+            # Bounded (a thousand sessions' first calls after a restart must not start a thousand
+            # agents at once), in slots the background re-adoptions do not take.
+            async with self._provider.adoption_slot():
+                await self._adopt_locked()
             live = self._live
         if live is None and not launch:
             return _NOT_RUNNING
@@ -412,7 +415,11 @@ class ContainerSandbox(AgentFiles):
             self._provider.container_changed(self.session.session_id, None)
 
     async def adopt(self) -> None:
-        """Re-attach the expected container now (a no-op once done)."""
+        """Re-attach the expected container now (a no-op once done; the caller bounds how many at
+        once, ``adopt_all``). One a call holds is left to the call, which re-attaches the container
+        itself (``_usable``) in a slot of its own."""
+        if self._adopt is None or self._lock.locked():
+            return
         async with self._lock:
             await self._adopt_locked()
 
