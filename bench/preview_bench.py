@@ -2,11 +2,12 @@
 the same run (the egress tunnel's figures, the other direction of the same channel, are the
 egress rows of this table).
 
-A server in-process (local backend: the real agent and channel, no container) whose session runs
-``tests/contract/port_server.py http`` in the background, as a model's ``shell`` call starts it.
-The HTTP client is a process of its own (``_CLIENT``), run once on the host through the gateway
-and once inside the sandbox straight to the port (the in-sandbox baseline, as ``docker exec curl``
-is for a container): a small GET's latency over one keep-alive connection, and a 100 MB
+A server in-process, on the Docker backend when a daemon answers (else the local backend: the
+real agent and channel, no container; the rows say which), whose session runs
+``tests/contract/port_server.py http`` (copied into its workspace) in the background, as a model's
+``shell`` call starts it. The HTTP client is a process of its own (``_CLIENT``), run once on the
+host through the gateway and once inside the sandbox straight to the port (the in-sandbox
+baseline: what ``docker exec curl`` measures for a container): a small GET's latency over one keep-alive connection, and a 100 MB
 download's throughput. Then 100 MB to the sandbox through ConnectPort (byte count checked), and a
 WebSocket round trip through the gateway.
 """
@@ -23,6 +24,7 @@ import aiohttp
 import yaml
 
 from bench.env import BenchEnv
+from bench.grpc_bench import _docker_answers
 from bench.table import Row, percentile
 from dispatcher.client import AsyncDispatcherClient
 from dispatcher.config import hash_token
@@ -61,12 +63,17 @@ print(" ".join(f"{v:.4f}" for v in out))
 
 async def measure(env: BenchEnv) -> list[Row]:
     home = env.workspace("preview")
+    docker = _docker_answers()
     config = {
         "home": str(home / "home"),
         "listen": "127.0.0.1:0",
         "log": {"format": "json", "level": "warning"},
         "tool_confirmation": {"preset": "autonomous"},
-        "sandbox": {"backend": "local"},
+        "sandbox": (
+            {"backend": "docker", "instance": env.instance, "workspace_quota": None}
+            if docker
+            else {"backend": "local"}
+        ),
         "preview": {"listen": "127.0.0.1:0", "domain": "localhost"},
         "tenants": [{"id": "bench", "token_sha256": hash_token(TOKEN), "workspace_root": str(home / "ws")}],
     }
@@ -77,10 +84,12 @@ async def measure(env: BenchEnv) -> list[Row]:
     await server.start()
     client = AsyncDispatcherClient(f"127.0.0.1:{server.port}", token=TOKEN, home=str(home / "nohome"))
     try:
-        return await _measure(server, client, home)
+        rows = await _measure(server, client, home)
     finally:
         await client.close()
         await server.stop(grace=1)
+    where = "Docker" if docker else "local backend (no Docker)"
+    return [Row(r.group, f"{r.name} [{where}]", r.p50_ms, r.p95_ms, r.n, r.note, r.compare) for r in rows]
 
 
 async def _measure(server: object, client: AsyncDispatcherClient, home: Path) -> list[Row]:
@@ -89,9 +98,10 @@ async def _measure(server: object, client: AsyncDispatcherClient, home: Path) ->
     (root / "small.txt").write_bytes(b"x" * 1024)
     (root / "big.bin").write_bytes(os.urandom(1 << 20) * (BIG >> 20))
     (root / "client.py").write_text(_CLIENT)
-    await client.call(sid, "shell", {"command": f"python3 {PORT_SERVER} http http.port", "background": True})
+    (root / "port_server.py").write_text(PORT_SERVER.read_text())
+    await client.call(sid, "shell", {"command": "python3 port_server.py http http.port", "background": True})
     await client.call(
-        sid, "shell", {"command": f"python3 {PORT_SERVER} count count.port", "background": True}
+        sid, "shell", {"command": "python3 port_server.py count count.port", "background": True}
     )
     for name in ("http.port", "count.port"):
         for _ in range(400):
