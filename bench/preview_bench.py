@@ -15,6 +15,7 @@ WebSocket round trip through the gateway.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 import time
@@ -103,7 +104,8 @@ async def _measure(server: object, client: AsyncDispatcherClient, home: Path) ->
     await client.call(
         sid, "shell", {"command": "python3 port_server.py count count.port", "background": True}
     )
-    for name in ("http.port", "count.port"):
+    await client.call(sid, "shell", {"command": "python3 port_server.py echo echo.port", "background": True})
+    for name in ("http.port", "count.port", "echo.port"):
         for _ in range(400):
             if (root / name).exists():
                 break
@@ -136,6 +138,7 @@ async def _measure(server: object, client: AsyncDispatcherClient, home: Path) ->
     forward_rate = BIG / (time.perf_counter() - started) / 1e6
     await conn.close()
     assert answer == b"got %d" % BIG, answer
+    echo_rate = await _echo(client, sid, int((root / "echo.port").read_text()))
 
     trips = []
     async with (
@@ -161,6 +164,35 @@ async def _measure(server: object, client: AsyncDispatcherClient, home: Path) ->
             note=f"{rate:.0f} MB/s ({rate / base_rate:.0%} of the in-sandbox baseline)", compare=False),
         Row(GROUP, "100 MB to the sandbox through ConnectPort (port-forward)", None,
             note=f"{forward_rate:.0f} MB/s", compare=False),
+        Row(GROUP, "100 MB to the sandbox and back through ConnectPort, byte-identical (sha256)", None,
+            note=f"{echo_rate:.0f} MB/s each way", compare=False),
         Row(GROUP, "WebSocket round trip through the preview gateway", percentile(trips, 0.5),
             percentile(trips, 0.95), len(trips)),
     ]  # fmt: skip
+
+
+async def _echo(client: AsyncDispatcherClient, sid: str, port: int) -> float:
+    """100 MB of random bytes to an echo server in the sandbox, read back as they come; the
+    rate each way, once the bytes back hash as the bytes sent."""
+    payload = os.urandom(1 << 20) * (BIG >> 20)
+    conn = await client.connect_port(sid, port)
+    back = hashlib.sha256()
+    got = 0
+
+    async def reader() -> None:
+        nonlocal got
+        while data := await conn.read():
+            back.update(data)
+            got += len(data)
+
+    started = time.perf_counter()
+    reading = asyncio.create_task(reader())
+    for i in range(0, BIG, 1 << 20):
+        await conn.write(payload[i : i + (1 << 20)])
+    await conn.shut_write()
+    await reading
+    rate = BIG / (time.perf_counter() - started) / 1e6
+    await conn.close()
+    if got != BIG or back.digest() != hashlib.sha256(payload).digest():
+        raise RuntimeError(f"ConnectPort echo: {got} bytes back, not the {BIG} sent")
+    return rate
