@@ -138,7 +138,7 @@ async def test_an_agent_that_cannot_connect_is_attached_through_the_daemon(
 
 
 async def test_a_restarted_server_speaks_to_a_readopted_agent_on_its_socket_not_to_a_lurker(
-    make_provider: ProviderFactory, caplog: pytest.LogCaptureFixture
+    make_provider: ProviderFactory, docker_client: docker.DockerClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     first = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)))
     session = make_provider.session()
@@ -148,6 +148,9 @@ async def test_a_restarted_server_speaks_to_a_readopted_agent_on_its_socket_not_
     container = sandbox.container_id
     assert container is not None
     await first.detach_all()  # a graceful stop that keeps the session: the lurker stays
+    # and no agent waits to be rejoined (``test_docker_rejoin.py``): the restarted server must
+    # start one, on the socket the lurker hammers.
+    agent_signal(docker_client, container, "KILL")
 
     second = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)), instance=first.instance)
     second.expect_container(session, container)

@@ -10,8 +10,8 @@ the part that serves it: the workspace's file operations, commands (``processes.
 process table (``table.py``), uploads and downloads (``transfers.py``), the egress tunnels
 (``tunnels.py``). Each request runs on a worker thread started with the agent, or, for what never
 blocks, on the reader thread; answers are written under one lock, on the channel the request came
-from only. When the channel ends in a sandbox container and the table holds processes, the agent
-waits for the next agent to hand it a new channel (``handover.py``) instead of exiting.
+from only. When the channel ends in a sandbox container, the agent waits for the next agent (or
+the restarted server) to hand it a new channel (``handover.py``) instead of exiting.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class Agent:
 
     def serve(self, inp: IO[bytes]) -> int:
         """Handle requests until stdin closes, then on each channel a successor hands over (when
-        ``successors`` is set and the table holds processes); returns the exit status."""
+        ``successors`` is set); returns the exit status."""
         clean_eof = False
         first = inp, self._out  # the caller's; those of handed-over channels are ours to close
         try:
@@ -279,7 +279,7 @@ class Agent:
 
     def _next_channel(self) -> Channel | None:
         """The channel a successor hands over, once one does; None: this agent exits."""
-        if self.successors is None or not len(self.table):
+        if self.successors is None:
             return None
         taken = self.successors.wait()
         if taken is None:

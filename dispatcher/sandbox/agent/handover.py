@@ -14,8 +14,7 @@ sessions). So the agent that owns the table simply stays: it is the parent of it
 (their exit statuses are its to reap), it keeps draining their pipes into the rings while no
 server is there, and a successor gives it the new channel.
 
-How. When its channel ends cleanly in a sandbox container and its table holds processes, the
-agent kills what the channel's requests were still running (their answers have nowhere to go),
+How. When its channel ends cleanly in a sandbox container, the agent kills what the channel's requests were still running (their answers have nowhere to go),
 ends the channel's watches, tunnels and transfers, and listens on an abstract unix socket named
 after its uid and root (``waiting_name``), which it has held since it started (a successor that
 connects before the old agent saw its channel end waits in the backlog, up to
@@ -28,6 +27,16 @@ matches its own, and serves the protocol on them from then on: to the server it 
 started, answering its first ping. The successor then only waits for the serving agent's end
 (its connection closes when that process exits) and exits with it, so the exec the server
 started lives exactly as long as the agent that answers on its channel.
+
+The server itself. A restarted server on runc reaches the waiting agent without a successor (and
+without the ``docker exec`` and Python start one costs: a thousand re-adoptions in seconds, not
+minutes): from a thread it moves into the container's network namespace, it connects to the same
+name and hands over a socket pair's end as the channel, exactly as a successor would
+(``dispatcher/sandbox/docker/agent/rejoin.py``). Seen from the container, that peer has no pid
+(``SO_PEERCRED`` gives 0 for a process outside the container's pid namespace) and is root: only the
+host's root, which has entered the container's namespaces from outside, is such a peer; no process
+in the container can be. The agent waits with an empty table too, so every re-adopted container
+has an agent to rejoin.
 
 Trust. Processes in the sandbox run as the agent's user and can connect to the name too: one that
 hands the waiting agent a channel is served by an agent with its own rights over its own
@@ -62,8 +71,13 @@ _PEERCRED = struct.Struct("3i")
 
 def waiting_name(root: str) -> str:
     """The abstract socket where an agent of this user and root waits for a successor."""
-    digest = hashlib.sha256(os.path.realpath(root).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"\0dispatcher-agent/{os.getuid()}/{digest}"
+    return name_for(os.getuid(), os.path.realpath(root))
+
+
+def name_for(uid: int, real_root: str) -> str:
+    """``waiting_name`` of an agent running as ``uid`` whose root resolves to ``real_root``."""
+    digest = hashlib.sha256(real_root.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"\0dispatcher-agent/{uid}/{digest}"
 
 
 def peer_pid(sock: socket.socket) -> int:
@@ -74,6 +88,17 @@ def peer_pid(sock: socket.socket) -> int:
         return 0
     pid: int = _PEERCRED.unpack(raw)[0]
     return pid
+
+
+def _from_host(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` is root from outside this process's pid namespace: the
+    server, in the container's network namespace (see the module docstring)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return False
+    pid, uid, _ = _PEERCRED.unpack(raw)
+    return bool(pid == 0 and uid == 0)
 
 
 def _program(pid: int | str) -> tuple[str, list[bytes]] | None:
@@ -150,8 +175,8 @@ class Successors:
         fds: list[int] = []
         try:
             conn.settimeout(HANDOVER_SECONDS)
-            if not _same_program(conn):
-                raise OSError("the peer is not an agent")
+            if not (_from_host(conn) or _same_program(conn)):
+                raise OSError("the peer is neither an agent nor the server")
             data, fds, _, _ = socket.recv_fds(conn, HELLO_BYTES, 4)
             if json.loads(data.decode("utf-8")) != self._identity or len(fds) != 3:
                 raise OSError("the successor is another agent (version, root or grants)")

@@ -30,7 +30,8 @@ from dispatcher.sandbox.container.config import SandboxConfig, format_size
 from dispatcher.sandbox.container.host import AgentLink, ContainerNotFound, LiveContainer
 from dispatcher.sandbox.container.labels import LABEL_INSTANCE, LABEL_SESSION, LABEL_TENANT
 from dispatcher.sandbox.container.provider import ContainerProvider
-from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener
+from dispatcher.sandbox.docker.agent.attach import rejoin_agent
+from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.fallback import fallback_exec
 from dispatcher.sandbox.docker.image_check import check_image
@@ -344,23 +345,32 @@ class DockerSandboxProvider(ContainerProvider):
     async def start_agent(self, container_id: str, session: Session) -> AgentLink | None:
         """Start an agent in a running container (adoption after a restart): on the socket its
         listener directory holds, if it has one (``agent/listener.py``); see ``ContainerLauncher``."""
+        pid = await self.launcher.running_pid(container_id)
+        if self.pool.readopting(container_id):
+            return await self._restart_pooled(container_id, session, pid)
+        # Checked as the pool's are (``pool/adopt.py``), before any agent serves it.
+        await self.launcher.confirm_view(container_id, session, pid=pid)
+        if pid is not None and (link := await self.launcher.rejoin_agent(container_id, session, pid)):
+            return link
         listener = self.launcher.sockets.relisten(container_id)
         try:
-            if self.pool.readopting(container_id):
-                return await self._restart_pooled(container_id, session, listener)
-            # Checked as the pool's are (``pool/adopt.py``), before any agent serves it.
-            await self.launcher.confirm_view(container_id, session)
             return await self.launcher.start_agent(container_id, session, listener=listener)
         finally:
             if listener is not None:
                 listener.close()
 
-    async def _restart_pooled(
-        self, container_id: str, session: Session, listener: AgentListener | None
-    ) -> AgentLink:
-        """A pooled container's new agent, once it sees the session's workspace (``pool/adopt.py``)."""
+    async def _restart_pooled(self, container_id: str, session: Session, pid: int | None) -> AgentLink:
+        """A pooled container's agent (the one waiting in it, or a new one), once it sees the
+        session's workspace (``pool/adopt.py``)."""
         user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
-        link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
+        link = await rejoin_agent(self.config, pid, user, []) if pid is not None else None
+        if link is None:
+            listener = self.launcher.sockets.relisten(container_id)
+            try:
+                link = await self.launcher.attach_agent(container_id, user, [], listener=listener)
+            finally:
+                if listener is not None:
+                    listener.close()
         if link is None:
             raise SandboxError("a warm pool's container whose agent cannot run is not re-adopted")
         try:

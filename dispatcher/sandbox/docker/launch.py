@@ -32,11 +32,18 @@ from dispatcher.sandbox.container.labels import (
     LABEL_TENANT,
     spec_fingerprint,
 )
-from dispatcher.sandbox.docker.agent.attach import attach_agent, has_ca
+from dispatcher.sandbox.docker.agent.attach import attach_agent, has_ca, rejoin_agent
 from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.grants import agent_grant_args
-from dispatcher.sandbox.workspace_pin import PinnedMount, Stage, pin_session_mounts, split_relative
+from dispatcher.sandbox.workspace_pin import (
+    PinnedMount,
+    Stage,
+    WorkspaceRefused,
+    open_pinned,
+    pin_session_mounts,
+    split_relative,
+)
 
 log = logging.getLogger(__name__)
 
@@ -300,25 +307,47 @@ class ContainerLauncher:
             )
         return mounts
 
-    async def confirm_view(self, container_id: str, session: Session) -> None:
+    async def running_pid(self, container_id: str) -> int | None:
+        """The host pid of a running, unpaused runc container's init, when this server may look
+        into it from the host (root): a re-adopted container is then checked through
+        ``/proc/<pid>/root`` and its waiting agent rejoined, with no ``docker exec``. None
+        otherwise (gVisor shows its own inodes and keeps its sockets to itself)."""
+        if os.geteuid() != 0:
+            return None
+        info = await self.api.inspect(container_id)
+        state = info.get("State") or {}
+        pid = state.get("Pid")
+        if (
+            (info.get("HostConfig") or {}).get("Runtime") != "runc"
+            or not state.get("Running")
+            or state.get("Paused")
+            or not isinstance(pid, int)
+            or pid <= 0
+        ):
+            return None
+        return pid
+
+    async def confirm_view(self, container_id: str, session: Session, *, pid: int | None = None) -> None:
         """A container kept across a restart sees the session's mounts as they are pinned now: a
         bind mount holds the directory it was made from, so one renamed, and another put at the
         session's path, while no server ran would be served under the wrong name (re-adoption).
+        Given its init's ``pid`` (``running_pid``), it is looked at from the host; otherwise
+        asked of the container.
 
         Raises:
             SandboxError: it does not, or the mounts cannot be pinned.
         """
+        why = "its container no longer saw the session's workspace (moved or replaced while the server was down)"
         loop = asyncio.get_running_loop()
         pins, tmpfs = await loop.run_in_executor(None, self.pin_mounts, session)
         stage = Stage(self._run_dir, pins, empty_root=tmpfs)
         try:
+            if pid is not None:
+                if not await loop.run_in_executor(None, seen_from_host, pid, stage.identities()):
+                    raise SandboxError(why)
+                return
             await loop.run_in_executor(None, lambda: stage.use_paths(markers=self.config.runtime == "runsc"))
-            await self._verify_mounts(
-                container_id,
-                stage,
-                "its container no longer saw the session's workspace (moved or replaced while the"
-                " server was down)",
-            )
+            await self._verify_mounts(container_id, stage, why)
         finally:
             await loop.run_in_executor(None, stage.release)
 
@@ -378,6 +407,22 @@ class ContainerLauncher:
             await self.open_tunnels(container_id, session, link, ca_mounted=ca_mounted)
         return link
 
+    async def rejoin_agent(self, container_id: str, session: Session, pid: int) -> AgentLink | None:
+        """The agent waiting in a re-adopted container whose init is ``pid`` (``running_pid``),
+        given its channel by the server (``agent/rejoin.py``), its egress listener opened; None
+        when there is none to rejoin (start one: ``start_agent``).
+
+        Raises:
+            SandboxError: it took the channel but did not answer, or refused the egress listener.
+        """
+        user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
+        link = await rejoin_agent(self.config, pid, user, agent_grant_args(session))
+        if link is not None:
+            loop = asyncio.get_running_loop()
+            ca = await loop.run_in_executor(None, file_seen_from_host, pid, CA_TARGET)
+            await self.open_tunnels(container_id, session, link, ca_mounted=ca)
+        return link
+
     def needs_ca(self, session: Session) -> bool:
         """Whether the session's container must be created with its tenant's egress CA bundle."""
         gate = self._egress()
@@ -409,3 +454,59 @@ class ContainerLauncher:
         await open_tunnels(
             self._egress(), session, channel, stream, has_ca(self.api, container_id, ca_mounted)
         )
+
+
+def seen_from_host(pid: int, expected: list[tuple[str, int, int]]) -> bool:
+    """Whether the container whose init is ``pid`` has, at each ``(target, st_dev, st_ino)``, that
+    very directory: walked from its root through ``/proc/<pid>/root`` without following a link
+    (blocking). runc shows the host's numbers, so this is what ``stat`` in the container says."""
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        for target, dev, ino in expected:
+            try:
+                fd = open_pinned(root, _parts(target), create=False, owner=None, what="re-adoption")
+            except (WorkspaceRefused, SandboxError):
+                return False
+            if fd is None:
+                return False
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                return False
+        return True
+    finally:
+        os.close(root)
+
+
+def file_seen_from_host(pid: int, path: str) -> bool:
+    """Whether the container whose init is ``pid`` has a regular file at ``path``, reached from
+    its root without following a link (blocking)."""
+    *dirs, name = _parts(path)
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            fd = open_pinned(root, dirs, create=False, owner=None, what="re-adoption")
+        except (WorkspaceRefused, SandboxError):
+            return False
+        if fd is None:
+            return False
+        try:
+            return stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+
+
+def _parts(path: str) -> list[str]:
+    return [part for part in path.split("/") if part]

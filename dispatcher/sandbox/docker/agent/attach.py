@@ -25,6 +25,7 @@ from dispatcher.sandbox.container.config import CA_TARGET, WORKSPACE_ROOT, Sandb
 from dispatcher.sandbox.container.host import AgentLink, AgentStream
 from dispatcher.sandbox.container.image import HOW_TO_BUILD, ImageUnusable, version_mismatch
 from dispatcher.sandbox.docker.agent.listener import AgentListener, AgentSockets
+from dispatcher.sandbox.docker.agent.rejoin import rejoin
 from dispatcher.sandbox.docker.client import DockerAPI
 from dispatcher.sandbox.docker.stream import READER_LIMIT, AttachStream, SocketStream, open_attach_stream
 
@@ -64,6 +65,21 @@ async def attach_agent(
         if link is not None:
             return link
     return await _attach_agent(api, config, container_id, user, grant_args)
+
+
+async def rejoin_agent(
+    config: SandboxConfig, init_pid: int, user: str, grant_args: list[str]
+) -> AgentLink | None:
+    """The agent already waiting in a re-adopted container (whose init is ``init_pid``), given a
+    channel by the server itself (``rejoin.py``); None when there is none to rejoin.
+
+    Raises:
+        SandboxError: it took the channel but did not answer its first ping.
+    """
+    joined = await rejoin(init_pid, user, _agent_argv(config, [])[:3], grant_args)
+    if joined is None:
+        return None
+    return await _first_ping(config, *joined)
 
 
 def _agent_argv(config: SandboxConfig, grant_args: list[str]) -> list[str]:

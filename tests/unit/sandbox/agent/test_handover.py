@@ -3,7 +3,10 @@ agent hands it its channel; the processes never noticed, their output of the gap
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -109,10 +112,66 @@ def test_another_agent_is_refused_and_serves_on_its_own(tmp_path: Path) -> None:
     waiting.close()
 
 
-def test_nobody_waits_when_the_table_is_empty(tmp_path: Path) -> None:
+def test_an_agent_with_an_empty_table_waits_too(tmp_path: Path) -> None:
+    """Every agent in a container waits, so a restarted server always has one to rejoin."""
     name = f"\0dispatcher-agent-test/{uuid.uuid4().hex}"
     served = Served(str(tmp_path))
     served.agent.successors = Successors(name, IDENTITY, adopt_stderr=False)
     assert served.link.call(p.Ping()).version == p.PROTOCOL_VERSION
-    served.close()  # ends: nothing to keep
-    assert _successor(name) == (None, None)
+    served.link.sock.close()  # the server died with nothing running
+    link, taken = _successor_soon(name)
+    try:
+        assert link.call(p.Ping()).version == p.PROTOCOL_VERSION
+        assert link.call(p.ProcListRequest()).processes == ()
+    finally:
+        waiting, served.agent.successors = served.agent.successors, None
+        link.sock.close()
+        served.close()
+        assert waiting is not None
+        waiting.close()
+        taken.close()
+
+
+_OFFER = """
+import json, socket, sys
+name, identity = sys.argv[1].encode("latin-1").decode("unicode_escape"), sys.argv[2]
+a, b = socket.socketpair()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect(name)
+socket.send_fds(s, [identity.encode()], [b.fileno(), b.fileno(), 2])
+try:
+    print(s.recv(5).decode() or "refused")
+except OSError:
+    print("refused")
+"""
+
+
+def test_a_peer_with_a_pid_running_another_program_is_refused(tmp_path: Path) -> None:
+    """Only the agent's own program, or a peer from outside the container's pid namespace (the
+    server: pid 0 and root, as the container sees it) is handed the channel. A root process with
+    a pid, running something else (here, on the host, this test's child), is refused even with
+    the right identity."""
+    name = f"\0dispatcher-agent-test/{uuid.uuid4().hex}"
+    served = Served(str(tmp_path))
+    served.agent.successors = Successors(name, IDENTITY, adopt_stderr=False)
+    served.link.sock.close()
+    try:
+        until_sync(lambda: _listening(name), "the agent to wait", timeout=DEADLINE)
+        argv = [
+            sys.executable,
+            "-c",
+            _OFFER,
+            name.encode("unicode_escape").decode("latin-1"),
+            json.dumps(IDENTITY),
+        ]
+        answer = subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE, check=True)
+        assert answer.stdout.strip() == "refused"
+        link, taken = _successor_soon(name)  # the agent still waits for the right one
+    finally:
+        waiting, served.agent.successors = served.agent.successors, None
+    link.sock.close()
+    served.close()
+    taken.close()
+    assert waiting is not None
+    waiting.close()
