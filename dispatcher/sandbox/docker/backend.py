@@ -363,7 +363,7 @@ class DockerSandboxProvider(ContainerProvider):
         """A pooled container's agent (the one waiting in it, or a new one), once it sees the
         session's workspace (``pool/adopt.py``)."""
         user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
-        link = await rejoin_agent(self.config, pid, user, []) if pid is not None else None
+        link = await rejoin_agent(self.config, container_id, pid, user, []) if pid is not None else None
         if link is None:
             listener = self.launcher.sockets.relisten(container_id)
             try:

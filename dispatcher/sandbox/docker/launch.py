@@ -416,7 +416,7 @@ class ContainerLauncher:
             SandboxError: it took the channel but did not answer, or refused the egress listener.
         """
         user = self.config.user_for(session.sandbox_uid, session.sandbox_gid)
-        link = await rejoin_agent(self.config, pid, user, agent_grant_args(session))
+        link = await rejoin_agent(self.config, container_id, pid, user, agent_grant_args(session))
         if link is not None:
             loop = asyncio.get_running_loop()
             ca = await loop.run_in_executor(None, file_seen_from_host, pid, CA_TARGET)

@@ -5,12 +5,15 @@ root is the host's); the rejoin itself runs against Docker in ``tests/integratio
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +21,16 @@ import pytest
 
 from dispatcher.sandbox.agent.agent import parse_grants
 from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
-from dispatcher.sandbox.docker.agent.rejoin import RejoinRefused, check_peer, identity, numeric_uid
+from dispatcher.sandbox.docker.agent.rejoin import (
+    RejoinRefused,
+    _on_own_thread,
+    check_peer,
+    identity,
+    in_container,
+    numeric_uid,
+)
 from dispatcher.sandbox.docker.launch import file_seen_from_host, seen_from_host
+from tests.polling import until
 
 
 def _identity(path: Path) -> tuple[str, int, int]:
@@ -76,20 +87,53 @@ def test_only_a_numeric_user_is_rejoined() -> None:
     assert numeric_uid("sandbox:1000") is None
 
 
-def test_a_peer_that_is_not_the_agent_is_refused() -> None:
-    """The peer here is this test process: in this pid namespace, but not the agent's program,
-    and (run as anything) its uid is checked against the one asked."""
+_PEER = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1].encode("latin-1").decode("unicode_escape"))
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_peer_in_the_containers_pid_namespace_is_checked_for_uid_and_program() -> None:
+    """The "container" is a pid namespace of its own whose init connects to us: accepted only with
+    the uid and the command line asked for."""
+    name = f"\0dispatcher-rejoin-test/{os.getpid()}"
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(name)
+        listening.listen(1)
+        listening.settimeout(10)
+        shown = name.encode("unicode_escape").decode("latin-1")
+        peer = subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, "-c", _PEER, shown])
+        try:
+            conn, _ = listening.accept()
+            with conn:
+                pid = _peer_pid(conn)
+                head = [sys.executable, "-c"]
+                assert check_peer(conn, pid, 0, head) == pid
+                with pytest.raises(RejoinRefused, match="runs as uid 0, not 1000"):
+                    check_peer(conn, pid, 1000, head)
+                with pytest.raises(RejoinRefused, match="not the agent"):
+                    check_peer(conn, pid, 0, [sys.executable, "-I", "/opt/dispatcher/agent.pyz"])
+                with pytest.raises(RejoinRefused, match="not in the container"):
+                    check_peer(conn, os.getpid(), 0, head)  # another "container": the server's own
+        finally:
+            peer.kill()
+            peer.wait()
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    pid: int = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    return pid
+
+
+def test_a_peer_in_the_servers_own_pid_namespace_is_refused() -> None:
     a, b = socket.socketpair()
-    with a, b:
-        me = os.getpid()
-        head = [sys.executable, "-I", "/opt/dispatcher/agent.pyz"]
-        with pytest.raises(RejoinRefused, match="not the agent"):
-            check_peer(a, me, os.getuid(), head)
-        with pytest.raises(RejoinRefused, match="runs as uid"):
-            check_peer(a, me, os.getuid() + 1, head)
-        with open("/proc/self/cmdline", "rb") as f:
-            mine = [os.fsdecode(arg) for arg in f.read().split(b"\0")[:2]]
-        assert check_peer(a, me, os.getuid(), mine) == me  # its own program: accepted
+    with a, b, open("/proc/self/cmdline", "rb") as f:
+        mine = [os.fsdecode(arg) for arg in f.read().split(b"\0")[:2]]
+        with pytest.raises(RejoinRefused, match="not in the container"):
+            check_peer(a, os.getpid(), os.getuid(), mine)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
@@ -114,3 +158,28 @@ def test_a_peer_outside_the_containers_pid_namespace_is_refused() -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_process_outside_any_container_is_not_taken_for_one() -> None:
+    assert not in_container(os.getpid(), "0" * 64)  # the server's own pid namespace
+    assert not in_container(2**22 + 12345, "0" * 64)  # no such process
+
+
+async def test_a_channel_joined_after_its_caller_gave_up_is_let_go() -> None:
+    """A rejoin cancelled (the server stops) while its thread still connects: what the thread
+    brings back is closed, so the agent sees its channel end and waits again."""
+    release = threading.Event()
+    discarded: list[object] = []
+    brought = object()
+
+    def slow() -> object:
+        release.wait(5)
+        return brought
+
+    task = asyncio.ensure_future(_on_own_thread(slow, discarded.append))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    await until(lambda: discarded == [brought], "the late result to be discarded")

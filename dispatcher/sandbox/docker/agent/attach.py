@@ -68,7 +68,7 @@ async def attach_agent(
 
 
 async def rejoin_agent(
-    config: SandboxConfig, init_pid: int, user: str, grant_args: list[str]
+    config: SandboxConfig, container_id: str, init_pid: int, user: str, grant_args: list[str]
 ) -> AgentLink | None:
     """The agent already waiting in a re-adopted container (whose init is ``init_pid``), given a
     channel by the server itself (``rejoin.py``); None when there is none to rejoin.
@@ -76,7 +76,7 @@ async def rejoin_agent(
     Raises:
         SandboxError: it took the channel but did not answer its first ping.
     """
-    joined = await rejoin(init_pid, user, _agent_argv(config, [])[:3], grant_args)
+    joined = await rejoin(container_id, init_pid, user, _agent_argv(config, [])[:3], grant_args)
     if joined is None:
         return None
     return await _first_ping(config, *joined)

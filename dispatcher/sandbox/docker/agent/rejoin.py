@@ -7,8 +7,10 @@ channel. That exec, its runc and a Python start cost about 100 ms of CPU per con
 thousand sessions took minutes to answer after a restart. Instead, the server hands the waiting
 agent a channel itself:
 
-1. The container's init pid comes from the daemon (``inspect``). A thread of its own moves into
-   that process's network namespace (``setns``), makes one unix socket there, and moves back: an
+1. The container's init pid comes from the daemon (``inspect``); the process must be in the
+   container's cgroup and in a pid namespace other than the server's, checked after its network
+   namespace is held open (a pid reused meanwhile is never entered). A thread of its own moves into
+   that namespace (``setns``), makes one unix socket there, and moves back: an
    abstract name belongs to a network namespace, and a socket keeps the namespace it was made in.
    The thread does nothing else, and ends with the call, so no other work ever runs in a
    sandbox's namespace.
@@ -105,17 +107,33 @@ def _setns(fd: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def socket_in_netns(pid: int) -> socket.socket:
-    """A unix stream socket made in the network namespace of ``pid`` (blocking; run it on a thread
-    of its own: ``_on_own_thread``).
+def in_container(pid: int, container_id: str) -> bool:
+    """Whether the process ``pid`` is in the container ``container_id``: in its cgroup (which no
+    process in a container can leave) and in a pid namespace other than the server's."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            cgroups = f.read(1 << 16)
+        own = os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
+    return own and len(container_id) == 64 and container_id in cgroups
+
+
+def socket_in_netns(pid: int, container_id: str) -> socket.socket:
+    """A unix stream socket made in the network namespace of ``pid``, the init of the container
+    ``container_id`` (blocking; run it on a thread of its own: ``_on_own_thread``). The namespace
+    is held open before ``pid`` is checked, so a pid reused in between is never entered.
 
     Raises:
-        OSError: the namespace cannot be entered (no such process, not root), or left again.
+        OSError: the namespace cannot be entered (no such process, not root, not the container's),
+            or left again.
     """
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         theirs = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
+            if not in_container(pid, container_id):
+                raise RejoinRefused(f"pid {pid} is not the container's")
             _setns(theirs)
         finally:
             os.close(theirs)
@@ -127,13 +145,16 @@ def socket_in_netns(pid: int) -> socket.socket:
         os.close(own)
 
 
-async def _on_own_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` on a new thread that ends with it (never one of the event loop's executor's)."""
+async def _on_own_thread(fn: Callable[[], T], discard: Callable[[T], None]) -> T:
+    """``fn()`` on a new thread that ends with it (never one of the event loop's executor's); a
+    result that comes after the caller was cancelled is given to ``discard``."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
     def settle(result: T | None, error: BaseException | None) -> None:
         if future.done():
+            if result is not None:
+                discard(result)
             return
         if error is not None:
             future.set_exception(error)
@@ -169,6 +190,7 @@ def check_peer(sock: socket.socket, init_pid: int, uid: int, argv_head: list[str
         raise RejoinRefused("the waiting peer's pid cannot be told")
     try:
         same_ns = os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{init_pid}/ns/pid")
+        same_ns = same_ns and os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read(8192).split(b"\0")
     except OSError as exc:
@@ -182,14 +204,14 @@ def check_peer(sock: socket.socket, init_pid: int, uid: int, argv_head: list[str
     return pid
 
 
-def join(init_pid: int, uid: int, argv_head: list[str], who: dict[str, object]) -> Joined:
-    """Hand a new channel to the agent waiting in ``init_pid``'s container (blocking; on a thread
-    of its own, as ``socket_in_netns`` runs).
+def join(container_id: str, init_pid: int, uid: int, argv_head: list[str], who: dict[str, object]) -> Joined:
+    """Hand a new channel to the agent waiting in the container ``container_id``, whose init is
+    ``init_pid`` (blocking; on a thread of its own, as ``socket_in_netns`` runs).
 
     Raises:
         OSError: no agent waits there, or it refused (``RejoinRefused``).
     """
-    sock = socket_in_netns(init_pid)
+    sock = socket_in_netns(init_pid, container_id)
     ours: socket.socket | None = None
     err_r = -1
     try:
@@ -217,6 +239,13 @@ def join(init_pid: int, uid: int, argv_head: list[str], who: dict[str, object]) 
             os.close(err_r)
         raise
     return Joined(ours, sock, err_r, pid)
+
+
+def _close(joined: Joined) -> None:
+    """Let go of a channel nobody will use: the agent sees it end and waits again."""
+    joined.channel.close()
+    joined.link.close()
+    os.close(joined.stderr)
 
 
 class _StderrTail(asyncio.Protocol):
@@ -272,16 +301,16 @@ class RejoinedStream:
 
 
 async def rejoin(
-    init_pid: int, user: str, argv_head: list[str], grant_args: list[str]
+    container_id: str, init_pid: int, user: str, argv_head: list[str], grant_args: list[str]
 ) -> tuple[RejoinedStream, AgentChannel] | None:
-    """The channel to the agent waiting in the container whose init is ``init_pid``, unpinged;
-    None when there is none to rejoin (the caller starts one)."""
+    """The channel to the agent waiting in the container ``container_id`` whose init is
+    ``init_pid``, unpinged; None when there is none to rejoin (the caller starts one)."""
     uid = numeric_uid(user)
     if uid is None or os.geteuid() != 0:
         return None
     who = identity(grant_args)
     try:
-        joined = await _on_own_thread(lambda: join(init_pid, uid, argv_head, who))
+        joined = await _on_own_thread(lambda: join(container_id, init_pid, uid, argv_head, who), _close)
     except OSError as exc:
         log.debug("no agent to rejoin in the container of pid %d: %s", init_pid, exc)
         return None
@@ -290,9 +319,7 @@ async def rejoin(
         joined.channel.setblocking(False)
         reader, writer = await asyncio.open_unix_connection(sock=joined.channel, limit=READER_LIMIT)
     except BaseException:
-        joined.channel.close()
-        joined.link.close()
-        os.close(joined.stderr)
+        _close(joined)
         raise
     tail = _StderrTail()
     pipe = os.fdopen(joined.stderr, "rb", buffering=0)

@@ -139,8 +139,8 @@ a, b = socket.socketpair()
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(5)
 s.connect(name)
-socket.send_fds(s, [identity.encode()], [b.fileno(), b.fileno(), 2])
-try:
+try:  # the agent may hang up before the descriptors are even sent
+    socket.send_fds(s, [identity.encode()], [b.fileno(), b.fileno(), 2])
     print(s.recv(5).decode() or "refused")
 except OSError:
     print("refused")
