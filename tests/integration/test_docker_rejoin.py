@@ -7,7 +7,7 @@ from __future__ import annotations
 import docker
 import pytest
 
-from dispatcher.sandbox.agent.handover import name_for
+from dispatcher.sandbox.agent.protocol import waiting_socket_name
 from dispatcher.sandbox.container.config import WORKSPACE_ROOT, SandboxConfig, WarmPoolConfig
 from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from dispatcher.sandbox.docker.agent.rejoin import RejoinedStream
@@ -101,7 +101,7 @@ async def test_an_impostor_at_the_agents_name_gets_no_channel(
     """A sandbox process (the agent's own user) kills the waiting agent and takes its name: the
     server connects, sees that the peer is not the agent, and starts a new one, which refuses to
     hand the impostor its channel too."""
-    name = name_for(SANDBOX_IDS[0], WORKSPACE_ROOT).encode("unicode_escape").decode("latin-1")
+    name = waiting_socket_name(SANDBOX_IDS[0], WORKSPACE_ROOT).encode("unicode_escape").decode("latin-1")
     take_over = (
         f"kill -KILL $({FIND_AGENT}); sleep 0.2;"
         f" python3 -c '{IMPOSTOR}' '{name}' > /tmp/impostor.out 2>&1 &"

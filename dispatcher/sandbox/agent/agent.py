@@ -85,6 +85,8 @@ from .protocol import (
     decode_header,
     decode_prefix,
     decode_request,
+    handover_identity,
+    parse_grants,
     reply_writes,
     request_id,
 )
@@ -395,28 +397,6 @@ def parse_limits(raw: str | None) -> Limits | None:
     return Limits(**items)
 
 
-def parse_grants(raw: str | None) -> list[tuple[str, str]] | None:
-    """The ``--grants`` JSON as (normalised relative prefix, mode) pairs; None when not given."""
-    if raw is None:
-        return None
-    items = json.loads(raw)
-    if not isinstance(items, list):
-        raise ValueError("expected a JSON list")
-    grants = []
-    for item in items:
-        if (
-            not isinstance(item, dict)
-            or type(item.get("path")) is not str
-            or item.get("mode") not in ("r", "rw")
-        ):
-            raise ValueError(f"bad grant {item!r}")
-        prefix = os.path.normpath(item["path"].strip("/") or ".")
-        if prefix.split("/")[0] == ".." or "\x00" in prefix:
-            raise ValueError(f"grant {item['path']!r} leaves the root")
-        grants.append((prefix, item["mode"]))
-    return grants
-
-
 PIPE_BYTES = 1 << 20
 """The capacity asked for the channel's pipes (Linux's default for an unprivileged process may
 grant up to 1 MiB): a 64 KiB pipe (the default) splits every large frame into several writes and
@@ -481,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agent: --grants or --process-limits: {exc}", file=sys.stderr)
         return 2
     # Who this agent is, as a waiting one compares it (JSON, as it travels).
-    identity = json.loads(json.dumps({"version": PROTOCOL_VERSION, "root": args.root, "grants": grants}))
+    identity = handover_identity(args.root, grants)
     waiting = waiting_name(args.root)
     if args.connect is not None:
         try:

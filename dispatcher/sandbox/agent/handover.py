@@ -51,7 +51,6 @@ processes are what ``procs`` has always called what earlier agents left running.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import socket
@@ -60,7 +59,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .protocol import CHUNK
+from .protocol import CHUNK, waiting_socket_name
 
 HELLO_BYTES = 64 << 10
 HANDOVER_SECONDS = 5.0
@@ -71,13 +70,7 @@ _PEERCRED = struct.Struct("3i")
 
 def waiting_name(root: str) -> str:
     """The abstract socket where an agent of this user and root waits for a successor."""
-    return name_for(os.getuid(), os.path.realpath(root))
-
-
-def name_for(uid: int, real_root: str) -> str:
-    """``waiting_name`` of an agent running as ``uid`` whose root resolves to ``real_root``."""
-    digest = hashlib.sha256(real_root.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"\0dispatcher-agent/{uid}/{digest}"
+    return waiting_socket_name(os.getuid(), os.path.realpath(root))
 
 
 def peer_pid(sock: socket.socket) -> int:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.sandbox.agent.agent import parse_grants
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
+from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION, parse_grants
 from dispatcher.sandbox.docker.agent.rejoin import (
     RejoinRefused,
     _on_own_thread,

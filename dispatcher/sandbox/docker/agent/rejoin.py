@@ -46,9 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from dispatcher.sandbox.agent.agent import parse_grants
-from dispatcher.sandbox.agent.handover import name_for
-from dispatcher.sandbox.agent.protocol import PROTOCOL_VERSION
+from dispatcher.sandbox.agent.protocol import handover_identity, parse_grants, waiting_socket_name
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.container.config import WORKSPACE_ROOT
 from dispatcher.sandbox.docker.stream import READER_LIMIT, STDERR_TAIL_BYTES
@@ -84,10 +82,7 @@ def identity(grant_args: list[str]) -> dict[str, object]:
     """Who the waiting agent must be, as it compares it: its protocol version, root and grants, as
     the agent parses them from the arguments the server starts it with (``agent_grant_args``)."""
     grants = parse_grants(grant_args[1]) if grant_args[:1] == ["--grants"] else None
-    loaded: dict[str, object] = json.loads(
-        json.dumps({"version": PROTOCOL_VERSION, "root": WORKSPACE_ROOT, "grants": grants})
-    )
-    return loaded
+    return handover_identity(WORKSPACE_ROOT, grants)
 
 
 def numeric_uid(user: str) -> int | None:
@@ -216,7 +211,7 @@ def join(container_id: str, init_pid: int, uid: int, argv_head: list[str], who: 
     err_r = -1
     try:
         sock.settimeout(CONNECT_SECONDS)
-        sock.connect(name_for(uid, WORKSPACE_ROOT))
+        sock.connect(waiting_socket_name(uid, WORKSPACE_ROOT))
         pid = check_peer(sock, init_pid, uid, argv_head)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)

@@ -22,7 +22,7 @@ from dispatcher.core import (
 from dispatcher.core.errors import ToolPermissionDenied, WorkspaceEscapeError
 from dispatcher.core.events import bus as ev
 from dispatcher.core.sandbox_api import ExecRequest
-from dispatcher.sandbox.agent.agent import parse_grants
+from dispatcher.sandbox.agent.protocol import parse_grants
 from dispatcher.sandbox.agent.workspace import OpError, Workspace
 from dispatcher.sandbox.grants import agent_grant_args
 from dispatcher.sandbox.local import LocalSandbox, LocalSandboxProvider
