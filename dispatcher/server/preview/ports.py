@@ -97,7 +97,8 @@ class OpenPorts(BaseSessionListener):
     def __init__(self, clock: Callable[[], float] = time.time, keeper: PortKeeper = IN_MEMORY) -> None:
         self._clock = clock
         self._keeper = keeper
-        self._ports: dict[tuple[str, int], OpenPort] = {}
+        self._ports: dict[str, dict[int, OpenPort]] = {}  # session id -> port -> entry
+        self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
 
     async def open(
         self, tenant_id: str, session_id: str, port: int, *, expires_in: float, public: bool
@@ -107,9 +108,8 @@ class OpenPorts(BaseSessionListener):
         Raises:
             QuotaExceeded: the session has ``MAX_PORTS_PER_SESSION`` other ports open.
         """
-        if (session_id, port) not in self._ports and len(
-            self.of_session(session_id)
-        ) >= MAX_PORTS_PER_SESSION:
+        others = [e for e in self.of_session(session_id) if e.port != port]
+        if len(others) >= MAX_PORTS_PER_SESSION:
             raise QuotaExceeded(
                 f"session {session_id} already has {MAX_PORTS_PER_SESSION} ports open: close one first"
             )
@@ -123,7 +123,7 @@ class OpenPorts(BaseSessionListener):
             self._clock() + expires_in if expires_in > 0 else None,
             hashlib.sha256(token.encode()).digest() if token else b"",
         )
-        self._ports[(session_id, port)] = entry
+        self._add(entry)
         row = StoredPort(tenant_id, session_id, port, public, entry.expires, entry.digest)
         # Queued in the order of the changes here, so the file ends as memory does.
         await asyncio.wrap_future(self._keeper.port_changed(session_id, port, row))
@@ -131,35 +131,39 @@ class OpenPorts(BaseSessionListener):
 
     def restore(self, session_of: Callable[[str], str | None], allow_public: Collection[str]) -> None:
         """Give back the kept ports of the sessions given back (``session_of``: a live session's
-        tenant, None when it is gone), each with its token digest and expiry. Dropped, their rows
-        deleted, with a log line each: a port whose session is gone or of another tenant, expired,
-        public for a tenant no longer allowed, or past ``MAX_PORTS_PER_SESSION``."""
+        tenant, None when it is gone), each with its token digest and expiry (its timer set for
+        the time left). Dropped, their rows deleted, with a log line each: a port whose session is
+        gone or of another tenant, expired, public for a tenant no longer allowed, or past
+        ``MAX_PORTS_PER_SESSION``."""
         now = self._clock()
         dropped: list[tuple[str, int]] = []
+        given = 0
         for row in self._keeper.stored_ports():
-            key = (row.session_id, row.port)
+            mine = self._ports.get(row.session_id, {})
             problem = _stored_problem(row, session_of(row.session_id), allow_public, now)
-            if problem is None and len(self.of_session(row.session_id)) >= MAX_PORTS_PER_SESSION:
+            if problem is None and row.port in mine:
+                problem = "a duplicate"
+            if problem is None and len(mine) >= MAX_PORTS_PER_SESSION:
                 problem = f"its session has {MAX_PORTS_PER_SESSION} ports open already"
-            if problem is not None or key in self._ports:
+            if problem is not None:
                 log.warning(
                     "stored preview port dropped: %s",
-                    problem or "a duplicate",
+                    problem,
                     extra={"session_id": row.session_id, "tenant_id": row.tenant_id, "port": row.port},
                 )
-                dropped.append(key)
+                dropped.append((row.session_id, row.port))
                 continue
-            self._ports[key] = OpenPort(
-                row.tenant_id, row.session_id, row.port, row.public, row.expires, row.digest
-            )
-        if dropped:
-            self._keeper.ports_dropped(k for k in dropped if k not in self._ports)
-        if self._ports:
-            log.info("preview ports given back", extra={"ports": len(self._ports)})
+            self._add(OpenPort(row.tenant_id, row.session_id, row.port, row.public, row.expires, row.digest))
+            given += 1
+        kept = [key for key in dropped if key[1] not in self._ports.get(key[0], {})]
+        if kept:
+            self._keeper.ports_dropped(kept)
+        if given:
+            log.info("preview ports given back", extra={"ports": given})
 
     def find(self, session_id: str, port: int) -> tuple[OpenPort | None, bool]:
         """The open port, and whether it had expired (then it is closed now, and None given)."""
-        entry = self._ports.get((session_id, port))
+        entry = self._ports.get(session_id, {}).get(port)
         if entry is None:
             return None, False
         if entry.expires is not None and self._clock() >= entry.expires:
@@ -182,22 +186,49 @@ class OpenPorts(BaseSessionListener):
             await asyncio.wrap_future(self._keeper.port_changed(session_id, port, None))
         return entry
 
-    def _drop(self, session_id: str, port: int) -> OpenPort | None:
-        entry = self._ports.pop((session_id, port), None)
-        if entry is not None:
-            entry.cut.set()
-        return entry
-
     def close_session(self, session_id: str) -> None:
         """The session ended: every port of it closes (its rows go with the session's)."""
-        for sid, port in [key for key in self._ports if key[0] == session_id]:
-            self._drop(sid, port)
+        for port in list(self._ports.get(session_id, {})):
+            self._drop(session_id, port)
 
     def of_session(self, session_id: str) -> list[OpenPort]:
         """The session's open ports (expired ones closed first), by port."""
-        for sid, port in [key for key in self._ports if key[0] == session_id]:
-            self.find(sid, port)
-        return sorted((e for (sid, _), e in self._ports.items() if sid == session_id), key=lambda e: e.port)
+        for port in list(self._ports.get(session_id, {})):
+            self.find(session_id, port)
+        return sorted(self._ports.get(session_id, {}).values(), key=lambda e: e.port)
+
+    def _add(self, entry: OpenPort) -> None:
+        self._ports.setdefault(entry.session_id, {})[entry.port] = entry
+        if entry.expires is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a synchronous caller): expiry is still checked at each lookup
+        # The expiry cuts the port's connections and deletes its row when it comes, not only at
+        # the next request: a WebSocket open past it is cut, a restart does not find the row.
+        delay = max(entry.expires - self._clock(), 0.0)
+        self._timers[(entry.session_id, entry.port)] = loop.call_later(delay, self._expire, entry)
+
+    def _expire(self, entry: OpenPort) -> None:
+        """The expiry's timer. The entry stays until the next lookup, which closes it and says
+        it expired (the gateway audits a request for it as such, and answers 404)."""
+        self._timers.pop((entry.session_id, entry.port), None)
+        if self._ports.get(entry.session_id, {}).get(entry.port) is entry:
+            entry.cut.set()
+            self._keeper.port_changed(entry.session_id, entry.port, None)
+
+    def _drop(self, session_id: str, port: int) -> OpenPort | None:
+        timer = self._timers.pop((session_id, port), None)
+        if timer is not None:
+            timer.cancel()
+        mine = self._ports.get(session_id)
+        entry = mine.pop(port, None) if mine is not None else None
+        if mine is not None and not mine:
+            del self._ports[session_id]
+        if entry is not None:
+            entry.cut.set()
+        return entry
 
 
 def _stored_problem(

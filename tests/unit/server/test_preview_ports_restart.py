@@ -17,6 +17,7 @@ from dispatcher.server.persistence.store import SessionStore, StoredSession
 from dispatcher.server.persistence.writer import StateWriter
 from dispatcher.server.preview.ports import MAX_PORTS_PER_SESSION, OpenPorts
 from dispatcher.server.requests.errors import QuotaExceeded
+from tests.polling import until
 
 
 class Clock:
@@ -209,3 +210,22 @@ async def test_a_change_queued_for_a_closed_session_writes_nothing(home: Home) -
     kept.writer.forget(["ses_1"])  # the session closed while OpenPort was under way
     await ports.open("t", "ses_1", 8000, expires_in=0, public=False)
     assert home.rows() == []
+
+
+async def test_expiry_cuts_and_deletes_without_a_request_and_resumes_after_a_restart(home: Home) -> None:
+    ports = OpenPorts(keeper=home.open("ses_1"))  # the wall clock: the timers' own
+    soon, _ = await ports.open("t", "ses_1", 8000, expires_in=0.2, public=False)
+    await until(soon.cut.is_set, "the expiry to cut the port")
+    await until(lambda: home.kept[-1].writer.flush() and home.rows() == [], "the expired row to go")
+    assert ports.find("ses_1", 8000) == (None, True)  # a request then is told it expired
+
+    await ports.open("t", "ses_1", 8001, expires_in=3600, public=False)
+    await ports.open("t", "ses_1", 8002, expires_in=2, public=False)
+    again = OpenPorts(keeper=home.open("ses_1"))
+    again.restore(_tenant_t("ses_1").get, allow_public=())
+    late, _ = again.find("ses_1", 8001)
+    near, _ = again.find("ses_1", 8002)
+    assert late is not None and near is not None
+    await until(near.cut.is_set, "the remaining time of the port given back to run out")
+    assert not late.cut.is_set()
+    assert home.kept[-1].writer.flush() and [r[1] for r in home.rows()] == [8001]
