@@ -202,8 +202,11 @@ class DispatcherServer:
             registry=registry,
         )
         self.mcp = McpServers(config.mcp_servers, provider=provider, home=config.home)
-        # The preview gateway's open ports: closed with their session (a listener, below).
-        self.previews = Previews(OpenPorts(), config.preview) if config.preview.listen else None
+        # The preview gateway's open ports: kept in state.db, closed with their session (a
+        # listener, below).
+        self.previews = (
+            Previews(OpenPorts(keeper=self.persistence), config.preview) if config.preview.listen else None
+        )
         # Told of each session in this order (closed in the reverse): stored, its egress state,
         # its sandbox started or re-adopted, its MCP processes, counted.
         self.sessions = SessionManager(
@@ -417,6 +420,21 @@ class DispatcherServer:
         self.persistence.restore(self.sessions, self.tenants)
         if self.sessions.count():
             log.info("stored sessions given back", extra={"sessions": self.sessions.count()})
+        if self.previews is not None:
+            self.previews.ports.restore(self._tenant_of_session, self.config.preview.allow_public)
+            return
+        stored = self.persistence.stored_ports()
+        if stored:
+            log.warning(
+                "stored preview ports dropped: this server has no preview gateway",
+                extra={"ports": len(stored)},
+            )
+            self.persistence.ports_dropped((p.session_id, p.port) for p in stored)
+
+    def _tenant_of_session(self, session_id: str) -> str | None:
+        """The tenant of an open (or paused) session; None when there is no such session."""
+        state = self.dispatcher.sessions.find(session_id)
+        return state.session.tenant_id if state is not None and state.status.alive else None
 
     def _close_state(self) -> None:
         self.persistence.close()

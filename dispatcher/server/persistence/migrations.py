@@ -81,6 +81,18 @@ MIGRATIONS: tuple[str, ...] = (
         has_tmp           INTEGER NOT NULL
     );
     """,
+    # 6: the ports open to the preview gateway (server/preview/ports.py): the token's SHA-256 only.
+    """
+    CREATE TABLE preview_ports (
+        session_id TEXT NOT NULL,
+        port       INTEGER NOT NULL,
+        tenant_id  TEXT NOT NULL,
+        public     INTEGER NOT NULL,
+        expires    REAL,
+        digest     BLOB NOT NULL,
+        PRIMARY KEY (session_id, port)
+    );
+    """,
 )
 """Schema version N is ``MIGRATIONS[:N]`` applied in order; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -114,7 +126,7 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
 def check_tables(conn: sqlite3.Connection, path: Path) -> None:
     """Refuse a file whose schema version is current but whose tables are not all there."""
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = {"sessions", "events", "running_calls", "staged_changes", "snapshots"} - names
+    missing = {"sessions", "events", "running_calls", "staged_changes", "snapshots", "preview_ports"} - names
     if missing:
         raise StateError(
             f"{path}: the session state is damaged (missing tables: {', '.join(sorted(missing))})"

@@ -9,7 +9,9 @@ committed before the call that staged them answers (the session's staging sink).
 session whose tenant and workspace still exist, through the one path that opens sessions, with its
 event history and seq, its remembered answers, its staged changes and its container (which the sandbox provider, a
 listener too, re-adopts), then a ``tool.failed`` "server restarted" event for each call that was
-running. ``MemoryPersistence`` takes its place where nothing is kept: sessions end with the process.
+running. Ports open to the preview gateway are kept too (``port_changed``, committed before
+OpenPort and ClosePort answer; the gateway's ``OpenPorts`` gives them back from ``stored_ports``).
+``MemoryPersistence`` takes its place where nothing is kept: sessions end with the process.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,7 +50,7 @@ from dispatcher.core.staging.area import StagedChange
 from dispatcher.core.types import Role
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 from dispatcher.server.persistence.errors import StateError
-from dispatcher.server.persistence.store import STATE_FILE, SessionStore, StoredSession
+from dispatcher.server.persistence.store import STATE_FILE, SessionStore, StoredPort, StoredSession
 from dispatcher.server.persistence.stored_policy import (
     mode_in_force_from_json,
     plan_from_json,
@@ -93,6 +96,18 @@ class Persistence(SessionListener, Protocol):
         """
         ...
 
+    def port_changed(self, session_id: str, port: int, row: StoredPort | None) -> Future[None]:
+        """Keep a preview port opened (``row``) or closed (None); done once it would survive a kill."""
+        ...
+
+    def stored_ports(self) -> list[StoredPort]:
+        """The preview ports kept by the previous run (unreadable rows skipped and deleted)."""
+        ...
+
+    def ports_dropped(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Forget stored preview ports that are not given back, by (session id, port)."""
+        ...
+
     def close(self) -> None:
         """Keep what is still queued and let go of the store."""
         ...
@@ -114,6 +129,17 @@ class MemoryPersistence(BaseSessionListener):
         pass
 
     def restore(self, manager: Restores, tenants: TenantDirectory) -> None:
+        pass
+
+    def port_changed(self, session_id: str, port: int, row: StoredPort | None) -> Future[None]:
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def stored_ports(self) -> list[StoredPort]:
+        return []
+
+    def ports_dropped(self, keys: Iterable[tuple[str, int]]) -> None:
         pass
 
     def close(self) -> None:
@@ -204,6 +230,15 @@ class SessionPersistence(BaseSessionListener):
 
     def clock_changed(self, state: SessionState) -> None:
         self.writer.update(state.session.session_id, "lifecycle", state.clock.to_json())
+
+    def port_changed(self, session_id: str, port: int, row: StoredPort | None) -> Future[None]:
+        return self.writer.port_changed(session_id, port, row)
+
+    def stored_ports(self) -> list[StoredPort]:
+        return self.store.load_ports()
+
+    def ports_dropped(self, keys: Iterable[tuple[str, int]]) -> None:
+        self.store.delete_ports(keys)
 
     def processes_changed(self, state: SessionState) -> None:
         """Keep the session's shell state and last-read cursors as they are now."""

@@ -6,13 +6,14 @@ workspace, role, labels, create time, the per-session policy state (remembered c
 answers, the mode in force, the proposed plan; see ``stored_policy.py``), the container it owns,
 its shell's directory and variables and what its model last read of each process
 (``core/sessions/processes.py``), its last event seq, its bounded event
-history, the tool calls that were running, and its staged changes (review and audit modes). The file is the server's own, but it may be stale
+history, the tool calls that were running, and its staged changes (review and audit modes); beside
+the sessions, each port open to the preview gateway (its token's SHA-256, never the token). The file is the server's own, but it may be stale
 or damaged: anything unreadable refuses the start (``StateError``, exit 2) rather than dropping
 state silently.
 
 Writes: session rows are written before CreateSession answers (``put_session``), staged changes
 before the staging call answers (``put_staged``); events, running
-calls, container ids and the processes' state go through ``StateWriter`` (``writer.py``), a background thread that
+calls, container ids, the processes' state and the preview ports go through ``StateWriter`` (``writer.py``), a background thread that
 commits in batches.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -71,6 +73,20 @@ class StoredSession:
     running: list[RunningCall] = field(default_factory=list)
     staged: list[StagedChange] = field(default_factory=list)
     """Its staged changes (review/audit), oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPort:
+    """One port open to the preview gateway, as the store keeps it."""
+
+    tenant_id: str
+    session_id: str
+    port: int
+    public: bool
+    expires: float | None
+    """Wall-clock seconds; None: until closed."""
+    digest: bytes
+    """SHA-256 of the token (empty when public)."""
 
 
 class SessionStore:
@@ -157,7 +173,7 @@ class SessionStore:
         with self.lock:
             self._conn.execute("BEGIN")
             try:
-                for table in ("sessions", "events", "running_calls", "staged_changes"):
+                for table in ("sessions", "events", "running_calls", "staged_changes", "preview_ports"):
                     self._conn.executemany(f"DELETE FROM {table} WHERE session_id = ?", ids)
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -273,6 +289,28 @@ class SessionStore:
                 )
             )
 
+    def load_ports(self) -> list[StoredPort]:
+        """Every stored preview port, in the order they were (re)opened. A row that cannot be read
+        is deleted with a log line: a damaged row costs its port, never the server's start."""
+        with self.lock:
+            rows = self._conn.execute(
+                "SELECT rowid, tenant_id, session_id, port, public, expires, digest FROM preview_ports"
+                " ORDER BY rowid"
+            ).fetchall()
+            ports: list[StoredPort] = []
+            for r in rows:
+                try:
+                    ports.append(_port_from_row(r[1:]))
+                except ValueError as exc:
+                    log.warning("stored preview port skipped: %s", exc, extra={"path": str(self.path)})
+                    self._conn.execute("DELETE FROM preview_ports WHERE rowid = ?", (r[0],))
+            return ports
+
+    def delete_ports(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Forget preview ports by (session id, port)."""
+        with self.lock:
+            self._conn.executemany("DELETE FROM preview_ports WHERE session_id = ? AND port = ?", list(keys))
+
     # -- used by the writer thread (under ``lock``) ----------------------------------------
 
     def write_batch(
@@ -283,9 +321,11 @@ class SessionStore:
         ended: Sequence[tuple[str, str]],
         last_seqs: Mapping[str, int],
         updates: Sequence[tuple[str, str, Any]],
+        ports: Sequence[tuple[str, int, StoredPort | None]] = (),
     ) -> None:
         """One transaction: new events, history pruned below a seq, running calls started and
-        ended, last seqs, and single-column session updates ``(session_id, column, value)``."""
+        ended, last seqs, single-column session updates ``(session_id, column, value)``, and
+        preview ports opened (a row) or closed (None), in the order given."""
         conn = self._conn
         conn.execute("BEGIN")
         try:
@@ -314,6 +354,15 @@ class SessionStore:
                 if column not in ("container_id", "policy", "lifecycle", "processes"):
                     raise ValueError(f"not an updatable column: {column}")
                 conn.execute(f"UPDATE sessions SET {column} = ? WHERE session_id = ?", (value, sid))
+            for sid, port, row in ports:
+                if row is None:
+                    conn.execute("DELETE FROM preview_ports WHERE session_id = ? AND port = ?", (sid, port))
+                else:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO preview_ports (session_id, port, tenant_id, public, expires,"
+                        " digest) VALUES (?,?,?,?,?,?)",
+                        (sid, port, row.tenant_id, int(row.public), row.expires, row.digest),
+                    )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -340,6 +389,29 @@ def _session_from_row(r: Sequence[Any]) -> StoredSession:
         last_seq=int(r[9]),
         lifecycle=lifecycle,
         processes=processes,
+    )
+
+
+def _port_from_row(r: Sequence[Any]) -> StoredPort:
+    """A ``preview_ports`` row (tenant, session, port, public, expires, digest), checked: SQLite
+    keeps whatever a column is given.
+
+    Raises:
+        ValueError: a value of the wrong type or out of range.
+    """
+    tenant_id, session_id, port, public, expires, digest = r
+    if not (isinstance(tenant_id, str) and tenant_id and isinstance(session_id, str) and session_id):
+        raise ValueError(f"preview port of session {session_id!r}: its tenant or session id is not text")
+    if type(port) is not int or not 1 <= port <= 65535:
+        raise ValueError(f"preview port of session {session_id!r}: {port!r} is not a port")
+    if public not in (0, 1) or type(public) is not int:
+        raise ValueError(f"preview port {port} of session {session_id!r}: public is {public!r}")
+    if expires is not None and (type(expires) not in (int, float) or not math.isfinite(expires)):
+        raise ValueError(f"preview port {port} of session {session_id!r}: expires is {expires!r}")
+    if not isinstance(digest, bytes) or len(digest) != (0 if public else 32):
+        raise ValueError(f"preview port {port} of session {session_id!r}: its token digest is damaged")
+    return StoredPort(
+        tenant_id, session_id, port, bool(public), float(expires) if expires is not None else None, digest
     )
 
 

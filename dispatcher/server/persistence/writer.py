@@ -1,9 +1,12 @@
-"""The background writer of ``state.db``: events, running calls and container ids, in batches.
+"""The background writer of ``state.db``: events, running calls, container ids and preview ports,
+in batches.
 
 The event loop only appends to a queue (``on_event`` is a bus sink, called inside ``publish``);
 a thread turns what accumulated into one transaction every few milliseconds. On ``kill -9`` what
 was still queued is lost: the last few milliseconds of events (and, with them, maybe the news that
-a call started or ended). A graceful stop drains the queue first (``close``).
+a call started or ended). A graceful stop drains the queue first (``close``). A preview port's
+change comes with a future the thread settles once it is committed, so OpenPort and ClosePort
+answer only after what they changed would survive a kill (awaited off the loop).
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future
 from typing import Any
 
 from dispatcher.core.events import bus as ev
 from dispatcher.core.events.bus import Event
 from dispatcher.core.events.payloads import ToolCalled, ToolConfirmationRequested, to_dict
-from dispatcher.server.persistence.store import SessionStore
+from dispatcher.server.persistence.store import SessionStore, StoredPort
 
 log = logging.getLogger("dispatcher.server.persistence.store")
 
@@ -124,6 +128,18 @@ class StateWriter:
         self._queue.append(("update", session_id, column, value))
         self._wake.set()
 
+    def port_changed(self, session_id: str, port: int, row: StoredPort | None) -> Future[None]:
+        """Queue a preview port opened (``row``) or closed (None); the future is done once it is
+        committed (or failed with the write's error). A session closed meanwhile has nothing to
+        write: its rows went with it."""
+        done: Future[None] = Future()
+        if self._stopping:
+            done.set_exception(RuntimeError("the session state is closed"))
+            return done
+        self._queue.append(("port", session_id, port, row, done))
+        self._wake.set()
+        return done
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until everything queued so far is committed (tests, shutdown)."""
         deadline = time.monotonic() + timeout
@@ -154,11 +170,14 @@ class StateWriter:
             while self._queue:
                 items.append(self._queue.popleft())
             if items:
+                failure: Exception | None = None
                 try:
                     self._write(items)
-                except Exception:
+                except Exception as exc:
+                    failure = exc
                     log.exception("writing session state failed; %d changes lost", len(items))
                 self._written(items)
+                _settle(items, failure)
             self._idle.set()
             if self._stopping and not self._queue:
                 return
@@ -182,6 +201,7 @@ class StateWriter:
             calls: dict[tuple[str, str], tuple[str, str, str, str] | None] = {}
             last: dict[str, int] = {}
             updates: list[tuple[str, str, Any]] = []
+            ports: list[tuple[str, int, StoredPort | None]] = []
             with self._count_lock:
                 skipped, self._dropped_last = self._dropped_last, {}
             for sid, seq in skipped.items():
@@ -191,6 +211,10 @@ class StateWriter:
                 if item[0] == "update":
                     if item[1] in self._live:
                         updates.append((item[1], item[2], item[3]))
+                    continue
+                if item[0] == "port":
+                    if item[1] in self._live:
+                        ports.append((item[1], item[2], item[3]))
                     continue
                 event: Event = item[1]
                 sid = event.session_id
@@ -228,7 +252,7 @@ class StateWriter:
                 elif key in self._running:  # stored by an earlier batch; one that started and
                     self._running.discard(key)  # ended within this batch never was
                     ended.append(key)
-            self._store.write_batch(rows, pruned, started, ended, last, updates)
+            self._store.write_batch(rows, pruned, started, ended, last, updates, ports)
 
     def _keep(self, sid: str, event: Event, pruned: dict[str, int]) -> None:
         kept = self._kept.setdefault(sid, deque())
@@ -239,3 +263,14 @@ class StateWriter:
             total -= size
             pruned[sid] = max(pruned.get(sid, 0), seq)
         self._kept_bytes[sid] = total
+
+
+def _settle(items: list[tuple[Any, ...]], failure: Exception | None) -> None:
+    """Tell whoever waits on a preview port's change that it is committed (or why not)."""
+    for item in items:
+        if item[0] == "port":
+            done: Future[None] = item[4]
+            if failure is None:
+                done.set_result(None)
+            else:
+                done.set_exception(failure)

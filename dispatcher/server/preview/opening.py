@@ -1,7 +1,9 @@
 """OpenPort and ClosePort: who may open a sandbox port to the gateway, and what it answers.
 
 Only a client of the session's tenant opens a port (the model has no tool for it). ``public``
-only for a tenant the config lists in ``preview.allow_public``. Audited without the token.
+only for a tenant the config lists in ``preview.allow_public``. Audited without the token. Both
+answer once the change is committed to ``state.db``: a token handed out works after a restart, a
+closed port stays closed.
 """
 
 from __future__ import annotations
@@ -12,16 +14,15 @@ from dataclasses import dataclass
 from dispatcher.config.sections import PreviewSection
 from dispatcher.core.errors import UnknownSessionError
 from dispatcher.core.sandbox_api import check_port
-from dispatcher.server.preview.ports import OpenPorts
+from dispatcher.server.preview.ports import MAX_EXPIRES_SECONDS, OpenPorts
 from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.tenancy.tenants import Tenant
 
-__all__ = ["AUDIT_CLOSE", "AUDIT_OPEN", "Opened", "Previews"]
+__all__ = ["AUDIT_CLOSE", "AUDIT_OPEN", "MAX_EXPIRES_SECONDS", "Opened", "Previews"]
 
 AUDIT_OPEN = "preview.open"
 AUDIT_CLOSE = "preview.close"
-MAX_EXPIRES_SECONDS = 30 * 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class Previews:
         return f"http://{host}:{self.listen_port}/"
 
 
-def open_port(
+async def open_port(
     sessions: SessionManager,
     previews: Previews | None,
     tenant: Tenant,
@@ -60,7 +61,7 @@ def open_port(
 
     Raises:
         UnknownSessionError, InvalidRequest (port, expiry), FailedPrecondition (no gateway, public
-        not allowed).
+        not allowed), QuotaExceeded (the session's ``MAX_PORTS_PER_SESSION``).
     """
     sessions.get(tenant, session_id)
     if previews is None:
@@ -72,7 +73,7 @@ def open_port(
         raise FailedPrecondition(
             f"tenant {tenant.tenant_id!r} may not open public previews (preview.allow_public)"
         )
-    entry, token = previews.ports.open(
+    entry, token = await previews.ports.open(
         tenant.tenant_id, session_id, port, expires_in=float(expires_in_seconds), public=public
     )
     sessions.dispatcher.audit_record(
@@ -86,7 +87,7 @@ def open_port(
     return Opened(previews.url(session_id, port), token, entry.expires)
 
 
-def close_port(
+async def close_port(
     sessions: SessionManager, previews: Previews | None, tenant: Tenant, session_id: str, port: int
 ) -> None:
     """ClosePort: the token stops working, every connection through the port is cut.
@@ -96,6 +97,6 @@ def close_port(
     """
     sessions.get(tenant, session_id)
     check_port(port)
-    if previews is None or previews.ports.close(session_id, port) is None:
+    if previews is None or await previews.ports.revoke(session_id, port) is None:
         raise UnknownSessionError(f"port {port} of session {session_id} is not open")
     sessions.dispatcher.audit_record(AUDIT_CLOSE, tenant=tenant.tenant_id, session=session_id, port=port)

@@ -387,7 +387,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
 
     @_unary
     async def OpenPort(self, request: pb.OpenPortRequest, context: Ctx) -> pb.OpenPortResponse:
-        opened = preview_opening.open_port(
+        opened = await preview_opening.open_port(
             self._sessions,
             self._previews,
             current_tenant(),
@@ -403,7 +403,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
 
     @_unary
     async def ClosePort(self, request: pb.ClosePortRequest, context: Ctx) -> pb.ClosePortResponse:
-        preview_opening.close_port(
+        await preview_opening.close_port(
             self._sessions, self._previews, current_tenant(), request.session_id, request.port
         )
         return pb.ClosePortResponse()

@@ -27,6 +27,7 @@ from dispatcher.client import AsyncDispatcherClient, RequestFailed
 from dispatcher.config import hash_token
 from dispatcher.server.preview import gateway
 from dispatcher.server.preview.gateway import COOKIE, HEADER
+from dispatcher.server.preview.ports import MAX_PORTS_PER_SESSION
 from dispatcher.v1 import dispatcher_pb2 as pb
 from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 from tests.server.conftest import TOKEN_ALPHA, TOKEN_BETA, Harness, ServerFactory
@@ -394,3 +395,17 @@ async def test_preview_requests_are_metered(make_server: ServerFactory) -> None:
     assert sample("dispatcher_preview_connections_total", outcome="closed") == 1
     assert sample("dispatcher_preview_connections_total", outcome="refused") == 1
     assert sample("dispatcher_preview_bytes_total", direction="out") == len(body)
+
+
+async def test_a_session_has_at_most_its_bound_of_open_ports(gw: Harness) -> None:
+    client = gw.client()
+    sid = (await client.create_session("bound")).session_id
+    for port in range(1, MAX_PORTS_PER_SESSION + 1):
+        await client.open_port(sid, port)
+    with pytest.raises(RequestFailed) as err:
+        await client.open_port(sid, 9999)
+    assert err.value.code == "RESOURCE_EXHAUSTED" and "close one first" in str(err.value)
+    await client.open_port(sid, 1)  # reopening an open one is not one more
+    await client.close_port(sid, 2)
+    await client.open_port(sid, 9999)  # a closed one makes room
+    assert len((await client.get_session(sid)).open_ports) == MAX_PORTS_PER_SESSION

@@ -17,9 +17,9 @@ class Clock:
         return self.now
 
 
-def test_a_token_is_kept_as_its_hash_and_accepted_exactly() -> None:
+async def test_a_token_is_kept_as_its_hash_and_accepted_exactly() -> None:
     ports = OpenPorts()
-    entry, token = ports.open("t", "ses_1", 8000, expires_in=0, public=False)
+    entry, token = await ports.open("t", "ses_1", 8000, expires_in=0, public=False)
     assert len(token) >= 40 and token not in repr(entry.__dict__)
     assert entry.digest == hashlib.sha256(token.encode()).digest()
     assert entry.accepts(token)
@@ -27,18 +27,18 @@ def test_a_token_is_kept_as_its_hash_and_accepted_exactly() -> None:
     assert not entry.accepts("\udcff")  # a lone surrogate from a hostile query: refused, no error
 
 
-def test_reopening_replaces_the_token_and_cuts_the_old_connections() -> None:
+async def test_reopening_replaces_the_token_and_cuts_the_old_connections() -> None:
     ports = OpenPorts()
-    first, old = ports.open("t", "ses_1", 8000, expires_in=0, public=False)
-    second, new = ports.open("t", "ses_1", 8000, expires_in=0, public=False)
+    first, old = await ports.open("t", "ses_1", 8000, expires_in=0, public=False)
+    second, new = await ports.open("t", "ses_1", 8000, expires_in=0, public=False)
     assert first.cut.is_set() and not second.cut.is_set()
     assert new != old and not second.accepts(old) and second.accepts(new)
 
 
-def test_expiry_follows_the_clock_and_says_it_expired() -> None:
+async def test_expiry_follows_the_clock_and_says_it_expired() -> None:
     clock = Clock()
     ports = OpenPorts(clock)
-    entry, _ = ports.open("t", "ses_1", 8000, expires_in=60, public=False)
+    entry, _ = await ports.open("t", "ses_1", 8000, expires_in=60, public=False)
     assert entry.expires == 1060.0
     clock.now = 1059.9
     assert ports.find("ses_1", 8000) == (entry, False)
@@ -47,11 +47,11 @@ def test_expiry_follows_the_clock_and_says_it_expired() -> None:
     assert ports.find("ses_1", 8000) == (None, False)  # gone: no longer "expired"
 
 
-def test_the_sessions_end_closes_only_its_ports() -> None:
+async def test_the_sessions_end_closes_only_its_ports() -> None:
     ports = OpenPorts()
-    a, _ = ports.open("t", "ses_1", 8000, expires_in=0, public=False)
-    b, _ = ports.open("t", "ses_1", 9000, expires_in=0, public=True)
-    c, _ = ports.open("t", "ses_2", 8000, expires_in=0, public=False)
+    a, _ = await ports.open("t", "ses_1", 8000, expires_in=0, public=False)
+    b, _ = await ports.open("t", "ses_1", 9000, expires_in=0, public=True)
+    c, _ = await ports.open("t", "ses_2", 8000, expires_in=0, public=False)
     assert [e.port for e in ports.of_session("ses_1")] == [8000, 9000]
     ports.close_session("ses_1")
     assert a.cut.is_set() and b.cut.is_set() and not c.cut.is_set()
