@@ -29,9 +29,7 @@ breaks the link (everything the agent sends is untrusted). Encoding trusts its c
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 import posixpath
 import re
 from collections.abc import Mapping
@@ -58,6 +56,8 @@ from .exec_messages import Exec as Exec
 from .exec_messages import Exit as Exit
 from .exec_messages import Output as Output
 from .exec_messages import SendSignal as SendSignal
+from .identity import parse_grants as parse_grants
+from .identity import waiting_socket_name as waiting_socket_name
 from .process_messages import MAX_READ as MAX_READ
 from .process_messages import PROCESS_REQUESTS
 from .process_messages import ProcChunk as ProcChunk
@@ -482,31 +482,6 @@ def response_head(header: Mapping[str, Any]) -> tuple[int, str]:
     return rid, kind
 
 
-# --- who an agent is, as a waiting agent compares it (``handover.py``) ----------------------------
-
-
-def parse_grants(raw: str | None) -> list[tuple[str, str]] | None:
-    """The ``--grants`` JSON as (normalised relative prefix, mode) pairs; None when not given."""
-    if raw is None:
-        return None
-    items = json.loads(raw)
-    if not isinstance(items, list):
-        raise ValueError("expected a JSON list")
-    grants = []
-    for item in items:
-        if (
-            not isinstance(item, dict)
-            or type(item.get("path")) is not str
-            or item.get("mode") not in ("r", "rw")
-        ):
-            raise ValueError(f"bad grant {item!r}")
-        prefix = os.path.normpath(item["path"].strip("/") or ".")
-        if prefix.split("/")[0] == ".." or "\x00" in prefix:
-            raise ValueError(f"grant {item['path']!r} leaves the root")
-        grants.append((prefix, item["mode"]))
-    return grants
-
-
 def handover_identity(root: str, grants: list[tuple[str, str]] | None) -> dict[str, Any]:
     """What a waiting agent compares before it takes a channel: the protocol version, its root and
     its grants, as they travel (JSON)."""
@@ -514,10 +489,3 @@ def handover_identity(root: str, grants: list[tuple[str, str]] | None) -> dict[s
         json.dumps({"version": PROTOCOL_VERSION, "root": root, "grants": grants})
     )
     return loaded
-
-
-def waiting_socket_name(uid: int, real_root: str) -> str:
-    """The abstract unix socket where an agent running as ``uid``, whose root resolves to
-    ``real_root``, waits for its next channel."""
-    digest = hashlib.sha256(real_root.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"\0dispatcher-agent/{uid}/{digest}"

@@ -35,15 +35,9 @@ from dispatcher.sandbox.container.labels import (
 from dispatcher.sandbox.docker.agent.attach import attach_agent, has_ca, rejoin_agent
 from dispatcher.sandbox.docker.agent.listener import LABEL_AGENT_LINK, AgentListener, AgentSockets
 from dispatcher.sandbox.docker.client import DockerAPI
+from dispatcher.sandbox.docker.host_view import file_seen_from_host, seen_from_host
 from dispatcher.sandbox.grants import agent_grant_args
-from dispatcher.sandbox.workspace_pin import (
-    PinnedMount,
-    Stage,
-    WorkspaceRefused,
-    open_pinned,
-    pin_session_mounts,
-    split_relative,
-)
+from dispatcher.sandbox.workspace_pin import PinnedMount, Stage, pin_session_mounts, split_relative
 
 log = logging.getLogger(__name__)
 
@@ -454,59 +448,3 @@ class ContainerLauncher:
         await open_tunnels(
             self._egress(), session, channel, stream, has_ca(self.api, container_id, ca_mounted)
         )
-
-
-def seen_from_host(pid: int, expected: list[tuple[str, int, int]]) -> bool:
-    """Whether the container whose init is ``pid`` has, at each ``(target, st_dev, st_ino)``, that
-    very directory: walked from its root through ``/proc/<pid>/root`` without following a link
-    (blocking). runc shows the host's numbers, so this is what ``stat`` in the container says."""
-    try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        for target, dev, ino in expected:
-            try:
-                fd = open_pinned(root, _parts(target), create=False, owner=None, what="re-adoption")
-            except (WorkspaceRefused, SandboxError):
-                return False
-            if fd is None:
-                return False
-            try:
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
-            if (st.st_dev, st.st_ino) != (dev, ino):
-                return False
-        return True
-    finally:
-        os.close(root)
-
-
-def file_seen_from_host(pid: int, path: str) -> bool:
-    """Whether the container whose init is ``pid`` has a regular file at ``path``, reached from
-    its root without following a link (blocking)."""
-    *dirs, name = _parts(path)
-    try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        try:
-            fd = open_pinned(root, dirs, create=False, owner=None, what="re-adoption")
-        except (WorkspaceRefused, SandboxError):
-            return False
-        if fd is None:
-            return False
-        try:
-            return stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
-    finally:
-        os.close(root)
-
-
-def _parts(path: str) -> list[str]:
-    return [part for part in path.split("/") if part]

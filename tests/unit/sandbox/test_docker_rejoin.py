@@ -28,7 +28,7 @@ from dispatcher.sandbox.docker.agent.rejoin import (
     in_container,
     numeric_uid,
 )
-from dispatcher.sandbox.docker.launch import file_seen_from_host, seen_from_host
+from dispatcher.sandbox.docker.host_view import file_seen_from_host, seen_from_host
 from tests.polling import until
 
 
