@@ -104,7 +104,9 @@ def _per_container(ids: Iterable[str]) -> tuple[list[int], list[int], list[int]]
 def _containers(instance: str) -> list[str]:
     client = docker.from_env()
     try:
-        found = client.containers.list(filters={"label": f"dispatcher.instance={instance}"})
+        found = client.containers.list(
+            filters={"label": f"dispatcher.instance={instance}"}, ignore_removed=True
+        )
         return [c.id for c in found if c.labels.get("dispatcher.session")]
     finally:
         client.close()

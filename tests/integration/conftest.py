@@ -73,7 +73,7 @@ def docker_client() -> Iterator[docker.DockerClient]:
 
 def _sweep(client: docker.DockerClient) -> None:
     """Force-remove every container any provider of this run labelled."""
-    for container in client.containers.list(all=True, filters={"label": LABEL_INSTANCE}):
+    for container in client.containers.list(all=True, filters={"label": LABEL_INSTANCE}, ignore_removed=True):
         if container.labels.get(LABEL_INSTANCE, "").startswith(INSTANCE_PREFIX):
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 container.remove(force=True)

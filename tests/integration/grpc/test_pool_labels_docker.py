@@ -22,7 +22,11 @@ pytestmark = [
 
 
 def _of_session(client: docker.DockerClient, session_id: str) -> list[Any]:
-    return list(client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"}))
+    return list(
+        client.containers.list(
+            all=True, filters={"label": f"{LABEL_SESSION}={session_id}"}, ignore_removed=True
+        )
+    )
 
 
 async def _ready(provider: DockerSandboxProvider, n: int) -> None:
@@ -71,7 +75,9 @@ async def test_a_session_closed_before_its_pooled_container_started_leaves_none(
     await _ready(provider, 1)  # refilled, for a new id
     [waiting] = [
         c
-        for c in docker_client.containers.list(filters={"label": f"{LABEL_INSTANCE}={provider.instance}"})
+        for c in docker_client.containers.list(
+            filters={"label": f"{LABEL_INSTANCE}={provider.instance}"}, ignore_removed=True
+        )
         if c.labels.get(LABEL_POOL)
     ]
     assert waiting.labels[LABEL_SESSION] != session.session_id

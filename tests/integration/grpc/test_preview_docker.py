@@ -53,7 +53,9 @@ async def test_connect_port_and_the_preview_reach_the_container_and_nothing_else
     async with docker_server(make_provider, tmp_path, data) as harness:
         client, sid, port, root = await _serve(harness, "http")
         # No port of the container is published.
-        for container in docker_client.containers.list(filters={"label": f"dispatcher.session={sid}"}):
+        for container in docker_client.containers.list(
+            filters={"label": f"dispatcher.session={sid}"}, ignore_removed=True
+        ):
             assert not container.attrs["HostConfig"].get("PortBindings")
 
         blob = os.urandom(1 << 20) * 20
