@@ -15,14 +15,16 @@ where it cannot.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 from dispatcher.core.provider_api import BLOCK, CopyBudget
 
-__all__ = ["MAX_DEPTH", "TreeCopyError", "copy_tree"]
+__all__ = ["MAX_DEPTH", "TreeCopyError", "copy_tree", "run_copy"]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: an entry swapped for a fifo since it was listed must not hang the copy on its open.
@@ -72,6 +74,20 @@ def copy_tree(source: str, dest: str, budget: CopyBudget, *, label: str = "", ke
             os.close(dst)
     finally:
         os.close(src)
+
+
+async def run_copy(budget: CopyBudget, copy: Callable[[], int]) -> int:
+    """Run ``copy`` (a copy charging ``budget``) in a thread. If the caller is cancelled, the
+    budget is stopped and the thread waited for (it ends at its next entry or chunk) before the
+    cancellation goes on, so nothing is written after the caller removes the copy."""
+    running = asyncio.ensure_future(asyncio.to_thread(copy))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        budget.stop()
+        with contextlib.suppress(Exception):
+            await running
+        raise
 
 
 class _Copier:

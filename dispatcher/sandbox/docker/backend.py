@@ -51,6 +51,7 @@ from dispatcher.sandbox.docker.tmp_copy import copy_in, copy_out
 from dispatcher.sandbox.docker.usage import from_stats, workspace_bytes
 from dispatcher.sandbox.docker.watch import DeathWatch, still_running
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes
+from dispatcher.sandbox.tree_copy import run_copy
 
 if TYPE_CHECKING:
     from dispatcher.core.sessions.registry import Restoration
@@ -169,12 +170,11 @@ class DockerSandboxProvider(ContainerProvider):
         """
         self._check_copyable()
         sandbox = self.sandbox_for(session)
-        loop = asyncio.get_running_loop()
         async with sandbox.held_still() as container_id:
             pid = await self._pid(container_id) if container_id is not None else 0
             if pid:
                 try:
-                    await loop.run_in_executor(None, copy_out, pid, tmp_dest, budget)
+                    await run_copy(budget, functools.partial(copy_out, pid, tmp_dest, budget))
                 except OSError as exc:
                     raise SandboxError(f"copying the session's /tmp failed: {exc}") from exc
             await copy_workspace()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -31,7 +32,7 @@ from dispatcher.core.provider_api import CopyBudget, CopyBudgetExceeded, Sandbox
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.types import Role
-from dispatcher.sandbox.tree_copy import copy_tree
+from dispatcher.sandbox.tree_copy import copy_tree, run_copy
 from dispatcher.sandbox.tree_size import tree_bytes
 from dispatcher.server.persistence.store import SessionStore
 from dispatcher.server.requests.checks import check_id
@@ -335,14 +336,16 @@ class Snapshots:
 
         async def copy_workspace() -> None:
             dest = str(target / "workspace")
-            await asyncio.to_thread(
-                copy_tree, session.workspace_path, dest, budget, label="workspace", keep_root=True
+            await run_copy(
+                budget,
+                functools.partial(
+                    copy_tree, session.workspace_path, dest, budget, label="workspace", keep_root=True
+                ),
             )
 
         try:
             return await self._provider.capture(session, str(target / "tmp"), copy_workspace, budget)
         except BaseException as exc:
-            budget.stop()  # a copy still running in its thread ends at its next entry
             await asyncio.to_thread(shutil.rmtree, target, True)  # nothing half copied stays
             if isinstance(exc, CopyBudgetExceeded):
                 raise QuotaExceeded(_past_budget(exc, what, used, quotas.max_snapshot_bytes)) from exc

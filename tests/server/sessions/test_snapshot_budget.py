@@ -9,6 +9,7 @@ budget, then the server's own workspace copy); the Docker run is
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.core.provider_api import CopyBudget, ProviderHooks
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.local import LocalSandboxProvider
-from dispatcher.sandbox.tree_copy import copy_tree
+from dispatcher.sandbox.tree_copy import copy_tree, run_copy
 from dispatcher.server.app import build_server
 from dispatcher.wire.convert import SessionInfo
 from tests.blocks import text_at
@@ -50,7 +51,7 @@ class CopyingProvider(LocalSandboxProvider):
         budget: CopyBudget,
     ) -> bool:
         await asyncio.to_thread(os.makedirs, tmp_dest, 0o700)
-        await asyncio.to_thread(copy_tree, str(self.tmp), tmp_dest, budget, label="tmp")
+        await run_copy(budget, functools.partial(copy_tree, str(self.tmp), tmp_dest, budget, label="tmp"))
         await copy_workspace()
         return True
 

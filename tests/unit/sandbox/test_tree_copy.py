@@ -4,15 +4,18 @@ byte charged to the copy's budget before it is written, so a tree past it stops 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from dispatcher.core.provider_api import BLOCK, CopyBudget, CopyBudgetExceeded
 from dispatcher.sandbox import tree_copy
-from dispatcher.sandbox.tree_copy import TreeCopyError, copy_tree
+from dispatcher.sandbox.tree_copy import TreeCopyError, copy_tree, run_copy
 
 MiB = 1 << 20
 
@@ -181,3 +184,54 @@ def test_a_copy_across_filesystems_falls_back_to_read_and_write(
     assert (tmp_path / "small" / "f").stat().st_size == MiB + 1  # bounded the same way
     copy_tree(str(src), str(tmp_path / "dst"), unbounded())
     assert (tmp_path / "dst" / "f").read_bytes() == data
+
+
+class GatedBudget(CopyBudget):
+    """Holds the copy at its third entry until the budget is stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.maxsize, sys.maxsize)
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def entry(self, where: str, nbytes: int = 0) -> None:
+        if self.copied_entries == 2:
+            self.held.set()
+            self.gate.wait()
+        super().entry(where, nbytes)
+
+    def stop(self) -> None:
+        super().stop()
+        self.gate.set()
+
+
+async def test_a_cancelled_copy_has_ended_before_the_cancellation_goes_on(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    for i in range(10):
+        (src / f"f{i}").write_text("x")
+    budget = GatedBudget()
+    ended = threading.Event()
+
+    def copy() -> int:
+        try:
+            return copy_tree(str(src), str(dst), budget)
+        finally:
+            ended.set()
+
+    copying = asyncio.ensure_future(run_copy(budget, copy))
+    await asyncio.to_thread(budget.held.wait, 30)
+    copying.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await copying
+    # The thread was told to stop and waited for: nothing more is written once the caller
+    # goes on to remove the copy.
+    assert ended.is_set() and len(list(dst.iterdir())) == 2
+
+
+async def test_run_copy_returns_what_the_copy_returns(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"abc")
+    budget = unbounded()
+    copy = functools.partial(copy_tree, str(tmp_path / "src"), str(tmp_path / "dst"), budget)
+    assert await run_copy(budget, copy) == 3
