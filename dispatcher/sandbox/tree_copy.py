@@ -22,9 +22,10 @@ import os
 import stat
 from collections.abc import Callable
 
+from dispatcher.core.errors import DispatcherError
 from dispatcher.core.provider_api import BLOCK, CopyBudget
 
-__all__ = ["MAX_DEPTH", "TreeCopyError", "copy_tree", "run_copy"]
+__all__ = ["MAX_DEPTH", "TreeCopyError", "TreeTooDeep", "copy_tree", "run_copy"]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: an entry swapped for a fifo since it was listed must not hang the copy on its open.
@@ -41,6 +42,11 @@ class TreeCopyError(OSError):
     """The copy could not be completed (the message says where)."""
 
 
+class TreeTooDeep(DispatcherError, ValueError):
+    """The tree nests directories deeper than ``MAX_DEPTH``: the tree must change, a retry will
+    not help (the message says where)."""
+
+
 def copy_tree(source: str, dest: str, budget: CopyBudget, *, label: str = "", keep_root: bool = False) -> int:
     """Copy the directory ``source``'s contents into the directory ``dest`` (made if missing, mode
     0700), charging ``budget``; returns the bytes of file data copied. ``label``: the name the
@@ -50,7 +56,8 @@ def copy_tree(source: str, dest: str, budget: CopyBudget, *, label: str = "", ke
     Raises:
         CopyBudgetExceeded: the next entry or byte would pass ``budget`` (what was written stays:
             the caller removes the copy).
-        TreeCopyError: a directory could not be opened, or the tree is deeper than ``MAX_DEPTH``.
+        TreeTooDeep: the tree is deeper than ``MAX_DEPTH`` (what was written stays).
+        TreeCopyError: ``source`` or ``dest`` could not be opened.
         OSError: reading or writing failed.
     """
     try:
@@ -106,7 +113,10 @@ class _Copier:
 
     def copy_dir(self, src: int, dst: int, rel: tuple[str, ...]) -> None:
         if len(rel) >= MAX_DEPTH:
-            raise TreeCopyError(f"{self.where(rel)}: directories nested deeper than {MAX_DEPTH}")
+            raise TreeTooDeep(
+                f"{self.where(rel)}: directories nested deeper than {MAX_DEPTH} levels, more than a"
+                " copy keeps; flatten or remove that tree"
+            )
         for name in os.listdir(src):
             here = (*rel, name)
             try:

@@ -51,7 +51,7 @@ from dispatcher.sandbox.docker.tmp_copy import copy_in, copy_out
 from dispatcher.sandbox.docker.usage import from_stats, workspace_bytes
 from dispatcher.sandbox.docker.watch import DeathWatch, still_running
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes
-from dispatcher.sandbox.tree_copy import run_copy
+from dispatcher.sandbox.tree_copy import TreeTooDeep, run_copy
 
 if TYPE_CHECKING:
     from dispatcher.core.sessions.registry import Restoration
@@ -195,7 +195,7 @@ class DockerSandboxProvider(ContainerProvider):
                 raise SandboxError("the session's new container is not running")
             try:
                 await asyncio.get_running_loop().run_in_executor(None, copy_in, source, pid)
-            except (OSError, CopyBudgetExceeded) as exc:
+            except (OSError, CopyBudgetExceeded, TreeTooDeep) as exc:
                 raise SandboxError(f"copying /tmp into the session's container failed: {exc}") from exc
 
     def _check_copyable(self) -> None:

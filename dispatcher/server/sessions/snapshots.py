@@ -32,7 +32,7 @@ from dispatcher.core.provider_api import CopyBudget, CopyBudgetExceeded, Sandbox
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.types import Role
-from dispatcher.sandbox.tree_copy import copy_tree, run_copy
+from dispatcher.sandbox.tree_copy import TreeTooDeep, copy_tree, run_copy
 from dispatcher.sandbox.tree_size import tree_bytes
 from dispatcher.server.persistence.store import SessionStore
 from dispatcher.server.requests.checks import check_id
@@ -327,7 +327,8 @@ class Snapshots:
 
         Raises:
             QuotaExceeded: the copy would pass them; it stopped there and was removed.
-            FailedPrecondition, SandboxUnavailable: the session could not be copied.
+            FailedPrecondition: the backend cannot copy a sandbox, or the tree nests too deep.
+            SandboxUnavailable: the copy failed.
         """
         session = state.session
         quotas = tenant.quotas
@@ -336,12 +337,13 @@ class Snapshots:
 
         async def copy_workspace() -> None:
             dest = str(target / "workspace")
-            await run_copy(
-                budget,
-                functools.partial(
-                    copy_tree, session.workspace_path, dest, budget, label="workspace", keep_root=True
-                ),
+            copy = functools.partial(
+                copy_tree, session.workspace_path, dest, budget, label="workspace", keep_root=True
             )
+            try:
+                await run_copy(budget, copy)
+            except OSError as exc:
+                raise SandboxError(f"copying the session's workspace failed: {exc}") from exc
 
         try:
             return await self._provider.capture(session, str(target / "tmp"), copy_workspace, budget)
@@ -349,6 +351,8 @@ class Snapshots:
             await asyncio.to_thread(shutil.rmtree, target, True)  # nothing half copied stays
             if isinstance(exc, CopyBudgetExceeded):
                 raise QuotaExceeded(_past_budget(exc, what, used, quotas.max_snapshot_bytes)) from exc
+            if isinstance(exc, TreeTooDeep):
+                raise FailedPrecondition(f"the session could not be copied: {exc}") from exc
             if isinstance(exc, SnapshotUnsupported):
                 raise FailedPrecondition(str(exc)) from exc
             if isinstance(exc, SandboxError):

@@ -23,7 +23,7 @@ from dispatcher.config.load import ensure_default_tenant, load_config
 from dispatcher.core.provider_api import CopyBudget, ProviderHooks
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.local import LocalSandboxProvider
-from dispatcher.sandbox.tree_copy import copy_tree, run_copy
+from dispatcher.sandbox.tree_copy import MAX_DEPTH, copy_tree, run_copy
 from dispatcher.server.app import build_server
 from dispatcher.wire.convert import SessionInfo
 from tests.blocks import text_at
@@ -180,3 +180,17 @@ async def test_a_forks_copy_counts_against_the_bound_while_it_lasts(start: Start
     assert not list(snapshots_dir(harness).iterdir())  # the fork's copy removed
     snap = await client.snapshot_session(sid)  # and no longer counted
     assert snap.size_bytes >= 3 * MiB
+
+
+async def test_a_tree_nested_too_deep_is_refused_saying_where(start: Start) -> None:
+    harness = await start({})
+    client = harness.client()
+    sid = (await client.create_session("w")).session_id
+    deep = harness.tmp / "ws-alpha" / "w" / "deep"
+    deep.joinpath(*["d"] * (MAX_DEPTH + 5)).mkdir(parents=True)
+    with pytest.raises(RequestFailed) as refused:
+        await client.snapshot_session(sid)
+    assert refused.value.code == "FAILED_PRECONDITION", refused.value.details
+    assert f"nested deeper than {MAX_DEPTH} levels" in refused.value.details
+    assert "workspace/deep/d/d/" in refused.value.details
+    assert not list(snapshots_dir(harness).iterdir())

@@ -15,7 +15,7 @@ import pytest
 
 from dispatcher.core.provider_api import BLOCK, CopyBudget, CopyBudgetExceeded
 from dispatcher.sandbox import tree_copy
-from dispatcher.sandbox.tree_copy import TreeCopyError, copy_tree, run_copy
+from dispatcher.sandbox.tree_copy import TreeTooDeep, copy_tree, run_copy
 
 MiB = 1 << 20
 
@@ -164,7 +164,7 @@ def test_nesting_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(tree_copy, "MAX_DEPTH", 5)
     deep = tmp_path / "src"
     (deep / "1" / "2" / "3" / "4" / "5" / "6").mkdir(parents=True)
-    with pytest.raises(TreeCopyError, match="nested deeper than 5"):
+    with pytest.raises(TreeTooDeep, match="workspace/1/2/3/4/5: directories nested deeper than 5"):
         copy_tree(str(deep), str(tmp_path / "dst"), unbounded(), label="workspace")
 
 
