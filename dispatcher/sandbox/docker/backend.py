@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from dispatcher.core.provider_api import (
     NO_HOOKS,
     CopyBudget,
-    CopyBudgetExceeded,
     ProviderHooks,
     SessionUsage,
     SnapshotUnsupported,
@@ -195,7 +194,7 @@ class DockerSandboxProvider(ContainerProvider):
                 raise SandboxError("the session's new container is not running")
             try:
                 await asyncio.get_running_loop().run_in_executor(None, copy_in, source, pid)
-            except (OSError, CopyBudgetExceeded, TreeTooDeep) as exc:
+            except (OSError, TreeTooDeep) as exc:
                 raise SandboxError(f"copying /tmp into the session's container failed: {exc}") from exc
 
     def _check_copyable(self) -> None:
