@@ -172,7 +172,7 @@ class _Copier:
                 return  # swapped for something else since it was listed
             fout = os.open(name, _WRITE, 0o600, dir_fd=dst)
             try:
-                copied = self.copy_data(fin, fout)
+                copied = self.copy_data(fin, fout, here)
                 # Past the budget by a byte at most: a file that grew while copied stops here.
                 self.budget.charge(self.where(here), copied)
                 self.copied += copied
@@ -184,11 +184,12 @@ class _Copier:
         if st.st_nlink > 1:
             self.linked[key] = "/".join(here)
 
-    def copy_data(self, fin: int, fout: int) -> int:
+    def copy_data(self, fin: int, fout: int, here: tuple[str, ...]) -> int:
         """At most the budget's bytes left and one more, so a file past it is known to be."""
         limit = self.budget.bytes_left + 1
         copied = 0
         while copied < limit:
+            self.budget.charge(self.where(here), 0)  # raises once the copy was stopped
             want = min(CHUNK, limit - copied)
             if self.ranged:
                 try:
@@ -196,7 +197,8 @@ class _Copier:
                 except OSError as exc:
                     if exc.errno not in _NO_RANGE:
                         raise
-                    self.ranged = False  # across filesystems, or not offered: the offsets are where they were
+                    # Across filesystems, or not offered: the offsets are where they were.
+                    self.ranged = False
                     continue
             else:
                 n = _read_write(fin, fout, want)

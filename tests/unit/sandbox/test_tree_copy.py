@@ -235,3 +235,24 @@ async def test_run_copy_returns_what_the_copy_returns(tmp_path: Path) -> None:
     budget = unbounded()
     copy = functools.partial(copy_tree, str(tmp_path / "src"), str(tmp_path / "dst"), budget)
     assert await run_copy(budget, copy) == 3
+
+
+def test_a_stopped_budget_ends_a_large_file_at_its_next_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tree_copy, "CHUNK", 4096)
+
+    class StopsAfterTwoChunks(CopyBudget):
+        def charge(self, where: str, nbytes: int) -> None:
+            super().charge(where, nbytes)
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == 3:  # the file's entry, then its first two chunks
+                self.stop()  # as a cancelled caller does, from another thread
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big").write_bytes(b"b" * (100 * 4096))
+    with pytest.raises(CopyBudgetExceeded) as stopped:
+        copy_tree(str(src), str(tmp_path / "dst"), StopsAfterTwoChunks(sys.maxsize, sys.maxsize))
+    assert stopped.value.unit == "stopped" and stopped.value.where == "big"
+    assert (tmp_path / "dst" / "big").stat().st_size == 2 * 4096
