@@ -168,7 +168,13 @@ class Quotas(Section):
     max_snapshots: PositiveInt = 20
     """Snapshots kept (``SnapshotSession``); past it, RESOURCE_EXHAUSTED until one is deleted."""
     max_snapshot_bytes: Bytes = 10 << 30
-    """Bytes all its snapshots hold on the server's disk (workspaces and ``/tmp``; ``10g``)."""
+    """Bytes all its snapshots hold on the server's disk (workspaces and ``/tmp``; ``10g``), a
+    fork's temporary copy of a session included while it lasts. Counted as each copy is written:
+    a copy that would pass it stops there, is removed, and is RESOURCE_EXHAUSTED."""
+    max_snapshot_entries: PositiveInt = 1_000_000
+    """Files, directories and links one snapshot (or a fork's copy) may hold, its workspace and
+    ``/tmp`` together: the inodes a copy takes on the server's disk. Past it, the copy stops, is
+    removed, and is RESOURCE_EXHAUSTED."""
     max_port_connections: PositiveInt = 64
     """Connections to its sandboxes' ports open at once (ConnectPort), all sessions together.
     Each buffers at most a window each way (1.5 MiB), so their memory is bounded too."""

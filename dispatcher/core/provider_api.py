@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from dispatcher.core.errors import DispatcherError
 from dispatcher.core.observe import NO_SANDBOX_OBSERVER, SandboxObserver
 from dispatcher.core.sandbox_api import Sandbox, SandboxError
 from dispatcher.egress.gate import EgressGate
@@ -69,6 +70,78 @@ class UsageUnsupported(SandboxError):
 
 class SnapshotUnsupported(SandboxError):
     """This sandbox backend cannot copy a session's sandbox; the message says what is missing."""
+
+
+BLOCK = 4096
+"""What one file or directory is counted as at least, and what its bytes are rounded up to: the
+copy is counted as ``du`` will measure it on the usual filesystems, before it is written."""
+
+
+class CopyBudgetExceeded(DispatcherError):
+    """A bounded copy stopped before its next entry or byte would pass its budget; what it wrote
+    is for the caller to remove. The message says where it stopped and how far it got."""
+
+    def __init__(self, unit: str, where: str, budget: CopyBudget) -> None:
+        self.unit = unit
+        """``bytes``, ``entries`` or ``stopped`` (the copy was abandoned: ``CopyBudget.stop``)."""
+        self.where = where
+        """The entry it stopped at, relative to the copy's root."""
+        self.copied_bytes = budget.copied_bytes
+        self.copied_entries = budget.copied_entries
+        super().__init__(
+            f"the copy stopped at {where} after {self.copied_bytes:,} bytes in"
+            f" {self.copied_entries:,} entries: the next would pass its {unit} budget"
+        )
+
+
+class CopyBudget:
+    """What a copy (a snapshot's or a fork's, its ``/tmp`` and its workspace together) may still
+    write: bytes, as ``du`` counts them (each file's rounded up to ``BLOCK``, each directory one
+    ``BLOCK``), and entries. Every copier charges it before it writes, so a tree larger than the
+    budget is refused after at most the budget (and a block) was written, not after it was
+    copied whole. One copier at a time uses it (the /tmp part, then the workspace part)."""
+
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
+        self.max_bytes = max(0, max_bytes)
+        self.max_entries = max(0, max_entries)
+        self.copied_bytes = 0
+        self.copied_entries = 0
+        self._stopped = False
+
+    @property
+    def bytes_left(self) -> int:
+        return self.max_bytes - self.copied_bytes
+
+    def entry(self, where: str, nbytes: int = 0) -> None:
+        """Count one more entry taking ``nbytes`` (before rounding).
+
+        Raises:
+            CopyBudgetExceeded: it would pass either bound, or the copy was stopped.
+        """
+        if self._stopped:
+            raise CopyBudgetExceeded("stopped", where, self)
+        if self.copied_entries >= self.max_entries:
+            raise CopyBudgetExceeded("entries", where, self)
+        self.charge(where, nbytes)
+        self.copied_entries += 1
+
+    def charge(self, where: str, nbytes: int) -> None:
+        """Count ``nbytes`` more (rounded up to ``BLOCK``) of the entry at ``where``.
+
+        Raises:
+            CopyBudgetExceeded: they would pass the byte bound, or the copy was stopped.
+        """
+        if self._stopped:
+            raise CopyBudgetExceeded("stopped", where, self)
+        rounded = -(-nbytes // BLOCK) * BLOCK
+        if rounded > self.bytes_left:
+            raise CopyBudgetExceeded("bytes", where, self)
+        self.copied_bytes += rounded
+
+    def stop(self) -> None:
+        """The copy was abandoned (its caller was cancelled): its next charge raises, so a copy
+        running in a thread ends at its next entry or chunk."""
+        self._stopped = True
 
 
 NO_HOOKS = ProviderHooks()
@@ -184,15 +257,22 @@ class SandboxProvider(Protocol):
         raise UsageUnsupported("this sandbox backend reports no usage per session")
 
     async def capture(
-        self, session: Session, tmp_dest: str, copy_workspace: Callable[[], Awaitable[None]]
+        self,
+        session: Session,
+        tmp_dest: str,
+        copy_workspace: Callable[[], Awaitable[None]],
+        budget: CopyBudget,
     ) -> bool:
         """With the session's sandbox held still (frozen, or already paused; no container
-        launched meanwhile): copy its ``/tmp`` into the directory ``tmp_dest`` (made here), then
-        ``copy_workspace()``; thawed after unless it was paused. False: no container ran, so
-        there was no ``/tmp`` to copy (the workspace was copied all the same).
+        launched meanwhile): copy its ``/tmp`` into the directory ``tmp_dest`` (made here),
+        charging ``budget`` as it goes, then ``copy_workspace()`` (which charges the same
+        budget); thawed after unless it was paused. False: no container ran, so there was no
+        ``/tmp`` to copy (the workspace was copied all the same).
 
         Raises:
             SnapshotUnsupported: this backend cannot copy a sandbox's ``/tmp`` (here: none can).
+            CopyBudgetExceeded: the copy would pass ``budget`` (it stopped there; the caller
+                removes what it wrote).
         """
         raise SnapshotUnsupported("this sandbox backend cannot snapshot or fork a session")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.core.provider_api import SnapshotUnsupported, UsageUnsupported
+from dispatcher.core.provider_api import CopyBudget, SnapshotUnsupported, UsageUnsupported
 from dispatcher.sandbox.container.sandbox import ContainerSandbox
 from tests.integration.helpers import run
 from tests.kubernetes.backend_fixtures import KubeProviders
@@ -91,7 +91,7 @@ async def test_kubernetes_snapshots_and_forks_are_refused_saying_what_they_need(
         copied.append(True)
 
     with pytest.raises(SnapshotUnsupported, match="VolumeSnapshot"):
-        await provider.capture(session, str(tmp_path / "tmp"), copy_workspace)
+        await provider.capture(session, str(tmp_path / "tmp"), copy_workspace, CopyBudget(1 << 20, 100))
     with pytest.raises(SnapshotUnsupported, match="VolumeSnapshot"):
         await provider.seed_tmp(session, str(tmp_path))
     assert copied == []  # nothing half done

@@ -23,7 +23,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SessionUsage, SnapshotUnsupported
+from dispatcher.core.provider_api import (
+    NO_HOOKS,
+    CopyBudget,
+    ProviderHooks,
+    SessionUsage,
+    SnapshotUnsupported,
+)
 from dispatcher.core.sandbox_api import AttachedProcess, ExecRequest, ExecResult, OutputCallback, SandboxError
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.container.config import SandboxConfig, format_size
@@ -44,6 +50,7 @@ from dispatcher.sandbox.docker.tmp_copy import copy_in, copy_out
 from dispatcher.sandbox.docker.usage import from_stats, workspace_bytes
 from dispatcher.sandbox.docker.watch import DeathWatch, still_running
 from dispatcher.sandbox.docker.workspace_volume import WorkspaceVolumes
+from dispatcher.sandbox.tree_copy import TreeTooDeep, run_copy
 
 if TYPE_CHECKING:
     from dispatcher.core.sessions.registry import Restoration
@@ -145,24 +152,28 @@ class DockerSandboxProvider(ContainerProvider):
         return dataclasses.replace(used, disk_bytes=disk, disk_limit_bytes=self.config.workspace_quota or 0)
 
     async def capture(
-        self, session: Session, tmp_dest: str, copy_workspace: Callable[[], Awaitable[None]]
+        self,
+        session: Session,
+        tmp_dest: str,
+        copy_workspace: Callable[[], Awaitable[None]],
+        budget: CopyBudget,
     ) -> bool:
         """Freeze the session's container (unless paused), copy its ``/tmp`` from the host
-        (``tmp_copy.py``), run ``copy_workspace``, thaw it.
+        (``tmp_copy.py``) charging ``budget``, run ``copy_workspace``, thaw it.
 
         Raises:
             SnapshotUnsupported: the container runs under gVisor (its /tmp is in the sandbox's own
                 kernel, out of the host's reach).
+            CopyBudgetExceeded: the copy would pass ``budget``.
             SandboxError: the container or the copy failed.
         """
         self._check_copyable()
         sandbox = self.sandbox_for(session)
-        loop = asyncio.get_running_loop()
         async with sandbox.held_still() as container_id:
             pid = await self._pid(container_id) if container_id is not None else 0
             if pid:
                 try:
-                    await loop.run_in_executor(None, copy_out, pid, tmp_dest)
+                    await run_copy(budget, functools.partial(copy_out, pid, tmp_dest, budget))
                 except OSError as exc:
                     raise SandboxError(f"copying the session's /tmp failed: {exc}") from exc
             await copy_workspace()
@@ -183,7 +194,7 @@ class DockerSandboxProvider(ContainerProvider):
                 raise SandboxError("the session's new container is not running")
             try:
                 await asyncio.get_running_loop().run_in_executor(None, copy_in, source, pid)
-            except OSError as exc:
+            except (OSError, TreeTooDeep) as exc:
                 raise SandboxError(f"copying /tmp into the session's container failed: {exc}") from exc
 
     def _check_copyable(self) -> None:

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from dispatcher.core.provider_api import (
     NO_HOOKS,
+    CopyBudget,
     ProviderHooks,
     SessionUsage,
     SnapshotUnsupported,
@@ -221,7 +222,11 @@ class KubernetesSandboxProvider(ContainerProvider):
         )
 
     async def capture(
-        self, session: Session, tmp_dest: str, copy_workspace: Callable[[], Awaitable[None]]
+        self,
+        session: Session,
+        tmp_dest: str,
+        copy_workspace: Callable[[], Awaitable[None]],
+        budget: CopyBudget,
     ) -> bool:
         """Not on Kubernetes yet.
 

@@ -6,14 +6,20 @@ A snapshot is two directories under ``<home>/snapshots/<tenant>/<id>/``: ``works
 (``SandboxProvider.capture``: frozen for the copy, or already paused), and one ``state.db`` row,
 written once the files are complete: a directory without a row is an interrupted copy, removed at
 start. Memory and processes are not kept. A fork is a snapshot nobody names, copied into each
-child and removed. Copies use ``cp --reflink=auto``: copy-on-write where the filesystem offers it
-(btrfs, xfs), a plain copy elsewhere.
+child and removed.
+
+A copy out of a session is bounded while it is written (``sandbox/tree_copy.py``): its budget is
+what the tenant's ``max_snapshot_bytes`` leaves (its snapshots and the forks' copies under way
+counted) and ``max_snapshot_entries``; past either it stops, is removed, and the request is
+RESOURCE_EXHAUSTED. Copies from a snapshot into a new session use ``cp --reflink=auto``
+(copy-on-write where the filesystem offers it): their source was bounded when it was taken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -22,10 +28,11 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from dispatcher.core.provider_api import SandboxProvider, SnapshotUnsupported
+from dispatcher.core.provider_api import CopyBudget, CopyBudgetExceeded, SandboxProvider, SnapshotUnsupported
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.types import Role
+from dispatcher.sandbox.tree_copy import TreeTooDeep, copy_tree, run_copy
 from dispatcher.sandbox.tree_size import tree_bytes
 from dispatcher.server.persistence.store import SessionStore
 from dispatcher.server.requests.checks import check_id
@@ -71,6 +78,8 @@ class Snapshots:
         self._readers: dict[str, int] = {}
         """Sessions being filled from each snapshot now: a delete waits for them."""
         self._read_done = asyncio.Condition()
+        self._fork_bytes: dict[str, int] = {}
+        """Bytes of each tenant's fork copies on disk now (counted with its snapshots' bytes)."""
 
     def load(self) -> None:
         """The stored snapshots; directories of copies a kill interrupted are removed."""
@@ -95,7 +104,8 @@ class Snapshots:
         Raises:
             UnknownSessionError: no such session of this tenant.
             InvalidRequest: the name is too long.
-            QuotaExceeded: the tenant's ``max_snapshots`` or ``max_snapshot_bytes`` would be passed.
+            QuotaExceeded: the tenant's ``max_snapshots``, ``max_snapshot_bytes`` or
+                ``max_snapshot_entries`` would be passed (the copy stopped there, nothing kept).
             FailedPrecondition: the backend cannot copy a sandbox.
             SandboxUnavailable: the copy failed.
         """
@@ -110,17 +120,19 @@ class Snapshots:
                     f"tenant {tenant.tenant_id!r} already has {quotas.max_snapshots} snapshots"
                     " (quotas.max_snapshots): delete one first"
                 )
-            used = sum(s.size_bytes for s in mine)
+            used = self._used(tenant)
             snapshot_id = f"snap_{secrets.token_hex(12)}"
             target = self._root / tenant.tenant_id / snapshot_id
             try:
-                has_tmp = await self._capture(state, target)
+                has_tmp = await self._capture(state, target, tenant, used, "snapshot")
+                # As du measures it (the bound's unit): a filesystem whose blocks are larger than
+                # the copy counted may still pass it by those.
                 size = await asyncio.to_thread(tree_bytes, str(target), ALL_ENTRIES)
                 if used + size > quotas.max_snapshot_bytes:
                     raise QuotaExceeded(
                         f"this snapshot takes {size:,} bytes and the tenant's snapshots already"
                         f" {used:,}: past quotas.max_snapshot_bytes ({quotas.max_snapshot_bytes:,});"
-                        " delete one first"
+                        " delete a snapshot or remove files from the workspace"
                     )
                 info = SnapshotInfo(
                     snapshot_id, name, tenant.tenant_id, session_id, time.time(), size, has_tmp
@@ -227,6 +239,8 @@ class Snapshots:
         Raises:
             InvalidRequest: no source, or ``count`` outside 1..``MAX_FORK``.
             UnknownSessionError, NotFound: no such session or snapshot of this tenant's.
+            QuotaExceeded: the session's copy would pass what the tenant's
+                ``max_snapshot_bytes`` leaves, or ``max_snapshot_entries`` (nothing kept).
             FailedPrecondition, SandboxUnavailable: the source could not be copied.
         """
         if not 1 <= count <= MAX_FORK:
@@ -234,26 +248,50 @@ class Snapshots:
         if bool(session_id) == bool(snapshot_id):
             raise InvalidRequest("name exactly one source: session_id or snapshot_id")
         keep: Path | None = None
-        if session_id:
-            parent = self._sessions.get(tenant, session_id)
-            keep = self._root / tenant.tenant_id / f".fork-{secrets.token_hex(8)}"
-            has_tmp = await self._capture(parent, keep)
-            source = keep
-            s = parent.session
-            create: dict[str, object] = {
-                "role": s.role,
-                "labels": dict(labels) if labels else dict(s.labels),
-                "approval_mode": s.approval_mode,
-                "capabilities": s.capabilities,
-            }
-            base = s.workspace_name
-        else:
-            info = self.get(tenant, snapshot_id)
-            source, has_tmp = self._root / tenant.tenant_id / snapshot_id, info.has_tmp
-            create = {"role": Role.MAIN, "labels": dict(labels or {})}
-            base = f"snapshots/{snapshot_id}"
-        create["ttl_seconds"] = ttl_seconds
-        create["idle_timeout_seconds"] = idle_timeout_seconds
+        held = 0
+        try:
+            if session_id:
+                parent = self._sessions.get(tenant, session_id)
+                keep = self._root / tenant.tenant_id / f".fork-{secrets.token_hex(8)}"
+                # The copy lives until the children are filled: it counts with the snapshots.
+                async with self._tenant_lock(tenant.tenant_id):
+                    has_tmp = await self._capture(parent, keep, tenant, self._used(tenant), "fork")
+                    held = await asyncio.to_thread(tree_bytes, str(keep), ALL_ENTRIES)
+                    self._fork_bytes[tenant.tenant_id] = self._fork_bytes.get(tenant.tenant_id, 0) + held
+                source = keep
+                s = parent.session
+                create: dict[str, object] = {
+                    "role": s.role,
+                    "labels": dict(labels) if labels else dict(s.labels),
+                    "approval_mode": s.approval_mode,
+                    "capabilities": s.capabilities,
+                }
+                base = s.workspace_name
+            else:
+                info = self.get(tenant, snapshot_id)
+                source, has_tmp = self._root / tenant.tenant_id / snapshot_id, info.has_tmp
+                create = {"role": Role.MAIN, "labels": dict(labels or {})}
+                base = f"snapshots/{snapshot_id}"
+            create["ttl_seconds"] = ttl_seconds
+            create["idle_timeout_seconds"] = idle_timeout_seconds
+            return await self._fork_children(tenant, snapshot_id, source, has_tmp, base, create, count)
+        finally:
+            if keep is not None:
+                await asyncio.to_thread(shutil.rmtree, keep, True)
+                left = self._fork_bytes.pop(tenant.tenant_id, 0) - held
+                if left:
+                    self._fork_bytes[tenant.tenant_id] = left
+
+    async def _fork_children(
+        self,
+        tenant: Tenant,
+        snapshot_id: str,
+        source: Path,
+        has_tmp: bool,
+        base: str,
+        create: Mapping[str, object],
+        count: int,
+    ) -> list[SessionState | ForkFailure]:
         gate = asyncio.Semaphore(COPIES_AT_ONCE)
 
         async def child(i: int) -> SessionState | ForkFailure:
@@ -276,23 +314,45 @@ class Snapshots:
                 return list(await asyncio.gather(*(child(i) for i in range(count))))
         finally:
             await self._read_finished()
-            if keep is not None:
-                await asyncio.to_thread(shutil.rmtree, keep, True)
 
     # --- copies --------------------------------------------------------------------------------
 
-    async def _capture(self, state: SessionState, target: Path) -> bool:
-        """The session's /tmp and workspace into ``target`` (made here), its sandbox held still."""
+    def _used(self, tenant: Tenant) -> int:
+        """Bytes the tenant's snapshots and fork copies hold now (call under its lock)."""
+        return sum(s.size_bytes for s in self.list_for(tenant)) + self._fork_bytes.get(tenant.tenant_id, 0)
+
+    async def _capture(self, state: SessionState, target: Path, tenant: Tenant, used: int, what: str) -> bool:
+        """The session's /tmp and workspace into ``target`` (made here), its sandbox held still,
+        within what the tenant's bounds leave (``used``: the bytes its copies hold already).
+
+        Raises:
+            QuotaExceeded: the copy would pass them; it stopped there and was removed.
+            FailedPrecondition: the backend cannot copy a sandbox, or the tree nests too deep.
+            SandboxUnavailable: the copy failed.
+        """
         session = state.session
+        quotas = tenant.quotas
+        budget = CopyBudget(quotas.max_snapshot_bytes - used, quotas.max_snapshot_entries)
         await asyncio.to_thread(target.mkdir, 0o700, True, False)
 
         async def copy_workspace() -> None:
-            await _cp(session.workspace_path, str(target / "workspace"))
+            dest = str(target / "workspace")
+            copy = functools.partial(
+                copy_tree, session.workspace_path, dest, budget, label="workspace", keep_root=True
+            )
+            try:
+                await run_copy(budget, copy)
+            except OSError as exc:
+                raise SandboxError(f"copying the session's workspace failed: {exc}") from exc
 
         try:
-            return await self._provider.capture(session, str(target / "tmp"), copy_workspace)
+            return await self._provider.capture(session, str(target / "tmp"), copy_workspace, budget)
         except BaseException as exc:
             await asyncio.to_thread(shutil.rmtree, target, True)  # nothing half copied stays
+            if isinstance(exc, CopyBudgetExceeded):
+                raise QuotaExceeded(_past_budget(exc, what, used, quotas.max_snapshot_bytes)) from exc
+            if isinstance(exc, TreeTooDeep):
+                raise FailedPrecondition(f"the session could not be copied: {exc}") from exc
             if isinstance(exc, SnapshotUnsupported):
                 raise FailedPrecondition(str(exc)) from exc
             if isinstance(exc, SandboxError):
@@ -345,6 +405,26 @@ class Snapshots:
 
     def _tenant_lock(self, tenant_id: str) -> asyncio.Lock:
         return self._tenant_locks.setdefault(tenant_id, asyncio.Lock())
+
+
+def _past_budget(exc: CopyBudgetExceeded, what: str, used: int, max_bytes: int) -> str:
+    """What a client is told when a copy stopped at its budget: how far it got, which bound, and
+    what to do."""
+    got = (
+        f"the {what}'s copy stopped at {exc.where} after {exc.copied_bytes:,} bytes in"
+        f" {exc.copied_entries:,} entries"
+    )
+    if exc.unit == "entries":
+        bound = f"the next entry would pass quotas.max_snapshot_entries ({exc.copied_entries:,})"
+    else:
+        bound = (
+            f"the tenant's snapshots (and forks under way) already hold {used:,} bytes and the next"
+            f" entry would pass quotas.max_snapshot_bytes ({max_bytes:,})"
+        )
+    return (
+        f"{got}: {bound}; nothing was kept: delete a snapshot or remove files from the workspace"
+        " (or its /tmp)"
+    )
 
 
 async def _cp(source: str, dest: str) -> None:
