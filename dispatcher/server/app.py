@@ -1,4 +1,8 @@
-"""Assembles the service: dispatcher + sandbox provider + tenants + grpc.aio server, and its shutdown."""
+"""Assembles the service: dispatcher + sandbox provider + tenants + grpc.aio server, and its shutdown.
+
+The parts made from the config alone are in ``parts.py``, the grpc.aio server itself in
+``rpc/grpc_server.py``, and what a restart gives back before serving in ``restore.py``.
+"""
 
 from __future__ import annotations
 
@@ -9,44 +13,42 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from dispatcher.config.load import Config
-from dispatcher.config.sections import ServerOptions, TlsFiles
-from dispatcher.core.audit import AuditLog, AuditSink
-from dispatcher.core.dispatcher import ToolDispatcher
+from dispatcher.core.audit import AuditLog
 from dispatcher.core.errors import ConfigError
-from dispatcher.core.observe import NO_OBSERVER, CallObserver
-from dispatcher.core.provider_api import NO_HOOKS, ProviderHooks, SandboxProvider
+from dispatcher.core.provider_api import ProviderHooks
 from dispatcher.core.registry import ToolRegistry
 from dispatcher.core.sessions.clock import Lifetime, OnExpire
 from dispatcher.core.sessions.expiry import LifecycleHooks
-from dispatcher.core.transfer import TransferLimits, TreeTransfers
 from dispatcher.mcp.servers import McpServers
-from dispatcher.sandbox.transfer import AgentTreeTransport
 from dispatcher.server.config_check import check_served_config, check_tool_names
 from dispatcher.server.config_check import load_tool_factory as load_tool_factory
 from dispatcher.server.egress_wiring import egress_gateway
 from dispatcher.server.observability.setup import Observability
+from dispatcher.server.parts import ProviderFactory as ProviderFactory
+from dispatcher.server.parts import build_dispatcher as build_dispatcher
+from dispatcher.server.parts import default_ids, tree_transfers
+from dispatcher.server.parts import make_provider as make_provider
 from dispatcher.server.persistence.home_lock import HomeLock
 from dispatcher.server.persistence.state import IN_MEMORY, Persistence, SessionPersistence
 from dispatcher.server.preview.gateway import Gateway
 from dispatcher.server.preview.opening import Previews
 from dispatcher.server.preview.ports import OpenPorts
 from dispatcher.server.requests.errors import Unauthenticated
+from dispatcher.server.restore import restore_sessions
 from dispatcher.server.rpc.decode import DecodeGuardInterceptor
+from dispatcher.server.rpc.grpc_server import SERVICE_NAME as SERVICE_NAME
+from dispatcher.server.rpc.grpc_server import grpc_server, server_credentials
 from dispatcher.server.rpc.servicer import DispatcherServicer
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.sessions.snapshots import Snapshots
 from dispatcher.server.sessions.usage import TenantUsage, UsageReader
 from dispatcher.server.tenancy.auth import AuthInterceptor
-from dispatcher.server.tenancy.tenants import DefaultIds, TenantDirectory, default_sandbox_ids
+from dispatcher.server.tenancy.tenants import TenantDirectory
 from dispatcher.server.tenancy.uids import UIDS_FILE
-from dispatcher.v1 import dispatcher_pb2 as pb
-from dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 
 log = logging.getLogger("dispatcher.server")
 
@@ -54,69 +56,6 @@ CANCEL_AHEAD_OF_GRACE = 1.0
 """Seconds before the shutdown grace ends at which still-running tools are cancelled."""
 FINAL_GRACE = 0.5
 """What the transport gives the calls still open after the grace (unary calls, the last results)."""
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolDispatcher"].full_name
-
-
-ProviderFactory = Callable[[ProviderHooks], SandboxProvider]
-"""Makes the server's sandbox backend with what the server hands it (``make_provider``'s shape)."""
-
-
-def make_provider(config: Config, hooks: ProviderHooks = NO_HOOKS) -> SandboxProvider:
-    """The sandbox backend the config asks for, made with ``hooks`` (a server's metrics, stored
-    containers and egress proxy).
-
-    Raises:
-        ConfigError: the backend's own validation failed.
-    """
-    if config.sandbox_backend == "local":
-        from dispatcher.sandbox.local import LocalSandboxProvider
-
-        return LocalSandboxProvider(hooks=hooks, process_limits=config.sandbox.processes)
-    from dispatcher.sandbox.docker.backend import DockerSandboxProvider, instance_id_for
-
-    if config.sandbox_backend == "kubernetes":
-        from dispatcher.sandbox.kubernetes.backend import KubernetesSandboxProvider
-
-        return KubernetesSandboxProvider(
-            config.sandbox, config.kubernetes, instance=instance_id_for(str(config.home)), hooks=hooks
-        )
-
-    # The instance label follows the state directory, so a restarted server finds its orphans.
-    return DockerSandboxProvider(
-        config.sandbox,
-        instance=instance_id_for(str(config.home)),
-        state_dir=str(config.home),
-        hooks=hooks,
-    )
-
-
-def build_dispatcher(
-    config: Config,
-    provider: SandboxProvider,
-    *,
-    audit: AuditSink | None = None,
-    observer: CallObserver = NO_OBSERVER,
-    lifecycle: LifecycleHooks | None = None,
-    registry: ToolRegistry | None = None,
-) -> ToolDispatcher:
-    """The core dispatcher with the built-in tools and the config's custom tools registered, the
-    config checked against them as ``config-check`` does (``config_check.check_served_config``).
-
-    Raises:
-        ConfigError: every problem, one per line.
-    """
-    if registry is None:
-        registry = ToolRegistry()
-        check_served_config(config, registry)
-    return ToolDispatcher(
-        provider,
-        config=config.dispatcher,
-        policy=config.policy,
-        audit=audit,
-        observer=observer,
-        lifecycle=lifecycle,
-        registry=registry,
-    )
 
 
 def build_server(config: Config, provider: ProviderFactory | None = None) -> DispatcherServer:
@@ -172,7 +111,7 @@ class DispatcherServer:
             config.policy,
             uid_range=config.tenant_uids,
             uid_file=config.home / UIDS_FILE,
-            default_ids=_default_ids(config),
+            default_ids=default_ids(config),
         )
         # The home is locked: its state.db is this server's (a damaged one fails the build).
         self.persistence = SessionPersistence.open(config.home, config.dispatcher)
@@ -228,7 +167,7 @@ class DispatcherServer:
         self.usage = UsageReader(self.sessions, provider, self.egress.traffic)
         self.snapshots = Snapshots(self.sessions, provider, self.persistence.store, config.home / "snapshots")
         self.health = health_aio.HealthServicer()
-        self._server = _grpc_server(
+        self._server = grpc_server(
             config.server,
             # Metrics and traces outermost: refused requests count too.
             interceptors=[
@@ -238,7 +177,7 @@ class DispatcherServer:
             ],
             servicer=DispatcherServicer(
                 self.sessions,
-                transfers=_transfers(dispatcher, config.server),
+                transfers=tree_transfers(dispatcher, config.server),
                 usage=self.usage,
                 snapshots=self.snapshots,
                 port_observer=metrics,
@@ -285,7 +224,7 @@ class DispatcherServer:
             if tls is None:
                 self.port = self._server.add_insecure_port(self.config.listen)
             else:
-                self.port = self._server.add_secure_port(self.config.listen, _server_credentials(tls))
+                self.port = self._server.add_secure_port(self.config.listen, server_credentials(tls))
         except RuntimeError as exc:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {exc}") from exc
         if self.port == 0:
@@ -302,7 +241,14 @@ class DispatcherServer:
         # Who the sandboxes of each will run as (a warm pool makes containers for them).
         ids = (self.tenants.get(t.tenant_id) for t in self.config.tenants)
         self.provider.expect_tenants({t.tenant_id: (t.uid, t.gid) for t in ids})
-        self._restore_sessions()  # after the quota volumes are mounted: workspaces live there
+        restore_sessions(  # after the quota volumes are mounted: workspaces live there
+            self.persistence,
+            self.sessions,
+            self.tenants,
+            self.dispatcher.sessions,
+            self.previews,
+            self.config.preview.allow_public,
+        )
         await asyncio.to_thread(self.snapshots.load)  # interrupted copies removed
         await self.provider.remove_orphans()  # containers left by a previous run, but those re-adopted
         # Re-attach the agents in the background; a first call waits for its own.
@@ -414,95 +360,10 @@ class DispatcherServer:
         self.mcp_endpoint = endpoint
         log.info("serving MCP", extra={"listen": settings.listen, "port": port, "path": settings.path})
 
-    def _restore_sessions(self) -> None:
-        """Give back the sessions stored by the previous run (the provider, a listener, expects
-        their containers)."""
-        self.persistence.restore(self.sessions, self.tenants)
-        if self.sessions.count():
-            log.info("stored sessions given back", extra={"sessions": self.sessions.count()})
-        if self.previews is not None:
-            self.previews.ports.restore(self._tenant_of_session, self.config.preview.allow_public)
-            return
-        stored = self.persistence.stored_ports()
-        if stored:
-            log.warning(
-                "stored preview ports dropped: this server has no preview gateway",
-                extra={"ports": len(stored)},
-            )
-            self.persistence.ports_dropped((p.session_id, p.port) for p in stored)
-
-    def _tenant_of_session(self, session_id: str) -> str | None:
-        """The tenant of an open (or paused) session; None when there is no such session."""
-        state = self.dispatcher.sessions.find(session_id)
-        return state.session.tenant_id if state is not None and state.status.alive else None
-
     def _close_state(self) -> None:
         self.persistence.close()
         self.persistence = IN_MEMORY
         self._home_lock.release()
-
-
-def _default_ids(config: Config) -> DefaultIds | None:
-    """Docker sandboxes without a tenant uid: the owner of the workspace root, or sandbox.user."""
-    if config.sandbox_backend != "docker":
-        return None
-    sandbox = config.sandbox
-    configured = None
-    if sandbox.uid is not None:
-        configured = (sandbox.uid, sandbox.gid if sandbox.gid is not None else sandbox.uid)
-    return default_sandbox_ids(sandbox.user if "user" in sandbox.model_fields_set else None, configured)
-
-
-def _grpc_server(
-    opts: ServerOptions,
-    *,
-    interceptors: list[grpc.aio.ServerInterceptor],
-    servicer: DispatcherServicer,
-    health: health_aio.HealthServicer,
-) -> grpc.aio.Server:
-    """The grpc.aio server (not bound yet) serving ``servicer``, health and reflection."""
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        options=[
-            ("grpc.max_receive_message_length", opts.max_request_bytes),
-            ("grpc.max_send_message_length", opts.max_message_bytes),
-            ("grpc.keepalive_time_ms", int(opts.keepalive_time_s * 1000)),
-            ("grpc.keepalive_timeout_ms", int(opts.keepalive_timeout_s * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ("grpc.max_concurrent_streams", opts.max_concurrent_streams),
-            ("grpc.so_reuseport", 0),
-        ],
-    )
-    pb_grpc.add_ToolDispatcherServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
-    return server
-
-
-def _transfers(dispatcher: ToolDispatcher, opts: ServerOptions) -> TreeTransfers:
-    limits = TransferLimits(
-        max_upload_bytes=opts.max_upload_bytes,
-        max_upload_files=opts.max_upload_files,
-        max_download_bytes=opts.max_download_bytes,
-    )
-    return TreeTransfers(dispatcher, AgentTreeTransport(), limits)
-
-
-def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
-    client_ca = tls.client_ca_file.read_bytes() if tls.client_ca_file else None
-    return grpc.ssl_server_credentials(
-        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
-        root_certificates=client_ca,
-        require_client_auth=client_ca is not None,
-    )
 
 
 async def serve_until_signalled(

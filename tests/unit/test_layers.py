@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "dispatcher.server.sessions": 11,
     "dispatcher.server.preview": 12,  # the gateway and OpenPort's ports, under the transport
     "dispatcher.server.rpc": 13,  # the transport, on top: nothing in server/ below it imports it
-    "dispatcher.server": 14,  # app.py (builds and wires it all), config_check.py, egress_wiring.py
+    "dispatcher.server": 14,  # app.py (builds and wires it all), parts.py, restore.py, config_check.py, egress_wiring.py
     "dispatcher.client.base": 15,  # what the two clients share
     "dispatcher.client.ports": 16,  # ConnectPort's stream and the port-forward's listener
     "dispatcher.client.aio": 17,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TypeVar, cast
@@ -41,11 +40,11 @@ from dispatcher.core.sandbox_api import (
 from dispatcher.core.sessions.session import Session
 from dispatcher.sandbox.agent_files import AgentFiles
 from dispatcher.sandbox.channel import AgentChannel
-from dispatcher.sandbox.container.adopt import reattach
 from dispatcher.sandbox.container.config import WORKSPACE_ROOT
 from dispatcher.sandbox.container.exec_guard import run_command
 from dispatcher.sandbox.container.file_guard import guarded_file_op, held_channel
-from dispatcher.sandbox.container.host import ContainerHost, ContainerNotFound, LiveContainer
+from dispatcher.sandbox.container.host import ContainerHost, LiveContainer
+from dispatcher.sandbox.container.pause import Pausing
 from dispatcher.sandbox.container.processes import ContainerProcessHost
 from dispatcher.sandbox.processes.control import AgentProcesses
 
@@ -55,8 +54,9 @@ _NOT_RUNNING: LiveContainer = cast(LiveContainer, object())
 """``_usable``'s answer when no container runs and none was to be launched."""
 
 
-class ContainerSandbox(AgentFiles):
-    """Implements ``dispatcher.core.sandbox_api.Sandbox`` for one session."""
+class ContainerSandbox(Pausing, AgentFiles):
+    """Implements ``dispatcher.core.sandbox_api.Sandbox`` for one session. Pausing its container
+    is in ``pause.py`` (``Pausing``), its side of a restart in ``adopt.py`` (``Adoption``)."""
 
     def __init__(self, provider: ContainerHost, session: Session) -> None:
         self._provider = provider
@@ -91,22 +91,6 @@ class ContainerSandbox(AgentFiles):
         self.last_removal: str | None = None
         """Why the last one was replaced."""
         self._processes: AgentProcesses | None = None
-
-    @property
-    def paused(self) -> bool:
-        """Its session is paused: the container is frozen (idle and lifetime retirement skip it)."""
-        return not self._thawed.is_set()
-
-    @paused.setter
-    def paused(self, paused: bool) -> None:
-        if paused:
-            self._thawed.clear()
-        else:
-            self._thawed.set()
-
-    async def thawed(self) -> None:
-        """Return once the session is not paused."""
-        await self._thawed.wait()
 
     @property
     def workspace_root(self) -> str:
@@ -292,66 +276,6 @@ class ContainerSandbox(AgentFiles):
             self.recreations -= 1  # idleness is not a failure
             return True
 
-    async def pause(self) -> None:
-        """Freeze the container (``docker pause``; a Pod's processes stopped): processes and /tmp
-        kept, no CPU used."""
-        async with self._lock:
-            self.paused = True
-            container_id = self._live.container_id if self._live is not None else self._adopt
-            if container_id is not None:
-                await self._provider.freeze(container_id)
-
-    @contextlib.asynccontextmanager
-    async def held_still(self) -> AsyncIterator[str | None]:
-        """Its container frozen for the block (one already paused stays so), under the lock, so
-        no container is launched or replaced meanwhile; yields its id, None when none runs.
-
-        Raises:
-            ContainerNotFound: the container is gone (the next call starts another).
-        """
-        async with self._lock:
-            container_id = self._live.container_id if self._live is not None else self._adopt
-            if container_id is None:
-                yield None
-                return
-            froze = not self.paused
-            if froze:
-                await self._provider.freeze(container_id)
-            try:
-                yield container_id
-            finally:
-                if froze:
-                    await self._provider.thaw(container_id)
-
-    async def resume(self, notice: str | None) -> None:
-        """Thaw the container; one removed meanwhile (``docker rm``) is handled as any vanished
-        one: the next call gets a fresh sandbox and says why."""
-        async with self._lock:
-            self.paused = False
-            live = self._live
-            container_id = live.container_id if live is not None else self._adopt
-            if container_id is None:
-                return
-            try:
-                await self._provider.thaw(container_id)
-            except ContainerNotFound:
-                reason = "its container was removed while the session was paused"
-                if live is not None:
-                    await self._discard(live, reason, SandboxRemoval.DIED)
-                else:
-                    self.adoption_failed(reason)
-                return
-            self._resumed = notice
-
-    async def working(self) -> bool:
-        """Processes still run in the container (a frozen one: none run)."""
-        if self._adopt is not None:
-            return not self.paused  # not re-attached yet: cannot tell, so it is not idle
-        live = self._live
-        if live is None or self.paused or self._active:
-            return self._active > 0
-        return await self._working(live)
-
     async def _working(self, live: LiveContainer) -> bool:
         """True while processes that commands started still run (asked of the agent)."""
         if live.channel is None or live.broken:
@@ -378,65 +302,6 @@ class ContainerSandbox(AgentFiles):
         live = self._live
         if live is not None and live.container_id == container_id and live.channel is not None:
             live.channel.abort("the sandbox's container stopped")
-
-    # -- after a restart -----------------------------------------------------------------
-
-    @property
-    def adopting(self) -> str | None:
-        """The container id this sandbox is to re-adopt, until it has (or has given up)."""
-        return self._adopt
-
-    def expect(self, container_id: str) -> None:
-        self._adopt = container_id
-
-    def expect_labelled(self) -> None:
-        """A restarted server gives the session back with no stored container: the server may have
-        died between launching it and storing its id. The start-up sweep looks for one by its
-        labels (``found``)."""
-        if self._adopt is None and self._live is None:
-            self.unstored = True
-
-    def found(self, container_id: str) -> None:
-        """The sweep found the session's container by its labels: re-adopt it, and store its id."""
-        self.unstored = False
-        self._adopt = container_id
-        self._provider.container_changed(self.session.session_id, container_id)
-
-    def adoptable(self, created: float) -> None:
-        """The expected container passed its checks; it was created at ``created`` (epoch s)."""
-        self._adopt_started = self._provider.clock() - max(0.0, time.time() - created)
-
-    def adoption_failed(self, reason: str) -> None:
-        """The expected container cannot be re-adopted: the next call starts a fresh one and says why."""
-        if self._adopt is not None:
-            self._adopt = None
-            self._lost = reason
-            self._replaced(reason)
-            self._provider.container_changed(self.session.session_id, None)
-
-    async def adopt(self) -> None:
-        """Re-attach the expected container now (a no-op once done; the caller bounds how many at
-        once, ``adopt_all``). One a call holds is left to the call, which re-attaches the container
-        itself (``_usable``) in a slot of its own."""
-        if self._adopt is None or self._lock.locked():
-            return
-        async with self._lock:
-            await self._adopt_locked()
-
-    async def _adopt_locked(self) -> None:
-        container_id, self._adopt = self._adopt, None
-        if container_id is None or self._live is not None or self._closed:
-            return
-        result = await reattach(self._provider, self.session, container_id)
-        if isinstance(result, str):
-            self._lost = result
-            self._replaced(result)
-            self._provider.container_changed(self.session.session_id, None)
-        else:
-            if self._adopt_started is not None:
-                result.started = self._adopt_started
-            self._live = result
-            self.last_used = self._provider.clock()
 
     async def detach(self) -> None:
         """Close the agent channel but leave the container running (the session is kept)."""

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeAlias, TypeVar
-
-import grpc
+from collections.abc import AsyncIterator
 
 from dispatcher.core.approval.broker import Decision
 from dispatcher.core.sessions.state import SessionState
 from dispatcher.core.transfer import TreeTransfers
 from dispatcher.core.types import ToolResultBlock
 from dispatcher.sandbox.transfer import AgentTreeTransport
-from dispatcher.server.preview import opening as preview_opening
 from dispatcher.server.preview.opening import Previews
 from dispatcher.server.requests.checks import check_dispatch_request
-from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest, status_for
+from dispatcher.server.requests.errors import FailedPrecondition, InvalidRequest
+from dispatcher.server.rpc.handlers import Ctx, stream, unary
 from dispatcher.server.rpc.inputs import InputParser
+from dispatcher.server.rpc.ports import PortRpcs
+from dispatcher.server.rpc.processes import ProcessRpcs
+from dispatcher.server.rpc.snapshots import SnapshotRpcs
 from dispatcher.server.rpc.transfer import TransferHandlers
-from dispatcher.server.sessions import code as session_code
 from dispatcher.server.sessions import policy as session_policy
-from dispatcher.server.sessions import ports as session_ports
-from dispatcher.server.sessions import processes as session_processes
 from dispatcher.server.sessions.manager import SessionManager
 from dispatcher.server.sessions.ports import PortObserver
 from dispatcher.server.sessions.snapshots import Snapshots
@@ -34,47 +30,9 @@ from dispatcher.wire import (
     convert,
     convert_lifecycle,
     convert_policy,
-    convert_processes,
-    convert_snapshots,
     convert_staged,
     convert_usage,
 )
-
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Ctx: TypeAlias = grpc.aio.ServicerContext
-
-
-def _unary(
-    fn: Callable[[Any, Req, Ctx], Awaitable[Resp]],
-) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Req, context: Ctx) -> Resp:
-        try:
-            return await fn(self, request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await context.abort(*status_for(exc))
-            raise  # unreachable: abort raises
-
-    return wrapper
-
-
-def _stream(
-    fn: Callable[[Any, Req, Ctx], AsyncIterator[Resp]],
-) -> Callable[[Any, Req, Ctx], AsyncIterator[Resp]]:
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
-        try:
-            async for item in fn(self, request, context):
-                yield item
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await context.abort(*status_for(exc))
-
-    return wrapper
 
 
 def _decision(value: int) -> Decision:
@@ -85,8 +43,10 @@ def _decision(value: int) -> Decision:
     return decision
 
 
-class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
-    """Implements dispatcher.v1.ToolDispatcher on top of the session manager."""
+class DispatcherServicer(ProcessRpcs, PortRpcs, SnapshotRpcs, pb_grpc.ToolDispatcherServicer):
+    """Implements dispatcher.v1.ToolDispatcher on top of the session manager: the sessions, their
+    calls, approvals and staged changes here; processes, ports and snapshots in their areas'
+    mixins (``processes.py``, ``ports.py``, ``snapshots.py``)."""
 
     def __init__(
         self,
@@ -123,7 +83,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
                     info.expire_time.FromNanoseconds(int(port.expires * 1e9))
         return msg
 
-    @_unary
+    @unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Ctx) -> pb.CreateSessionResponse:
         role = convert.role_from_pb(request.role)
         if role is None:
@@ -175,22 +135,22 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         )
         return pb.CreateSessionResponse(session=self._session_pb(entry))
 
-    @_unary
+    @unary
     async def GetSession(self, request: pb.GetSessionRequest, context: Ctx) -> pb.GetSessionResponse:
         entry = self._sessions.get(current_tenant(), request.session_id, touch=False)
         return pb.GetSessionResponse(session=self._session_pb(entry))
 
-    @_unary
+    @unary
     async def ListSessions(self, request: pb.ListSessionsRequest, context: Ctx) -> pb.ListSessionsResponse:
         entries = self._sessions.list_for(current_tenant())
         return pb.ListSessionsResponse(sessions=[self._session_pb(e) for e in entries])
 
-    @_unary
+    @unary
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Ctx) -> pb.CloseSessionResponse:
         await self._sessions.close(current_tenant(), request.session_id)
         return pb.CloseSessionResponse()
 
-    @_unary
+    @unary
     async def ListTools(self, request: pb.ListToolsRequest, context: Ctx) -> pb.ListToolsResponse:
         try:
             format = convert.tool_format_from_pb(request.format)
@@ -202,7 +162,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             definitions_json=convert.definitions_json(tools, format) if format is not None else "",
         )
 
-    @_stream
+    @stream
     async def Dispatch(self, request: pb.DispatchRequest, context: Ctx) -> AsyncIterator[pb.DispatchResponse]:
         tenant = current_tenant()
         check_dispatch_request(request.turn_id, [(tu.id, tu.name) for tu in request.tool_uses])
@@ -221,14 +181,14 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
                 else:
                     yield pb.DispatchResponse(event=convert.event_to_pb(item))
 
-    @_unary
+    @unary
     async def CancelSessionTools(
         self, request: pb.CancelSessionToolsRequest, context: Ctx
     ) -> pb.CancelSessionToolsResponse:
         await self._sessions.cancel(current_tenant(), request.session_id)
         return pb.CancelSessionToolsResponse()
 
-    @_unary
+    @unary
     async def ResolveConfirmation(
         self, request: pb.ResolveConfirmationRequest, context: Ctx
     ) -> pb.ResolveConfirmationResponse:
@@ -240,7 +200,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             applied=applied, decision=convert.decision_to_pb(winner), remembered=remembered
         )
 
-    @_unary
+    @unary
     async def ResolveConfirmations(
         self, request: pb.ResolveConfirmationsRequest, context: Ctx
     ) -> pb.ResolveConfirmationsResponse:
@@ -250,7 +210,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         )
         return pb.ResolveConfirmationsResponse(applied_request_ids=applied)
 
-    @_unary
+    @unary
     async def ApprovePlan(self, request: pb.ApprovePlanRequest, context: Ctx) -> pb.ApprovePlanResponse:
         decision = _decision(request.decision)
         steps, mode = session_policy.decide_plan(
@@ -261,7 +221,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             approval_mode=convert_policy.mode_to_pb(mode),
         )
 
-    @_stream
+    @stream
     async def WatchSession(
         self, request: pb.WatchSessionRequest, context: Ctx
     ) -> AsyncIterator[pb.WatchSessionResponse]:
@@ -280,14 +240,14 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         async for item in self._transfers.download(request, context):
             yield item
 
-    @_unary
+    @unary
     async def ListStagedChanges(
         self, request: pb.ListStagedChangesRequest, context: Ctx
     ) -> pb.ListStagedChangesResponse:
         changes = session_policy.list_staged(self._sessions, current_tenant(), request.session_id)
         return pb.ListStagedChangesResponse(changes=[convert_staged.change_to_pb(c) for c in changes])
 
-    @_unary
+    @unary
     async def ApplyStagedChanges(
         self, request: pb.ApplyStagedChangesRequest, context: Ctx
     ) -> pb.ApplyStagedChangesResponse:
@@ -302,7 +262,7 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
             ],
         )
 
-    @_unary
+    @unary
     async def DiscardStagedChanges(
         self, request: pb.DiscardStagedChangesRequest, context: Ctx
     ) -> pb.DiscardStagedChangesResponse:
@@ -311,191 +271,25 @@ class DispatcherServicer(pb_grpc.ToolDispatcherServicer):
         )
         return pb.DiscardStagedChangesResponse(discarded_ids=[c.change_id for c in dropped])
 
-    @_unary
+    @unary
     async def RenewSession(self, request: pb.RenewSessionRequest, context: Ctx) -> pb.RenewSessionResponse:
         entry = self._sessions.renew(current_tenant(), request.session_id, float(request.ttl_seconds))
         return pb.RenewSessionResponse(session=self._session_pb(entry))
 
-    @_unary
+    @unary
     async def PauseSession(self, request: pb.PauseSessionRequest, context: Ctx) -> pb.PauseSessionResponse:
         entry = await self._sessions.pause(current_tenant(), request.session_id)
         return pb.PauseSessionResponse(session=self._session_pb(entry))
 
-    @_unary
+    @unary
     async def ResumeSession(self, request: pb.ResumeSessionRequest, context: Ctx) -> pb.ResumeSessionResponse:
         entry = await self._sessions.resume(current_tenant(), request.session_id)
         return pb.ResumeSessionResponse(session=self._session_pb(entry))
 
-    @_unary
-    async def ListProcesses(self, request: pb.ListProcessesRequest, context: Ctx) -> pb.ListProcessesResponse:
-        infos = await session_processes.list_processes(self._sessions, current_tenant(), request.session_id)
-        return pb.ListProcessesResponse(processes=[convert_processes.process_to_pb(i) for i in infos])
-
-    @_stream
-    async def WatchProcess(
-        self, request: pb.WatchProcessRequest, context: Ctx
-    ) -> AsyncIterator[pb.WatchProcessResponse]:
-        items = session_processes.watch(
-            self._sessions,
-            current_tenant(),
-            request.session_id,
-            request.process_id,
-            request.after,
-            from_end=request.from_end,
-        )
-        async for item in items:
-            for message in convert_processes.watch_items_to_pb(item):
-                yield message
-
-    @_unary
-    async def WriteProcessInput(
-        self, request: pb.WriteProcessInputRequest, context: Ctx
-    ) -> pb.WriteProcessInputResponse:
-        info = await session_processes.write_input(
-            self._sessions,
-            current_tenant(),
-            request.session_id,
-            request.process_id,
-            request.data,
-            request.close_stdin,
-        )
-        return pb.WriteProcessInputResponse(process=convert_processes.process_to_pb(info))
-
-    @_stream
-    async def ConnectPort(
-        self, request_iterator: AsyncIterator[pb.ConnectPortRequest], context: Ctx
-    ) -> AsyncIterator[pb.ConnectPortResponse]:
-        requests = aiter(request_iterator)
-        first = await anext(requests, None)
-        if first is None or not first.session_id or first.data or first.close_write:
-            raise InvalidRequest("the first ConnectPortRequest carries session_id and port, and no data")
-        items = session_ports.connect_port(
-            self._sessions,
-            current_tenant(),
-            first.session_id,
-            first.port,
-            _port_bytes(requests),
-            self._port_observer,
-        )
-        async for item in items:
-            if item == "connected":
-                yield pb.ConnectPortResponse(connected=True)
-            elif item == "eof":
-                yield pb.ConnectPortResponse(eof=True)
-            else:
-                yield pb.ConnectPortResponse(data=item)
-
-    @_unary
-    async def OpenPort(self, request: pb.OpenPortRequest, context: Ctx) -> pb.OpenPortResponse:
-        opened = await preview_opening.open_port(
-            self._sessions,
-            self._previews,
-            current_tenant(),
-            request.session_id,
-            request.port,
-            request.expires_in_seconds,
-            request.public,
-        )
-        response = pb.OpenPortResponse(url=opened.url, token=opened.token)
-        if opened.expire_time is not None:
-            response.expire_time.FromNanoseconds(int(opened.expire_time * 1e9))
-        return response
-
-    @_unary
-    async def ClosePort(self, request: pb.ClosePortRequest, context: Ctx) -> pb.ClosePortResponse:
-        await preview_opening.close_port(
-            self._sessions, self._previews, current_tenant(), request.session_id, request.port
-        )
-        return pb.ClosePortResponse()
-
-    @_unary
-    async def SignalProcess(self, request: pb.SignalProcessRequest, context: Ctx) -> pb.SignalProcessResponse:
-        info = await session_processes.signal(
-            self._sessions,
-            current_tenant(),
-            request.session_id,
-            request.process_id,
-            convert_processes.signal_from_pb(request.signal),
-            request.grace_seconds if request.HasField("grace_seconds") else None,
-        )
-        return pb.SignalProcessResponse(process=convert_processes.process_to_pb(info))
-
-    @_unary
-    async def ListCodeContexts(
-        self, request: pb.ListCodeContextsRequest, context: Ctx
-    ) -> pb.ListCodeContextsResponse:
-        found = await session_code.list_code_contexts(self._sessions, current_tenant(), request.session_id)
-        return pb.ListCodeContextsResponse(contexts=[convert_processes.code_context_to_pb(c) for c in found])
-
-    @_unary
-    async def RemoveCodeContext(
-        self, request: pb.RemoveCodeContextRequest, context: Ctx
-    ) -> pb.RemoveCodeContextResponse:
-        removed = await session_code.remove_code_context(
-            self._sessions, current_tenant(), request.session_id, request.language, request.context
-        )
-        return pb.RemoveCodeContextResponse(removed=convert_processes.code_context_to_pb(removed))
-
-    @_unary
+    @unary
     async def GetSessionUsage(
         self, request: pb.GetSessionUsageRequest, context: Ctx
     ) -> pb.GetSessionUsageResponse:
         if self._usage is None:
             raise FailedPrecondition("this server measures no usage per session")
         return convert_usage.usage_to_pb(await self._usage.usage(current_tenant(), request.session_id))
-
-    def _snapshots_or_refuse(self) -> Snapshots:
-        if self._snapshots is None:
-            raise FailedPrecondition("this server keeps no snapshots")
-        return self._snapshots
-
-    @_unary
-    async def SnapshotSession(self, request: pb.SnapshotSessionRequest, context: Ctx) -> pb.Snapshot:
-        info = await self._snapshots_or_refuse().take(current_tenant(), request.session_id, request.name)
-        return convert_snapshots.snapshot_to_pb(info)
-
-    @_unary
-    async def ListSnapshots(self, request: pb.ListSnapshotsRequest, context: Ctx) -> pb.ListSnapshotsResponse:
-        found = self._snapshots_or_refuse().list_for(current_tenant())
-        return pb.ListSnapshotsResponse(snapshots=[convert_snapshots.snapshot_to_pb(s) for s in found])
-
-    @_unary
-    async def DeleteSnapshot(
-        self, request: pb.DeleteSnapshotRequest, context: Ctx
-    ) -> pb.DeleteSnapshotResponse:
-        freed = await self._snapshots_or_refuse().delete(current_tenant(), request.snapshot_id)
-        return pb.DeleteSnapshotResponse(freed_bytes=freed)
-
-    @_unary
-    async def ForkSession(self, request: pb.ForkSessionRequest, context: Ctx) -> pb.ForkSessionResponse:
-        results = await self._snapshots_or_refuse().fork(
-            current_tenant(),
-            session_id=request.session_id,
-            snapshot_id=request.snapshot_id,
-            count=request.count,
-            labels=dict(request.labels),
-            ttl_seconds=float(request.ttl_seconds) if request.HasField("ttl_seconds") else None,
-            idle_timeout_seconds=(
-                float(request.idle_timeout_seconds) if request.HasField("idle_timeout_seconds") else None
-            ),
-        )
-        return pb.ForkSessionResponse(
-            results=[
-                convert_snapshots.fork_result_to_pb(
-                    r if isinstance(r, convert_snapshots.ForkFailure) else self._sessions.info(r)
-                )
-                for r in results
-            ]
-        )
-
-
-async def _port_bytes(requests: AsyncIterator[pb.ConnectPortRequest]) -> AsyncIterator[bytes | None]:
-    """ConnectPort's later messages as bytes, then None for the half-close."""
-    async for request in requests:
-        if request.session_id or request.port:
-            raise InvalidRequest("only the first ConnectPortRequest carries session_id and port")
-        if request.data:
-            yield request.data
-        if request.close_write:
-            yield session_ports.CLOSE_WRITE
-            return
