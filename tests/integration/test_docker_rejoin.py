@@ -124,3 +124,33 @@ async def test_without_a_waiting_agent_a_new_one_is_started(
     assert (await run(again, "echo served")).out == "served\n"
     assert len(_agents(docker_client, container)) == 1
     agent_signal(docker_client, container, "0")  # alive
+
+
+async def test_a_session_paused_across_the_restart_is_rejoined_once_resumed(
+    make_provider: ProviderFactory, docker_client: docker.DockerClient
+) -> None:
+    """A frozen agent cannot take a channel: the container is left alone until the session is
+    resumed, then the waiting agent, thawed, is rejoined like any other."""
+    first = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)))
+    session = make_provider.session()
+    sandbox = first.sandbox_for(session)
+    assert (await run(sandbox, "echo before > /tmp/kept")).result.exit_code == 0
+    container = sandbox.container_id
+    assert container is not None
+    (agent,) = _agents(docker_client, container)
+    await sandbox.pause()
+    await first.detach_all()
+
+    second = make_provider(SandboxConfig(warm_pool=WarmPoolConfig(size=0)), instance=first.instance)
+    second.expect_container(session, container)
+    again = second.sandbox_for(session)
+    assert isinstance(again, ContainerSandbox)
+    again.paused = True  # as ``session_restored`` marks a session stored as paused
+    assert await second.remove_orphans() == 0
+    await second.adopt_all()
+    assert again.adopting == container  # left frozen, not re-attached
+    assert docker_client.api.inspect_container(container)["State"]["Paused"]
+    await again.resume(None)
+    assert (await run(again, "cat /tmp/kept")).out == "before\n"
+    assert again._live is not None and isinstance(again._live.stream, RejoinedStream)
+    assert _agents(docker_client, container) == [agent]
