@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 concurrency_sessions=10,
                 density_sessions=6,
                 pool_sessions=20,
+                restart_large_sessions=40,
             )
             if args.quick
             else BenchEnv(path)

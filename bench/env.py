@@ -25,6 +25,8 @@ class BenchEnv:
     """Idle sessions of the density figure (each with its container started)."""
     pool_sessions: int = 40
     """Sessions of the warm pool figure (created at 10 per second)."""
+    restart_large_sessions: int = 1000
+    """Sessions of the large restart row (each with its container when memory allows)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property

@@ -7,8 +7,8 @@ the previous life (it re-attaches that session's container, ahead of the backgro
 every session answering (each one with a container runs ``echo``, ``CALL_AT_ONCE`` at a time, each
 one without answers ``GetSession``).
 
-Rows: ``env.concurrency_sessions`` (100) sessions, each with its container; and ``LARGE_SESSIONS``
-(1,000) sessions, each with its container too when the machine has the memory for a thousand
+Rows: ``env.concurrency_sessions`` (100) sessions, each with its container; and
+``env.restart_large_sessions`` (1,000; 40 with ``--quick``) sessions, each with its container too when the machine has the memory for a thousand
 idle containers (``PER_CONTAINER_BYTES`` each, about 15 MiB measured by the ``density`` rows, plus
 ``HEADROOM_BYTES``). Otherwise (a machine shared with other work) only ``FALLBACK_WITH_CONTAINERS``
 (100) of them have one, the others none (created with ``sandbox.start_on_create: false`` and never
@@ -48,7 +48,6 @@ ALL_TARGET_S = 30.0
 """Every session answering within this of the process start."""
 OPEN_AT_ONCE = 8  # sessions being opened together (each makes a container)
 CALL_AT_ONCE = 16  # sessions called together after the restart
-LARGE_SESSIONS = 1000
 FALLBACK_WITH_CONTAINERS = 100
 PER_CONTAINER_BYTES = 24 << 20
 """Host memory budgeted per idle container (agent, init, shim, server share: ~15 MiB measured)."""
@@ -245,26 +244,26 @@ async def measure(env: BenchEnv) -> list[Row]:
     n = env.concurrency_sessions
     rows = await _scenario(env, n, n, f"{n} sessions, each with its container")
     if os.environ.get("BENCH_RESTART_LARGE", "1") != "0":
-        with_containers = _large_with_containers()
+        large = env.restart_large_sessions
+        with_containers = _large_with_containers(large)
         label = (
-            f"{LARGE_SESSIONS:,} sessions, each with its container"
-            if with_containers == LARGE_SESSIONS
-            else f"{LARGE_SESSIONS:,} sessions, {with_containers} with a running container"
-            " (no memory for more)"
+            f"{large:,} sessions, each with its container"
+            if with_containers == large
+            else f"{large:,} sessions, {with_containers} with a running container (no memory for more)"
         )
-        rows += await _scenario(env, LARGE_SESSIONS, with_containers, label)
+        rows += await _scenario(env, large, with_containers, label)
     return rows
 
 
-def _large_with_containers() -> int:
-    """How many of the large row's sessions get a running container (see the module docstring)."""
+def _large_with_containers(sessions: int) -> int:
+    """How many of the large row's ``sessions`` get a running container (see the module docstring)."""
     if (chosen := os.environ.get("BENCH_RESTART_LARGE_CONTAINERS")) is not None:
-        return max(1, min(LARGE_SESSIONS, int(chosen)))
+        return max(1, min(sessions, int(chosen)))
     available = 0
     with open("/proc/meminfo", encoding="ascii") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
                 available = int(line.split()[1]) * 1024
-    if available >= LARGE_SESSIONS * PER_CONTAINER_BYTES + HEADROOM_BYTES:
-        return LARGE_SESSIONS
-    return FALLBACK_WITH_CONTAINERS
+    if available >= sessions * PER_CONTAINER_BYTES + HEADROOM_BYTES:
+        return sessions
+    return min(sessions, FALLBACK_WITH_CONTAINERS)
