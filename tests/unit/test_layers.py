@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "dispatcher.server.tenancy": 9,
     "dispatcher.server.persistence": 10,
     "dispatcher.server.observability": 10,
+    "dispatcher.server.sessions.snapshots": 12,  # over the sessions' manager: it creates sessions to fill
     "dispatcher.server.sessions": 11,
     "dispatcher.server.preview": 12,  # the gateway and OpenPort's ports, under the transport
     "dispatcher.server.rpc": 13,  # the transport, on top: nothing in server/ below it imports it

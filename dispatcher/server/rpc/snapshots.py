@@ -1,5 +1,5 @@
 """The snapshot RPCs: SnapshotSession, ListSnapshots, DeleteSnapshot and ForkSession
-(``sessions/snapshots.py``); CreateSession from a snapshot refuses as they do without snapshots."""
+(``sessions/snapshots/``); CreateSession from a snapshot refuses as they do without snapshots."""
 
 from __future__ import annotations
 
