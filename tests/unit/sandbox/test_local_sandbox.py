@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -290,10 +289,9 @@ async def test_cancel_kills_background_children_too(sandbox: LocalSandbox, works
 
 
 async def test_background_child_holding_the_pipe_does_not_block_exit(sandbox: LocalSandbox) -> None:
-    started = time.monotonic()
+    # Waiting for the child (30 s) would end in the 10 s timeout: an exit code proves it did not.
     result, out, _ = await run(sandbox, "sleep 30 & echo done")
-    assert result.exit_code == 0 and out == b"done\n"
-    assert time.monotonic() - started < 2.0
+    assert result.exit_code == 0 and not result.timed_out and out == b"done\n"
 
 
 async def test_large_output_streams_completely(sandbox: LocalSandbox) -> None:
