@@ -185,7 +185,7 @@ class Agent:
         return {
             Ping: (READER, lambda rid, r: Pong(PROTOCOL_VERSION)),
             SendSignal: (READER, self.commands.signal),
-            Exec: (COMMANDS, self.commands.run),
+            Exec: (READER, self._exec),
             Procs: (FILES, self.commands.procs),
             Pause: (FILES, self.commands.pause),
             **{op: (FILES, handler) for op, handler in file_ops(self.ws).items()},
@@ -222,6 +222,14 @@ class Agent:
 
         if not self._exec_pool.try_submit(self._guarded, self._channel, rid, stream, request):
             self.table.unwatch(rid)
+            self.commands.no_process(rid)
+
+    def _exec(self, rid: int, request: Exec) -> None:
+        """Make the exec addressable at once (its ``signal`` may follow before a thread is free:
+        read in order, a signal never finds no exec), then run it on a command's thread."""
+        self.commands.begin(rid)
+        if not self._exec_pool.try_submit(self._guarded, self._channel, rid, self.commands.run, request):
+            self.commands.end(rid)
             self.commands.no_process(rid)
 
     def _send_on(self, channel: int) -> Send:

@@ -386,22 +386,35 @@ class Commands:
             except OSError as exc:
                 raise os_error(exc, "/bin/sh") from None
 
+    def begin(self, rid: int) -> None:
+        """Make an exec addressable before a thread takes it up: a signal for it that is read
+        meanwhile (a timeout while the threads are busy) waits in ``early`` instead of being lost.
+
+        Raises:
+            OpError: ``bad_request``, the id is in use.
+        """
+        with self._lock:
+            if rid in self._execs:
+                raise OpError("bad_request", f"exec id {rid} is in use")
+            self._execs[rid] = _Running()
+
+    def end(self, rid: int) -> None:
+        """Forget an exec ``begin`` made addressable (ended, or never started)."""
+        with self._lock:
+            self._execs.pop(rid, None)
+
     def run(self, rid: int, request: Exec) -> None:
-        """Run a command to its end, sending its output and then its exit."""
-        env = self._env_for(request.env)
-        if "\x00" in request.command:
-            raise OpError("bad_request", "command contains a NUL byte")
-        with self._cwd(request.cwd, request.approved_cwd) as cwd:
-            ex = _Running()
+        """Run a command ``begin`` made addressable to its end, sending its output and then its exit."""
+        try:
             with self._lock:
-                if rid in self._execs:
-                    raise OpError("bad_request", f"exec id {rid} is in use")
-                self._execs[rid] = ex
-            try:
+                ex = self._execs[rid]
+            env = self._env_for(request.env)
+            if "\x00" in request.command:
+                raise OpError("bad_request", "command contains a NUL byte")
+            with self._cwd(request.cwd, request.approved_cwd) as cwd:
                 self._run(rid, ex, request, cwd, env)
-            finally:
-                with self._lock:
-                    self._execs.pop(rid, None)
+        finally:
+            self.end(rid)
 
     def _run(self, rid: int, ex: _Running, request: Exec, cwd: str, env: dict[str, str]) -> None:
         stdin = request.stdin

@@ -24,7 +24,9 @@ def serve(tmp_path: Path, **config: Any) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        # Bounds the wait for its exit, which costs about a second of CPU (imports, mostly mcp's):
+        # on a 2-core machine at load 200 that second takes minutes of wall time.
+        timeout=600,
         check=False,
     )
 

@@ -19,7 +19,9 @@ __all__ = ["rig"]  # the Docker backend over a fake daemon (tests/unit/sandbox/f
 
 @pytest.fixture
 async def sandbox(workspace: Path) -> AsyncIterator[LocalSandbox]:
-    sb = LocalSandbox(str(workspace), kill_wait=1.0)
+    # kill_wait bounds the wait for a killed group's exit; a busy machine must not turn it into
+    # AgentUnresponsive.
+    sb = LocalSandbox(str(workspace), kill_wait=30.0)
     yield sb
     await sb.aclose()
 

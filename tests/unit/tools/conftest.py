@@ -47,7 +47,7 @@ class Harness:
 
 @pytest.fixture
 async def harness(workspace: Path) -> AsyncIterator[Harness]:
-    sandbox = LocalSandbox(str(workspace))
+    sandbox = LocalSandbox(str(workspace), kill_wait=30.0)  # bounds a wait: see tests/unit/sandbox
     yield Harness(sandbox, workspace)
     await sandbox.aclose()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from dispatcher.core.errors import ToolCancelled, ToolExecutionError, ToolTimeout
 from dispatcher.core.types import ToolOutput
 from dispatcher.tools.shell import HEAD_BYTES, TAIL_BYTES, ShellTool
+from tests.clock import jump_loop_clock
 from tests.polling import until
 from tests.unit.tools.conftest import Harness, text_of
 
@@ -84,10 +84,21 @@ async def test_output_streams_as_deltas_before_the_command_ends(harness: Harness
     assert harness.streamed.replace("oops\n", "") == "first\nlast\n"
 
 
-async def test_timeout_keeps_partial_output(harness: Harness) -> None:
+async def run_until_ready(harness: Harness, tool: ShellTool, command: str, ready: str) -> ToolOutput:
+    """Run ``command`` and let its timeout (a minute) elapse only once it printed ``ready`` (the
+    loop's clock jumps): on a busy machine the timeout could come before the shell ran at all."""
+    call = asyncio.ensure_future(harness.run(tool, command=command, timeout_seconds=60))
+    await until(lambda: ready in harness.streamed or call.done(), f"the command to print {ready!r}")
+    jump_loop_clock(60.0)
     with pytest.raises(ToolTimeout) as info:
-        await harness.run(ShellTool(), command="echo partial; sleep 30", timeout_seconds=0.3)
-    output = error_output(info)
+        await call
+    return error_output(info)
+
+
+async def test_timeout_keeps_partial_output(harness: Harness) -> None:
+    tool = ShellTool()
+    tool.grace_seconds = 30.0  # bounds the wait for the exit SIGTERM causes, not a SIGKILL's
+    output = await run_until_ready(harness, tool, "echo partial; sleep 30", "partial")
     assert text_of(output).startswith("partial\n") and "timed out" in text_of(output)
     assert output.metadata["timed_out"] is True and output.metadata["signal"] == 15
 
@@ -116,13 +127,10 @@ async def test_tool_cancel_stops_the_command(harness: Harness) -> None:
 async def test_sigterm_ignoring_command_is_killed_after_grace(harness: Harness) -> None:
     tool = ShellTool()
     tool.grace_seconds = 0.2
-    started = time.monotonic()
-    with pytest.raises(ToolTimeout) as info:
-        await harness.run(tool, command="trap '' TERM; echo stubborn; sleep 30", timeout_seconds=0.2)
-    output = error_output(info)
+    # "stubborn" comes after the trap: SIGTERM finds it set (before it, the shell would die of it).
+    output = await run_until_ready(harness, tool, "trap '' TERM; echo stubborn; sleep 30", "stubborn")
     assert output.metadata["killed"] is True and output.metadata["signal"] == 9
     assert text_of(output).startswith("stubborn\n") and "SIGKILL" in text_of(output)
-    assert time.monotonic() - started < 2.0
 
 
 async def test_large_output_is_bounded_in_result_and_streamed_whole(harness: Harness) -> None:

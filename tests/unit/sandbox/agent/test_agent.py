@@ -274,6 +274,19 @@ def test_signal_reaches_the_whole_process_group(agent: AgentProcess) -> None:
     assert end["signal"] == 15 or end["exit_code"] == 143
 
 
+def test_signal_read_before_its_exec_has_a_thread_is_kept_for_it(agent: AgentProcess) -> None:
+    # Both frames in one write: the reader reads the signal before a thread has taken the exec up
+    # (as when a timeout fires on a busy machine). It must not be lost: the command dies by it.
+    exec_frame = encode_frame({"id": 1, "op": "exec", "command": "sleep 30"}, b"")
+    agent.send_raw(exec_frame + encode_frame({"id": 2, "op": "signal", "exec_id": 1, "signal": "TERM"}, b""))
+    by_id: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    while not (by_id[2] and by_id[1]):
+        header, _ = agent.recv()
+        by_id[header["id"]].append(header)
+    assert by_id[2] == [{"id": 2, "type": "result", "delivered": True}]
+    assert by_id[1] == [{"id": 1, "type": "exit", "exit_code": None, "signal": 15}]
+
+
 def test_signal_for_unknown_exec_is_not_delivered(agent: AgentProcess) -> None:
     reply, _ = agent.call({"id": 5, "op": "signal", "exec_id": 1234, "signal": "KILL"})
     assert reply["delivered"] is False
