@@ -7,27 +7,37 @@ whether a file is there (``launch.py``'s checks of a container kept across a res
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 
 from dispatcher.core.sandbox_api import SandboxError
 from dispatcher.sandbox.workspace_pin import WorkspaceRefused, open_pinned
 
 
-def seen_from_host(pid: int, expected: list[tuple[str, int, int]]) -> bool:
-    """Whether the container whose init is ``pid`` has, at each ``(target, st_dev, st_ino)``, that
-    very directory: walked from its root through ``/proc/<pid>/root`` without following a link
-    (blocking). runc shows the host's numbers, so this is what ``stat`` in the container says."""
+def in_container(pid: int, container_id: str) -> bool:
+    """Whether the process ``pid`` is in the container ``container_id``: in its cgroup (which no
+    process in a container can leave) and in a pid namespace other than the server's."""
     try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            cgroups = f.read(1 << 16)
+        own = os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
     except OSError:
         return False
-    try:
+    return own and len(container_id) == 64 and container_id in cgroups
+
+
+def seen_from_host(pid: int, expected: list[tuple[str, int, int]], container_id: str | None = None) -> bool:
+    """Whether the container whose init is ``pid`` has, at each ``(target, st_dev, st_ino)``, that
+    very directory: walked from its root through ``/proc/<pid>/root`` without following a link
+    (blocking). runc shows the host's numbers, so this is what ``stat`` in the container says.
+    Given ``container_id``, ``pid`` must still be that container's once its root is pinned."""
+    with _root(pid, container_id) as root:
+        if root is None:
+            return False
         for target, dev, ino in expected:
-            try:
-                fd = open_pinned(root, _parts(target), create=False, owner=None, what="re-adoption")
-            except (WorkspaceRefused, SandboxError):
-                return False
+            fd = _walk(root, _parts(target))
             if fd is None:
                 return False
             try:
@@ -37,23 +47,14 @@ def seen_from_host(pid: int, expected: list[tuple[str, int, int]]) -> bool:
             if (st.st_dev, st.st_ino) != (dev, ino):
                 return False
         return True
-    finally:
-        os.close(root)
 
 
-def file_seen_from_host(pid: int, path: str) -> bool:
+def file_seen_from_host(pid: int, path: str, container_id: str | None = None) -> bool:
     """Whether the container whose init is ``pid`` has a regular file at ``path``, reached from
-    its root without following a link (blocking)."""
+    its root without following a link (blocking; ``container_id`` as for ``seen_from_host``)."""
     *dirs, name = _parts(path)
-    try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        try:
-            fd = open_pinned(root, dirs, create=False, owner=None, what="re-adoption")
-        except (WorkspaceRefused, SandboxError):
-            return False
+    with _root(pid, container_id) as root:
+        fd = _walk(root, dirs) if root is not None else None
         if fd is None:
             return False
         try:
@@ -62,8 +63,29 @@ def file_seen_from_host(pid: int, path: str) -> bool:
             return False
         finally:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def _root(pid: int, container_id: str | None) -> Iterator[int | None]:
+    """``pid``'s root directory, pinned (then checked to be ``container_id``'s, given one: a pid
+    reused meanwhile is never looked into); None when it cannot be had."""
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        yield root if container_id is None or in_container(pid, container_id) else None
     finally:
         os.close(root)
+
+
+def _walk(root: int, parts: list[str]) -> int | None:
+    """A directory fd for ``parts`` below ``root``, no link followed; None when there is none."""
+    try:
+        return open_pinned(root, parts, create=False, owner=None, what="re-adoption")
+    except (WorkspaceRefused, SandboxError):
+        return None
 
 
 def _parts(path: str) -> list[str]:

@@ -337,7 +337,9 @@ class ContainerLauncher:
         stage = Stage(self._run_dir, pins, empty_root=tmpfs)
         try:
             if pid is not None:
-                if not await loop.run_in_executor(None, seen_from_host, pid, stage.identities()):
+                if not await loop.run_in_executor(
+                    None, seen_from_host, pid, stage.identities(), container_id
+                ):
                     raise SandboxError(why)
                 return
             await loop.run_in_executor(None, lambda: stage.use_paths(markers=self.config.runtime == "runsc"))
@@ -413,7 +415,7 @@ class ContainerLauncher:
         link = await rejoin_agent(self.config, container_id, pid, user, agent_grant_args(session))
         if link is not None:
             loop = asyncio.get_running_loop()
-            ca = await loop.run_in_executor(None, file_seen_from_host, pid, CA_TARGET)
+            ca = await loop.run_in_executor(None, file_seen_from_host, pid, CA_TARGET, container_id)
             await self.open_tunnels(container_id, session, link, ca_mounted=ca)
         return link
 

@@ -25,10 +25,9 @@ from dispatcher.sandbox.docker.agent.rejoin import (
     _on_own_thread,
     check_peer,
     identity,
-    in_container,
     numeric_uid,
 )
-from dispatcher.sandbox.docker.host_view import file_seen_from_host, seen_from_host
+from dispatcher.sandbox.docker.host_view import file_seen_from_host, in_container, seen_from_host
 from tests.polling import until
 
 

@@ -49,6 +49,7 @@ from typing import TypeVar
 from dispatcher.sandbox.agent.protocol import handover_identity, parse_grants, waiting_socket_name
 from dispatcher.sandbox.channel import AgentChannel
 from dispatcher.sandbox.container.config import WORKSPACE_ROOT
+from dispatcher.sandbox.docker.host_view import in_container
 from dispatcher.sandbox.docker.stream import READER_LIMIT, STDERR_TAIL_BYTES
 
 log = logging.getLogger(__name__)
@@ -100,18 +101,6 @@ def _setns(fd: int) -> None:
     if libc.setns(fd, _CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-
-
-def in_container(pid: int, container_id: str) -> bool:
-    """Whether the process ``pid`` is in the container ``container_id``: in its cgroup (which no
-    process in a container can leave) and in a pid namespace other than the server's."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-            cgroups = f.read(1 << 16)
-        own = os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return False
-    return own and len(container_id) == 64 and container_id in cgroups
 
 
 def socket_in_netns(pid: int, container_id: str) -> socket.socket:
