@@ -22,7 +22,7 @@ from dispatcher.server.sessions.snapshots.copies import ALL_ENTRIES, capture, fi
 from dispatcher.server.sessions.snapshots.forks import Forks
 from dispatcher.server.sessions.snapshots.records import SnapshotRecords
 from dispatcher.server.tenancy.tenants import Tenant, resolve_workspace
-from dispatcher.wire.convert_snapshots import ForkFailure, SnapshotInfo
+from dispatcher.wire.convert_snapshots import SnapshotInfo
 
 log = logging.getLogger("dispatcher.server.sessions.snapshots")
 
@@ -41,6 +41,8 @@ class Snapshots:
         self._provider = provider
         self._records = SnapshotRecords(store, root)
         self._forks = Forks(self._records, sessions, provider)
+        self.fork = self._forks.fork
+        """``count`` children of a session or of a snapshot (``Forks.fork``)."""
 
     def load(self) -> None:
         """The stored snapshots; directories of copies a kill interrupted are removed."""
@@ -145,25 +147,3 @@ class Snapshots:
         finally:
             await self._records.read_finished()  # after the count dropped: a delete waiting looks again
         return state
-
-    async def fork(
-        self,
-        tenant: Tenant,
-        *,
-        session_id: str = "",
-        snapshot_id: str = "",
-        count: int,
-        labels: Mapping[str, str] | None,
-        ttl_seconds: float | None,
-        idle_timeout_seconds: float | None,
-    ) -> list[SessionState | ForkFailure]:
-        """``count`` children of the session or of the snapshot (``Forks.fork``)."""
-        return await self._forks.fork(
-            tenant,
-            session_id=session_id,
-            snapshot_id=snapshot_id,
-            count=count,
-            labels=labels,
-            ttl_seconds=ttl_seconds,
-            idle_timeout_seconds=idle_timeout_seconds,
-        )
